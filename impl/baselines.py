@@ -27,7 +27,7 @@ from collections.abc import Callable
 
 import attrs
 
-from .audit import get_variants, normalize
+from .text import get_variants, normalize
 from .provenance import DERIVED_TYPES, RuntimeBlock
 from .runtime import AgentRuntime, ForgetReport, render
 

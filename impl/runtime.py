@@ -14,8 +14,10 @@ fails halfway leaves the session as it was.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 
@@ -25,6 +27,7 @@ from .checkpoints import Checkpoint, CheckpointStore, is_checkpoint_due
 from .episode import Episode, Item, Settings, Step
 from .kv import KVEngine
 from .provenance import ArtifactGraph, RuntimeBlock
+from .text import normalize
 
 SYSTEM_ID = "system"
 #: How each kind of prompt block is rendered (ChatML, which SmolLM2 uses).
@@ -64,6 +67,18 @@ def sanitize_step(step: Step, source_id: str) -> Step:
     return attrs.evolve(step, items=tuple(i for i in step.items if i.source != source_id))
 
 
+class SessionBusyError(RuntimeError):
+    """A forget or step arrived while another one was running."""
+
+
+class TargetNotFoundError(LookupError):
+    """A target value that no observed item holds."""
+
+
+class AmbiguousTargetError(LookupError):
+    """A target value held by several sources."""
+
+
 @attrs.frozen
 class ForgetReport:
     """What a forget (or a reset, or a baseline) did and cost."""
@@ -84,6 +99,7 @@ class ForgetReport:
     digest: str
     assumptions: dict
     extra: dict = attrs.field(factory=dict)  # subclass fields, e.g. irrevocable divergences
+    already_forgotten: bool = False  # a repeated forget: nothing to do, state unchanged
 
     @property
     def expected_invocations(self) -> int:
@@ -114,6 +130,9 @@ class AgentRuntime:
         self.plans: list[str] = []
         self.transitions = 0  # invocations of F
         self.replaying = False  # True while forget re-enacts the suffix (tools shadow-execute)
+        self.forgotten: list[str] = []  # source ids forgotten so far (ids, never values)
+        self._lock = threading.Lock()  # one transition or forget at a time
+        self._running: str | None = None
         self._shared_lineages = False  # set when forked: lineages are not ours alone to drop
 
     # --- construction ------------------------------------------------------
@@ -135,14 +154,18 @@ class AgentRuntime:
     def run(self, steps: Iterable[Step], progress: Progress | None = None) -> None:
         steps = list(steps)
         for i, step in enumerate(steps, start=1):
-            self.step(step)
+            self._step(step) if self._running else self.step(step)
             if progress:
                 progress(i, len(steps))
 
     # --- the transition F ---------------------------------------------------
 
-    def step(self, step: Step) -> None:
+    def step(self, step: Step, wait: bool = True) -> None:
         """``R_t = F(R_{t-1}, o_t)``."""
+        with self._exclusive(wait, f"step {step.id}"):
+            self._step(step)
+
+    def _step(self, step: Step) -> None:
         if any(s.id == step.id for s in self.steps):
             raise ValueError(f"step id {step.id!r} was already observed in this session")
         if is_checkpoint_due(self.checkpoints.policy, self.t, step):
@@ -338,34 +361,110 @@ class AgentRuntime:
 
     # --- Algorithm 1 ---------------------------------------------------------
 
-    def forget(self, source_id: str, progress: Progress | None = None) -> ForgetReport:
+    def forget(self, source_id: str, progress: Progress | None = None, wait: bool = True) -> ForgetReport:
         """Provenance-Guided Selective Replay (Algorithm 1): after it, the state
-        equals that of a twin that never observed ``source_id``."""
-        started, before = time.perf_counter(), self.engine.counters.snapshot()
-        sources = self.graph.locate_source(source_id)  # line 1 (raises on an unknown id)
-        tau = min(b.turn for b in sources)  # line 2
-        closure = tuple(self.graph.taint_closure(source_id))  # line 3
-        checkpoint = self.checkpoints.latest_before(tau)  # line 4
-        replay = self._restore(checkpoint)  # line 5: crop a clone of the lineage
-        suffix = [sanitize_step(s, source_id) for s in self.steps[checkpoint.boundary:]]  # line 7
-        transitions_before = replay.transitions
-        replay.run(suffix, progress)  # lines 6-10
-        self._adopt(replay)
-        return self._report("replay", source_id, tau, checkpoint, closure,
-                            self.transitions - transitions_before, started, before)
+        equals that of a twin that never observed ``source_id``.
 
-    def full_reset(self, source_id: str, progress: Progress | None = None) -> ForgetReport:
+        Forgetting a source that was already forgotten is a no-op (the state
+        already is that twin's) and says so in the report. A forget that
+        arrives while a step is running waits for that step to commit, or
+        raises :class:`SessionBusyError` when ``wait`` is false.
+        """
+        return self.forget_many([source_id], progress, wait)
+
+    def forget_many(self, source_ids: Sequence[str], progress: Progress | None = None,
+                    wait: bool = True) -> ForgetReport:
+        """Forget several sources in one replay: the twin never observed any of them."""
+        with self._exclusive(wait, "forget"):
+            started, before = time.perf_counter(), self.engine.counters.snapshot()
+            pending = self._check_sources(source_ids)
+            if not pending:
+                return self._report("replay", source_ids, 0, None, (), 0, started, before,
+                                    already_forgotten=True)
+            taus = [min(b.turn for b in self.graph.locate_source(s)) for s in pending]  # lines 1-2
+            tau = min(taus)
+            closure = self._closure(pending)  # line 3
+            checkpoint = self.checkpoints.latest_before(tau)  # line 4
+            replay = self._restore(checkpoint)  # line 5: crop a clone of the lineage
+            suffix = [self._sanitize(s, pending) for s in self.steps[checkpoint.boundary:]]  # line 7
+            transitions_before = replay.transitions
+            replay.run(suffix, progress)  # lines 6-10
+            replay.forgotten = self.forgotten + list(pending)
+            self._adopt(replay)
+            return self._report("replay", source_ids, tau, checkpoint, closure,
+                                self.transitions - transitions_before, started, before)
+
+    def full_reset(self, source_id: str | Sequence[str], progress: Progress | None = None,
+                   wait: bool = True) -> ForgetReport:
         """B5: replay the counterfactual stream from ``R_0`` through the same transitions."""
-        started, before = time.perf_counter(), self.engine.counters.snapshot()
-        tau = self.graph.first_entry(source_id)
-        closure = tuple(self.graph.taint_closure(source_id))
-        fresh = self._spawn()
-        fresh.lineage = self.engine.new_lineage()
-        fresh._prefill_block(SYSTEM_ID, "system", render("system", self.system), parents=(), sources=frozenset())
-        fresh.replaying = True
-        fresh.run([sanitize_step(s, source_id) for s in self.steps], progress)
-        self._adopt(fresh)
-        return self._report("reset", source_id, tau, None, closure, fresh.transitions, started, before)
+        source_ids = [source_id] if isinstance(source_id, str) else list(source_id)
+        with self._exclusive(wait, "reset"):
+            started, before = time.perf_counter(), self.engine.counters.snapshot()
+            pending = self._check_sources(source_ids)
+            tau = min((self.graph.first_entry(s) for s in pending), default=0)
+            closure = self._closure(pending)
+            fresh = self._spawn()
+            fresh.lineage = self.engine.new_lineage()
+            fresh._prefill_block(SYSTEM_ID, "system", render("system", self.system), parents=(),
+                                 sources=frozenset())
+            fresh.replaying = True
+            fresh.run([self._sanitize(s, pending) for s in self.steps], progress)
+            fresh.forgotten = self.forgotten + list(pending)
+            self._adopt(fresh)
+            return self._report("reset", source_ids, tau, None, closure, fresh.transitions, started, before)
+
+    def _check_sources(self, source_ids: Sequence[str]) -> list[str]:
+        """The sources still to forget; an id never observed is an error that
+        changes nothing."""
+        if not source_ids:
+            raise ValueError("forget needs at least one source id")
+        pending = []
+        for source_id in dict.fromkeys(source_ids):
+            if source_id in self.forgotten:
+                continue
+            self.graph.locate_source(source_id)  # raises UnknownSourceError naming it
+            pending.append(source_id)
+        return pending
+
+    def _closure(self, source_ids: Sequence[str]) -> tuple[str, ...]:
+        tainted = set().union(*(self.graph.taint_closure(s) for s in source_ids))
+        return tuple(b.id for b in self.graph.blocks() if b.id in tainted)
+
+    @staticmethod
+    def _sanitize(step: Step, source_ids: Sequence[str]) -> Step:
+        for source_id in source_ids:
+            step = sanitize_step(step, source_id)
+        return step
+
+    def find_sources(self, value: str) -> list[str]:
+        """Source ids of observed items whose text contains ``value`` (normalized)."""
+        wanted = normalize(value)
+        if not wanted:
+            raise ValueError("a target value must contain letters or digits")
+        return [i.source for s in self.steps for i in s.items if wanted in normalize(i.text)]
+
+    def forget_value(self, value: str, progress: Progress | None = None, wait: bool = True) -> ForgetReport:
+        """Forget by value: exactly one observed source must hold it."""
+        sources = self.find_sources(value)
+        if not sources:
+            raise TargetNotFoundError(f"target value {value!r} was never read in this session")
+        if len(sources) > 1:
+            raise AmbiguousTargetError(
+                f"target value {value!r} is present in several sources {sources}; "
+                "name the one to forget, or forget them all with forget_many")
+        return self.forget(sources[0], progress, wait)
+
+    @contextlib.contextmanager
+    def _exclusive(self, wait: bool, what: str):
+        if not self._lock.acquire(blocking=wait):
+            raise SessionBusyError(f"{what} refused: step {self._running!r} is still running "
+                                   "(retry, or call with wait=True to run after it)")
+        self._running = what
+        try:
+            yield
+        finally:
+            self._running = None
+            self._lock.release()
 
     def _restore(self, checkpoint: Checkpoint) -> AgentRuntime:
         """Algorithm 1 line 5: ``Restore(c*)`` into a new runtime beside this one."""
@@ -408,7 +507,8 @@ class AgentRuntime:
     def _adopt(self, other: AgentRuntime) -> None:
         """Commit: take over ``other``'s state, then drop caches nothing names."""
         old_lineages = self.checkpoints.lineages() | {self.lineage}
-        for name in ("graph", "checkpoints", "steps", "t", "lineage", "context", "memory", "plans", "transitions"):
+        for name in ("graph", "checkpoints", "steps", "t", "lineage", "context", "memory", "plans", "transitions",
+                     "forgotten"):
             setattr(self, name, getattr(other, name))
         self._adopt_extra(other)
         self.replaying = False
@@ -416,12 +516,14 @@ class AgentRuntime:
             for lineage in old_lineages - self.checkpoints.lineages() - {self.lineage}:
                 self.engine.drop(lineage)
 
-    def _report(self, method: str, source_id: str, tau: int, checkpoint: Checkpoint | None,
-                closure: Sequence[str], invocations: int, started: float, before) -> ForgetReport:
+    def _report(self, method: str, source_ids: Sequence[str], tau: int, checkpoint: Checkpoint | None,
+                closure: Sequence[str], invocations: int, started: float, before,
+                already_forgotten: bool = False) -> ForgetReport:
         spent = self.engine.counters.snapshot() - before
         return ForgetReport(
-            method=method, source_id=source_id, tau=tau, length=self.t,
-            boundary=checkpoint.boundary if checkpoint else 0,
+            method=method, source_id=",".join(source_ids), tau=tau, length=self.t,
+            boundary=checkpoint.boundary if checkpoint else (self.t if already_forgotten else 0),
+            already_forgotten=already_forgotten,
             checkpoint=checkpoint.get_record() if checkpoint else None,
             checkpoint_bytes=checkpoint.nbytes if checkpoint else 0,
             closure=tuple(closure), invocations=invocations,
