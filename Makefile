@@ -31,7 +31,8 @@ nightly: $(VENV)/.installed
 	UNSEE_PROFILE=nightly $(PY) -m pytest -q
 
 bench: $(VENV)/.installed
-	$(PY) -m pytest bench -q --benchmark-enable -m bench
+	UNSEE_BENCH_MODEL=smollm2 UNSEE_BENCH_ROUNDS=3 $(PY) -m pytest bench -q -m bench --benchmark-enable --benchmark-json=out/bench.json
+	$(PY) -m unsee.bench.sweep --model smollm2 --out out/sweep
 
 clean:
 	rm -rf $(VENV)
