@@ -20,6 +20,7 @@ from unsee.impl.runtime import AgentRuntime
 MODEL = os.environ.get("UNSEE_BENCH_MODEL", "tiny")
 LENGTH = 12
 TAUS = {"start": 1, "middle": 6, "end": 12}
+DIGESTS: dict[str, set[str]] = {}  # where -> digests reached by every method and round
 
 
 @pytest.fixture(scope="module")
@@ -61,17 +62,7 @@ def test_forget_cost(benchmark, bases, where, method):
     # all methods and rounds for one tau reach the same state
     digests = {r.digest for r in reports}
     assert len(digests) == 1
-
-
-DIGESTS: dict[str, set[str]] = {}
-
-
-@pytest.fixture(autouse=True)
-def _collect(request, benchmark):
-    yield
-    info = benchmark.extra_info
-    if "digest" in info:
-        DIGESTS.setdefault(request.node.callspec.params["where"], set()).add(info["digest"])
+    DIGESTS.setdefault(where, set()).update(digests)
 
 
 @pytest.mark.bench
