@@ -34,12 +34,32 @@ class RuntimeBlock:
     token_span: tuple[int, int] = (0, 0)  # [start, end) in its lineage's cache
     turn: int = 0
     committed: bool = False
+    #: lengths of the prefill chunks the tokens were committed in (empty: one
+    #: chunk). Replaying the same chunks rebuilds the block's KV bitwise.
+    chunks: tuple[int, ...] = ()
 
     def get_record(self) -> dict:
         """The block as plain data (digests, persistence, reports)."""
         return {"id": self.id, "type": self.type, "text": self.text, "tokens": list(self.tokens),
                 "parents": list(self.parents), "source_ids": sorted(self.source_ids),
-                "token_span": list(self.token_span), "turn": self.turn, "committed": self.committed}
+                "token_span": list(self.token_span), "turn": self.turn, "committed": self.committed,
+                "chunks": list(self.chunks)}
+
+    @classmethod
+    def from_record(cls, record: dict) -> RuntimeBlock:
+        return cls(record["id"], record["type"], record["text"], tuple(record["tokens"]), tuple(record["parents"]),
+                   frozenset(record["source_ids"]), tuple(record["token_span"]), record["turn"],
+                   record["committed"], tuple(record.get("chunks", ())))
+
+    def get_chunks(self) -> list[list[int]]:
+        """The token ids split into the chunks they were prefilled in."""
+        if not self.chunks:
+            return [list(self.tokens)] if self.tokens else []
+        out, start = [], 0
+        for n in self.chunks:
+            out.append(list(self.tokens[start:start + n]))
+            start += n
+        return out
 
 
 class UnknownSourceError(KeyError):

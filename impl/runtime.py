@@ -266,8 +266,9 @@ class AgentRuntime:
         body = [i for i in generated if i not in self.engine.lm.eos_ids]
         text = self.engine.lm.decode(body).strip()
         tokens = header + tuple(generated)
+        # two chunks: the header prefill and the canonical prefill of the turn
         block = RuntimeBlock(block_id, type_, text, tokens, tuple(self.context), self._resident_sources(),
-                             (start, start + len(tokens)), self.t)
+                             (start, start + len(tokens)), self.t, chunks=(len(header), len(generated)))
         self.graph.add(block)
         self.context.append(block_id)
         return block
@@ -470,8 +471,14 @@ class AgentRuntime:
         """Algorithm 1 line 5: ``Restore(c*)`` into a new runtime beside this one."""
         replay = self._spawn()
         replay.replaying = True
-        replay.lineage = self.engine.clone(checkpoint.lineage)
-        self.engine.crop(checkpoint.token_offset, replay.lineage)
+        if checkpoint.lineage in self.engine.lineages:
+            replay.lineage = self.engine.clone(checkpoint.lineage)
+            self.engine.crop(checkpoint.token_offset, replay.lineage)
+        else:  # e.g. a session reopened from its store: no cache survives a process
+            replay.lineage = self.rebuild_lineage(checkpoint.context)
+            if self.engine.length(replay.lineage) != checkpoint.token_offset:
+                raise RuntimeError(f"checkpoint {checkpoint.boundary}: manifest rebuilds "
+                                   f"{self.engine.length(replay.lineage)} tokens, expected {checkpoint.token_offset}")
         replay.graph = self.graph.copy()
         replay.graph.truncate(checkpoint.boundary)
         replay.checkpoints = self.checkpoints.copy()
@@ -489,6 +496,73 @@ class AgentRuntime:
                 replay.checkpoints.add(attrs.evolve(c, lineage=replay.lineage))
         self._restore_extra(replay, checkpoint)
         return replay
+
+    def rebuild_lineage(self, block_ids: Sequence[str]) -> str:
+        """A new lineage holding ``block_ids`` prefilled in their recorded chunks.
+
+        Every block of a lineage was committed as whole prefill chunks, so this
+        rebuilds its KV bitwise (the canonical chunking of the engine)."""
+        lineage = self.engine.new_lineage()
+        for block_id in block_ids:
+            for chunk in self.graph[block_id].get_chunks():
+                self.engine.prefill(chunk)
+        return lineage
+
+    def check_invariants(self) -> None:
+        """The live cache holds exactly the context blocks' tokens, in order."""
+        expected = [t for b in self.context for t in self.graph[b].tokens]
+        actual = self.engine.tokens(self.lineage)
+        if actual != expected:
+            raise AssertionError(f"cache of {self.lineage} holds {len(actual)} tokens that differ from the "
+                                 f"{len(expected)} tokens of the context blocks {self.context}")
+
+    # --- persistence --------------------------------------------------------
+
+    def get_session_record(self) -> dict:
+        """Everything needed to reopen the session, as plain data (no tensors:
+        the caches are rebuilt from the blocks' recorded chunks)."""
+        return {"system": self.system, "settings": attrs.asdict(self.settings), "t": self.t,
+                "transitions": self.transitions,
+                "steps": [{"id": s.id, "kind": s.kind, "tool": s.tool,
+                           "items": [{"source": i.source, "text": i.text} for i in s.items]} for s in self.steps],
+                "blocks": [b.get_record() for b in self.graph.blocks()],
+                "checkpoints": [c.get_record() for c in self.checkpoints.all()],
+                "context": list(self.context), "memory": list(self.memory), "plans": list(self.plans),
+                "forgotten": list(self.forgotten), "extra": self._extra_record()}
+
+    @classmethod
+    def from_session_record(cls, engine: KVEngine, record: dict) -> AgentRuntime:
+        """Reopen a session: metadata as recorded, the live cache rebuilt by
+        prefill. Checkpoint lineages are rebuilt on demand by ``_restore``."""
+        runtime = cls(engine, record["system"], Settings(**record["settings"]))
+        for block in record["blocks"]:
+            runtime.graph.add(RuntimeBlock.from_record(block))
+        runtime.steps = [Step(s["id"], s["kind"], tuple(Item(i["source"], i["text"]) for i in s["items"]), s["tool"])
+                         for s in record["steps"]]
+        runtime.t, runtime.transitions = record["t"], record["transitions"]
+        runtime.context, runtime.memory, runtime.plans = (list(record["context"]), list(record["memory"]),
+                                                          list(record["plans"]))
+        runtime.forgotten = list(record["forgotten"])
+        for c in record["checkpoints"]:
+            # the recorded cache handle names a cache of the process that wrote it
+            runtime.checkpoints.add(Checkpoint(c["boundary"], f"stored:{c['lineage']}", c["token_offset"],
+                                               tuple(c["context"]), tuple(c["memory"]), tuple(c["plans"]),
+                                               c.get("env_snapshot")))
+        runtime._load_extra_record(record.get("extra", {}))
+        runtime.lineage = runtime.rebuild_lineage(runtime.context)
+        # checkpoints on the live lineage can crop it instead of rebuilding
+        live_offset = engine.length(runtime.lineage)
+        for c in runtime.checkpoints.all():
+            if list(c.context) == runtime.context[:len(c.context)] and c.token_offset <= live_offset:
+                runtime.checkpoints.add(attrs.evolve(c, lineage=runtime.lineage))
+        return runtime
+
+    def _extra_record(self) -> dict:
+        """Hook: what a subclass adds to the session record (e.g. the environment)."""
+        return {}
+
+    def _load_extra_record(self, record: dict) -> None:
+        """Hook: the inverse of :meth:`_extra_record`."""
 
     def _spawn(self) -> AgentRuntime:
         """An empty runtime of the same kind and configuration (subclasses extend)."""
@@ -514,7 +588,8 @@ class AgentRuntime:
         self.replaying = False
         if not self._shared_lineages:
             for lineage in old_lineages - self.checkpoints.lineages() - {self.lineage}:
-                self.engine.drop(lineage)
+                if lineage in self.engine.lineages:  # "stored:" handles name no live cache
+                    self.engine.drop(lineage)
 
     def _report(self, method: str, source_ids: Sequence[str], tau: int, checkpoint: Checkpoint | None,
                 closure: Sequence[str], invocations: int, started: float, before,
