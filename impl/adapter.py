@@ -1,16 +1,19 @@
 """The one place that talks to `transformers`.
 
-The transformers API moves between releases (4.56 -> 5.x renamed the
-DynamicCache storage, changed what a positive `crop` argument means, dropped
-`cache_position`, ...). Everything above this module -- models.py, kv.py and
-the runtime -- sees only these few functions, so a version bump is fixed here.
+The transformers API moves between releases: the DynamicCache storage went
+from `key_cache`/`value_cache` lists to per-layer objects (4.54+), a positive
+`crop(n)` meant "keep n" in 4.x and is an error in 5.x, 5.x dropped
+`cache_position`, `torch_dtype` became `dtype`, ... Everything above this
+module -- models.py, kv.py and the runtime -- sees only these few functions,
+so a version bump is fixed here.
 
 Supported: transformers 4.56+ and 5.x, torch 2.4+.
 
 Functions:
     load_gguf(path)                -> (model, tokenizer)  dequantised, fp32
     load_checkpoint(dir)           -> (model, tokenizer)  local files only
-    save_dequantised(model, tok, d)   write config + state dict + tokenizer
+    place(model, device, dtype)    -> model  on device, parameters cast
+    save_dequantised(model, tok, d)   write a GGUF-loaded model as a local checkpoint
     load_dequantised(d)            -> (model, tokenizer)
     build_tiny_llama(..., seed)    -> model               random weights, no files
     new_cache(model)               -> empty DynamicCache
@@ -27,10 +30,10 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 import torch
+from safetensors.torch import save_file as save_safetensors
 
 import transformers
 from transformers import (
-    AutoConfig,
     AutoModelForCausalLM,
     AutoTokenizer,
     DynamicCache,
@@ -50,13 +53,40 @@ TRANSFORMERS_VERSION = transformers.__version__
 # negligible for a 135M model at agent-sized contexts.
 ATTN_IMPLEMENTATION = "eager"
 
-STATE_FILE = "state_dict.pt"
+WEIGHTS_FILE = "model.safetensors"  # what save_dequantised writes
 
 
 def _prepare(model: torch.nn.Module) -> torch.nn.Module:
     # Inference only: eval() turns dropout off; no parameter needs a gradient.
     model.eval()
     model.requires_grad_(False)
+    return model
+
+
+def place(model, device: str, dtype: torch.dtype):
+    """Move the model to `device` and cast its *parameters* to `dtype`, each
+    into freshly allocated memory.
+
+    Not `model.to(dtype)`: that also casts floating buffers, and the rotary
+    embedding's `inv_freq` buffer rounded to bf16/fp16 shifts every position's
+    rotation.
+
+    Fresh memory because CPU matmul results depend on the alignment of the
+    operands: safetensors mmaps weights at whatever offset the file gives
+    (8-byte aligned for SmolLM2), GGUF dequantisation leaves numpy buffers,
+    and the same weights gave logits differing by ~1e-5 between the two. The
+    torch allocator aligns every tensor alike (64 bytes on CPU), so a model
+    gives the same bits however it was loaded. It also un-mmaps the weights.
+    Tied parameters are one Parameter object, so they stay tied.
+    """
+    with torch.no_grad():
+        for p in model.parameters():
+            target = dtype if p.is_floating_point() else p.dtype
+            p.data = torch.empty_like(p.data, device=device, dtype=target).copy_(p.data)
+        for b_owner, name, b in [
+            (m, n, b) for m in model.modules() for n, b in m.named_buffers(recurse=False)
+        ]:
+            b_owner._buffers[name] = torch.empty_like(b, device=device).copy_(b)
     return model
 
 
@@ -91,12 +121,16 @@ def load_checkpoint(folder: str | Path):
 
 
 def save_dequantised(model, tokenizer, folder: str | Path) -> None:
-    """Write what `load_dequantised` needs: config.json, a torch.save'd state
-    dict and the tokenizer files.
+    """Write a model loaded from GGUF as a plain local HF checkpoint
+    (config.json, model.safetensors, tokenizer files), which
+    `load_checkpoint` reads back in about a second.
 
-    A model loaded from GGUF refuses `save_pretrained`, but its config and
-    state dict are ordinary. The config still names the GGUF quantisation;
-    that entry is dropped, or from_config would try to quantise again.
+    Such a model refuses `save_pretrained`, but its config and state dict are
+    ordinary. The config still names the GGUF quantisation; that entry is
+    dropped, or loading would try to dequantise again. Why not torch.save +
+    from_config + load_state_dict: from_config first initialises 135M random
+    weights and torch.load reads everything eagerly (measured ~10x slower
+    than from_pretrained, which builds on the meta device and mmaps).
     """
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
@@ -104,22 +138,24 @@ def save_dequantised(model, tokenizer, folder: str | Path) -> None:
     if hasattr(config, "quantization_config"):
         delattr(config, "quantization_config")
     config.save_pretrained(str(folder))
-    # The state dict of a tied model holds the same tensor twice; torch.save
-    # keeps the sharing, so the file is not twice the size.
-    torch.save(model.state_dict(), folder / STATE_FILE)
+    if getattr(model, "generation_config", None) is not None:
+        model.generation_config.save_pretrained(str(folder))
+    # safetensors refuses two names for one storage; a tied model's state
+    # dict has that (lm_head.weight is embed_tokens.weight). Keep the first
+    # name, as save_pretrained does; loading re-ties from the config.
+    tensors, seen = {}, set()
+    for name, t in model.state_dict().items():
+        if t.data_ptr() in seen:
+            continue
+        seen.add(t.data_ptr())
+        tensors[name] = t.detach().to("cpu").contiguous()
+    save_safetensors(tensors, str(folder / WEIGHTS_FILE), metadata={"format": "pt"})
     tokenizer.save_pretrained(str(folder))
 
 
 def load_dequantised(folder: str | Path):
-    """Inverse of `save_dequantised`: from_config + load_state_dict (strict)."""
-    folder = Path(folder)
-    config = AutoConfig.from_pretrained(str(folder), local_files_only=True)
-    config._attn_implementation = ATTN_IMPLEMENTATION
-    model = AutoModelForCausalLM.from_config(config, attn_implementation=ATTN_IMPLEMENTATION)
-    state = torch.load(folder / STATE_FILE, map_location="cpu", weights_only=True)
-    model.load_state_dict(state, strict=True)
-    tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
-    return _prepare(model), tokenizer
+    """Inverse of `save_dequantised`."""
+    return load_checkpoint(folder)
 
 
 def build_tiny_llama(
@@ -143,7 +179,7 @@ def build_tiny_llama(
     torch.Generator seeded with `seed`, instead of relying on transformers'
     own initialisation (which changes between releases and uses the global
     RNG). So the tiny model is the same on every version and device.
-    A large init_std keeps the logits far from uniform, so greedy decoding is
+    init_std=1.0 gives logits with a spread of about 1, so greedy decoding is
     not decided by near-ties.
     """
     config = LlamaConfig(
@@ -290,8 +326,10 @@ def forward_last_logits(model, token_ids: Sequence[int], cache) -> torch.Tensor:
     """One forward over `token_ids` appended to `cache` (which grows in place).
 
     Returns the logits of the last position, shape [vocab], on the model's
-    device, in the model's dtype. Positions are passed explicitly (5.x no
-    longer takes `cache_position`; both derive from them). `logits_to_keep=1`
+    device, in the model's dtype. Positions are passed explicitly rather than
+    left to the model (4.x derived a `cache_position` argument from the cache,
+    5.x dropped it), so they are the cache length onward on every version.
+    `logits_to_keep=1`
     computes the LM head for the last position only; every call uses it, so
     prefill and decode logits go through the same-shaped matmul.
     """

@@ -62,6 +62,16 @@ class Counters:
         return self - earlier
 
 
+def _as_int(x) -> int | None:
+    """x as an int if it is an integer (numpy ints too, not bools or floats)."""
+    if isinstance(x, bool):
+        return None
+    try:
+        return operator.index(x)
+    except TypeError:
+        return None
+
+
 class _Lineage:
     """One cache plus what we know about it."""
 
@@ -74,6 +84,11 @@ class _Lineage:
 
 
 class KVEngine:
+    """Lineages (string handles -> caches) over one LoadedModel.
+
+    Verbs act on the current lineage unless one is named. Not thread-safe.
+    """
+
     def __init__(self, lm: LoadedModel):
         self.lm = lm
         self.counters = Counters()
@@ -153,8 +168,9 @@ class KVEngine:
         max_new_tokens. stop_ids=None means the model's eos_ids; pass () to
         never stop early.
         """
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+        if _as_int(max_new_tokens) is None or max_new_tokens < 0:
             raise ValueError(f"max_new_tokens={max_new_tokens!r} must be an int >= 0")
+        max_new_tokens = int(max_new_tokens)
         if temperature < 0:
             raise ValueError(f"temperature={temperature!r} must be >= 0")
         if temperature > 0 and seed is None:
@@ -200,8 +216,10 @@ class KVEngine:
         belonged to the removed suffix, so a prefill must come next."""
         lin = self._get(lineage)
         length = adapter.cache_length(lin.cache)
-        if isinstance(n_tokens, bool) or not isinstance(n_tokens, int) or not 0 <= n_tokens <= length:
+        n = _as_int(n_tokens)
+        if n is None or not 0 <= n <= length:
             raise ValueError(f"crop: n_tokens={n_tokens!r} is outside [0, {length}] (the lineage's length)")
+        n_tokens = n
         adapter.crop_cache(lin.cache, n_tokens)
         del lin.tokens[n_tokens:]
         lin.last_logits = None

