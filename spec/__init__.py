@@ -12,7 +12,7 @@ from .provenance import (Artifact, ProvenanceGraph, add_artifact, build_conserva
                          build_selective_graph, first_entry_turn, get_certified_clean_set, get_influence_set,
                          get_prefix_graph, get_reachable, locate_source)
 from .splice import (AssumptionReport, SpliceResult, compute_gain, compute_replay_invocations, full_reset,
-                     get_restore_boundary, has_no_committed_effects_after, is_deterministic,
+                     get_restore_boundary, has_no_committed_effects_after, is_deterministic, is_recording_reproducible,
                      is_sanitized_counterfactual, run_session, splice)
 from .statements import (certified_clean_is_prefix, influence_is_monotone, prefix_is_shared,
                          replay_cost_is_optimal, replay_cost_is_suffix_length, splice_equals_counterfactual)

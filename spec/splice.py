@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 import attrs
 
-from .environment import Run, get_replay_environment, replay_tools
+from .environment import Run, get_environment_at, get_replay_environment, replay_tools
 from .transition import (InvocationCounter, Observation, State, StepFunction, counterfactual_stream,
                          first_entry, sanitize_observation, trajectory)
 
@@ -47,6 +47,15 @@ def has_no_committed_effects_after(run: Run, boundary: int) -> bool:
     """(A3) no external side effect was committed after the restore boundary,
     so restoring the environment snapshot makes the tool reads reproducible."""
     return all(effect.step <= boundary for effect in run.effects)
+
+
+def is_recording_reproducible(run: Run, boundary: int) -> bool:
+    """(A3, premise) every recorded tool read after the boundary is what the
+    environment held at that step, so re-executing it can reproduce it. A
+    hand-built run with a stale or nondeterministic tool fails this."""
+    return all(item.value == get_environment_at(run, t).get(item.key, "")
+               for t, o in enumerate(run.observations, start=1) if t > boundary
+               for item in o.items if item.key is not None)
 
 
 @attrs.frozen
@@ -126,12 +135,13 @@ def splice(step: StepFunction, run: Run, stored: Sequence[State], target: str,
 
     counter = InvocationCounter(step)
     states = trajectory(counter, stored[boundary], replayed[boundary:])
-    first = replayed[boundary] if boundary < len(replayed) else None
     report = AssumptionReport(
-        a1_deterministic=first is None or is_deterministic(step, stored[boundary], first),
+        # probed at every replayed transition, not only at the restore point
+        a1_deterministic=all(is_deterministic(step, state, o) for state, o in zip(states, replayed[boundary:])),
         a2_sanitized_counterfactual=is_sanitized_counterfactual(
             sanitized, counterfactual_stream(observations, target), boundary),
-        a3_no_committed_effects=has_no_committed_effects_after(run, boundary),
+        a3_no_committed_effects=(has_no_committed_effects_after(run, boundary)
+                                 and is_recording_reproducible(run, boundary)),
     )
     return SpliceResult(states[-1], states, tau, boundary, counter.invocations, replayed, report)
 
