@@ -1,4 +1,6 @@
-"""Command line: ``unsee run EPISODE.json`` and ``unsee demo``.
+"""Command line: ``unsee run EPISODE.json``, ``unsee demo``, and the stored
+sessions of docs/persistence.md: ``unsee run EPISODE.json --store PATH``,
+``unsee forget PATH SOURCE_ID`` and ``unsee show PATH``.
 
 Exit codes: 0 success, 2 bad input (the message names it), 1 anything else.
 """
@@ -27,6 +29,22 @@ def main(argv: list[str] | None = None) -> int:
     _model_options(run)
     run.add_argument("--probe", action="append", default=[], help="ask this question of the final state")
     run.add_argument("--json", action="store_true", help="machine-readable output")
+    run.add_argument("--store", metavar="PATH",
+                     help="save the session to a new session store at PATH after running, and again "
+                          "(atomically) after the forget (docs/persistence.md)")
+
+    forget = sub.add_parser("forget", help="reopen a stored session, forget a source, commit atomically, "
+                                           "print the report")
+    forget.add_argument("store", metavar="PATH", help="a session store written by `unsee run --store`")
+    forget.add_argument("source", metavar="SOURCE_ID", help="the source id to forget")
+    _stored_model_options(forget)
+    forget.add_argument("--json", action="store_true", help="machine-readable output")
+
+    show = sub.add_parser("show", help="print a stored session's summary (T, digest, forgotten sources, "
+                                       "checkpoints)")
+    show.add_argument("store", metavar="PATH", help="a session store written by `unsee run --store`")
+    _stored_model_options(show, verify=True)
+    show.add_argument("--json", action="store_true", help="machine-readable output")
 
     demo = sub.add_parser("demo", help="the leak, the forget and its cost on the default model")
     _model_options(demo)
@@ -37,6 +55,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "demo":
             run_demo(args.model, args.device, args.dtype, as_json=args.json)
             return 0
+        if args.command == "forget":
+            return _forget(args)
+        if args.command == "show":
+            return _show(args)
         return _run(args)
     except (EpisodeError, UnknownSourceError, ValueError) as exc:
         print(f"unsee: error: {exc}", file=sys.stderr)
@@ -50,6 +72,18 @@ def _model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default="float32", help="float32, bfloat16 or float16")
 
 
+def _stored_model_options(parser: argparse.ArgumentParser, verify: bool = False) -> None:
+    what = "rebuild the session on this model and check its digest; " if verify else ""
+    parser.add_argument("--model", default=None,
+                        help=f"{what}must be the model the session was created with (default: that model)")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    parser.add_argument("--dtype", default=None, help="must be the session's dtype (default: that dtype)")
+
+
+#: Methods whose result is a session the store can hold and reopen exactly.
+STORABLE_METHODS = ("none", "replay", "reset")
+
+
 def _run(args: argparse.Namespace) -> int:
     from .kv import KVEngine
     from .models import load_model
@@ -61,14 +95,32 @@ def _run(args: argparse.Namespace) -> int:
         raise EpisodeError(f"{args.episode}: no --forget given and the episode names no target")
     if source is not None and source not in episode.get_sources():
         raise UnknownSourceError(f"unknown source id {source!r}: the episode has {list(episode.get_sources())}")
+    if args.store:
+        from pathlib import Path
+
+        from .store import StoreError
+
+        if args.method not in STORABLE_METHODS:
+            raise ValueError(f"--store keeps sessions of the methods {STORABLE_METHODS}; "
+                             f"{args.method!r} is a baseline whose state is not a session")
+        if Path(args.store).exists():
+            raise StoreError(f"{args.store}: already exists; `unsee forget` and `unsee show` open it")
     value = episode.target.value if episode.target and episode.target.source == source else None
     engine = KVEngine(load_model(args.model, device=args.device, dtype=args.dtype))
     runtime = AgentRuntime.from_episode(engine, episode, _bar("run", not args.json))
     output: dict = {"episode": args.episode, "model": engine.lm.name, "T": runtime.t,
                     "digest_before": runtime.digest()}
+    store = None
+    if args.store:  # the session as run; the episode's target value is not stored
+        from .store import SessionStore
+
+        store = SessionStore.create(args.store, runtime)
+        output["store"] = args.store
     if source is not None:
         runtime, result = apply_method(runtime, args.method, source, value)
         output["result"] = result.to_json()
+        if store is not None and args.method != "none":
+            store.save(runtime, report=result.report)  # one transaction
     output["digest"] = runtime.digest()
     output["probes"] = {q: runtime.probe(q) for q in args.probe}
     if args.json:
@@ -91,6 +143,82 @@ def _run(args: argparse.Namespace) -> int:
     print(f"digest   {output['digest']}")
     for q, a in output["probes"].items():
         print(f"probe    {q!r} -> {a!r}")
+    if store is not None:
+        store.close()
+        print(f"stored   {args.store}")
+    return 0
+
+
+def _open_stored(args: argparse.Namespace):
+    """The store, after checking ``--model``/``--dtype`` against it (before any model loads)."""
+    from .store import SessionStore, StoreError
+
+    store = SessionStore.open(args.store)
+    meta = store.get_meta()
+    for option, stored in (("model", meta["model"]), ("dtype", meta["dtype"])):
+        given = getattr(args, option)
+        if given is not None and given != stored:
+            store.close()
+            raise StoreError(f"{args.store}: the session was created with {option} {stored!r}, not {given!r}; "
+                             f"run with --{option} {stored} (or leave --{option} out)")
+    return store
+
+
+def _forget(args: argparse.Namespace) -> int:
+    from .kv import KVEngine
+    from .models import load_model
+    from .store import PersistentSession
+
+    store = _open_stored(args)
+    meta = store.get_meta()
+    try:
+        engine = KVEngine(load_model(meta["model"], device=args.device, dtype=meta["dtype"]))
+        session = PersistentSession(store, store.load(engine))
+        report = session.forget(args.source, _bar("forget", not args.json))
+    finally:
+        store.close()
+    out = report.to_json()
+    out["store"] = args.store
+    if args.json:
+        print(json.dumps(out, indent=2, default=str))
+        return 0
+    if report.already_forgotten:
+        print(f"source   {args.source!r} was already forgotten: nothing to do, the session is unchanged")
+    else:
+        print(f"forgot   {args.source!r} in {args.store} (committed atomically)")
+        print(f"tau      {report.tau}   restored checkpoint at boundary {report.boundary}")
+        print(f"closure  {len(report.closure)} blocks")
+        print(f"cost     {report.invocations} transitions (T - boundary = {report.expected_invocations}), "
+              f"{report.prefilled_tokens} prefilled + {report.decoded_tokens} decoded tokens, "
+              f"{report.wall_s:.2f} s")
+    print(f"T        {report.length}")
+    print(f"digest   {report.digest}")
+    return 0
+
+
+def _show(args: argparse.Namespace) -> int:
+    store = _open_stored(args)
+    try:
+        summary = store.get_summary()
+        if args.model is not None:  # rebuild on the named model: the digest must match
+            from .kv import KVEngine
+            from .models import load_model
+
+            engine = KVEngine(load_model(args.model, device=args.device, dtype=summary["dtype"]))
+            summary["verified"] = store.load(engine).digest() == summary["digest"]
+    finally:
+        store.close()
+    if args.json:
+        print(json.dumps(summary, indent=2, default=str))
+        return 0
+    print(f"session  {summary['path']} ({summary['runtime']}, schema {summary['schema_version']})")
+    print(f"model    {summary['model']} ({summary['dtype']})")
+    print(f"T        {summary['T']} steps, {summary['transitions']} transitions run")
+    print(f"digest   {summary['digest']}" + ("   (verified by rebuild)" if summary.get("verified") else ""))
+    print(f"forgot   {', '.join(summary['forgotten']) or '-'}")
+    print(f"sources  {', '.join(summary['sources']) or '-'}")
+    print(f"ckpts    {len(summary['checkpoints'])} at boundaries "
+          f"{', '.join(str(c['boundary']) for c in summary['checkpoints'])}")
     return 0
 
 

@@ -22,6 +22,7 @@ Step kinds and what the transition ``F`` does with them:
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -100,11 +101,14 @@ def _parse_items(raw: Mapping[str, Any], where: str) -> tuple[Item, ...]:
         fields = raw.get("fields")
         if fields is None and "text" in raw:
             fields = [{"source": raw.get("source", raw["id"]), "text": raw["text"]}]
+        _require("source" not in raw or "fields" not in raw, where, "give 'source' with 'text', not with 'fields'")
         _require(isinstance(fields, list) and fields, where, "a tool step needs 'fields' (or 'text')")
         return tuple(_parse_record(r, f"{where}.fields[{i}]") for i, r in enumerate(fields))
     if kind in ("user", "plan"):
         _require(isinstance(raw.get("text"), str), where, f"a {kind} step needs a string 'text'")
-        return (Item(str(raw.get("source", raw["id"])), raw["text"]),)
+        source = raw.get("source", raw["id"])
+        _require(isinstance(source, str) and source, where, "'source' must be a non-empty string")
+        return (Item(source, raw["text"]),)
     _require("text" not in raw, where, f"a {kind} step takes no 'text'")
     return ()
 
@@ -120,7 +124,7 @@ def parse_episode(raw: Any) -> Episode:
     """Validate a decoded JSON object and build an :class:`Episode`."""
     _require(isinstance(raw, Mapping), "episode", "must be a JSON object")
     _require(raw.get("format") == FORMAT, "format", f"must be {FORMAT!r}, got {raw.get('format')!r}")
-    _require(raw.get("version") == VERSION, "version",
+    _require(_is_int(raw.get("version")) and raw.get("version") == VERSION, "version",
              f"unsupported version {raw.get('version')!r}; this build reads version {VERSION}")
     _require(isinstance(raw.get("system"), str), "system", "must be a string")
     settings = _parse_settings(raw.get("settings", {}))
@@ -163,14 +167,20 @@ def _parse_settings(raw: Any) -> Settings:
     unknown = set(raw) - {f.name for f in attrs.fields(Settings)}
     _require(not unknown, "settings", f"unknown keys {sorted(unknown)}")
     s = Settings(**raw)
-    _require(isinstance(s.max_new_tokens, int) and 1 <= s.max_new_tokens <= 4096, "settings.max_new_tokens",
+    _require(_is_int(s.max_new_tokens) and 1 <= s.max_new_tokens <= 4096, "settings.max_new_tokens",
              "must be an integer in 1..4096")
-    _require(isinstance(s.temperature, (int, float)) and s.temperature >= 0, "settings.temperature",
-             "must be a number >= 0")
-    _require(isinstance(s.seed, int), "settings.seed", "must be an integer")
+    _require(isinstance(s.temperature, (int, float)) and not isinstance(s.temperature, bool)
+             and math.isfinite(s.temperature) and 0 <= s.temperature <= 100, "settings.temperature",
+             "must be a finite number in 0..100")
+    _require(_is_int(s.seed), "settings.seed", "must be an integer")
     _require(s.checkpoint_policy in CHECKPOINT_POLICIES, "settings.checkpoint_policy",
              f"must be one of {CHECKPOINT_POLICIES}")
     return s
+
+
+def _is_int(value: Any) -> bool:
+    """JSON integers only: ``true`` and ``1.0`` are not integers here."""
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def load_episode(path: str | Path) -> Episode:
@@ -180,8 +190,14 @@ def load_episode(path: str | Path) -> Episode:
         raw = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise EpisodeError(f"{path}: no such episode file") from None
+    except IsADirectoryError:
+        raise EpisodeError(f"{path}: is a directory, not an episode file") from None
+    except OSError as exc:
+        raise EpisodeError(f"{path}: cannot be read ({exc.strerror or exc})") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise EpisodeError(f"{path}: not valid JSON ({exc})") from None
+    except RecursionError:
+        raise EpisodeError(f"{path}: JSON nested too deeply to be an episode") from None
     try:
         return parse_episode(raw)
     except EpisodeError as exc:

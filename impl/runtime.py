@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable, Sequence
 import attrs
 
 from .checkpoints import Checkpoint, CheckpointStore, is_checkpoint_due
-from .episode import Episode, Item, Settings, Step
+from .episode import STEP_KINDS, Episode, Item, Settings, Step
 from .kv import KVEngine
 from .provenance import ArtifactGraph, RuntimeBlock
 from .text import normalize
@@ -168,6 +168,8 @@ class AgentRuntime:
     def _step(self, step: Step) -> None:
         if any(s.id == step.id for s in self.steps):
             raise ValueError(f"step id {step.id!r} was already observed in this session")
+        if step.kind not in STEP_KINDS:  # checked before any change to the state
+            raise ValueError(f"step {step.id!r}: unknown kind {step.kind!r}; expected one of {STEP_KINDS}")
         if is_checkpoint_due(self.checkpoints.policy, self.t, step):
             self._register_checkpoint()
         self.t += 1
