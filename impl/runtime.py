@@ -249,7 +249,8 @@ class AgentRuntime:
 
     def _observe(self, step: Step) -> RuntimeBlock:
         own = frozenset(i.source for i in step.items)
-        type_ = step.kind if step.kind in ("user", "tool", "plan") else "instruction"
+        # a plan step's prompt block is the user's request; "plan" is the model's call
+        type_ = {"user": "user", "tool": "tool", "plan": "user"}.get(step.kind, "instruction")
         return self._prefill_block(step.id, type_, render_observation(step),
                                    parents=tuple(self.context), sources=self._resident_sources() | own)
 
@@ -342,10 +343,11 @@ class AgentRuntime:
         """A copy that shares nothing mutable: its own cloned current lineage.
 
         Checkpoint lineages are shared read-only (restores clone before cropping)."""
-        other = AgentRuntime(self.engine, self.system, self.settings)
+        other = self._spawn()
         other.graph = self.graph.copy()
         other.checkpoints = self.checkpoints.copy()
         other.steps = list(self.steps)
+        other.forgotten = list(self.forgotten)
         other.t = self.t
         other.lineage = self.engine.clone(self.lineage)
         other.context, other.memory, other.plans = list(self.context), list(self.memory), list(self.plans)
@@ -391,8 +393,8 @@ class AgentRuntime:
             replay = self._restore(checkpoint)  # line 5: crop a clone of the lineage
             suffix = [self._sanitize(s, pending) for s in self.steps[checkpoint.boundary:]]  # line 7
             transitions_before = replay.transitions
-            replay.run(suffix, progress)  # lines 6-10
             replay.forgotten = self.forgotten + list(pending)
+            replay.run(suffix, progress)  # lines 6-10
             self._adopt(replay)
             return self._report("replay", source_ids, tau, checkpoint, closure,
                                 self.transitions - transitions_before, started, before)
@@ -411,8 +413,8 @@ class AgentRuntime:
             fresh._prefill_block(SYSTEM_ID, "system", render("system", self.system), parents=(),
                                  sources=frozenset())
             fresh.replaying = True
-            fresh.run([self._sanitize(s, pending) for s in self.steps], progress)
             fresh.forgotten = self.forgotten + list(pending)
+            fresh.run([self._sanitize(s, pending) for s in self.steps], progress)
             self._adopt(fresh)
             return self._report("reset", source_ids, tau, None, closure, fresh.transitions, started, before)
 
