@@ -1,0 +1,283 @@
+"""AgentRuntime on the tiny model: the transition F, forget (Algorithm 1),
+full_reset (B5), checkpoints, provenance closures, probe, fork."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from unsee.impl.episode import OBSERVED_KINDS, parse_episode
+from unsee.impl.kv import KVEngine
+from unsee.impl.models import load_model
+from unsee.impl.provenance import DERIVED_TYPES, UnknownSourceError
+from unsee.impl.runtime import AgentRuntime
+from unsee.properties.differential import (compare_forget_with_reset, engine_scope, run_counterfactual,
+                                           torch_threads)
+
+SECRET = "4417 Elm"
+
+
+@pytest.fixture(scope="module")
+def engine():
+    with torch_threads(1):  # tiny matrices; avoids OpenMP spinning on a shared machine
+        yield KVEngine(load_model("tiny"))
+
+
+@pytest.fixture
+def eng(engine):
+    with engine_scope(engine):
+        yield engine
+
+
+def episode(steps, policy="every_turn", max_new_tokens=4, temperature=0.0, seed=0, target="secret"):
+    return parse_episode({"format": "unsee.episode", "version": 1, "system": "You are a helpful agent.",
+                          "settings": {"max_new_tokens": max_new_tokens, "temperature": temperature, "seed": seed,
+                                       "checkpoint_policy": policy},
+                          "steps": steps, "target": {"source": target, "value": SECRET}})
+
+
+#: Every observed kind, a memory write, no session: tau = 2 (the memory step).
+FIXED = [
+    {"id": "t1", "kind": "user", "text": "hello, I am Ana 12"},
+    {"id": "t2", "kind": "memory", "records": [{"source": "secret", "text": f"lives at {SECRET}"},
+                                               {"source": "m2", "text": "likes tea 7"}]},
+    {"id": "t3", "kind": "tool", "tool": "search", "fields": [{"source": "f1", "text": "weather 21 C"}]},
+    {"id": "t4", "kind": "plan", "tool": "send_message", "text": "email Bob 55"},
+    {"id": "t5", "kind": "remember"},
+    {"id": "t6", "kind": "user", "text": "what now 3"},
+]
+
+#: The target (a tool field) comes after a step without external content, so
+#: before_injection registers no checkpoint at boundary 1 but one at tau - 1 = 2.
+POLICY_STEPS = [
+    {"id": "t1", "kind": "user", "text": "hi 7"},
+    {"id": "t2", "kind": "remember"},
+    {"id": "t3", "kind": "tool", "fields": [{"source": "secret", "text": SECRET}, {"source": "f2", "text": "Oak"}]},
+    {"id": "t4", "kind": "compact"},
+    {"id": "t5", "kind": "user", "text": "bye 90"},
+]
+
+
+def run(eng, steps, **kwargs) -> AgentRuntime:
+    return AgentRuntime.from_episode(eng, episode(steps, **kwargs))
+
+
+# --- a fixed episode -----------------------------------------------------------------
+
+def test_fixed_episode_runs_and_forget_equals_reset(eng):
+    ep = episode(FIXED)
+    runtime = AgentRuntime.from_episode(eng, ep)
+    assert runtime.t == runtime.transitions == 6
+    assert [s.id for s in runtime.steps] == [s["id"] for s in FIXED]
+    assert runtime.memory == ["t2/secret", "t2/m2", "t5/note"]
+    assert runtime.plans == ["t4/plan"]
+    assert [b for b, _ in runtime.generated_tokens() if b.endswith(("/answer", "/plan", "/note"))] == \
+        ["t1/answer", "t3/answer", "t4/plan", "t5/note", "t6/answer"]
+    runtime.check_invariants()
+    before = runtime.digest()
+    assert AgentRuntime.from_episode(eng, ep).digest() == before  # F is deterministic
+
+    report = compare_forget_with_reset(eng, ep)
+    assert (report.tau, report.boundary, report.invocations, report.length) == (2, 1, 5, 6)
+    assert report.expected_invocations == 5
+    assert report.method == "replay" and report.source_id == "secret"
+
+    runtime.forget("secret")
+    runtime.check_invariants()
+    assert runtime.digest() != before
+    assert runtime.digest() == report.digest
+    assert not any(SECRET in text for _, text in runtime.texts())
+    assert "t2/secret" not in runtime.memory
+    assert runtime.steps[1].items == (runtime.steps[1].items[0],) and runtime.steps[1].items[0].source == "m2"
+
+
+def test_forget_under_seeded_sampling_equals_counterfactual(eng):
+    ep = episode(FIXED, temperature=0.7, seed=11)
+    runtime = AgentRuntime.from_episode(eng, ep)
+    report = runtime.forget("secret")
+    twin = run_counterfactual(eng, ep.system, ep.settings, ep.steps, "secret")
+    assert report.digest == twin.digest()
+    assert runtime.generated_tokens() == twin.generated_tokens()
+
+
+# --- unknown and repeated sources ---------------------------------------------------------
+
+def test_forget_of_unknown_source_raises_and_changes_nothing(eng):
+    runtime = run(eng, FIXED)
+    before, steps, checkpoints = runtime.digest(), list(runtime.steps), runtime.checkpoints.all()
+    with pytest.raises(UnknownSourceError) as info:
+        runtime.forget("no-such-source")
+    assert isinstance(info.value, KeyError)
+    assert "no-such-source" in str(info.value)
+    with pytest.raises(KeyError, match="no-such-source"):
+        runtime.full_reset("no-such-source")
+    assert runtime.digest() == before
+    assert runtime.steps == steps and runtime.checkpoints.all() == checkpoints
+
+
+def test_forget_of_a_step_id_that_is_not_a_source_raises(eng):
+    runtime = run(eng, FIXED)  # t2 is a memory step: its sources are its records, not the step id
+    with pytest.raises(UnknownSourceError, match="t2"):
+        runtime.forget("t2")
+
+
+def test_forget_twice_is_a_no_op(eng):
+    runtime = run(eng, FIXED)
+    runtime.forget("secret")
+    after = runtime.digest()
+    again = runtime.forget("secret")
+    assert again.already_forgotten and again.invocations == 0
+    assert runtime.digest() == after
+
+
+# --- checkpoint policies ------------------------------------------------------------------
+
+@pytest.mark.parametrize("policy, boundaries, boundary", [
+    ("every_turn", [0, 1, 2, 3, 4], 2),
+    ("before_injection", [0, 2, 4], 2),  # before t1, t3 and t5: the steps that bring content in
+    ("session_start", [0], 0),
+])
+def test_checkpoint_policy_gives_expected_boundary(eng, policy, boundaries, boundary):
+    runtime = run(eng, POLICY_STEPS, policy=policy)
+    assert [c.boundary for c in runtime.checkpoints.all()] == boundaries
+    assert boundaries == [t - 1 for t, s in enumerate(POLICY_STEPS, 1)
+                          if policy == "every_turn" or (policy == "before_injection" and s["kind"] in OBSERVED_KINDS)
+                          or t == 1]
+    report = compare_forget_with_reset(eng, episode(POLICY_STEPS, policy=policy))
+    assert report.tau == 3
+    assert report.boundary == boundary
+    assert report.invocations == 5 - boundary  # T - tau + 1 = 3 at boundary tau - 1
+
+
+# --- provenance ---------------------------------------------------------------------------
+
+def test_closure_holds_the_source_and_every_later_generated_block(eng):
+    runtime = run(eng, FIXED)
+    blocks = runtime.graph.blocks()
+    report = runtime.fork().forget("secret")
+    closure = set(report.closure)
+    assert "t2/secret" in closure  # the source block: the memory record
+    assert [b.id for b in runtime.graph.locate_source("secret")] == ["t2/secret"]
+    later = {b.id for b in blocks if b.turn >= report.tau and b.type in DERIVED_TYPES}
+    assert later and later <= closure
+    assert {"t3/answer", "t4/plan", "t5/note", "t6/answer"} <= closure
+    assert "t2/m2" not in closure  # a record of another source, stored beside it
+    assert not any(b.turn < report.tau and b.id in closure for b in blocks)
+    assert list(report.closure) == [b.id for b in blocks if b.id in closure]  # creation order
+
+
+def test_closure_stops_at_a_session_that_drops_the_target(eng):
+    """A user target that no memory write kept is gone from the context a new
+    session opens on: later turns do not carry it, and forget still equals reset."""
+    steps = [{"id": "t1", "kind": "user", "source": "secret", "text": SECRET},
+             {"id": "t2", "kind": "session"}, {"id": "t3", "kind": "user", "text": "tea"}]
+    runtime = run(eng, steps)
+    resident = runtime.context + runtime.memory + runtime.plans
+    assert not any("secret" in runtime.graph[b].source_ids for b in resident)
+    report = compare_forget_with_reset(eng, episode(steps))
+    assert "t1/answer" in report.closure and "t3/answer" not in report.closure
+    assert report.invocations == 3 and report.boundary == 0
+
+
+# --- compaction ---------------------------------------------------------------------------
+
+def test_compaction_starts_a_new_lineage_and_older_checkpoints_still_restore(eng):
+    steps = [{"id": "t1", "kind": "user", "source": "secret", "text": SECRET},
+             {"id": "t2", "kind": "user", "text": "Bob 12"},
+             {"id": "t3", "kind": "compact"},
+             {"id": "t4", "kind": "user", "text": "tea 7"}]
+    runtime = run(eng, steps)
+    lineages = {c.boundary: c.lineage for c in runtime.checkpoints.all()}
+    assert lineages[0] == lineages[1] == lineages[2] != lineages[3]
+    assert runtime.lineage == lineages[3] and runtime.context[0] == "t3/system"
+    summary = runtime.graph["t3/context"]
+    assert "secret" in summary.source_ids  # the summary read the target
+    report = compare_forget_with_reset(eng, episode(steps))
+    assert (report.tau, report.boundary, report.invocations) == (1, 0, 4)
+    assert runtime.forget("secret").checkpoint["lineage"] == lineages[0]  # restored on the first lineage
+    assert runtime.digest() == report.digest
+
+
+def test_target_after_compaction_restores_on_the_new_lineage(eng):
+    steps = [{"id": "t1", "kind": "user", "text": "Bob 12"}, {"id": "t2", "kind": "compact"},
+             {"id": "t3", "kind": "user", "source": "secret", "text": SECRET}]
+    runtime = run(eng, steps)
+    new_lineage = runtime.lineage
+    report = compare_forget_with_reset(eng, episode(steps))
+    assert (report.tau, report.boundary, report.invocations) == (3, 2, 1)
+    assert runtime.forget("secret").checkpoint["lineage"] == new_lineage
+    assert runtime.digest() == report.digest
+
+
+# --- reading the state ----------------------------------------------------------------------
+
+def test_probe_does_not_change_the_state(eng):
+    runtime = run(eng, FIXED)
+    before, lineage, lineages = runtime.digest(), runtime.lineage, set(eng.lineages)
+    answer = runtime.probe("Where does the user live?", max_new_tokens=5)
+    assert isinstance(answer, str)
+    assert runtime.digest() == before
+    assert runtime.lineage == lineage and eng.current == lineage
+    assert set(eng.lineages) == lineages  # the branch was dropped
+    assert runtime.probe("Where does the user live?", max_new_tokens=5) == answer
+
+
+def test_checkpoints_are_small_metadata(eng):
+    runtime = run(eng, FIXED)
+    assert len(eng.lineages) >= 1
+    for checkpoint in runtime.checkpoints.all():
+        record = checkpoint.get_record()
+        encoded = json.dumps(record, separators=(",", ":"))  # plain data only: no tensors
+        assert checkpoint.nbytes == len(encoded.encode()) < 4096
+        assert isinstance(checkpoint.lineage, str) and isinstance(checkpoint.token_offset, int)
+        assert set(record) == {"boundary", "lineage", "token_offset", "context", "memory", "plans", "env_snapshot"}
+    # no cache was copied for them: one lineage holds the whole session
+    assert {c.lineage for c in runtime.checkpoints.all()} == {runtime.lineage}
+    report = runtime.forget("secret")
+    assert 0 < report.checkpoint_bytes < 4096
+    assert report.checkpoint_bytes == len(json.dumps(report.checkpoint, separators=(",", ":")).encode())
+
+
+# --- branching and failure ------------------------------------------------------------------
+
+def test_fork_is_independent(eng):
+    runtime = run(eng, FIXED)
+    other = runtime.fork()
+    assert other.digest() == runtime.digest()
+    other.forget("secret")
+    assert other.digest() != runtime.digest()
+    assert runtime.digest() == run(eng, FIXED).digest()  # the original is untouched
+    runtime.forget("secret")
+    assert runtime.digest() == other.digest()
+
+
+def test_failed_forget_leaves_the_session_as_it_was(eng):
+    runtime = run(eng, FIXED)
+    before = runtime.digest()
+
+    def interrupt(done, total):
+        if done == 2:
+            raise KeyboardInterrupt("stop")
+
+    with pytest.raises(KeyboardInterrupt):
+        runtime.forget("secret", progress=interrupt)
+    assert runtime.digest() == before
+    runtime.check_invariants()
+    report = runtime.forget("secret")  # and a later forget still works
+    assert report.digest == run_counterfactual(eng, runtime.system, runtime.settings,
+                                               run(eng, FIXED).steps, "secret").digest()
+
+
+# --- problems once found in impl/runtime.py, pinned ---------------------------------------------
+
+def test_fork_remembers_what_was_forgotten(eng):
+    runtime = run(eng, FIXED)
+    runtime.forget("secret")
+    again = runtime.fork().forget("secret")
+    assert again.already_forgotten
+
+
+def test_generated_tokens_are_model_written(eng):
+    runtime = run(eng, [{"id": "t1", "kind": "plan", "source": "secret", "text": SECRET}])
+    assert [b for b, _ in runtime.generated_tokens()] == ["t1/plan"]
