@@ -49,9 +49,16 @@ def main(argv: list[str] | None = None) -> int:
     demo = sub.add_parser("demo", help="the leak, the forget and its cost on the default model")
     _model_options(demo)
     demo.add_argument("--json", action="store_true", help="machine-readable output")
+    demo.add_argument("--tools", action="store_true",
+                      help="instead: a forget whose counterfactual would not have sent a message that was sent")
 
     args = parser.parse_args(argv)
     try:
+        if args.command == "demo" and args.tools:
+            from .tools_demo import run_tools_demo
+
+            run_tools_demo(args.model)
+            return 0
         if args.command == "demo":
             run_demo(args.model, args.device, args.dtype, as_json=args.json)
             return 0

@@ -14,10 +14,8 @@ fails halfway leaves the session as it was.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
-import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 
@@ -25,6 +23,7 @@ import attrs
 
 from .checkpoints import Checkpoint, CheckpointStore, is_checkpoint_due
 from .episode import STEP_KINDS, Episode, Item, Settings, Step
+from .exclusive import Exclusive, SessionBusyError
 from .kv import KVEngine
 from .provenance import ArtifactGraph, RuntimeBlock
 from .text import normalize
@@ -69,10 +68,6 @@ def render_memory(records: Sequence[str]) -> str:
 def sanitize_step(step: Step, source_id: str) -> Step:
     """Algorithm 1 line 7: remove the target's items, keep the rest verbatim."""
     return attrs.evolve(step, items=tuple(i for i in step.items if i.source != source_id))
-
-
-class SessionBusyError(RuntimeError):
-    """A forget or step arrived while another one was running."""
 
 
 class TargetNotFoundError(LookupError):
@@ -135,8 +130,7 @@ class AgentRuntime:
         self.transitions = 0  # invocations of F
         self.replaying = False  # True while forget re-enacts the suffix (tools shadow-execute)
         self.forgotten: list[str] = []  # source ids forgotten so far (ids, never values)
-        self._lock = threading.Lock()  # one transition or forget at a time
-        self._running: str | None = None
+        self._exclusive = Exclusive()  # one transition or forget at a time
         self._shared_lineages = False  # set when forked: lineages are not ours alone to drop
 
     # --- construction ------------------------------------------------------
@@ -158,7 +152,7 @@ class AgentRuntime:
     def run(self, steps: Iterable[Step], progress: Progress | None = None) -> None:
         steps = list(steps)
         for i, step in enumerate(steps, start=1):
-            self._step(step) if self._running else self.step(step)
+            self._step(step) if self._exclusive.running else self.step(step)
             if progress:
                 progress(i, len(steps))
 
@@ -462,18 +456,6 @@ class AgentRuntime:
                 f"target value {value!r} is present in several sources {sources}; "
                 "name the one to forget, or forget them all with forget_many")
         return self.forget(sources[0], progress, wait)
-
-    @contextlib.contextmanager
-    def _exclusive(self, wait: bool, what: str):
-        if not self._lock.acquire(blocking=wait):
-            raise SessionBusyError(f"{what} refused: step {self._running!r} is still running "
-                                   "(retry, or call with wait=True to run after it)")
-        self._running = what
-        try:
-            yield
-        finally:
-            self._running = None
-            self._lock.release()
 
     def _restore(self, checkpoint: Checkpoint) -> AgentRuntime:
         """Algorithm 1 line 5: ``Restore(c*)`` into a new runtime beside this one."""

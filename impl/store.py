@@ -43,7 +43,8 @@ from typing import Any
 
 from .episode import Step
 from .kv import KVEngine
-from .runtime import AgentRuntime, ForgetReport, Progress, SessionBusyError
+from .exclusive import Exclusive, SessionBusyError
+from .runtime import AgentRuntime, ForgetReport, Progress
 
 FORMAT = "unsee.session"
 SCHEMA_VERSION = 1
@@ -639,8 +640,7 @@ class PersistentSession:
     def __init__(self, store: SessionStore, runtime: AgentRuntime):
         self.store = store
         self.runtime = runtime
-        self._lock = threading.Lock()
-        self._running: str | None = None
+        self._exclusive = Exclusive()
 
     @classmethod
     def create(cls, path: str | Path, runtime: AgentRuntime) -> PersistentSession:
@@ -717,18 +717,6 @@ class PersistentSession:
             if now != before:
                 self.runtime = self.store.load(self.runtime.engine, type(self.runtime))
             raise
-
-    @contextlib.contextmanager
-    def _exclusive(self, wait: bool, what: str) -> Iterator[None]:
-        if not self._lock.acquire(blocking=wait):
-            raise SessionBusyError(f"{what} refused: {self._running!r} is still running on this session "
-                                   "(retry, or call with wait=True to run after it)")
-        self._running = what
-        try:
-            yield
-        finally:
-            self._running = None
-            self._lock.release()
 
 
 __all__ = ["FORMAT", "PersistentSession", "SCHEMA", "SCHEMA_VERSION", "SessionStore", "StoreError", "find_residue",

@@ -139,14 +139,8 @@ def prove_each(
     bound: str,
     timeout_ms: int = TIMEOUT_MS,
 ) -> ProofResult:
-    """:func:`prove` on every ``(hypotheses, claim)`` of a bounded family, one result.
-
-    The reported time is the wall time of the whole family, building the
-    formulas included (for large families that is most of it).
-    """
-    start = time.perf_counter()
-    results = [prove(statement, check, h, c, bound=bound, timeout_ms=timeout_ms, quiet=True) for h, c in instances]
-    return summarize(statement, check, results, bound=bound, seconds=time.perf_counter() - start)
+    """:func:`prove` on every ``(hypotheses, claim)`` of a bounded family, one result."""
+    return _each(prove, statement, check, instances, bound, timeout_ms)
 
 
 def refute_each(
@@ -157,13 +151,15 @@ def refute_each(
     bound: str,
     timeout_ms: int = TIMEOUT_MS,
 ) -> ProofResult:
-    """:func:`refute` on every ``(hypotheses, claim)`` of a bounded family, one result.
+    """:func:`refute` on every ``(hypotheses, claim)`` of a bounded family, one result."""
+    return _each(refute, statement, check, instances, bound, timeout_ms)
 
-    The reported time is the wall time of the whole family, building the
-    formulas included (for large families that is most of it).
-    """
+
+def _each(verdict, statement: str, check: str, instances, bound: str, timeout_ms: int) -> ProofResult:
+    """The reported time is the wall time of the whole family, building the
+    formulas included (for large families that is most of it)."""
     start = time.perf_counter()
-    results = [refute(statement, check, h, c, bound=bound, timeout_ms=timeout_ms, quiet=True) for h, c in instances]
+    results = [verdict(statement, check, h, c, bound=bound, timeout_ms=timeout_ms, quiet=True) for h, c in instances]
     return summarize(statement, check, results, bound=bound, seconds=time.perf_counter() - start)
 
 
