@@ -434,7 +434,7 @@ LAXITIES = {
 
 
 @pytest.mark.parametrize("name", list(LAXITIES))
-def test_known_laxity_of_the_episode_reader(name):
+def test_episode_reader_rejects_former_laxity(name):
     raw = {"format": FORMAT, "version": VERSION, "system": "s", "settings": {},
            "steps": [{"id": "u1", "kind": "user", "text": "hi"}]}
     LAXITIES[name](raw)
@@ -443,7 +443,7 @@ def test_known_laxity_of_the_episode_reader(name):
 
 
 @pytest.mark.parametrize("what", ["deeply nested JSON", "a directory"])
-def test_known_escape_from_load_episode(what, tmp_path):
+def test_load_episode_turns_os_and_recursion_errors_into_episode_errors(what, tmp_path):
     path = tmp_path / "episode.json"
     if what == "a directory":
         path.mkdir()
