@@ -139,9 +139,13 @@ class AgentRuntime:
     def start(cls, engine: KVEngine, system: str, settings: Settings = Settings()) -> AgentRuntime:
         """``R_0``: a fresh lineage holding the system prompt; the session-start checkpoint."""
         runtime = cls(engine, system, settings)
-        runtime.lineage = engine.new_lineage()
-        runtime._prefill_block(SYSTEM_ID, "system", render("system", system), parents=(), sources=frozenset())
+        runtime._begin()
         return runtime
+
+    def _begin(self) -> None:
+        """Make this empty runtime ``R_0``: a new lineage with the system prompt."""
+        self.lineage = self.engine.new_lineage()
+        self._prefill_block(SYSTEM_ID, "system", render("system", self.system), parents=(), sources=frozenset())
 
     @classmethod
     def from_episode(cls, engine: KVEngine, episode: Episode, progress: Progress | None = None) -> AgentRuntime:
@@ -407,9 +411,7 @@ class AgentRuntime:
             tau = min((self.graph.first_entry(s) for s in pending), default=0)
             closure = self._closure(pending)
             fresh = self._spawn()
-            fresh.lineage = self.engine.new_lineage()
-            fresh._prefill_block(SYSTEM_ID, "system", render("system", self.system), parents=(),
-                                 sources=frozenset())
+            fresh._begin()
             fresh.replaying = True
             fresh.forgotten = self.forgotten + list(pending)
             fresh.run([self._sanitize(s, pending) for s in self.steps], progress)
