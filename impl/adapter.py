@@ -172,6 +172,7 @@ def build_tiny_llama(
     max_position_embeddings: int = 4096,
     seed: int = 0,
     init_std: float = 1.0,
+    tie_scale: float = 0.0,
 ) -> LlamaForCausalLM:
     """A tiny Llama with random weights and no files.
 
@@ -181,6 +182,12 @@ def build_tiny_llama(
     RNG). So the tiny model is the same on every version and device.
     init_std=1.0 gives logits with a spread of about 1, so greedy decoding is
     not decided by near-ties.
+
+    tie_scale > 0 builds the opposite on purpose: every LM-head row becomes
+    row 0 plus tie_scale times a random vector, so all logits agree to about
+    tie_scale and the argmax is decided in the last bits, where a multi-token
+    prefill and a one-token decode step round differently. That is the
+    near-tie family the draft-replay guard is tested on (impl/drafts.py).
     """
     config = LlamaConfig(
         vocab_size=vocab_size,
@@ -205,6 +212,10 @@ def build_tiny_llama(
             else:
                 scale = init_std / (p.shape[-1] ** 0.5) if "embed" not in name else init_std
                 p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float32) * scale)
+        if tie_scale > 0:
+            head = model.get_output_embeddings().weight
+            noise = torch.randn(head.shape, generator=gen, dtype=torch.float32)
+            head.copy_(head[0] + tie_scale * noise)
     return _prepare(model)
 
 
@@ -349,3 +360,30 @@ def forward_last_logits(model, token_ids: Sequence[int], cache) -> torch.Tensor:
         if out.past_key_values is not cache:  # the cache must be updated in place
             raise RuntimeError(f"transformers {TRANSFORMERS_VERSION}: model returned a new cache object")
         return out.logits[0, -1]
+
+
+def forward_all_logits(model, token_ids: Sequence[int], cache) -> torch.Tensor:
+    """One forward over `token_ids` appended to `cache`, returning the logits
+    of *every* position, shape [len(token_ids), vocab].
+
+    The KV it writes is the KV of `forward_last_logits` over the same chunk
+    (the LM head reads the hidden states, it never feeds the cache); only the
+    logits differ in shape, which is why draft verification guards them
+    (see impl/drafts.py).
+    """
+    device = model.get_input_embeddings().weight.device
+    past = cache_length(cache)
+    n = len(token_ids)
+    with torch.inference_mode():
+        input_ids = torch.tensor([list(token_ids)], dtype=torch.long, device=device)
+        position_ids = torch.arange(past, past + n, dtype=torch.long, device=device).unsqueeze(0)
+        out = model(
+            input_ids=input_ids,
+            position_ids=position_ids,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=0,  # 0 keeps all positions
+        )
+        if out.past_key_values is not cache:
+            raise RuntimeError(f"transformers {TRANSFORMERS_VERSION}: model returned a new cache object")
+        return out.logits[0]

@@ -13,7 +13,12 @@ B4    sanitize-no-replay     drop source and descendants, regenerate nothing
 B5    reset                  full reset on the counterfactual stream
 B5'   reset-prefix-cache     B5 served through a prefix cache (cost control)
 B6    sanitized-rebuild      string-redact every block, rebuild the cache
-B7    replay                 Provenance-Guided Selective Replay (Algorithm 1)
+B7    replay                 Provenance-Guided Selective Replay (Algorithm 1),
+                             model turns replayed as verified drafts (impl/drafts.py)
+B7    replay-decode          the same, every model turn re-decoded (no drafts)
+B7o   replay-oracle          the paper's variant: turns labelled independent of z
+                             re-prefilled unverified (attribution oracle; not
+                             exact when a label is wrong)
 B8    ifc                    FIDES-style sink policy on plans, no cleanup
 B9    ifc-replay             B7 then the same sink policy
 ====  =====================  ===================================================
@@ -32,12 +37,14 @@ from .provenance import DERIVED_TYPES, RuntimeBlock
 from .runtime import AgentRuntime, ForgetReport, render
 
 METHODS = ("none", "memory-delete", "forget-instruction", "source-redaction", "sanitize-no-replay", "reset",
-           "reset-prefix-cache", "sanitized-rebuild", "replay", "ifc", "ifc-replay")
+           "reset-prefix-cache", "sanitized-rebuild", "replay", "replay-decode", "replay-oracle", "ifc", "ifc-replay")
 PAPER_NAMES = {"none": "B0 No-Forget", "memory-delete": "B1 Memory-Delete",
                "forget-instruction": "B2 Forget-Instruction", "source-redaction": "B3 Source-Redaction",
                "sanitize-no-replay": "B4 Sanitize-no-Replay", "reset": "B5 Full-Reset",
                "reset-prefix-cache": "B5' +PrefixCache", "sanitized-rebuild": "B6 Sanitized-Rebuild",
-               "replay": "B7 Selective-Replay", "ifc": "B8 FIDES-style IFC", "ifc-replay": "B9 IFC + Replay"}
+               "replay": "B7 Selective-Replay", "replay-decode": "B7 Selective-Replay (no drafts)",
+               "replay-oracle": "B7-oracle (attribution oracle)", "ifc": "B8 FIDES-style IFC",
+               "ifc-replay": "B9 IFC + Replay"}
 
 
 @attrs.frozen
@@ -50,6 +57,8 @@ class MethodResult:
     digest: str
     blocked_plans: tuple[str, ...] = ()  # B8/B9: plans the sink policy refuses
     report: ForgetReport | None = None
+    draft_accepted_tokens: int = 0  # B7: draft tokens verified instead of decoded
+    draft_rejected_tokens: int = 0
 
     @property
     def recomputed_tokens(self) -> int:
@@ -75,8 +84,9 @@ def apply_method(base: AgentRuntime, method: str, source_id: str, value: str | N
     started, before = time.perf_counter(), runtime.engine.counters.snapshot()
     transitions_before = runtime.transitions
     report, blocked, invocations = None, (), 0
-    if method in ("replay", "ifc-replay"):
-        report = runtime.forget(source_id)
+    if method in ("replay", "ifc-replay", "replay-decode", "replay-oracle"):
+        report = runtime.forget(source_id, drafts=False if method == "replay-decode" else None,
+                                oracle=method == "replay-oracle")
         invocations = report.invocations
     elif method in ("reset", "reset-prefix-cache"):
         report = runtime.full_reset(source_id)
@@ -91,7 +101,8 @@ def apply_method(base: AgentRuntime, method: str, source_id: str, value: str | N
     if method == "reset-prefix-cache":
         prefilled -= get_prefix_cache_hits(base, runtime)
     result = MethodResult(method, invocations, prefilled, spent.decoded_tokens, time.perf_counter() - started,
-                          runtime.digest(), blocked, report)
+                          runtime.digest(), blocked, report, spent.draft_accepted_tokens,
+                          spent.draft_rejected_tokens)
     return runtime, result
 
 

@@ -88,7 +88,17 @@ def _stored_model_options(parser: argparse.ArgumentParser, verify: bool = False)
 
 
 #: Methods whose result is a session the store can hold and reopen exactly.
-STORABLE_METHODS = ("none", "replay", "reset")
+def describe_drafts(drafts: dict) -> str:
+    """One line on how a forget replayed its model turns (impl/drafts.py)."""
+    totals = drafts.get("totals")
+    if drafts.get("mode") == "off" or not totals:
+        return f"off ({drafts.get('why', 'no drafts')})"
+    return (f"{drafts['mode']}: {totals['accepted']} of {totals['draft']} draft tokens accepted, "
+            f"{totals['fully_accepted_turns']} of {totals['turns']} turns without a decode step, "
+            f"{totals['fallbacks']} fallback(s)")
+
+
+STORABLE_METHODS = ("none", "replay", "replay-decode", "reset")
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -145,6 +155,7 @@ def _run(args: argparse.Namespace) -> int:
                   f"{' ...' if len(rep['closure']) > 8 else ''}")
             print(f"A1-A3    " + "; ".join(f"{k}: {'holds' if v['holds'] else 'FAILS'}"
                                            for k, v in rep["assumptions"].items()))
+            print(f"drafts   {describe_drafts(rep['drafts'])}")
         print(f"cost     {r['invocations']} transitions, {r['prefilled_tokens']} prefilled + "
               f"{r['decoded_tokens']} decoded tokens, {r['wall_s']:.2f} s")
     print(f"digest   {output['digest']}")
@@ -198,6 +209,7 @@ def _forget(args: argparse.Namespace) -> int:
         print(f"cost     {report.invocations} transitions (T - boundary = {report.expected_invocations}), "
               f"{report.prefilled_tokens} prefilled + {report.decoded_tokens} decoded tokens, "
               f"{report.wall_s:.2f} s")
+        print(f"drafts   {describe_drafts(report.drafts)}")
     print(f"T        {report.length}")
     print(f"digest   {report.digest}")
     return 0

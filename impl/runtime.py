@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 import attrs
 
+from .drafts import Drafts, TurnCost
 from .checkpoints import Checkpoint, CheckpointStore, is_checkpoint_due
 from .episode import STEP_KINDS, Episode, Item, Settings, Step
 from .exclusive import Exclusive, SessionBusyError
@@ -99,6 +100,12 @@ class ForgetReport:
     assumptions: dict
     extra: dict = attrs.field(factory=dict)  # subclass fields, e.g. irrevocable divergences
     already_forgotten: bool = False  # a repeated forget: nothing to do, state unchanged
+    draft_accepted_tokens: int = 0  # draft tokens verified and kept instead of decoded
+    draft_rejected_tokens: int = 0  # draft tokens verified and thrown away
+    #: drafts: {"mode": "verify" | "oracle" | "off", "why": ..., "bound": ...,
+    #: "totals": {...}, "turns": [per replayed model turn: draft, accepted,
+    #: rejected, decoded, prefilled, fallback, trusted]}
+    drafts: dict = attrs.field(factory=dict)
 
     @property
     def expected_invocations(self) -> int:
@@ -130,6 +137,7 @@ class AgentRuntime:
         self.transitions = 0  # invocations of F
         self.replaying = False  # True while forget re-enacts the suffix (tools shadow-execute)
         self.forgotten: list[str] = []  # source ids forgotten so far (ids, never values)
+        self.drafts: Drafts | None = None  # set while a forget replays with drafts (impl/drafts.py)
         self._exclusive = Exclusive()  # one transition or forget at a time
         self._shared_lineages = False  # set when forked: lineages are not ours alone to drop
 
@@ -265,9 +273,26 @@ class AgentRuntime:
         self.engine.use(self.lineage)
         start = self.engine.length(self.lineage)
         self.engine.prefill(list(header))
-        generated = self.engine.generate(self.settings.max_new_tokens, stop_ids=self.engine.lm.eos_ids,
-                                         temperature=self.settings.temperature,
-                                         seed=self._seed() if self.settings.temperature > 0 else None)
+        draft = self.drafts.get(block_id) if self.drafts is not None else None
+        if draft is not None and draft.trusted:
+            self.drafts.turns.append(TurnCost(block_id, len(draft.tokens), 0, 0, 0, len(draft.tokens), False, True))
+            # B7-oracle: an attribution oracle vouched for this turn; its old
+            # tokens are re-materialised by prefill, unverified (not exact if
+            # the label is wrong)
+            generated = list(draft.tokens)
+            self.engine.prefill(generated)
+        else:
+            before = self.engine.counters.snapshot()
+            generated = self.engine.generate(self.settings.max_new_tokens, stop_ids=self.engine.lm.eos_ids,
+                                             temperature=self.settings.temperature,
+                                             seed=self._seed() if self.settings.temperature > 0 else None,
+                                             draft=draft.tokens if draft is not None else None)
+            if self.drafts is not None:
+                spent = self.engine.counters.snapshot() - before
+                self.drafts.turns.append(TurnCost(
+                    block_id, len(draft.tokens) if draft else 0, spent.draft_accepted_tokens,
+                    spent.draft_rejected_tokens, spent.decoded_tokens, spent.prefilled_tokens,
+                    bool(spent.draft_fallbacks)))
         body = [i for i in generated if i not in self.engine.lm.eos_ids]
         text = self.engine.lm.decode(body).strip()
         tokens = header + tuple(generated)
@@ -368,7 +393,8 @@ class AgentRuntime:
 
     # --- Algorithm 1 ---------------------------------------------------------
 
-    def forget(self, source_id: str, progress: Progress | None = None, wait: bool = True) -> ForgetReport:
+    def forget(self, source_id: str, progress: Progress | None = None, wait: bool = True,
+               drafts: bool | None = None, oracle: bool = False) -> ForgetReport:
         """Provenance-Guided Selective Replay (Algorithm 1): after it, the state
         equals that of a twin that never observed ``source_id``.
 
@@ -376,11 +402,17 @@ class AgentRuntime:
         already is that twin's) and says so in the report. A forget that
         arrives while a step is running waits for that step to commit, or
         raises :class:`SessionBusyError` when ``wait`` is false.
+
+        ``drafts``: replay model turns as verified drafts (impl/drafts.py);
+        None means on wherever the engine has a measured discrepancy bound.
+        ``oracle``: B7-oracle, the paper's variant: turns whose step is
+        labelled independent of the target are re-prefilled unverified (a
+        baseline; not exact when a label is wrong).
         """
-        return self.forget_many([source_id], progress, wait)
+        return self.forget_many([source_id], progress, wait, drafts, oracle)
 
     def forget_many(self, source_ids: Sequence[str], progress: Progress | None = None,
-                    wait: bool = True) -> ForgetReport:
+                    wait: bool = True, drafts: bool | None = None, oracle: bool = False) -> ForgetReport:
         """Forget several sources in one replay: the twin never observed any of them."""
         with self._exclusive(wait, "forget"):
             started, before = time.perf_counter(), self.engine.counters.snapshot()
@@ -396,10 +428,41 @@ class AgentRuntime:
             suffix = [self._sanitize(s, pending) for s in self.steps[checkpoint.boundary:]]  # line 7
             transitions_before = replay.transitions
             replay.forgotten = self.forgotten + list(pending)
+            replay.drafts, draft_info = self._get_drafts(checkpoint.boundary, drafts, oracle)
             replay.run(suffix, progress)  # lines 6-10
+            if replay.drafts is not None:
+                draft_info["totals"] = replay.drafts.get_totals()
+                draft_info["turns"] = [attrs.asdict(t) for t in replay.drafts.turns]
+            replay.drafts = None
             self._adopt(replay)
-            return self._report("replay", source_ids, tau, checkpoint, closure,
-                                self.transitions - transitions_before, started, before)
+            return self._report("replay-oracle" if oracle else "replay", source_ids, tau, checkpoint, closure,
+                                self.transitions - transitions_before, started, before, drafts=draft_info)
+
+    def _get_drafts(self, boundary: int, wanted: bool | None, oracle: bool) -> tuple[Drafts | None, dict]:
+        """The drafts of a replay from ``boundary``: the model turns written
+        after it, before the forget; whether they are used and why."""
+        bound = self.engine.draft_bound
+        suffix_blocks = [b for b in self.graph.blocks() if b.turn > boundary]
+        if oracle:
+            labelled = {s.id for s in self.steps[boundary:] if getattr(s, "independent", False)}
+            trusted = [b.id for b in suffix_blocks if b.id.rsplit("/", 1)[0] in labelled]
+            # the oracle trusts its labels; unlabelled turns are decoded as B7 without drafts would
+            chosen = [b for b in suffix_blocks if b.id in set(trusted)]
+            return Drafts.from_blocks(chosen, bound, trusted), {
+                "mode": "oracle", "bound": bound, "labelled_steps": sorted(labelled),
+                "why": "B7-oracle: turns labelled independent re-prefilled unverified"}
+        if wanted is False:
+            return None, {"mode": "off", "bound": bound, "why": "drafts turned off by the caller"}
+        if bound is None:
+            if wanted:
+                raise ValueError(f"drafts were asked for, but no prefill-versus-decode bound was measured for "
+                                 f"{self.engine.lm.name} on {self.engine.lm.device} {self.engine.lm.dtype}")
+            return None, {"mode": "off", "bound": None,
+                          "why": f"no prefill-versus-decode bound measured for {self.engine.lm.name} on "
+                                 f"{self.engine.lm.device} {self.engine.lm.dtype}: every turn re-decoded"}
+        return Drafts.from_blocks(suffix_blocks, bound), {
+            "mode": "verify", "bound": bound,
+            "why": f"verified drafts, decisions accepted above a margin of 2 x {bound:g}"}
 
     def full_reset(self, source_id: str | Sequence[str], progress: Progress | None = None,
                    wait: bool = True) -> ForgetReport:
@@ -585,7 +648,7 @@ class AgentRuntime:
 
     def _report(self, method: str, source_ids: Sequence[str], tau: int, checkpoint: Checkpoint | None,
                 closure: Sequence[str], invocations: int, started: float, before,
-                already_forgotten: bool = False) -> ForgetReport:
+                already_forgotten: bool = False, drafts: dict | None = None) -> ForgetReport:
         spent = self.engine.counters.snapshot() - before
         return ForgetReport(
             method=method, source_id=",".join(source_ids), tau=tau, length=self.t,
@@ -596,7 +659,9 @@ class AgentRuntime:
             closure=tuple(closure), invocations=invocations,
             prefilled_tokens=spent.prefilled_tokens, decoded_tokens=spent.decoded_tokens,
             forward_calls=spent.forward_calls, wall_s=time.perf_counter() - started,
-            digest=self.digest(), assumptions=self.get_assumptions(), extra=self._report_extra())
+            digest=self.digest(), assumptions=self.get_assumptions(), extra=self._report_extra(),
+            draft_accepted_tokens=spent.draft_accepted_tokens, draft_rejected_tokens=spent.draft_rejected_tokens,
+            drafts=drafts or {"mode": "off", "why": "no replay of model turns from drafts"})
 
     def get_assumptions(self) -> dict:
         """Theorem 1's assumptions as this runtime can vouch for them."""

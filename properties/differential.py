@@ -170,16 +170,18 @@ def get_expected_boundary(policy: str, tau: int) -> int:
 
 # --- forget against the full reset (Theorem 1, Corollary 1) -----------------------------
 
-def compare_forget_with_reset(engine: KVEngine, episode: Episode, target: str | None = None) -> ForgetReport:
+def compare_forget_with_reset(engine: KVEngine, episode: Episode, target: str | None = None,
+                              drafts: bool | None = None) -> ForgetReport:
     """Run the episode, fork it, ``forget`` on one copy and ``full_reset`` on
     the other. They must agree on the digest and on every generated token id;
     forget must invoke ``F`` ``T - boundary`` times (``T - tau + 1`` when a
-    checkpoint sits at ``tau - 1``), the reset ``T`` times. Returns forget's report."""
+    checkpoint sits at ``tau - 1``), the reset ``T`` times. ``drafts`` is
+    passed to forget (the reset never uses drafts). Returns forget's report."""
     target = get_target(episode, target)
     length, tau = len(episode.steps), get_tau(episode, target)
     original = run_episode(engine, episode)
     other = original.fork()
-    forget = original.forget(target)
+    forget = original.forget(target, drafts=drafts)
     reset = other.full_reset(target)
     boundary = get_expected_boundary(episode.settings.checkpoint_policy, tau)
     check_agreement(
@@ -200,6 +202,28 @@ def compare_forget_with_reset(engine: KVEngine, episode: Episode, target: str | 
          ("forget closure", forget.closure, reset.closure),
          ("reset invocations = T", reset.invocations, length)])
     return forget
+
+
+def compare_replay_with_and_without_drafts(engine: KVEngine, episode: Episode,
+                                           target: str | None = None) -> ForgetReport:
+    """Replay with verified drafts against replay that re-decodes every turn:
+    same digest, same generated tokens, same invocations; the drafted replay
+    decodes no more tokens. Returns the drafted replay's report."""
+    target = get_target(episode, target)
+    drafted = run_episode(engine, episode)
+    decoded = drafted.fork()
+    with_drafts = drafted.forget(target, drafts=True)
+    without = decoded.forget(target, drafts=False)
+    check_agreement(
+        "replay with drafts vs replay without",
+        {"episode": describe_episode(episode), "target": target},
+        {"with drafts": with_drafts.to_json(), "without": without.to_json()},
+        [("digest", with_drafts.digest, without.digest),
+         ("generated tokens", drafted.generated_tokens(), decoded.generated_tokens()),
+         ("invocations", with_drafts.invocations, without.invocations),
+         ("drafts mode", (with_drafts.drafts["mode"], without.drafts["mode"]), ("verify", "off")),
+         ("decodes no more", with_drafts.decoded_tokens <= without.decoded_tokens, True)])
+    return with_drafts
 
 
 def compare_forget_with_counterfactual(engine: KVEngine, episode: Episode, target: str | None = None) -> str:

@@ -1,0 +1,160 @@
+"""Verified draft replay: the turn a model wrote before a forget is a free
+draft of the turn it writes in the counterfactual.
+
+During a forget's replay each model turn after the restore boundary has a
+*draft*: the tokens the same step produced before the forget. The engine
+prefills header + draft in one chunk, reads the logits at every position and
+accepts the longest prefix of the draft that the decoding rule itself would
+have produced (``KVEngine.generate(..., draft=...)``). A fully accepted turn
+costs one prefill and no decode step; ordinary decoding resumes at the first
+disagreement.
+
+The exactness guard
+-------------------
+The reference (a full reset, B5) decides token ``k`` of a turn from the
+logits of a one-token decode step; verification reads them from a
+multi-token forward. The two differ in the last bits (different matmul
+shapes and summation orders). A decision taken on verification logits is
+therefore accepted only when it is *stable*: its score beats the runner-up's
+by more than ``2 * bound``, where ``bound`` is a ceiling on the element-wise
+difference ``|logit_prefill - logit_decode|``. If every logit moves by at most
+``bound``, a gap above ``2 * bound`` cannot close, so the reference takes
+the same decision. Under seeded sampling the compared quantity is the
+exponential race's score ``logit / T - log E`` (see ``get_scores``); its
+noise term is identical on both paths, so the logit bound scales by ``1/T``.
+
+The same guard covers the tokens decoded after the first disagreement, since
+they are decoded on KV that the verification prefill built (not token by
+token, as in the reference). At any unstable decision the engine falls back
+to the reference procedure for that turn: it crops back to the header and
+re-decodes the whole turn one token at a time, which is bitwise what B5 does.
+A draft whose first token is already wrong needs no guard at all: the header
+logits are the reference's own, and decoding from them is the reference.
+
+What is guaranteed: forget-with-drafts equals the full reset bit for bit
+whenever the prefill-versus-decode discrepancy of the configuration stays
+within its bound. The bounds below are measurements with a safety factor, not
+proofs: ``DRAFT_BOUNDS`` names each measured configuration, and every other
+configuration (another model, a GPU, bf16, ...) runs with drafts off, which is
+exact by construction. ``python -m unsee.bench.discrepancy`` re-measures.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+import attrs
+import torch
+
+#: Ceilings on max |logit_prefill - logit_decode| per (model, device, dtype),
+#: measured by ``python -m unsee.bench.discrepancy`` (docs/drafts.md has the
+#: distributions). Each is the measured maximum times a safety factor of at
+#: least 10; the threshold a decision must clear is twice the bound.
+#:
+#: smollm2 cpu float32: max 6.5e-5 over 2,400 positions (1 and 2 threads,
+#:   verification prefill and decode-after-prefill); bound 1e-3.
+#: tiny cpu float32: max 2.4e-6 over 2,400 positions; bound 5e-5.
+#: tiny-ties cpu float32: the near-tie family of ``load_model('tiny-ties')``
+#:   uses the tiny model's bound (same weights but its tied LM-head rows).
+DRAFT_BOUNDS: Mapping[tuple[str, str, str], float] = {
+    ("smollm2", "cpu", "float32"): 1e-3,
+    ("tiny", "cpu", "float32"): 5e-5,
+    ("tiny-ties", "cpu", "float32"): 5e-5,
+}
+
+
+def get_draft_bound(name: str, device: str, dtype: str) -> float | None:
+    """The measured discrepancy bound of a configuration, or None (drafts off)."""
+    kind = "cuda" if device.startswith("cuda") else device
+    return DRAFT_BOUNDS.get((name, kind, dtype))
+
+
+def get_scores(logits: torch.Tensor, temperature: float, seed: int | None, position: int) -> torch.Tensor:
+    """What the decoding rule maximises at ``position`` of a turn, in fp32 on CPU.
+
+    Greedy: the logits. Sampling: an exponential race, ``logits / T - log E``
+    with ``E ~ Exp(1)`` per vocabulary entry, drawn from a generator seeded by
+    ``(seed, position)`` alone. Its argmax is a sample of ``softmax(logits/T)``,
+    and the noise at a position does not depend on how the earlier positions
+    were decided, so a verifier can recompute it for any draft position.
+    """
+    scores = logits.detach().to("cpu", torch.float32)
+    if temperature == 0:
+        return scores
+    gen = torch.Generator(device="cpu").manual_seed((int(seed) * 1_000_003 + position) % (2**63))
+    noise = torch.empty(scores.shape[-1], dtype=torch.float32).exponential_(generator=gen)
+    return scores / temperature - torch.log(noise)
+
+
+def pick(scores: torch.Tensor) -> tuple[int, float]:
+    """The decision (first index among equal maxima) and its margin over the runner-up."""
+    if scores.shape[-1] < 2:
+        return 0, float("inf")
+    top = torch.topk(scores, 2)
+    best = int(torch.argmax(scores))  # argmax, not topk's index: the first of equal maxima
+    return best, float(top.values[0] - top.values[1])
+
+
+def get_threshold(bound: float, temperature: float) -> float:
+    """The margin a decision taken on verification logits must exceed."""
+    return 2 * bound / temperature if temperature > 0 else 2 * bound
+
+
+@attrs.frozen
+class Draft:
+    """One turn's draft: the old tokens, and whether to trust them unverified
+    (B7-oracle's attribution-oracle label) or verify them (B7)."""
+
+    tokens: tuple[int, ...]
+    trusted: bool = False
+
+
+@attrs.define
+class TurnCost:
+    """What one replayed model turn cost (the forget report lists them)."""
+
+    block: str
+    draft: int  # draft tokens offered (0: no draft)
+    accepted: int
+    rejected: int
+    decoded: int
+    prefilled: int
+    fallback: bool  # re-decoded from the header at an unstable decision
+    trusted: bool = False
+
+
+class Drafts:
+    """The drafts of one replay, by model-turn block id (a component the
+    runtime owns while it replays; None outside a forget)."""
+
+    def __init__(self, drafts: Mapping[str, Draft], bound: float | None):
+        self._drafts = dict(drafts)
+        self.bound = bound
+        self.turns: list[TurnCost] = []
+
+    def get(self, block_id: str) -> Draft | None:
+        return self._drafts.get(block_id)
+
+    def __len__(self) -> int:
+        return len(self._drafts)
+
+    @classmethod
+    def from_blocks(cls, blocks: Iterable, bound: float | None, trusted: Iterable[str] = ()) -> Drafts:
+        """Drafts from the pre-forget model turns: each block's tokens after
+        its header chunk (``chunks == (header, turn)``)."""
+        trusted = set(trusted)
+        drafts = {}
+        for block in blocks:
+            if len(block.chunks) == 2:
+                header = block.chunks[0]
+                drafts[block.id] = Draft(tuple(block.tokens[header:]), block.id in trusted)
+        return cls(drafts, bound)
+
+    def get_totals(self) -> dict:
+        keys = ("draft", "accepted", "rejected", "decoded", "prefilled")
+        totals = {k: sum(getattr(t, k) for t in self.turns) for k in keys}
+        totals["turns"] = len(self.turns)
+        totals["fallbacks"] = sum(t.fallback for t in self.turns)
+        totals["fully_accepted_turns"] = sum(t.draft > 0 and t.accepted == t.draft and not t.fallback
+                                             for t in self.turns)
+        return totals

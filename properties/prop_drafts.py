@@ -1,0 +1,158 @@
+"""Verified draft replay (impl/drafts.py) keeps forget exact.
+
+======================================================  ===========================================================
+test                                                    checks
+======================================================  ===========================================================
+splice_equals_counterfactual_with_drafts                forget with drafts == full reset (digest, every token id),
+                                                        greedy and seeded sampling, tiny model
+splice_equals_counterfactual_with_drafts_on_near_ties   the same on ``tiny-ties``, whose LM-head rows are near-tied,
+                                                        so verification logits and decode logits disagree on
+                                                        ~8% of decisions: the guard falls back and stays exact
+guard_is_needed                                         the same family with the guard removed (bound 0): a search
+                                                        finds an episode where forget != reset
+replay_with_drafts_equals_replay_without                replay with drafts == replay re-decoding every turn, and
+                                                        decodes no more
+wrong_draft_costs_one_prefill                           an entirely wrong draft: same tokens and KV as no draft, the
+                                                        same decoded tokens, at most one extra forward (a prefill
+                                                        of the draft) per turn
+======================================================  ===========================================================
+
+``nightly`` runs ``max_examples`` (2,000) of the first property.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import io
+
+import pytest
+from hypothesis import Phase, example, find, given, settings
+from hypothesis import strategies as st
+from hypothesis.errors import NoSuchExample
+
+from unsee.impl.episode import parse_episode
+from unsee.impl.kv import KVEngine
+from unsee.impl.models import load_model
+from unsee.properties.differential import (compare_forget_with_reset, compare_replay_with_and_without_drafts,
+                                           describe_episode, engine_scope, torch_threads)
+from unsee.properties.episodes import episodes, scaled
+
+
+@functools.cache
+def get_engine(name: str) -> KVEngine:
+    return KVEngine(load_model(name))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def single_thread():
+    with torch_threads(1):
+        yield
+
+
+#: Episodes with enough model work after the target for drafts to matter.
+drafted_episodes = functools.partial(episodes, min_steps=2, max_steps=6, max_new_tokens=(2, 8))
+
+
+@given(episode=drafted_episodes())
+@scaled(1)
+def test_splice_equals_counterfactual_with_drafts(episode):
+    engine = get_engine("tiny")
+    with engine_scope(engine):
+        report = compare_forget_with_reset(engine, episode, drafts=True)
+        assert report.drafts["mode"] == "verify"
+
+
+#: The smallest episode a full (shrinking) search found where forget with the
+#: guard removed differs from the reset on ``tiny-ties``: the third turn's
+#: second token is a near-tie that the verification prefill and the reset's
+#: decode step break differently.
+NEAR_TIE_COUNTEREXAMPLE = parse_episode({
+    "format": "unsee.episode", "version": 1, "system": "You are a helpful agent.",
+    "settings": {"max_new_tokens": 2, "temperature": 0.0, "seed": 0, "checkpoint_policy": "every_turn"},
+    "steps": [{"id": "t1", "kind": "user", "text": "4417 Elm", "source": "secret"},
+              {"id": "t2", "kind": "user", "text": "tea"}, {"id": "t3", "kind": "user", "text": "tea"}],
+    "target": {"source": "secret", "value": "4417 Elm"}})
+
+
+@given(episode=drafted_episodes())
+@example(episode=NEAR_TIE_COUNTEREXAMPLE)
+@scaled(2)
+def test_splice_equals_counterfactual_with_drafts_on_near_ties(episode):
+    engine = get_engine("tiny-ties")
+    assert engine.draft_bound and engine.draft_bound > 0
+    with engine_scope(engine):
+        compare_forget_with_reset(engine, episode, drafts=True)
+
+
+def is_forget_different_from_reset(engine: KVEngine, episode) -> bool:
+    with engine_scope(engine), contextlib.redirect_stdout(io.StringIO()):  # the search's mismatches are expected
+        try:
+            compare_forget_with_reset(engine, episode, drafts=True)
+        except AssertionError:
+            return True
+    return False
+
+
+def test_guard_is_needed():
+    """With the guard removed, the near-tie family breaks forget == reset.
+
+    The model injects no noise: its weights are fixed, and the only thing that
+    differs between a verified token and the reset's decoded one is the shape
+    of the forward that produced the logits."""
+    engine = get_engine("tiny-ties")
+    saved = engine.draft_bound
+    engine.draft_bound = 0.0
+    try:
+        # generation only: shrinking the counterexample would cost minutes on the
+        # tiny model; NEAR_TIE_COUNTEREXAMPLE is the shrunk one a full search found
+        found = find(drafted_episodes(), lambda e: is_forget_different_from_reset(engine, e),
+                     settings=settings(max_examples=100, database=None, derandomize=True, deadline=None,
+                                       phases=(Phase.generate,)))
+        pinned_fails = is_forget_different_from_reset(engine, NEAR_TIE_COUNTEREXAMPLE)
+    except NoSuchExample:
+        pytest.fail("no counterexample with the guard removed: the near-tie family no longer exercises it")
+    finally:
+        engine.draft_bound = saved
+    print("counterexample without the guard:", describe_episode(found))
+    assert pinned_fails
+    # ... and the guard, put back, makes those very episodes exact again
+    assert not is_forget_different_from_reset(engine, NEAR_TIE_COUNTEREXAMPLE)
+    assert not is_forget_different_from_reset(engine, found)
+
+
+@given(episode=drafted_episodes())
+@scaled(2)
+def test_replay_with_drafts_equals_replay_without(episode):
+    engine = get_engine("tiny")
+    with engine_scope(engine):
+        compare_replay_with_and_without_drafts(engine, episode)
+
+
+@given(context=st.lists(st.integers(0, 255), min_size=1, max_size=24),
+       draft=st.lists(st.integers(0, 255), min_size=1, max_size=12),
+       max_new_tokens=st.integers(1, 12), temperature=st.sampled_from((0.0, 0.7)), seed=st.integers(0, 99))
+@scaled(1)
+def test_wrong_draft_costs_one_prefill(context, draft, max_new_tokens, temperature, seed):
+    engine = get_engine("tiny")
+    with engine_scope(engine):
+        reference = engine.new_lineage()
+        engine.prefill(context)
+        before = engine.counters.snapshot()
+        expected = engine.generate(max_new_tokens, temperature=temperature, seed=seed)
+        cost = engine.counters.snapshot() - before
+        # an entirely wrong draft: no position agrees with the reference
+        wrong = [(e + 1 + d) % 256 if i < len(expected) and (e + 1 + d) % 256 != e else (e + 2) % 256
+                 for i, (d, e) in enumerate(zip(draft, expected + [0] * len(draft)))]
+        wrong = [w if i >= len(expected) or w != expected[i] else (w + 1) % 256 for i, w in enumerate(wrong)]
+        drafted = engine.new_lineage()
+        engine.prefill(context)
+        before = engine.counters.snapshot()
+        got = engine.generate(max_new_tokens, temperature=temperature, seed=seed, draft=wrong)
+        spent = engine.counters.snapshot() - before
+        assert got == expected
+        assert engine.digest(drafted) == engine.digest(reference)
+        assert spent.decoded_tokens == cost.decoded_tokens
+        assert spent.draft_accepted_tokens == 0
+        assert spent.forward_calls <= cost.forward_calls + 1
+        assert spent.prefilled_tokens <= cost.prefilled_tokens + min(len(wrong), max_new_tokens)

@@ -1,0 +1,161 @@
+"""Draft verification in the engine and the runtime (impl/drafts.py), tiny models, one thread."""
+
+import pytest
+import torch
+
+from unsee.impl import adapter
+from unsee.impl.drafts import get_draft_bound, get_scores, pick
+from unsee.impl.episode import parse_episode
+from unsee.impl.kv import KVEngine
+from unsee.impl.models import load_model
+from unsee.impl.runtime import AgentRuntime
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def eng():
+    return KVEngine(load_model("tiny"))
+
+
+PROMPT = "<|im_start|>user\nWhere is the party?<|im_end|>\n<|im_start|>assistant\n"
+
+
+def reference(eng, n=12, **kw):
+    """A lineage that decoded a turn the reference way; returns (handle, tokens)."""
+    h = eng.new_lineage()
+    eng.prefill(eng.lm.encode(PROMPT))
+    return h, eng.generate(n, stop_ids=(), **kw)
+
+
+def drafted(eng, draft, n=12, **kw):
+    h = eng.new_lineage()
+    eng.prefill(eng.lm.encode(PROMPT))
+    before = eng.counters.snapshot()
+    out = eng.generate(n, stop_ids=(), draft=draft, **kw)
+    return h, out, eng.counters.snapshot() - before
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_right_draft_costs_one_prefill_and_no_decode(eng, temperature):
+    kw = {"temperature": temperature, "seed": 5} if temperature else {}
+    ref, tokens = reference(eng, **kw)
+    h, out, spent = drafted(eng, tokens, **kw)
+    assert out == tokens
+    assert eng.digest(h) == eng.digest(ref)  # the verification chunk is the canonical chunk
+    assert (spent.decoded_tokens, spent.forward_calls, spent.prefilled_tokens) == (0, 1, len(tokens))
+    assert (spent.draft_accepted_tokens, spent.draft_rejected_tokens, spent.draft_fallbacks) == (len(tokens), 0, 0)
+
+
+@pytest.mark.parametrize("k", [1, 5, 11])
+def test_draft_right_up_to_k_resumes_decoding_there(eng, k):
+    ref, tokens = reference(eng)
+    wrong = tokens[:k] + [(t + 1) % 256 for t in tokens[k:]]
+    h, out, spent = drafted(eng, wrong)
+    assert out == tokens and eng.digest(h) == eng.digest(ref)
+    assert spent.draft_accepted_tokens == k
+    assert spent.decoded_tokens == len(tokens) - k
+
+
+def test_short_draft_is_continued_and_long_draft_is_cut(eng):
+    ref, tokens = reference(eng)
+    h, out, spent = drafted(eng, tokens[:4])
+    assert out == tokens and eng.digest(h) == eng.digest(ref) and spent.draft_accepted_tokens == 4
+    h, out, spent = drafted(eng, tokens + [1, 2, 3])
+    assert out == tokens and eng.digest(h) == eng.digest(ref) and spent.draft_rejected_tokens == 0
+
+
+def test_bad_draft_is_refused_and_changes_nothing(eng):
+    eng.new_lineage()
+    eng.prefill(eng.lm.encode(PROMPT))
+    before = (eng.digest(), eng.tokens(), eng.counters.snapshot())
+    with pytest.raises(ValueError, match="outside"):
+        eng.generate(4, draft=[1, 99999])
+    assert (eng.digest(), eng.tokens(), eng.counters.snapshot()) == before
+    saved, eng.draft_bound = eng.draft_bound, None
+    try:
+        with pytest.raises(ValueError, match="no measured|none is known"):
+            eng.generate(4, draft=[1, 2])
+    finally:
+        eng.draft_bound = saved
+    assert (eng.digest(), eng.tokens()) == before[:2]
+
+
+def test_bounds_are_known_only_where_measured():
+    assert get_draft_bound("smollm2", "cpu", "float32") is not None
+    assert get_draft_bound("tiny", "cpu", "float32") is not None
+    assert get_draft_bound("smollm2", "cuda", "bfloat16") is None
+    assert get_draft_bound("smollm2", "cpu", "bfloat16") is None
+    assert get_draft_bound("/some/checkpoint", "cpu", "float32") is None
+
+
+def test_exponential_race_depends_on_seed_and_position_only():
+    logits = torch.randn(50, generator=torch.Generator().manual_seed(0))
+    a = get_scores(logits, 0.7, 3, 4)
+    assert torch.equal(a, get_scores(logits, 0.7, 3, 4))
+    assert not torch.equal(a, get_scores(logits, 0.7, 3, 5))
+    assert not torch.equal(a, get_scores(logits, 0.7, 4, 4))
+    assert pick(get_scores(logits, 0.0, None, 0))[0] == int(torch.argmax(logits))
+
+
+def test_near_tie_family_really_flips_between_prefill_and_decode():
+    """tiny-ties is only a test of the guard if its prefill and decode
+    logits pick different tokens somewhere, with no noise added."""
+    lm = load_model("tiny-ties")
+    flips = 0
+    for i in range(4):
+        prompt = lm.encode(f"<|im_start|>user\nhello {i}<|im_end|>\n<|im_start|>assistant\n")
+        cache = adapter.new_cache(lm.model)
+        logits = adapter.forward_last_logits(lm.model, prompt, cache)
+        tokens, decode = [], []
+        for _ in range(30):
+            tokens.append(int(torch.argmax(logits)))
+            logits = adapter.forward_last_logits(lm.model, [tokens[-1]], cache)
+            decode.append(int(torch.argmax(logits)))
+        cache = adapter.new_cache(lm.model)
+        adapter.forward_last_logits(lm.model, prompt, cache)
+        verify = adapter.forward_all_logits(lm.model, tokens, cache).argmax(dim=-1).tolist()
+        flips += sum(a != b for a, b in zip(verify, decode))
+    assert flips > 0
+
+
+EPISODE = parse_episode({
+    "format": "unsee.episode", "version": 1, "system": "Be brief.", "settings": {"max_new_tokens": 6},
+    "steps": [{"id": "s1", "kind": "user", "text": "hi"},
+              {"id": "s2", "kind": "tool", "tool": "fetch", "fields": [{"source": "secret", "text": "4417 Elm"}]},
+              {"id": "s3", "kind": "user", "text": "tea"}, {"id": "s4", "kind": "remember"}],
+    "target": {"source": "secret"}})
+
+
+def test_forget_report_counts_drafts_per_turn(eng):
+    runtime = AgentRuntime.from_episode(eng, EPISODE)
+    twin = runtime.fork()
+    report = runtime.forget("secret")
+    assert report.digest == twin.full_reset("secret").digest
+    assert report.drafts["mode"] == "verify"
+    turns = report.drafts["turns"]
+    assert [t["block"] for t in turns] == ["s2/answer", "s3/answer", "s4/note"]
+    assert sum(t["accepted"] for t in turns) == report.draft_accepted_tokens
+    assert sum(t["rejected"] for t in turns) == report.draft_rejected_tokens
+    assert sum(t["decoded"] for t in turns) == report.decoded_tokens
+
+
+def test_drafts_off_where_no_bound_and_refused_when_demanded(eng):
+    runtime = AgentRuntime.from_episode(eng, EPISODE)
+    saved, eng.draft_bound = eng.draft_bound, None
+    try:
+        digest = runtime.digest()
+        with pytest.raises(ValueError, match="no prefill-versus-decode bound"):
+            runtime.forget("secret", drafts=True)
+        assert runtime.digest() == digest and runtime.forgotten == []
+        report = runtime.forget("secret")
+        assert report.drafts["mode"] == "off" and "no prefill-versus-decode bound" in report.drafts["why"]
+        assert report.draft_accepted_tokens == 0
+    finally:
+        eng.draft_bound = saved
