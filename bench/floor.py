@@ -88,6 +88,13 @@ def get_suffix_blocks(reset_runtime: AgentRuntime, boundary: int) -> list[Runtim
     return [b for b in reset_runtime.graph.blocks() if b.turn > boundary and b.tokens]
 
 
+def is_model_turn(block: RuntimeBlock) -> bool:
+    """A block the model decoded: a derived type committed as a header chunk
+    and a turn chunk. (A compaction's summary is also re-prefilled as the new
+    lineage's ``summary`` context block, in one chunk: a prefill, not a turn.)"""
+    return block.type in DERIVED_TYPES and len(block.chunks) == 2
+
+
 def get_first_change(new: RuntimeBlock, old: RuntimeBlock | None) -> int | None:
     """Where a counterfactual model turn's generated tokens first differ from
     the pre-forget turn's, or None when they are identical (no decode)."""
@@ -121,7 +128,7 @@ def compute_floor(engine: KVEngine, base_runtime: AgentRuntime, reset_runtime: A
     old = {b.id: b for b in base_runtime.graph.blocks()}
     changed: dict[str, FloorTurn] = {}
     for block in blocks:
-        if block.type in DERIVED_TYPES:
+        if is_model_turn(block):
             first = get_first_change(block, old.get(block.id))
             if first is not None:
                 generated = len(block.tokens) - (block.chunks[0] if block.chunks else 0)
