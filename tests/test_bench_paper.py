@@ -167,7 +167,7 @@ def test_paper_tables_end_to_end(tmp_path, capsys):
         "every_turn", "before_injection", "session_start"]
     assert [r["boundary"] for r in result["tables"]["granularity"]["rows"]] == [1, 1, 0]
     position = result["tables"]["position"]["rows"]
-    assert [r["where"] for r in position] == ["early", "middle", "late"]
+    assert [(r["where"], r["tau"]) for r in position] == [("early", 1), ("middle", 2), ("late", 4)]
     assert position[0]["token_ratio_to_reset"] > position[-1]["token_ratio_to_reset"]
     markdown = (tmp_path / "paper.md").read_text()
     assert "python -m unsee.bench.paper --model tiny --rounds 1" in markdown
