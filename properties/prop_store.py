@@ -36,8 +36,9 @@ derived artifacts before the forget - answers, plans, memory notes, summaries,
 the memory block a new session re-injects, and every later prompt and token
 run - and the property checks that none of it survives in the stored bytes.
 The episodes' other texts never contain a variant of the target (its targets
-come from ``rare_secrets`` in properties/episodes.py), so any hit is residue (a value that another source also holds is not the target's
-alone; the store cannot and does not erase it, see docs/persistence.md).
+come from ``rare_secrets`` in properties/episodes.py), so any hit is residue
+(a value that another source also holds is not the target's alone; the store
+cannot and does not erase it, see docs/persistence.md).
 """
 
 from __future__ import annotations
