@@ -8,7 +8,7 @@ PY     := $(VENV)/bin/python
 #   make test TORCH_SPEC='torch==2.11.*'
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: demo test nightly bench install clean
+.PHONY: demo test nightly bench paper install clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -33,6 +33,12 @@ nightly: $(VENV)/.installed
 bench: $(VENV)/.installed
 	UNSEE_BENCH_MODEL=smollm2 UNSEE_BENCH_ROUNDS=3 $(PY) -m pytest bench -q -m bench --benchmark-enable --benchmark-json=out/bench.json
 	$(PY) -m unsee.bench.sweep --model smollm2 --out out/sweep
+
+# The paper's efficiency tables (docs/bench.md); add DEVICE=cuda DTYPE=bfloat16 on a GPU.
+DEVICE ?= cpu
+DTYPE  ?= float32
+paper: $(VENV)/.installed
+	$(PY) -m unsee.bench.paper --model smollm2 --device $(DEVICE) --dtype $(DTYPE) --rounds 3 --out out/paper
 
 clean:
 	rm -rf $(VENV)

@@ -1,13 +1,19 @@
-"""Benchmark episodes: a 12-step session with the target entering at a chosen step.
+"""Benchmark episodes, deterministic, with realistic text for SmolLM2.
 
-The shape follows the paper's episodes (setup, acquisition, contamination):
-user turns, tool results, a memory note and a compaction, with the secret
-inside a tool result at step ``tau``.
+* :func:`make_bench_episode`: a 12-step session with the target entering at a
+  chosen step. The shape follows the paper's episodes (setup, acquisition,
+  contamination): user turns, tool results, a memory note and a compaction,
+  with the secret inside a tool result at step ``tau``.
+* :func:`make_indep_episode`: the paper's configuration for its efficiency
+  results: the target enters at ``tau``, then ``turns_after`` model turns (12)
+  of which a fraction ``indep`` (0.5) is labelled ``independent`` (episode
+  format version 2): unrelated sub-tasks, routine tool polls, a document
+  loaded and never used. The other turns ask about the target.
 """
 
 from __future__ import annotations
 
-from unsee.impl.episode import Episode, parse_episode
+from unsee.impl.episode import VERSION, Episode, parse_episode
 
 SECRET = "4417 Elm Street"
 
@@ -52,6 +58,119 @@ def make_bench_episode(tau: int, length: int = 12, max_new_tokens: int = 16,
             steps.append({"id": sid, "kind": "user", "text": _USER[(t - 1) % len(_USER)]})
     return parse_episode({
         "format": "unsee.episode", "version": 1,
+        "system": "You are a helpful party-planning assistant. Answer in one short sentence.",
+        "settings": {"max_new_tokens": max_new_tokens, "checkpoint_policy": policy},
+        "steps": steps,
+        "target": {"source": "notes.address", "value": SECRET},
+    })
+
+
+# --- the paper's indep axis ---------------------------------------------------------------
+
+_SETUP = [
+    "Hi, I am planning a dinner party for Saturday.",
+    "Can you look up my notes about the party?",
+    "We will be eight guests.",
+    "Please keep the plan simple.",
+]
+#: Questions only the target (the host's address) answers.
+DEPENDENT_QUESTIONS = [
+    "Where is the party?",
+    "What address should I print on the invitations?",
+    "Which street should the taxi go to?",
+    "Tell Sam where to bring the wine.",
+    "How do guests find the house?",
+    "Repeat the address for the caterer.",
+    "Is the party at the host's home?",
+    "What should I write on the map for guests?",
+    "Where do the flowers get delivered?",
+    "Which door number do guests look for?",
+    "Remind me of the address once more.",
+    "Where should the rented chairs be sent?",
+]
+#: Unrelated sub-tasks: nothing in them needs the address.
+_SUBTASKS = [
+    "How many grams are in three cups of flour?",
+    "Suggest a name for a black cat.",
+    "What is a good stretch for a stiff neck?",
+    "Translate 'good morning' into French.",
+    "How long should I boil an egg?",
+    "Give me a word that rhymes with blue.",
+    "What is twelve times seven?",
+    "Recommend a short novel for a train ride.",
+]
+#: Routine tool polls (source ``poll.<n>``).
+_POLLS = [
+    ("check_inbox", "No new messages."),
+    ("check_calendar", "No changes to today's calendar."),
+    ("check_weather", "Weather unchanged: sunny, 21 degrees."),
+    ("check_inbox", "Inbox still empty."),
+]
+#: Documents loaded and never used afterwards (source ``doc.<n>``).
+_DOCUMENTS = [
+    "Bread recipe: mix 500 g flour, 300 ml water, 10 g salt and 5 g yeast; rest two hours; bake 40 minutes.",
+    "Printer manual: to clear a paper jam, open the rear panel and pull the sheet out slowly.",
+    "Train timetable: trains to the coast leave at 8:15, 10:15 and 12:15.",
+]
+
+
+def get_indep_labels(indep: float, turns_after: int) -> list[bool]:
+    """Which of ``turns_after`` turns are labelled independent: exactly
+    ``indep * turns_after`` of them, spread evenly (turn ``i`` is labelled when
+    ``floor((i + 1) k / n)`` steps up), so any prefix of the suffix holds about
+    the same fraction."""
+    if not 0 <= indep <= 1:
+        raise ValueError(f"indep={indep!r} must be within 0..1")
+    if turns_after < 1:
+        raise ValueError(f"turns_after={turns_after!r} must be at least 1")
+    labelled = indep * turns_after
+    if abs(labelled - round(labelled)) > 1e-9:
+        raise ValueError(f"indep={indep!r} of {turns_after} turns is not a whole number of turns")
+    k = round(labelled)
+    return [(i + 1) * k // turns_after > i * k // turns_after for i in range(turns_after)]
+
+
+def make_indep_episode(indep: float = 0.5, turns_after: int = 12, tau: int = 3, max_new_tokens: int = 32,
+                       policy: str = "every_turn") -> Episode:
+    """The paper's configuration: ``tau - 1`` setup turns, the secret in a tool
+    result at step ``tau``, then ``turns_after`` user or tool turns, each with
+    a model turn; ``indep * turns_after`` of them (spread evenly, see
+    :func:`get_indep_labels`) are labelled ``independent``: they cycle through
+    an unrelated sub-task, a routine tool poll, another sub-task and a
+    document loaded and never used. The rest ask about the target (where the
+    party is). ``T = tau + turns_after``.
+    """
+    if tau < 1:
+        raise ValueError(f"tau={tau!r} must be at least 1")
+    labels = get_indep_labels(indep, turns_after)
+    steps: list[dict] = [{"id": f"s{t}", "kind": "user", "text": _SETUP[(t - 1) % len(_SETUP)]} for t in range(1, tau)]
+    steps.append({"id": f"s{tau}", "kind": "tool", "tool": "fetch_notes", "fields": [
+        {"source": "notes.venues", "text": "Venues: Rosa's Trattoria, Blue Harbor Grill."},
+        {"source": "notes.address", "text": f"The party is at the host's home address, {SECRET}."}]})
+    counts = {"dependent": 0, "subtask": 0, "poll": 0, "document": 0}
+    for i, independent in enumerate(labels):
+        sid = f"s{tau + 1 + i}"
+        if not independent:
+            n = counts["dependent"]
+            steps.append({"id": sid, "kind": "user", "text": DEPENDENT_QUESTIONS[n % len(DEPENDENT_QUESTIONS)]})
+            counts["dependent"] += 1
+            continue
+        n_independent = sum(counts[k] for k in ("subtask", "poll", "document"))
+        work = ("subtask", "poll", "subtask", "document")[n_independent % 4]
+        n = counts[work]
+        if work == "subtask":
+            step = {"id": sid, "kind": "user", "text": _SUBTASKS[n % len(_SUBTASKS)]}
+        elif work == "poll":
+            tool, text = _POLLS[n % len(_POLLS)]
+            step = {"id": sid, "kind": "tool", "tool": tool, "fields": [{"source": f"poll.{n}", "text": text}]}
+        else:
+            step = {"id": sid, "kind": "tool", "tool": "fetch_document",
+                    "fields": [{"source": f"doc.{n}", "text": _DOCUMENTS[n % len(_DOCUMENTS)]}]}
+        step["independent"] = True
+        steps.append(step)
+        counts[work] += 1
+    return parse_episode({
+        "format": "unsee.episode", "version": VERSION,
         "system": "You are a helpful party-planning assistant. Answer in one short sentence.",
         "settings": {"max_new_tokens": max_new_tokens, "checkpoint_policy": policy},
         "steps": steps,

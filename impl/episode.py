@@ -30,11 +30,18 @@ from typing import Any
 import attrs
 
 FORMAT = "unsee.episode"
-VERSION = 1
+#: The version this build writes. Version 2 added the per-step ``independent``
+#: label; version 1 files (no labels) are still read.
+VERSION = 2
+#: Every version this build reads.
+READ_VERSIONS = (1, 2)
 STEP_KINDS = ("user", "memory", "tool", "plan", "remember", "compact", "session")
 #: kinds whose observation carries external items (source ids)
 OBSERVED_KINDS = ("user", "memory", "tool", "plan")
 CHECKPOINT_POLICIES = ("every_turn", "before_injection", "session_start")
+#: kinds whose transition decodes a model turn (the only steps an
+#: ``independent`` label can describe)
+MODEL_TURN_KINDS = ("user", "tool", "plan", "remember", "compact")
 
 
 class EpisodeError(ValueError):
@@ -55,6 +62,11 @@ class Step:
     kind: str
     items: tuple[Item, ...] = ()
     tool: str | None = None
+    #: A claim carried by the episode (version 2): this step's model turn does
+    #: not depend on the forget target, so it would be the same without it
+    #: (the paper's "indep" attribution oracle). Nothing checks the claim; the
+    #: runtime's exact forget never reads it, only baselines that trust it do.
+    independent: bool = False
 
 
 @attrs.frozen
@@ -124,8 +136,9 @@ def parse_episode(raw: Any) -> Episode:
     """Validate a decoded JSON object and build an :class:`Episode`."""
     _require(isinstance(raw, Mapping), "episode", "must be a JSON object")
     _require(raw.get("format") == FORMAT, "format", f"must be {FORMAT!r}, got {raw.get('format')!r}")
-    _require(_is_int(raw.get("version")) and raw.get("version") == VERSION, "version",
-             f"unsupported version {raw.get('version')!r}; this build reads version {VERSION}")
+    _require(_is_int(raw.get("version")) and raw.get("version") in READ_VERSIONS, "version",
+             f"unsupported version {raw.get('version')!r}; this build reads versions "
+             f"{', '.join(map(str, READ_VERSIONS))}")
     _require(isinstance(raw.get("system"), str), "system", "must be a string")
     settings = _parse_settings(raw.get("settings", {}))
     steps_raw = raw.get("steps")
@@ -147,7 +160,8 @@ def parse_episode(raw: Any) -> Episode:
         _require(tool is None or isinstance(tool, str), where, "'tool' must be a string")
         if step_raw["kind"] in ("tool", "plan"):
             tool = tool or ("fetch" if step_raw["kind"] == "tool" else "send_message")
-        steps.append(Step(step_raw["id"], step_raw["kind"], items, tool))
+        independent = _parse_independent(step_raw, raw["version"], where)
+        steps.append(Step(step_raw["id"], step_raw["kind"], items, tool, independent))
     target = None
     if raw.get("target") is not None:
         t = raw["target"]
@@ -160,6 +174,20 @@ def parse_episode(raw: Any) -> Episode:
     _require(isinstance(probes, list) and all(isinstance(p, str) for p in probes), "probes",
              "must be a list of strings")
     return Episode(raw["system"], tuple(steps), settings, target, tuple(probes))
+
+
+def _parse_independent(raw: Mapping[str, Any], version: int, where: str) -> bool:
+    """The optional ``independent`` label of a step (version 2 on)."""
+    if "independent" not in raw:
+        return False
+    label = raw["independent"]
+    # A version 1 reader ignored the key; refusing it here keeps a file written
+    # for version 2 from being read as if it carried no claims.
+    _require(version >= 2, f"{where}.independent", f"labels need version 2 or later; this file is version {version}")
+    _require(isinstance(label, bool), f"{where}.independent", f"must be true or false, got {label!r}")
+    _require(not label or raw["kind"] in MODEL_TURN_KINDS, f"{where}.independent",
+             f"a {raw['kind']} step has no model turn to label; only {MODEL_TURN_KINDS} steps have one")
+    return label
 
 
 def _parse_settings(raw: Any) -> Settings:
@@ -219,6 +247,8 @@ def episode_to_json(episode: Episode) -> dict[str, Any]:
                 raw["source"] = step.items[0].source
         if step.tool is not None:
             raw["tool"] = step.tool
+        if step.independent:  # written only when set: an unlabelled step reads the same in version 1
+            raw["independent"] = True
         steps.append(raw)
     out: dict[str, Any] = {"format": FORMAT, "version": VERSION, "system": episode.system,
                            "settings": attrs.asdict(episode.settings), "steps": steps}

@@ -17,6 +17,16 @@ towards 1.
 Every episode has one target: the source id :data:`TARGET` (a "secret" such as
 ``4417 Elm``) placed in a ``user``/``memory``/``tool``/``plan`` step at a drawn
 position ``tau`` in ``1..T``. Every other item has a source id of its own.
+This is the one episode generator of the properties: ``secrets=`` picks what
+targets are made of (the store's residue property passes
+:func:`rare_secrets`, values no other text can hold) and ``framed=`` embeds
+the value in a longer observation.
+
+``indep_episode_jsons()`` builds on it the paper's indep axis: after the
+target, ``4k`` model turns of which a set fraction ``indep`` (one of
+:data:`INDEP_LEVELS`) is labelled ``independent`` (format version 2) by
+construction: unrelated sub-tasks, routine tool polls, a document loaded and
+never used; the other turns ask about the target, write a note or compact.
 """
 
 from __future__ import annotations
@@ -26,8 +36,8 @@ from typing import Any
 from hypothesis import settings
 from hypothesis import strategies as st
 
-from unsee.impl.episode import (CHECKPOINT_POLICIES, FORMAT, OBSERVED_KINDS, STEP_KINDS, VERSION, Episode, Step,
-                                parse_episode)
+from unsee.impl.episode import (CHECKPOINT_POLICIES, FORMAT, MODEL_TURN_KINDS, OBSERVED_KINDS, STEP_KINDS, VERSION,
+                                Episode, Step, parse_episode)
 
 #: The source id of the forget target in every generated episode.
 TARGET = "secret"
@@ -67,6 +77,25 @@ def texts() -> st.SearchStrategy[str]:
 def secrets() -> st.SearchStrategy[str]:
     """What the target holds: a house number and a street, e.g. ``'4417 Elm'``."""
     return st.builds(lambda n, s: f"{n} {s}", st.sampled_from(("4417",) + NUMBERS), st.sampled_from(STREETS))
+
+
+_default_secrets = secrets  # the generators' parameter `secrets` shadows this strategy's name
+
+
+#: Invented words of 6+ letters (one non-ASCII) that no :func:`texts` draw holds.
+RARE_WORDS = ("Quillmere", "Vantrobe", "Zephyrine", "Marlowick", "Ødegårdsvei", "Brindlecombe")
+RARE_FORMS = ("{n} {w}", "{w} {n}", "{n}, {w} Road", "PIN {n}", "{w}")
+
+
+def rare_secrets() -> st.SearchStrategy[str]:
+    """Targets no other generated text can hold: a 6-digit number and/or an
+    invented word (:data:`RARE_WORDS`), so that every normalised variant
+    (``impl/text.get_variants``: the whole value, runs of 3+ digits, words of
+    6+ letters) is the target's alone; :func:`texts` has neither (its longest
+    digit run is 4, its longest word 4 letters). A residue scan then knows that
+    any hit is residue."""
+    return st.builds(lambda form, n, w: form.format(n=n, w=w), st.sampled_from(RARE_FORMS),
+                     st.integers(100000, 999999), st.sampled_from(RARE_WORDS))
 
 
 def step_kinds() -> st.SearchStrategy[str]:
@@ -133,16 +162,24 @@ def step_jsons(draw, step_id: str, kind: str | None = None, target: str | None =
 
 @st.composite
 def episode_jsons(draw, min_steps: int = 2, max_steps: int = 8, max_new_tokens: tuple[int, int] = (2, 6),
-                  policies: tuple[str, ...] = CHECKPOINT_POLICIES) -> dict[str, Any]:
+                  policies: tuple[str, ...] = CHECKPOINT_POLICIES, secrets: st.SearchStrategy[str] | None = None,
+                  framed: bool = False) -> dict[str, Any]:
     """A whole episode file as a JSON object: ``T`` in ``min_steps..max_steps``
-    steps of any kind, the target entering at ``tau`` in ``1..T``."""
+    steps of any kind, the target entering at ``tau`` in ``1..T``.
+
+    ``secrets`` draws the target's value (default :func:`secrets`); with
+    ``framed`` the target item's text is a drawn text followed by the value
+    (``'Bob paid 4417 Elm'``), as in a real observation, and ``target.value``
+    is the value alone.
+    """
     length = draw(st.integers(min_steps, max_steps))
     tau = draw(st.integers(1, length))
-    secret = draw(secrets())
+    secret = draw(_default_secrets() if secrets is None else secrets)
+    text = f"{draw(texts())} {secret}" if framed else secret
     steps = []
     for t in range(1, length + 1):
         if t == tau:
-            steps.append(draw(step_jsons(f"t{t}", kind=draw(st.sampled_from(TARGET_KINDS)), target=secret)))
+            steps.append(draw(step_jsons(f"t{t}", kind=draw(st.sampled_from(TARGET_KINDS)), target=text)))
         else:
             steps.append(draw(step_jsons(f"t{t}")))
     return {"format": FORMAT, "version": VERSION, "system": draw(st.sampled_from(SYSTEMS)),
@@ -151,9 +188,108 @@ def episode_jsons(draw, min_steps: int = 2, max_steps: int = 8, max_new_tokens: 
 
 
 def episodes(min_steps: int = 2, max_steps: int = 8, max_new_tokens: tuple[int, int] = (2, 6),
-             policies: tuple[str, ...] = CHECKPOINT_POLICIES) -> st.SearchStrategy[Episode]:
+             policies: tuple[str, ...] = CHECKPOINT_POLICIES, secrets: st.SearchStrategy[str] | None = None,
+             framed: bool = False) -> st.SearchStrategy[Episode]:
     """Parsed episodes (see :func:`episode_jsons`); ``episode.target.source`` is :data:`TARGET`."""
-    return episode_jsons(min_steps, max_steps, max_new_tokens, policies).map(parse_episode)
+    return episode_jsons(min_steps, max_steps, max_new_tokens, policies, secrets, framed).map(parse_episode)
+
+
+# --- the indep axis -----------------------------------------------------------------
+
+#: The fractions of post-target model turns labelled independent (the paper's indep axis).
+INDEP_LEVELS = (0.0, 0.25, 0.5, 0.75, 1.0)
+#: Independent work, by construction: it never names the target, and nothing later refers to it.
+SUBTASKS = ("Convert 3 cups to grams.", "Name a blue flower.", "Count to five.", "Spell tea backwards.")
+POLL_RESULTS = ("no new mail", "all jobs done", "queue empty", "status ok")
+DOCUMENTS = ("Recipe: boil water, add tea, wait.", "Manual: press the red button twice.")
+#: Dependent work: a question only the target answers (a note or a compaction reads it too).
+QUESTIONS = ("Where was that again?", "Repeat the address.", "Send the address to Bob.")
+#: How a labelled turn is made; how an unlabelled one is, in shrinking order.
+INDEPENDENT_WORK = ("subtask", "poll", "document", "unrelated-plan")
+DEPENDENT_WORK = ("question", "remember", "compact", "plan-with-target")
+
+
+@st.composite
+def independent_step_jsons(draw, step_id: str) -> dict[str, Any]:
+    """A step whose model turn is independent of the target by construction,
+    labelled ``independent``: an unrelated sub-task, a routine tool poll, a
+    document loaded (and never used later), or an unrelated tool plan."""
+    work = draw(st.sampled_from(INDEPENDENT_WORK))
+    if work == "subtask":
+        raw = {"id": step_id, "kind": "user", "text": draw(st.sampled_from(SUBTASKS))}
+    elif work == "poll":
+        raw = {"id": step_id, "kind": "tool", "tool": "poll",
+               "fields": [{"source": f"{step_id}.0", "text": draw(st.sampled_from(POLL_RESULTS))}]}
+    elif work == "document":
+        raw = {"id": step_id, "kind": "tool", "tool": "fetch_document",
+               "fields": [{"source": f"{step_id}.0", "text": draw(st.sampled_from(DOCUMENTS))}]}
+    else:
+        raw = {"id": step_id, "kind": "plan", "tool": draw(st.sampled_from(PLAN_TOOLS)),
+               "text": draw(st.sampled_from(SUBTASKS))}
+    raw["independent"] = True
+    return raw
+
+
+@st.composite
+def dependent_step_jsons(draw, step_id: str) -> dict[str, Any]:
+    """A step whose model turn depends on the target (unlabelled): a question
+    about it, a memory note or a compaction (both read the whole context), or
+    a plan that sends it on."""
+    work = draw(st.sampled_from(DEPENDENT_WORK))
+    if work == "question":
+        return {"id": step_id, "kind": "user", "text": draw(st.sampled_from(QUESTIONS))}
+    if work in ("remember", "compact"):
+        return {"id": step_id, "kind": work}
+    return {"id": step_id, "kind": "plan", "tool": "send_message", "text": draw(st.sampled_from(QUESTIONS))}
+
+
+@st.composite
+def indep_episode_jsons(draw, indep: float | None = None, groups: tuple[int, int] = (1, 2), max_before: int = 3,
+                        max_new_tokens: tuple[int, int] = (2, 6), policies: tuple[str, ...] = CHECKPOINT_POLICIES,
+                        secrets: st.SearchStrategy[str] | None = None) -> dict[str, Any]:
+    """An episode (format version 2) for the paper's indep axis.
+
+    Built on :func:`episode_jsons`: its steps up to and including the one
+    where the target enters (at most ``max_before`` before it), then ``4k``
+    steps with a model turn, ``k`` in ``groups``, of which exactly
+    ``indep * 4k`` are labelled ``independent`` (:func:`independent_step_jsons`),
+    at drawn positions; the others depend on the target
+    (:func:`dependent_step_jsons`). ``indep`` is one of :data:`INDEP_LEVELS`,
+    drawn when None. Multiples of four make every level exact.
+    """
+    if indep is not None and indep not in INDEP_LEVELS:
+        raise ValueError(f"indep={indep!r} must be one of {INDEP_LEVELS}")
+    indep = draw(st.sampled_from(INDEP_LEVELS)) if indep is None else indep
+    raw = draw(episode_jsons(1, max_before + 1, max_new_tokens, policies, secrets))
+    tau = next(t for t, step in enumerate(raw["steps"], start=1) if TARGET in _sources(step))
+    after = 4 * draw(st.integers(*groups))
+    labelled = round(indep * after)
+    labels = draw(st.permutations([True] * labelled + [False] * (after - labelled)))
+    steps = raw["steps"][:tau]
+    for t, label in enumerate(labels, start=tau + 1):
+        steps.append(draw(independent_step_jsons(f"t{t}") if label else dependent_step_jsons(f"t{t}")))
+    return {**raw, "steps": steps}
+
+
+def indep_episodes(indep: float | None = None, groups: tuple[int, int] = (1, 2), max_before: int = 3,
+                   max_new_tokens: tuple[int, int] = (2, 6), policies: tuple[str, ...] = CHECKPOINT_POLICIES,
+                   secrets: st.SearchStrategy[str] | None = None) -> st.SearchStrategy[Episode]:
+    """Parsed :func:`indep_episode_jsons`."""
+    return indep_episode_jsons(indep, groups, max_before, max_new_tokens, policies, secrets).map(parse_episode)
+
+
+def get_indep(episode: Episode) -> float:
+    """The fraction of model turns after the target's step that are labelled
+    ``independent`` (0.0 when there are none)."""
+    after = [s for s in episode.steps[get_tau(episode):] if s.kind in MODEL_TURN_KINDS]
+    return sum(s.independent for s in after) / len(after) if after else 0.0
+
+
+def _sources(raw_step: dict[str, Any]) -> set[str]:
+    """The source ids of a step object (before parsing)."""
+    if raw_step["kind"] in ("user", "plan") or "text" in raw_step:
+        return {raw_step.get("source", raw_step["id"])}
+    return {item["source"] for item in raw_step.get("records", raw_step.get("fields", []))}
 
 
 def parse_step(raw: dict[str, Any], system: str = SYSTEMS[0]) -> Step:

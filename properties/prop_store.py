@@ -35,9 +35,10 @@ model turn (every resident block is a parent). So the value really enters
 derived artifacts before the forget - answers, plans, memory notes, summaries,
 the memory block a new session re-injects, and every later prompt and token
 run - and the property checks that none of it survives in the stored bytes.
-The episodes' other texts never contain the target's digits or words, so any
-hit is residue (a value that another source also holds is not the target's
-alone; the store cannot and does not erase it, see docs/persistence.md).
+The episodes' other texts never contain a variant of the target (its targets
+come from ``rare_secrets`` in properties/episodes.py), so any hit is residue
+(a value that another source also holds is not the target's alone; the store
+cannot and does not erase it, see docs/persistence.md).
 """
 
 from __future__ import annotations
@@ -55,14 +56,17 @@ import torch
 from hypothesis import HealthCheck, assume, given, note, settings
 from hypothesis import strategies as st
 
-from unsee.impl.episode import (CHECKPOINT_POLICIES, FORMAT, OBSERVED_KINDS, STEP_KINDS, VERSION, EpisodeError,
-                                Episode, Item, Step, load_episode, parse_episode)
+from unsee.impl.episode import (CHECKPOINT_POLICIES, FORMAT, READ_VERSIONS, STEP_KINDS, VERSION, EpisodeError, Episode,
+                                Item, Step, load_episode, parse_episode)
 from unsee.impl.kv import KVEngine
 from unsee.impl.models import load_model
 from unsee.impl.provenance import RuntimeBlock, UnknownSourceError
 from unsee.impl.runtime import END, START, AgentRuntime, AmbiguousTargetError, TargetNotFoundError
 from unsee.impl.store import PersistentSession, SessionStore, find_residue, session_files
 from unsee.impl.text import normalize
+from unsee.properties.episodes import TARGET, texts
+from unsee.properties.episodes import episode_jsons as shared_episode_jsons
+from unsee.properties.episodes import rare_secrets as secrets  # the store's targets: values no other text holds
 
 # --- set-up ------------------------------------------------------------------------------
 
@@ -94,63 +98,10 @@ def scratch() -> Path:
 
 # --- episodes --------------------------------------------------------------------------------
 
-#: Texts of every non-target item: no 6-digit number, none of the secret words.
-WORDS = ("tea", "Bob", "paid", "room", "blue", "call", "Ana", "at", "7", "12", "90", "jazz")
-#: What targets are made of: 6-digit numbers and invented words of 6+ letters
-#: (one non-ASCII), so that get_variants yields the whole value and each part.
-SECRET_WORDS = ("Quillmere", "Vantrobe", "Zephyrine", "Marlowick", "Ødegårdsvei", "Brindlecombe")
-SECRET_FORMS = ("{n} {w}", "{w} {n}", "{n}, {w} Road", "PIN {n}", "{w}")
-TARGET = "secret"
-
-
-def texts() -> st.SearchStrategy[str]:
-    return st.lists(st.sampled_from(WORDS), min_size=1, max_size=3).map(" ".join)
-
-
-def secrets() -> st.SearchStrategy[str]:
-    return st.builds(lambda form, n, w: form.format(n=n, w=w), st.sampled_from(SECRET_FORMS),
-                     st.integers(100000, 999999), st.sampled_from(SECRET_WORDS))
-
-
-@st.composite
-def step_jsons(draw, step_id: str, kind: str, target: str | None = None, source: str | None = None) -> dict:
-    raw: dict[str, Any] = {"id": step_id, "kind": kind}
-    if kind in ("user", "plan"):
-        raw["text"] = target if target is not None else draw(texts())
-        if target is not None:
-            raw["source"] = source
-        if kind == "plan":
-            raw["tool"] = draw(st.sampled_from(("send_message", "book")))
-    elif kind in ("memory", "tool"):
-        items = [{"source": f"{step_id}.{j}", "text": draw(texts())}
-                 for j in range(draw(st.integers(0 if target is not None else 1, 2)))]
-        if target is not None:
-            items.insert(draw(st.integers(0, len(items))), {"source": source, "text": target})
-        raw["records" if kind == "memory" else "fields"] = items
-        if kind == "tool":
-            raw["tool"] = "fetch"
-    return raw
-
-
-@st.composite
-def episode_jsons(draw, min_steps: int = 2, max_steps: int = 6) -> dict:
-    """An episode whose target (source ``secret``) enters at a drawn ``tau``;
-    other kinds anywhere (remember, compact and session copy and move it)."""
-    length = draw(st.integers(min_steps, max_steps))
-    tau = draw(st.integers(1, length))
-    secret = draw(secrets())
-    steps = []
-    for t in range(1, length + 1):
-        if t == tau:
-            kind = draw(st.sampled_from(OBSERVED_KINDS))
-            steps.append(draw(step_jsons(f"t{t}", kind, f"{draw(texts())} {secret}", TARGET)))
-        else:
-            steps.append(draw(step_jsons(f"t{t}", draw(st.sampled_from(STEP_KINDS)))))
-    return {"format": FORMAT, "version": VERSION, "system": "You are a helpful agent.",
-            "settings": {"max_new_tokens": draw(st.integers(1, 3)), "temperature": draw(st.sampled_from((0.0, 0.7))),
-                         "seed": draw(st.integers(0, 2**16)),
-                         "checkpoint_policy": draw(st.sampled_from(CHECKPOINT_POLICIES))},
-            "steps": steps, "target": {"source": TARGET, "value": secret}}
+def episode_jsons(min_steps: int = 2, max_steps: int = 6) -> st.SearchStrategy[dict]:
+    """The shared generator (properties/episodes.py) with targets no other text
+    holds (``rare_secrets``, imported as ``secrets``), framed in a longer observation, and short turns."""
+    return shared_episode_jsons(min_steps, max_steps, max_new_tokens=(1, 3), secrets=secrets(), framed=True)
 
 
 # --- a runtime whose model turns copy what they read -----------------------------------------
@@ -300,7 +251,7 @@ def malformed(draw) -> tuple[Any, str]:
         raw["format"] = draw(json_values().filter(lambda v: v != FORMAT))
     elif choice == "version":
         # bools and 1.0 compare equal to 1 in Python: see the known laxities below
-        raw["version"] = draw(json_values().filter(lambda v: not (v == VERSION or isinstance(v, bool))))
+        raw["version"] = draw(json_values().filter(lambda v: not (v in READ_VERSIONS or isinstance(v, bool))))
     elif choice == "system":
         raw["system"] = draw(not_a(str))
     elif choice == "steps":
@@ -329,8 +280,8 @@ def malformed(draw) -> tuple[Any, str]:
         step[key] = draw(not_a(list) | st.just([]))
     elif choice == "item":
         assume(kind in ("memory", "tool"))
-        items = step["records" if kind == "memory" else "fields"]
-        assume(items)
+        items = step.get("records" if kind == "memory" else "fields")
+        assume(items)  # not the one-field shorthand
         j = draw(st.integers(0, len(items) - 1))
         broken = draw(st.sampled_from(("not-object", "source", "text", "drop-source", "drop-text")))
         if broken == "not-object":
@@ -383,7 +334,7 @@ def malformed(draw) -> tuple[Any, str]:
 def _items(step: Any) -> list[dict]:
     if not isinstance(step, dict):
         return []
-    if step.get("kind") in ("user", "plan"):
+    if step.get("kind") in ("user", "plan") or "text" in step:  # a tool's one-field shorthand too
         return [step] if "source" in step else []
     return [it for it in step.get("records", step.get("fields", [])) if isinstance(it, dict)]
 

@@ -1,0 +1,183 @@
+"""The compute floor of a forget (issue 8, item 4).
+
+The floor is defined from the counterfactual's content, not from what a
+forget did. Starting from the restored prefix (the pre-forget session's
+checkpoint at ``boundary``), the counterfactual state needs at least:
+
+* one canonical prefill of every *suffix block*: every block the
+  counterfactual runtime (a full reset) created after the boundary, in its
+  recorded chunks, on the lineage it belongs to (a compaction or a new
+  session opens a new one), and
+* for every *changed* model turn, the decode of its tokens from its first
+  changed token on. A turn is changed when its generated tokens differ from
+  those of the block with the same id in the pre-forget runtime; the tokens
+  before the first difference are the old turn's and cost no decode (a
+  verified draft would accept them). Decoding ``m`` tokens costs ``m``
+  decoded tokens and ``m - 1`` one-token forwards (the engine's convention:
+  the first token comes from the logits already computed, the last one is
+  never fed back).
+
+:func:`compute_floor` counts those operations and times a raw run of exactly
+them on the same :class:`~unsee.impl.kv.KVEngine` in the same process (engine
+verbs only: ``new_lineage``, ``use``, ``prefill``, ``crop``; no runtime, no
+provenance, no sanitising). Restoring the prefix is set-up, outside the timed
+run: what a method spends on restore, verification or fallback re-decodes
+shows up as a ratio above 1.
+
+One approximation in the timing, not in the counts: the raw run feeds a
+changed turn's decode forwards right after its header, so a turn whose first
+change is at position ``d`` attends over ``d`` fewer tokens than a real
+decode would (the old turn's first ``d`` tokens are not in the cache yet).
+That keeps the floor a lower bound and costs well under one percent of a
+forward at the context lengths here.
+"""
+
+from __future__ import annotations
+
+import time
+
+import attrs
+
+from unsee.impl.kv import KVEngine
+from unsee.impl.provenance import DERIVED_TYPES, RuntimeBlock
+from unsee.impl.runtime import AgentRuntime
+
+
+@attrs.frozen
+class FloorTurn:
+    """One changed model turn of the counterfactual suffix."""
+
+    block_id: str
+    generated: int  # tokens the counterfactual turn generated
+    first_change: int  # index of its first token that differs from the old turn's
+
+    @property
+    def decoded(self) -> int:
+        return self.generated - self.first_change
+
+    @property
+    def forwards(self) -> int:
+        return max(self.decoded - 1, 0)
+
+
+@attrs.frozen
+class Floor:
+    """The compute floor of one forget: counts by definition, wall time of a raw run."""
+
+    prefilled: int  # tokens of the canonical prefill of every suffix block
+    decoded: int  # tokens decoded in the changed turns, from their first changed token on
+    forwards: int  # prefill chunks plus one-token decode forwards
+    wall_s: float  # the raw engine run of exactly those operations
+    boundary: int
+    blocks: int  # suffix blocks prefilled
+    changed_turns: tuple[FloorTurn, ...] = ()
+
+    @property
+    def recomputed(self) -> int:
+        return self.prefilled + self.decoded
+
+    def to_json(self) -> dict:
+        return {"prefilled": self.prefilled, "decoded": self.decoded, "recomputed": self.recomputed,
+                "forwards": self.forwards, "wall_s": self.wall_s, "boundary": self.boundary, "blocks": self.blocks,
+                "changed_turns": [attrs.asdict(t) | {"decoded": t.decoded} for t in self.changed_turns]}
+
+
+def get_suffix_blocks(reset_runtime: AgentRuntime, boundary: int) -> list[RuntimeBlock]:
+    """The blocks the counterfactual created after ``boundary`` that hold KV
+    (memory records are stored, never prefilled), in creation order."""
+    return [b for b in reset_runtime.graph.blocks() if b.turn > boundary and b.tokens]
+
+
+def is_model_turn(block: RuntimeBlock) -> bool:
+    """A block the model decoded: a derived type committed as a header chunk
+    and a turn chunk. (A compaction's summary is also re-prefilled as the new
+    lineage's ``summary`` context block, in one chunk: a prefill, not a turn.)"""
+    return block.type in DERIVED_TYPES and len(block.chunks) == 2
+
+
+def get_first_change(new: RuntimeBlock, old: RuntimeBlock | None) -> int | None:
+    """Where a counterfactual model turn's generated tokens first differ from
+    the pre-forget turn's, or None when they are identical (no decode)."""
+    header = new.chunks[0] if new.chunks else 0
+    generated = new.tokens[header:]
+    if old is None:
+        return 0
+    previous = old.tokens[(old.chunks[0] if old.chunks else 0):]
+    if generated == previous:
+        return None
+    for i, (a, b) in enumerate(zip(generated, previous)):
+        if a != b:
+            return i
+    return min(len(generated), len(previous))
+
+
+def compute_floor(engine: KVEngine, base_runtime: AgentRuntime, reset_runtime: AgentRuntime,
+                  boundary: int) -> Floor:
+    """The compute floor of forgetting, restoring at ``boundary``: the
+    counterfactual is ``reset_runtime`` (a full reset of ``base_runtime``, the
+    pre-forget session), the restored prefix is ``base_runtime``'s checkpoint
+    at ``boundary``. Counts and a timed raw run, see the module docstring.
+    Every lineage the run creates is dropped before returning."""
+    checkpoint = {c.boundary: c for c in base_runtime.checkpoints.all()}.get(boundary)
+    if checkpoint is None:
+        raise ValueError(f"boundary={boundary!r}: the pre-forget session has no checkpoint there; it has "
+                         f"{[c.boundary for c in base_runtime.checkpoints.all()]}")
+    if reset_runtime.engine is not engine or base_runtime.engine is not engine:
+        raise ValueError("compute_floor: both runtimes must run on the engine it times")
+    blocks = get_suffix_blocks(reset_runtime, boundary)
+    old = {b.id: b for b in base_runtime.graph.blocks()}
+    changed: dict[str, FloorTurn] = {}
+    for block in blocks:
+        if is_model_turn(block):
+            first = get_first_change(block, old.get(block.id))
+            if first is not None:
+                generated = len(block.tokens) - (block.chunks[0] if block.chunks else 0)
+                changed[block.id] = FloorTurn(block.id, generated, first)
+    chunks = [len(chunk) for block in blocks for chunk in block.get_chunks()]
+    floor_counts = dict(prefilled=sum(chunks), decoded=sum(t.decoded for t in changed.values()),
+                        forwards=len(chunks) + sum(t.forwards for t in changed.values()))
+
+    # set-up (untimed): the restored prefix, as a restore would leave it
+    previous = engine.current
+    prefix = engine.clone(checkpoint.lineage) if checkpoint.lineage in engine.lineages \
+        else base_runtime.rebuild_lineage(checkpoint.context)
+    engine.crop(checkpoint.token_offset, prefix)
+    created = [prefix]
+    try:
+        started = time.perf_counter()
+        _run_floor(engine, prefix, blocks, changed, created)
+        wall = time.perf_counter() - started
+    finally:
+        for lineage in created:
+            engine.drop(lineage)
+        if previous is not None and previous in engine.lineages:
+            engine.use(previous)
+    return Floor(wall_s=wall, boundary=boundary, blocks=len(blocks),
+                 changed_turns=tuple(changed.values()), **floor_counts)
+
+
+def _run_floor(engine: KVEngine, prefix: str, blocks: list[RuntimeBlock], changed: dict[str, FloorTurn],
+               created: list[str]) -> None:
+    """Exactly the floor's operations, engine verbs only."""
+    engine.use(prefix)
+    for block in blocks:
+        if block.token_span[0] == 0:  # a block at offset 0 opens a lineage (compaction, new session)
+            created.append(engine.new_lineage())
+        if engine.length() != block.token_span[0]:
+            raise RuntimeError(f"floor: block {block.id!r} starts at {block.token_span[0]} in the counterfactual, "
+                               f"but its lineage holds {engine.length()} tokens here")
+        chunks = block.get_chunks()
+        turn = changed.get(block.id)
+        if turn is None:
+            for chunk in chunks:
+                engine.prefill(chunk)
+            continue
+        header, generated = chunks[0], [t for chunk in chunks[1:] for t in chunk]
+        engine.prefill(header)
+        start = engine.length()
+        # the decode: one-token forwards over the changed part (the last token is never fed)
+        for token in generated[turn.first_change:len(generated) - 1]:
+            engine.prefill([token])
+        engine.crop(start)
+        for chunk in chunks[1:]:  # the turn's canonical prefill
+            engine.prefill(chunk)
