@@ -12,6 +12,9 @@ guard_is_needed                                         the same family with the
                                                         finds an episode where forget != reset
 replay_with_drafts_equals_replay_without                replay with drafts == replay re-decoding every turn, and
                                                         decodes no more
+oracle_is_exact_exactly_when_its_labels_are_right      B7-oracle's tokens == reset's iff no turn labelled
+                                                        independent changes in the counterfactual; right
+                                                        labels give the reset's digest
 wrong_draft_costs_one_prefill                           an entirely wrong draft: same tokens and KV as no draft, the
                                                         same decoded tokens, at most one extra forward (a prefill
                                                         of the draft) per turn
@@ -27,16 +30,17 @@ import functools
 import io
 
 import pytest
-from hypothesis import Phase, example, find, given, settings
+from hypothesis import Phase, event, example, find, given, settings
 from hypothesis import strategies as st
 from hypothesis.errors import NoSuchExample
 
 from unsee.impl.episode import parse_episode
 from unsee.impl.kv import KVEngine
 from unsee.impl.models import load_model
+from unsee.impl.runtime import AgentRuntime
 from unsee.properties.differential import (compare_forget_with_reset, compare_replay_with_and_without_drafts,
-                                           describe_episode, engine_scope, torch_threads)
-from unsee.properties.episodes import episodes, scaled
+                                           describe_episode, engine_scope, run_episode, torch_threads)
+from unsee.properties.episodes import episodes, indep_episodes, scaled
 
 
 @functools.cache
@@ -156,3 +160,35 @@ def test_wrong_draft_costs_one_prefill(context, draft, max_new_tokens, temperatu
         assert spent.draft_accepted_tokens == 0
         assert spent.forward_calls <= cost.forward_calls + 1
         assert spent.prefilled_tokens <= cost.prefilled_tokens + min(len(wrong), max_new_tokens)
+
+
+# --- B7-oracle (the paper's attribution-oracle variant) ---------------------------
+
+def get_changed_turns(before: AgentRuntime, after: AgentRuntime) -> set[str]:
+    """Model turns whose tokens differ between two runtimes (by block id)."""
+    old = dict(before.generated_tokens())
+    return {b for b, tokens in after.generated_tokens() if b in old and old[b] != tokens}
+
+
+@given(episode=indep_episodes())
+@scaled(2)
+def test_oracle_is_exact_exactly_when_its_labels_are_right(episode):
+    """B7-oracle trusts its labels. With every label right it lands on the
+    reset's state; a wrong label (a labelled turn that the counterfactual
+    changes) always shows in the generated tokens, and in the digest whenever
+    the wrong turn, or anything written after it, is still live state."""
+    engine = get_engine("tiny")
+    with engine_scope(engine):
+        base = run_episode(engine, episode)
+        oracle, reset = base.fork(), base.fork()
+        report = oracle.forget(episode.target.source, oracle=True)
+        reference = reset.full_reset(episode.target.source)
+        labelled = {f"{s.id}/" for s in episode.steps if s.independent}
+        wrong = {b for b in get_changed_turns(base, reset) if any(b.startswith(p) for p in labelled)}
+        event(f"wrong labels: {bool(wrong)}")
+        assert report.drafts["mode"] == "oracle"
+        exact_tokens = oracle.generated_tokens() == reset.generated_tokens()
+        assert exact_tokens == (not wrong), (describe_episode(episode), sorted(wrong))
+        if not wrong:
+            assert report.digest == reference.digest, describe_episode(episode)
+        event(f"wrong label visible in the digest: {report.digest != reference.digest}" if wrong else "labels right")
