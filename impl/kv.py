@@ -215,6 +215,7 @@ class KVEngine:
         self._pins: weakref.WeakSet[LineagePin] = weakref.WeakSet()
         self._clock = 0
         self._serving = False  # inside `prefix_cache()`
+        self._cache_sources: tuple[set[str], int] | None = None  # (handles, first new id); None: all
         self.kv_budget: int | None = None
         self.peak_unpinned_bytes = 0  # the most unpinned bytes held when a verb returned
         self.evictions = 0
@@ -505,22 +506,27 @@ class KVEngine:
     # --------------------------------------------------------- prefix cache
 
     @contextlib.contextmanager
-    def prefix_cache(self) -> Iterator["KVEngine"]:
-        """Serve prefills from resident lineages inside the block (B5').
+    def prefix_cache(self, sources: Iterable[str] | None = None) -> Iterator["KVEngine"]:
+        """Serve prefills inside the block from a prefix cache (B5').
 
-        A prefill of chunk ``c`` on a lineage whose chunks so far are
-        ``c_1..c_k`` is served by any other resident lineage whose first
-        ``k + 1`` chunks are ``c_1..c_k, c``, token ids and boundaries both:
-        the lineage then holds views of that lineage's KV (nothing is
-        computed, ``reused_tokens`` counts it). Whole chunks of the same
-        chunking only, so the KV is the one a prefill would compute, bit for
-        bit (the engine's same-chunking identity)."""
-        previous = self._serving
+        The cache holds the lineages ``sources`` (default: every resident
+        one) and every lineage created inside the block, as a serving
+        engine caches what it computes. A prefill of chunk ``c`` on a
+        lineage whose chunks so far are ``c_1..c_k`` is served by another
+        cached lineage whose first ``k + 1`` chunks are ``c_1..c_k, c``,
+        token ids and boundaries both: the lineage then holds views of that
+        lineage's KV (nothing is computed; ``reused_tokens`` counts it).
+        Whole chunks of the same chunking only, so the KV is the one a
+        prefill would compute, bit for bit (the engine's same-chunking
+        identity). Evicted sources are simply not in the cache."""
+        previous = self._serving, self._cache_sources
         self._serving = True
+        self._cache_sources = None if sources is None else ({h for h in sources if h in self._lineages},
+                                                             self._next_id)
         try:
             yield self
         finally:
-            self._serving = previous
+            self._serving, self._cache_sources = previous
 
     def _serve(self, lin: _Lineage, ids: list[int]) -> bool:
         """Serve chunk ``ids`` on ``lin`` from another lineage; False if none has it."""
@@ -528,26 +534,43 @@ class KVEngine:
         if not lin.chunked or start != (lin.chunk_ends[-1] if lin.chunk_ends else 0):
             return False  # the lineage is not a chunk sequence: nothing can match it
         end, k = start + len(ids), len(lin.chunk_ends)
+        found = None
         for handle, src in self._lineages.items():
+            if not self._in_cache(handle):
+                continue
             if (src is lin or len(src.chunk_ends) <= k or src.chunk_ends[k] != end
                     or src.chunk_ends[:k] != lin.chunk_ends or src.tokens[start:end] != ids
                     or src.tokens[:start] != lin.tokens):
                 continue
-            lin.cache = adapter.share_cache_prefix(self.lm.model, src.cache, end)
-            lin.tokens.extend(ids)
-            lin.chunk_ends.append(end)
-            lin.decode_logits.update({q: t for q, t in src.decode_logits.items() if start < q <= end})
-            # Logits are only kept where a decode started (or after the
-            # source's last prefill); elsewhere the next verb is a prefill,
-            # which needs none, or generate recomputes this chunk.
+            # Logits are only kept where a decode started (or after a
+            # lineage's last prefill); prefer a source that has them. Without
+            # them the next verb is usually a prefill, which needs none, and
+            # a generate recomputes this one chunk.
             logits = src.decode_logits.get(end)
             if logits is None and len(src.tokens) == end:
                 logits = src.last_logits
-            lin.last_logits = logits
-            lin.served_last = logits is None
-            self._touch(handle)
+            if found is None or logits is not None:
+                found = (handle, src, logits)
+            if logits is not None:
+                break
+        if found is None:
+            return False
+        handle, src, logits = found
+        lin.cache = adapter.share_cache_prefix(self.lm.model, src.cache, end)
+        lin.tokens.extend(ids)
+        lin.chunk_ends.append(end)
+        lin.decode_logits.update({q: t for q, t in src.decode_logits.items() if start < q <= end})
+        lin.last_logits = logits
+        lin.served_last = logits is None
+        self._touch(handle)
+        return True
+
+    def _in_cache(self, handle: str) -> bool:
+        """Whether the active prefix cache holds ``handle`` (see `prefix_cache`)."""
+        if self._cache_sources is None:
             return True
-        return False
+        cached, first_new = self._cache_sources
+        return handle in cached or int(handle[1:]) >= first_new  # handles are "L<n>", n increasing
 
     def _recompute_served_chunk(self, lin: _Lineage) -> None:
         """Compute the last (served) chunk for real, for the logits a decode needs."""
