@@ -296,7 +296,7 @@ class KVEngine:
         lin.served_last = src.served_last
         self._lineages[handle] = lin
         self._touch(handle)
-        self._enforce_budget()
+        self.enforce_budget()
         return handle
 
     def drop(self, lineage: str) -> None:
@@ -334,7 +334,7 @@ class KVEngine:
             self.counters.forward_calls += 1
             self.counters.prefilled_tokens += len(ids)
         lin._storages = None
-        self._enforce_budget()
+        self.enforce_budget()
 
     def generate(
         self,
@@ -455,7 +455,7 @@ class KVEngine:
                 raise ValueError(f"kv_budget={kv_budget!r} must be a number of bytes >= 0, or None for no bound")
             kv_budget = b
         self.kv_budget = kv_budget
-        self._enforce_budget()
+        self.enforce_budget()
 
     def memory(self) -> KVMemory:
         """What the engine holds now (bytes of distinct storages)."""
@@ -471,10 +471,13 @@ class KVEngine:
                         live_lineages=len(live), evicted_lineages=len(self._evicted),
                         cached_tokens=sum(len(lin.tokens) for lin in self._lineages.values()), budget=self.kv_budget)
 
-    def _enforce_budget(self) -> None:
+    def enforce_budget(self) -> None:
         """Evict least-recently-used unpinned lineages until the storages that
-        only they hold fit the budget. Called when a verb returns, never in
-        the middle of one, so no lineage a verb is working on disappears."""
+        only they hold fit the budget. Verbs call it when they return, never
+        in the middle of one, so no lineage a verb is working on disappears.
+        A pin that dies with its runtime does not call it (that can happen
+        at any allocation, through the garbage collector); call it after
+        dropping runtimes to release their lineages at once."""
         if self.kv_budget is None:
             return
         live = self.live_lineages()
