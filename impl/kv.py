@@ -202,7 +202,10 @@ class KVEngine:
 
     ``kv_budget`` (bytes, or None for no bound) bounds what the engine keeps
     of lineages that are neither pinned (:meth:`pin`) nor current; 0 keeps
-    only those. It is enforced whenever a verb returns.
+    only those. It is enforced when a verb that allocates returns (prefill,
+    generate, clone, rebuild) and when a runtime moves its pin. `new_lineage`
+    and `share_prefix` allocate no KV, so the handle they return is safe
+    until its caller pins or uses it.
     """
 
     def __init__(self, lm: LoadedModel, kv_budget: int | None = None):

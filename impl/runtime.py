@@ -152,7 +152,7 @@ class AgentRuntime:
         # The pin keeps the lineage out of the KV budget's reach while this
         # runtime (or a copy of its attributes) still refers to it.
         self._lineage_pin = self.engine.pin(handle) if handle else None
-        self.engine.set_kv_budget(self.engine.kv_budget)  # the old lineage may now be evictable
+        self.engine.enforce_budget()  # the old lineage may now be evictable
 
     # --- construction ------------------------------------------------------
 
