@@ -71,7 +71,7 @@ BEFORE_TWO_COMPACTIONS = episode_of({
 
 @given(episode=episodes(), budget=kv_budgets())
 @example(episode=BEFORE_TWO_COMPACTIONS, budget=0)
-@scaled(2)
+@scaled(3)
 def test_splice_equals_counterfactual_under_kv_budget(episode, budget):
     for label in get_coverage_labels(episode):
         event(label)
@@ -83,7 +83,7 @@ def test_splice_equals_counterfactual_under_kv_budget(episode, budget):
 
 @given(episode=episodes(), budget=st.one_of(st.none(), kv_budgets()))
 @example(episode=BEFORE_TWO_COMPACTIONS, budget=None)
-@scaled(2)
+@scaled(3)
 def test_reset_prefix_cache_equals_reset(episode, budget):
     for label in get_coverage_labels(episode):
         event(label)
