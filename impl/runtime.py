@@ -151,8 +151,10 @@ class AgentRuntime:
     def lineage(self, handle: str) -> None:
         # The pin keeps the lineage out of the KV budget's reach while this
         # runtime (or a copy of its attributes) still refers to it.
+        released = getattr(self, "_lineage_pin", None) is not None
         self._lineage_pin = self.engine.pin(handle) if handle else None
-        self.engine.enforce_budget()  # the old lineage may now be evictable
+        if released:
+            self.engine.enforce_budget()  # the old lineage may now be evictable
 
     # --- construction ------------------------------------------------------
 
