@@ -329,10 +329,16 @@ class KVEngine:
         if self._serving and self._serve(lin, ids):
             self.counters.reused_tokens += len(ids)
         else:
+            start = len(lin.tokens)
             lin.last_logits = adapter.forward_last_logits(self.lm.model, ids, lin.cache)
             lin.tokens.extend(ids)
-            if lin.chunked:
+            # Record the chunk only on an unbroken record: tokens that some
+            # other path appended unrecorded make the lineage unservable
+            # from there on, never wrongly served.
+            if lin.chunked and start == (lin.chunk_ends[-1] if lin.chunk_ends else 0):
                 lin.chunk_ends.append(len(lin.tokens))
+            else:
+                lin.chunked = False
             lin.served_last = False
             self.counters.forward_calls += 1
             self.counters.prefilled_tokens += len(ids)
