@@ -1,7 +1,7 @@
 """The paper's methods B0-B9 (Section 4.1 "Methods").
 
-Every method branches from the same contaminated base state (``fork`` clones
-the cache), so comparisons are paired. Each returns the resulting runtime and
+Every method branches from the same contaminated base state (``fork`` shares
+the cache copy-on-write), so comparisons are paired. Each returns the resulting runtime and
 a :class:`MethodResult` with what it recomputed.
 
 ====  =====================  ===================================================
