@@ -72,9 +72,11 @@ def restore(engine: KVEngine, method: str, lineage: str, n: int) -> str:
     raise ValueError(f"restore method {method!r}: expected one of {METHODS}")
 
 
-def measure_restore_overhead(engine: KVEngine, n: int, method: str = "share", repeats: int = 15,
-                             chunk: int = 32, tail: int = 256, build_chunk: int = 256) -> dict:
-    """The restore overhead at ``n`` tokens (see the module docstring), in seconds."""
+def measure_restore_overhead(engine: KVEngine, n: int, methods=METHODS, repeats: int = 15, chunk: int = 32,
+                             tail: int = 256, build_chunk: int = 256) -> list[dict]:
+    """The restore overhead at ``n`` tokens for each method (see the module
+    docstring), in seconds. The checkpoint's lineage and the never-restored
+    one are built once and serve every method."""
     if n % build_chunk:
         raise ValueError(f"n={n} must be a multiple of build_chunk={build_chunk} (checkpoints sit on chunk ends)")
     tokens = get_tokens(engine, n + tail + chunk)
@@ -82,7 +84,7 @@ def measure_restore_overhead(engine: KVEngine, n: int, method: str = "share", re
     reference = build(engine, tokens[:n], build_chunk)  # never restored
     block = tokens[n + tail:n + tail + chunk]  # the first block after the restore
 
-    def restored() -> tuple[float, float]:
+    def restored(method: str) -> tuple[float, float]:
         t0 = time.perf_counter()
         handle = restore(engine, method, source, n)
         t1 = time.perf_counter()
@@ -100,34 +102,36 @@ def measure_restore_overhead(engine: KVEngine, n: int, method: str = "share", re
         engine.crop(n, reference)
         return t1 - t0
 
-    restored(), never_restored()  # warm-up: allocator and kernels
-    with_restore, restore_only, without, paired = [], [], [], []
-    for i in range(repeats):
-        if i % 2:
-            b = never_restored()
-            a, r = restored()
-        else:
-            a, r = restored()
-            b = never_restored()
-        with_restore.append(a)
-        restore_only.append(r)
-        without.append(b)
-        paired.append(a - b)
+    rows = []
+    for method in methods:
+        restored(method), never_restored()  # warm-up: allocator and kernels
+        with_restore, restore_only, without, paired = [], [], [], []
+        for i in range(repeats):
+            if i % 2:
+                b = never_restored()
+                a, r = restored(method)
+            else:
+                a, r = restored(method)
+                b = never_restored()
+            with_restore.append(a)
+            restore_only.append(r)
+            without.append(b)
+            paired.append(a - b)
+        rows.append({"n": n, "method": method, "repeats": repeats, "chunk": chunk, "tail": tail,
+                     "overhead_s": statistics.median(paired),
+                     "restore_only_s": statistics.median(restore_only),
+                     "with_restore_s": statistics.median(with_restore),
+                     "never_restored_s": statistics.median(without)})
     engine.drop(source)
     engine.drop(reference)
-    return {"n": n, "method": method, "repeats": repeats, "chunk": chunk, "tail": tail,
-            "overhead_s": statistics.median(paired),
-            "restore_only_s": statistics.median(restore_only),
-            "with_restore_s": statistics.median(with_restore),
-            "never_restored_s": statistics.median(without)}
+    return rows
 
 
 def run(model: str = "smollm2", lengths=(1024, 7168), methods=METHODS, repeats: int = 15, threads: int = 1,
         chunk: int = 32, tail: int = 256) -> dict:
     torch.set_num_threads(threads)
     engine = KVEngine(load_model(model))
-    rows = [measure_restore_overhead(engine, n, method, repeats, chunk, tail)
-            for method in methods for n in lengths]
+    rows = [row for n in lengths for row in measure_restore_overhead(engine, n, methods, repeats, chunk, tail)]
     out = {"model": engine.lm.name, "threads": threads, "lengths": list(lengths), "rows": rows,
            "command": None, "ratio": {}}
     for method in methods:
