@@ -19,7 +19,7 @@ Functions:
     new_cache(model)               -> empty DynamicCache
     forward_last_logits(model, ids, cache) -> logits of the last position
     cache_length(cache), crop_cache(cache, keep), cache_tensors(cache),
-    clone_cache(cache)
+    clone_cache(cache), share_cache_prefix(model, cache, keep), cache_storages(cache)
     hf_encode(tok, text), hf_decode(tok, ids), eos_ids_of(model, tok)
 """
 
@@ -328,6 +328,71 @@ def clone_cache(cache):
     """An independent deep copy (new tensor storage) of the cache."""
     with torch.inference_mode():
         return copy.deepcopy(cache)
+
+
+def share_cache_prefix(model, cache, keep: int):
+    """A new cache holding the first `keep` tokens of `cache` *without copying
+    them*: each layer of the new cache holds slices (views) of the source's
+    key and value tensors.
+
+    Why sharing is safe on the supported versions (checked in the transformers
+    5.23 source, cache_utils.py): `DynamicLayer.update` appends with
+    `self.keys = torch.cat([self.keys, key_states], dim=-2)`, which allocates
+    new storage and never writes into the old tensors; `DynamicLayer.crop`
+    re-slices (`self.keys = self.keys[..., :-n, :]`), which writes nothing;
+    the attention reads the tensors `update` returns and writes nothing back.
+    So extending, cropping or dropping either cache leaves the other's bytes
+    alone. The in-place writers of a layer (`reset` on an initialised
+    non-dynamic layer, `StaticLayer.update`'s `index_copy_`) belong to cache
+    kinds `new_cache` never builds, and sliding-window layers are refused.
+    Where the cache has no per-layer objects (transformers older than 4.54)
+    this falls back to a deep copy and crop, which is correct, only slower.
+    """
+    cur = cache_length(cache)
+    if not 0 <= keep <= cur:
+        raise ValueError(f"share_cache_prefix: keep={keep} outside [0, {cur}]")
+    if not hasattr(cache, "layers"):
+        out = clone_cache(cache)
+        crop_cache(out, keep)
+        return out
+    out = new_cache(model)
+    if len(out.layers) != len(cache.layers):  # a cache built without config grows its layers lazily
+        out = copy.copy(cache)
+        out.layers = [copy.copy(layer) for layer in cache.layers]
+    for dst, src in zip(out.layers, cache.layers):
+        if type(dst) is not type(src):
+            raise TypeError(f"share_cache_prefix: layer kinds differ ({type(dst).__name__} vs {type(src).__name__})")
+        if not getattr(src, "is_initialized", False) or src.keys is None:
+            continue  # an unused layer stays empty
+        # every attribute (dtype, device, is_initialized, ...) as the source has it, then the slices
+        dst.__dict__.update(src.__dict__)
+        dst.keys = src.keys[..., :keep, :]
+        dst.values = src.values[..., :keep, :]
+    if cache_length(out) != keep:
+        raise RuntimeError(f"transformers {TRANSFORMERS_VERSION}: shared prefix holds {cache_length(out)} tokens, "
+                           f"wanted {keep}")
+    return out
+
+
+def cache_storages(cache) -> dict[tuple[str, int], int]:
+    """The distinct tensor storages a cache holds: ``{(device, address): bytes}``.
+
+    A view keeps its whole storage alive, so this counts storages, not the
+    bytes of the (possibly sliced) tensors: two caches sharing a prefix
+    report the same storage once it is merged with the other's."""
+    out: dict[tuple[str, int], int] = {}
+    for k, v in cache_tensors(cache):
+        for t in (k, v):
+            if t is not None:
+                add_storage(out, t)
+    return out
+
+
+def add_storage(out: dict[tuple[str, int], int], t: torch.Tensor) -> None:
+    """Record ``t``'s storage in ``out`` (see :func:`cache_storages`)."""
+    storage = t.untyped_storage()
+    if storage.nbytes():
+        out[(str(t.device), storage.data_ptr())] = storage.nbytes()
 
 
 # -------------------------------------------------------------------- forward

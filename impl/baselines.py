@@ -1,7 +1,7 @@
 """The paper's methods B0-B9 (Section 4.1 "Methods").
 
-Every method branches from the same contaminated base state (``fork`` clones
-the cache), so comparisons are paired. Each returns the resulting runtime and
+Every method branches from the same contaminated base state (``fork`` shares
+the cache copy-on-write), so comparisons are paired. Each returns the resulting runtime and
 a :class:`MethodResult` with what it recomputed.
 
 ====  =====================  ===================================================
@@ -11,7 +11,9 @@ B2    forget-instruction     append an instruction to forget z
 B3    source-redaction       drop the source block, keep derived ones, rebuild
 B4    sanitize-no-replay     drop source and descendants, regenerate nothing
 B5    reset                  full reset on the counterfactual stream
-B5'   reset-prefix-cache     B5 served through a prefix cache (cost control)
+B5'   reset-prefix-cache     B5 served by the engine's prefix cache: the KV of
+                             whole matching prefill chunks is reused, not
+                             recomputed (``KVEngine.prefix_cache``)
 B6    sanitized-rebuild      string-redact every block, rebuild the cache
 B7    replay                 Provenance-Guided Selective Replay (Algorithm 1),
                              model turns replayed as verified drafts (impl/drafts.py)
@@ -59,6 +61,7 @@ class MethodResult:
     report: ForgetReport | None = None
     draft_accepted_tokens: int = 0  # B7: draft tokens verified instead of decoded
     draft_rejected_tokens: int = 0
+    reused_tokens: int = 0  # B5': prefill tokens the prefix cache served (not in prefilled_tokens)
 
     @property
     def recomputed_tokens(self) -> int:
@@ -88,8 +91,14 @@ def apply_method(base: AgentRuntime, method: str, source_id: str, value: str | N
         report = runtime.forget(source_id, drafts=False if method == "replay-decode" else None,
                                 oracle=method == "replay-oracle")
         invocations = report.invocations
-    elif method in ("reset", "reset-prefix-cache"):
+    elif method == "reset":
         report = runtime.full_reset(source_id)
+        invocations = report.invocations
+    elif method == "reset-prefix-cache":
+        # The same transitions as B5; the engine serves what it can from the
+        # old session's lineages (the fork's current one shares base's).
+        with runtime.engine.prefix_cache(runtime.checkpoints.lineages() | {runtime.lineage}):
+            report = runtime.full_reset(source_id)
         invocations = report.invocations
     else:
         _EDITS[method](runtime, source_id, value)
@@ -97,12 +106,9 @@ def apply_method(base: AgentRuntime, method: str, source_id: str, value: str | N
     if method in ("ifc", "ifc-replay"):
         blocked = get_blocked_plans(runtime, source_id)
     spent = runtime.engine.counters.snapshot() - before
-    prefilled = spent.prefilled_tokens
-    if method == "reset-prefix-cache":
-        prefilled -= get_prefix_cache_hits(base, runtime)
-    result = MethodResult(method, invocations, prefilled, spent.decoded_tokens, time.perf_counter() - started,
-                          runtime.digest(), blocked, report, spent.draft_accepted_tokens,
-                          spent.draft_rejected_tokens)
+    result = MethodResult(method, invocations, spent.prefilled_tokens, spent.decoded_tokens,
+                          time.perf_counter() - started, runtime.digest(), blocked, report,
+                          spent.draft_accepted_tokens, spent.draft_rejected_tokens, spent.reused_tokens)
     return runtime, result
 
 
@@ -198,23 +204,8 @@ def _ensure(runtime: AgentRuntime, block: RuntimeBlock) -> bool:
     return True
 
 
-# --- IFC and cost accounting ---------------------------------------------------
+# --- IFC -----------------------------------------------------------------------
 
 def get_blocked_plans(runtime: AgentRuntime, source_id: str) -> tuple[str, ...]:
     """B8's sink policy: a pending plan labelled with the target may not fire."""
     return tuple(p for p in runtime.plans if source_id in runtime.graph[p].source_ids)
-
-
-def get_prefix_cache_hits(base: AgentRuntime, reset: AgentRuntime) -> int:
-    """Tokens a prefix cache keyed on the base session's first lineage would
-    serve to the reset's first lineage: their longest common token prefix.
-    (The decode of model turns is never served by a prefix cache.)"""
-    first_base = min(base.checkpoints.all(), key=lambda c: c.boundary).lineage
-    first_reset = min(reset.checkpoints.all(), key=lambda c: c.boundary).lineage
-    a, b = base.engine.tokens(first_base), reset.engine.tokens(first_reset)
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n

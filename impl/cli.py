@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 
 from .baselines import METHODS, PAPER_NAMES, apply_method
@@ -60,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
             run_tools_demo(args.model)
             return 0
         if args.command == "demo":
-            run_demo(args.model, args.device, args.dtype, as_json=args.json)
+            run_demo(args.model, args.device, args.dtype, as_json=args.json, kv_budget=args.kv_budget)
             return 0
         if args.command == "forget":
             return _forget(args)
@@ -77,6 +78,22 @@ def _model_options(parser: argparse.ArgumentParser) -> None:
                         help="smollm2 (embedded default), tiny, or a local checkpoint folder / .gguf file")
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--dtype", default="float32", help="float32, bfloat16 or float16")
+    parser.add_argument("--kv-budget", type=parse_bytes, default=None, metavar="BYTES",
+                        help="bound the KV cache kept of lineages no live runtime extends (e.g. 0, 65536, "
+                             "64K, 512M, 2G); older ones are evicted and rebuilt by prefill when a forget "
+                             "needs them. Default: no bound")
+
+
+_BYTES = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([kmg]?)(?:i?b)?\s*", re.IGNORECASE)
+_UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
+
+
+def parse_bytes(text: str) -> int:
+    """A byte count: a number with an optional K/M/G suffix (binary units), e.g. ``512M``."""
+    match = _BYTES.fullmatch(text)
+    if match is None:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a byte count (e.g. 0, 65536, 64K, 512M, 2G)")
+    return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
 
 
 def _stored_model_options(parser: argparse.ArgumentParser, verify: bool = False) -> None:
@@ -123,7 +140,7 @@ def _run(args: argparse.Namespace) -> int:
         if Path(args.store).exists():
             raise StoreError(f"{args.store}: already exists; `unsee forget` and `unsee show` open it")
     value = episode.target.value if episode.target and episode.target.source == source else None
-    engine = KVEngine(load_model(args.model, device=args.device, dtype=args.dtype))
+    engine = KVEngine(load_model(args.model, device=args.device, dtype=args.dtype), kv_budget=args.kv_budget)
     runtime = AgentRuntime.from_episode(engine, episode, _bar("run", not args.json))
     output: dict = {"episode": args.episode, "model": engine.lm.name, "T": runtime.t,
                     "digest_before": runtime.digest()}
@@ -140,6 +157,8 @@ def _run(args: argparse.Namespace) -> int:
             store.save(runtime, report=result.report)  # one transaction
     output["digest"] = runtime.digest()
     output["probes"] = {q: runtime.probe(q) for q in args.probe}
+    engine.enforce_budget()  # the runtimes apply_method replaced are gone: release their lineages
+    output["kv_memory"] = engine.memory().to_json()
     if args.json:
         print(json.dumps(output, indent=2, default=str))
         return 0
@@ -158,7 +177,13 @@ def _run(args: argparse.Namespace) -> int:
             print(f"drafts   {describe_drafts(rep['drafts'])}")
         print(f"cost     {r['invocations']} transitions, {r['prefilled_tokens']} prefilled + "
               f"{r['decoded_tokens']} decoded tokens, {r['wall_s']:.2f} s")
+        if r["report"] and r["report"]["rebuilt_tokens"]:
+            print(f"rebuilt  {r['report']['rebuilt_tokens']} of the prefilled tokens rebuilt evicted cache lineages")
     print(f"digest   {output['digest']}")
+    if args.kv_budget is not None:
+        m = output["kv_memory"]
+        print(f"kv       {m['held_bytes']} bytes held ({m['live_bytes']} live, {m['unpinned_bytes']} unpinned "
+              f"<= budget {args.kv_budget}); {m['evicted_lineages']} lineages evicted")
     for q, a in output["probes"].items():
         print(f"probe    {q!r} -> {a!r}")
     if store is not None:

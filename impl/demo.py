@@ -49,14 +49,15 @@ def get_demo_episode() -> Episode:
 
 
 def run_demo(model: str = "smollm2", device: str = "cpu", dtype: str = "float32", as_json: bool = False,
-             out: Callable[[str], None] = print, progress: bool = True) -> dict:
-    """Run the demo and print a report; returns the measurements."""
+             out: Callable[[str], None] = print, progress: bool = True, kv_budget: int | None = None) -> dict:
+    """Run the demo and print a report; returns the measurements. ``kv_budget``
+    bounds the KV bytes kept of lineages no live runtime extends (None: no bound)."""
     episode = get_demo_episode()
     target = episode.target
     say = (lambda *_: None) if as_json else out
     say(f"unsee demo: loading {model} on {device} ({dtype}) ...")
     lm = load_model(model, device=device, dtype=dtype)
-    engine = KVEngine(lm)
+    engine = KVEngine(lm, kv_budget=kv_budget)
     say(f"  {lm.determinism}")
     say(f"\n1. The session: {len(episode.steps)} steps; the secret {target.value!r} enters at a tool result "
         f"(source {target.source!r}); the agent answers with it, compacts the conversation into a summary, "
@@ -81,10 +82,12 @@ def run_demo(model: str = "smollm2", device: str = "cpu", dtype: str = "float32"
     for row in rows:
         row["equals_reset"] = row["digest"] == reset["digest"]
     replay = next(r for r in rows if r["method"] == "replay")
+    engine.enforce_budget()  # the methods' runtimes are gone: release their lineages
     summary = {"model": lm.name, "device": device, "dtype": dtype, "secret": target.value,
                "T": len(episode.steps), "tau": replay["report"]["tau"], "rows": rows,
                "token_ratio": reset["recomputed_tokens"] / max(1, replay["recomputed_tokens"]),
-               "wall_ratio": reset["wall_s"] / max(1e-9, replay["wall_s"])}
+               "wall_ratio": reset["wall_s"] / max(1e-9, replay["wall_s"]),
+               "kv_budget": kv_budget, "kv_memory": engine.memory().to_json()}
     if as_json:
         out(json.dumps(summary, indent=2, default=str))
         return summary

@@ -17,14 +17,35 @@ model turn is then the KV of prefilling that turn, which a replay can redo.
 A "lineage" is one cache, named by a string handle. A compaction rewrites
 the prompt prefix and so starts a new lineage; a checkpoint names the lineage
 it crops. Handles are never reused, even after `drop`.
+
+Three engine-level services (issue 8):
+
+* `share_prefix(lineage, n)` makes a new lineage holding the first n tokens
+  of another without copying them (copy-on-write views; see
+  `adapter.share_cache_prefix` for why that is safe), so a restore costs the
+  same at any context length.
+* A KV budget in bytes (`KVEngine(lm, kv_budget=...)`): lineages that no live
+  runtime holds a pin on (`pin`) and that are not current are evicted, least
+  recently used first, until the bytes they alone hold fit the budget. An
+  evicted handle stays known (`is_evicted`); the runtime rebuilds what it
+  needs by prefill from a checkpoint's manifest (`rebuild`).
+* A prefix cache (`with engine.prefix_cache(): ...`): a prefill whose whole
+  chunk sequence, tokens and chunk boundaries both, matches a resident
+  lineage's is served from that lineage's KV (shared views) instead of
+  recomputed. Serving whole chunks of the same chunking keeps the result bit
+  for bit equal to computing it. Decoding is never served; the logits a
+  decode starts from are kept per lineage so a served chunk can be decoded
+  from, and where they were not kept the engine recomputes that one chunk.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import operator
+import weakref
 from dataclasses import dataclass, fields, replace
-from typing import Iterable, Sequence
+from typing import Iterable, Iterator, Sequence
 
 import torch
 
@@ -48,6 +69,10 @@ class Counters:
     draft_accepted_tokens  draft tokens verified and kept (impl/drafts.py)
     draft_rejected_tokens  draft tokens verified and thrown away
     draft_fallbacks        turns re-decoded from the header at an unstable decision
+    rebuilt_tokens         the part of prefilled_tokens spent by `rebuild`, i.e.
+                           re-creating a lineage that was evicted or not in memory
+    reused_tokens          tokens the prefix cache served instead of prefilling
+                           (not counted in prefilled_tokens: nothing was computed)
     """
 
     forward_calls: int = 0
@@ -56,12 +81,14 @@ class Counters:
     draft_accepted_tokens: int = 0
     draft_rejected_tokens: int = 0
     draft_fallbacks: int = 0
+    rebuilt_tokens: int = 0
+    reused_tokens: int = 0
 
     def snapshot(self) -> "Counters":
         return replace(self)
 
     def __sub__(self, other: "Counters") -> "Counters":
-        return Counters(*(getattr(self, f.name) - getattr(other, f.name) for f in fields(self)))
+        return Counters(**{f.name: getattr(self, f.name) - getattr(other, f.name) for f in fields(Counters)})
 
     def since(self, earlier: "Counters") -> "Counters":
         return self - earlier
@@ -77,24 +104,120 @@ def _as_int(x) -> int | None:
         return None
 
 
+class EvictedLineageError(KeyError):
+    """A lineage the KV budget evicted: its handle is known, its cache is gone."""
+
+
 class _Lineage:
     """One cache plus what we know about it."""
 
-    __slots__ = ("cache", "tokens", "last_logits")
+    __slots__ = ("cache", "tokens", "last_logits", "chunk_ends", "chunked", "decode_logits", "served_last",
+                 "last_used", "_storages")
 
     def __init__(self, cache, tokens: list[int], last_logits: torch.Tensor | None):
         self.cache = cache
         self.tokens = tokens  # the ids the cache holds, in order
         self.last_logits = last_logits  # logits after the last prefill, or None
+        # The prefill chunks that built the cache, as cumulative end offsets.
+        # `chunked` is False once a crop cut a chunk: the tail then is no
+        # longer a chunk sequence, and later chunks are not recorded.
+        self.chunk_ends: list[int] = []
+        self.chunked = True
+        # position -> the logits a decode started from there (what a served
+        # chunk needs to be decoded from; see KVEngine.prefix_cache)
+        self.decode_logits: dict[int, torch.Tensor] = {}
+        self.served_last = False  # the last chunk was served without its logits
+        self.last_used = 0  # the engine's clock at the last access (LRU eviction)
+        self._storages: tuple | None = None  # (weakref, key, storages): see storages()
+
+    def copy_history(self, src: "_Lineage", n: int) -> None:
+        """Take ``src``'s chunk history and decode logits up to ``n`` tokens."""
+        self.chunk_ends = [e for e in src.chunk_ends if e <= n]
+        self.chunked = src.chunked and n == (self.chunk_ends[-1] if self.chunk_ends else 0)
+        self.decode_logits = {p: t for p, t in src.decode_logits.items() if p <= n}
+
+    def cut(self, n: int) -> None:
+        """Forget the chunk history beyond ``n`` tokens (a crop to ``n``)."""
+        ends = [e for e in self.chunk_ends if e <= n]
+        if n != (ends[-1] if ends else 0):
+            self.chunked = False
+        self.chunk_ends = ends
+        self.decode_logits = {p: t for p, t in self.decode_logits.items() if p <= n}
+        self.served_last = False
+        self._storages = None
+
+    def storages(self) -> dict:
+        """Distinct storages held (KV and kept logits): ``{(device, address): bytes}``.
+
+        Cached, keyed on the identity of the first layer's key tensor: every
+        change to a cache (a prefill, a decode step, a crop) replaces every
+        layer's tensors, so the same tensor object means the same storages."""
+        first = next(iter(adapter.cache_tensors(self.cache)), (None, None))[0]
+        key = (len(self.tokens), len(self.decode_logits), id(self.last_logits))
+        if self._storages is not None:
+            ref, old_key, out = self._storages
+            if old_key == key and ref is not None and ref() is first:
+                return out
+        out = adapter.cache_storages(self.cache)
+        for t in list(self.decode_logits.values()) + [self.last_logits]:
+            if t is not None:
+                adapter.add_storage(out, t)
+        self._storages = (weakref.ref(first) if first is not None else None, key, out)
+        return out
+
+
+class LineagePin:
+    """A claim that a live runtime is extending ``lineage``: the KV budget never
+    evicts a pinned lineage. The claim lasts as long as this object lives
+    (the engine holds it weakly), so a runtime that is dropped, or a replay
+    that was abandoned halfway, releases its lineage by itself."""
+
+    __slots__ = ("lineage", "__weakref__")
+
+    def __init__(self, lineage: str):
+        self.lineage = lineage
+
+    def __repr__(self) -> str:
+        return f"LineagePin({self.lineage!r})"
+
+
+@dataclass(frozen=True)
+class KVMemory:
+    """What an engine holds, in bytes of distinct tensor storages (a prefix
+    shared by several lineages counts once).
+
+    held_bytes      every resident lineage's KV and kept logits
+    live_bytes      those of the live lineages (pinned or current)
+    unpinned_bytes  held_bytes - live_bytes: what the budget bounds
+    """
+
+    held_bytes: int
+    live_bytes: int
+    unpinned_bytes: int
+    lineages: int
+    live_lineages: int
+    evicted_lineages: int
+    cached_tokens: int
+    budget: int | None
+
+    def to_json(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
 class KVEngine:
     """Lineages (string handles -> caches) over one LoadedModel.
 
     Verbs act on the current lineage unless one is named. Not thread-safe.
+
+    ``kv_budget`` (bytes, or None for no bound) bounds what the engine keeps
+    of lineages that are neither pinned (:meth:`pin`) nor current; 0 keeps
+    only those. It is enforced when a verb that allocates returns (prefill,
+    generate, clone, rebuild) and when a runtime moves its pin. `new_lineage`
+    and `share_prefix` allocate no KV, so the handle they return is safe
+    until its caller pins or uses it.
     """
 
-    def __init__(self, lm: LoadedModel):
+    def __init__(self, lm: LoadedModel, kv_budget: int | None = None):
         self.lm = lm
         self.counters = Counters()
         self._lineages: dict[str, _Lineage] = {}
@@ -103,6 +226,15 @@ class KVEngine:
         #: ceiling on |prefill - decode| logits for draft verification, or None:
         #: drafts off (impl/drafts.py; a test may set it, e.g. 0 = no guard)
         self.draft_bound = get_draft_bound(lm.name, lm.device, lm.dtype)
+        self._evicted: set[str] = set()
+        self._pins: weakref.WeakSet[LineagePin] = weakref.WeakSet()
+        self._clock = 0
+        self._serving = False  # inside `prefix_cache()`
+        self._cache_sources: tuple[set[str], int] | None = None  # (handles, first new id); None: all
+        self.kv_budget: int | None = None
+        self.peak_unpinned_bytes = 0  # the most unpinned bytes held when a verb returned
+        self.evictions = 0
+        self.set_kv_budget(kv_budget)
 
     # ------------------------------------------------------------ lineages
 
@@ -111,6 +243,40 @@ class KVEngine:
         handle = self._fresh_handle()
         self._lineages[handle] = _Lineage(adapter.new_cache(self.lm.model), [], None)
         self._current = handle
+        self._touch(handle)
+        return handle
+
+    def share_prefix(self, lineage: str | None = None, n_tokens: int | None = None) -> str:
+        """A new lineage holding the first ``n_tokens`` (default: all) of
+        ``lineage`` without copying them: its cache holds views of the
+        source's tensors, and either side's later prefills, crops or drop
+        leave the other unchanged (copy-on-write; see
+        :func:`adapter.share_cache_prefix`). The logits after the last
+        prefill come along only when the whole lineage is shared. The
+        current lineage is not changed."""
+        src = self._get(lineage)
+        length = len(src.tokens)
+        n = length if n_tokens is None else _as_int(n_tokens)
+        if n is None or not 0 <= n <= length:
+            raise ValueError(f"share_prefix: n_tokens={n_tokens!r} is outside [0, {length}] (the lineage's length)")
+        handle = self._fresh_handle()
+        lin = _Lineage(adapter.share_cache_prefix(self.lm.model, src.cache, n), src.tokens[:n],
+                       src.last_logits if n == length else None)
+        lin.copy_history(src, n)
+        lin.served_last = src.served_last and n == length
+        self._lineages[handle] = lin
+        self._touch(handle)
+        return handle
+
+    def rebuild(self, chunks: Iterable[Sequence[int]]) -> str:
+        """A new lineage (made current) holding ``chunks``, one prefill each:
+        re-creating a cache that was evicted or never in memory (a reopened
+        session). Counted as prefilled and as ``rebuilt_tokens``."""
+        handle = self.new_lineage()
+        for chunk in chunks:
+            before = self.counters.prefilled_tokens
+            self.prefill(chunk)
+            self.counters.rebuilt_tokens += self.counters.prefilled_tokens - before
         return handle
 
     @property
@@ -120,6 +286,14 @@ class KVEngine:
     @property
     def lineages(self) -> tuple[str, ...]:
         return tuple(self._lineages)
+
+    @property
+    def evicted(self) -> tuple[str, ...]:
+        """Handles the KV budget evicted (their caches are gone)."""
+        return tuple(sorted(self._evicted))
+
+    def is_evicted(self, lineage: str) -> bool:
+        return lineage in self._evicted
 
     def use(self, lineage: str) -> None:
         self._get(lineage)
@@ -132,11 +306,20 @@ class KVEngine:
         src = self._get(lineage)
         handle = self._fresh_handle()
         logits = None if src.last_logits is None else src.last_logits.clone()
-        self._lineages[handle] = _Lineage(adapter.clone_cache(src.cache), list(src.tokens), logits)
+        lin = _Lineage(adapter.clone_cache(src.cache), list(src.tokens), logits)
+        lin.copy_history(src, len(src.tokens))
+        lin.served_last = src.served_last
+        self._lineages[handle] = lin
+        self._touch(handle)
+        self.enforce_budget()
         return handle
 
     def drop(self, lineage: str) -> None:
-        """Free a lineage's cache. Dropping the current one leaves none current."""
+        """Free a lineage's cache (or forget an evicted handle). Dropping the
+        current one leaves none current."""
+        if lineage in self._evicted:
+            self._evicted.discard(lineage)
+            return
         self._get(lineage)
         del self._lineages[lineage]
         if self._current == lineage:
@@ -155,10 +338,24 @@ class KVEngine:
         """Exactly one forward over `token_ids` on the current lineage."""
         lin = self._get(None)
         ids = self._check_ids(token_ids)
-        lin.last_logits = adapter.forward_last_logits(self.lm.model, ids, lin.cache)
-        lin.tokens.extend(ids)
-        self.counters.forward_calls += 1
-        self.counters.prefilled_tokens += len(ids)
+        if self._serving and self._serve(lin, ids):
+            self.counters.reused_tokens += len(ids)
+        else:
+            start = len(lin.tokens)
+            lin.last_logits = adapter.forward_last_logits(self.lm.model, ids, lin.cache)
+            lin.tokens.extend(ids)
+            # Record the chunk only on an unbroken record: tokens that some
+            # other path appended unrecorded make the lineage unservable
+            # from there on, never wrongly served.
+            if lin.chunked and start == (lin.chunk_ends[-1] if lin.chunk_ends else 0):
+                lin.chunk_ends.append(len(lin.tokens))
+            else:
+                lin.chunked = False
+            lin.served_last = False
+            self.counters.forward_calls += 1
+            self.counters.prefilled_tokens += len(ids)
+        lin._storages = None
+        self.enforce_budget()
 
     def generate(
         self,
@@ -197,6 +394,8 @@ class KVEngine:
                              f"{self.lm.name} on {self.lm.device} {self.lm.dtype} (drafts are off there)")
         handle = self._need_current()
         lin = self._lineages[handle]
+        if lin.last_logits is None and lin.served_last:
+            self._recompute_served_chunk(lin)  # a served chunk whose logits were not kept
         if lin.last_logits is None:
             raise RuntimeError(
                 f"generate on lineage {handle!r}: no logits to continue from; "
@@ -205,6 +404,7 @@ class KVEngine:
         draft = self._check_ids(draft, allow_empty=True)[:max_new_tokens] if draft is not None else []
         stops = set(self.lm.eos_ids if stop_ids is None else (int(s) for s in stop_ids))
         start, header_logits = len(lin.tokens), lin.last_logits
+        lin.decode_logits[start] = header_logits  # what a prefix cache needs to serve this position
         try:
             out, committed = None, False
             if draft:
@@ -218,6 +418,16 @@ class KVEngine:
             self._truncate(lin, start)
             lin.last_logits = header_logits
             raise
+        if committed:
+            # the verification chunk is the turn's canonical chunk: record it
+            # as prefill would, so a prefix cache can serve this lineage later
+            if lin.chunked and start == (lin.chunk_ends[-1] if lin.chunk_ends else 0):
+                lin.chunk_ends.append(len(lin.tokens))
+            else:
+                lin.chunked = False
+            lin.served_last = False
+            lin._storages = None
+            self.enforce_budget()
         if committed or not out:
             return out
         # Canonicalise: decode steps (and verification chunks) wrote the turn in
@@ -313,6 +523,7 @@ class KVEngine:
         adapter.crop_cache(lin.cache, n_tokens)
         del lin.tokens[n_tokens:]
         lin.last_logits = None
+        lin.cut(n_tokens)
 
     def digest(self, lineage: str | None = None) -> str:
         """sha256 over every layer's key and value tensors (dtype, shape,
@@ -331,6 +542,169 @@ class KVEngine:
                 h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
         return h.hexdigest()
 
+    # ------------------------------------------------------ budget and pins
+
+    def pin(self, lineage: str) -> LineagePin:
+        """Mark ``lineage`` live for as long as the returned pin is referenced
+        (see :class:`LineagePin`); the KV budget never evicts it."""
+        self._get(lineage)
+        pin = LineagePin(lineage)
+        self._pins.add(pin)
+        return pin
+
+    def live_lineages(self) -> set[str]:
+        """The pinned lineages and the current one: never evicted."""
+        live = {p.lineage for p in list(self._pins)}
+        if self._current is not None:
+            live.add(self._current)
+        return live & set(self._lineages)
+
+    def set_kv_budget(self, kv_budget: int | None) -> None:
+        """Bound the bytes held by lineages that are neither pinned nor current
+        (None: no bound; 0: keep only those), and enforce it now."""
+        if kv_budget is not None:
+            b = _as_int(kv_budget)
+            if b is None or b < 0:
+                raise ValueError(f"kv_budget={kv_budget!r} must be a number of bytes >= 0, or None for no bound")
+            kv_budget = b
+        self.kv_budget = kv_budget
+        self.enforce_budget()
+
+    def memory(self) -> KVMemory:
+        """What the engine holds now (bytes of distinct storages)."""
+        live = self.live_lineages()
+        held: dict = {}
+        live_st: dict = {}
+        for handle, lin in self._lineages.items():
+            held.update(lin.storages())
+            if handle in live:
+                live_st.update(lin.storages())
+        return KVMemory(held_bytes=sum(held.values()), live_bytes=sum(live_st.values()),
+                        unpinned_bytes=sum(held.values()) - sum(live_st.values()), lineages=len(self._lineages),
+                        live_lineages=len(live), evicted_lineages=len(self._evicted),
+                        cached_tokens=sum(len(lin.tokens) for lin in self._lineages.values()), budget=self.kv_budget)
+
+    def enforce_budget(self) -> None:
+        """Evict least-recently-used unpinned lineages until the storages that
+        only they hold fit the budget. Verbs call it when they return, never
+        in the middle of one, so no lineage a verb is working on disappears.
+        A pin that dies with its runtime does not call it (that can happen
+        at any allocation, through the garbage collector); call it after
+        dropping runtimes to release their lineages at once."""
+        if self.kv_budget is None:
+            return
+        live = self.live_lineages()
+        live_st: set = set()
+        for handle in live:
+            live_st.update(self._lineages[handle].storages())
+        others = sorted((h for h in self._lineages if h not in live), key=lambda h: self._lineages[h].last_used)
+        holders: dict = {}  # storage -> how many unpinned lineages hold it
+        sizes: dict = {}
+        for handle in others:
+            for key, nbytes in self._lineages[handle].storages().items():
+                if key not in live_st:
+                    holders[key] = holders.get(key, 0) + 1
+                    sizes[key] = nbytes
+        unpinned = sum(sizes.values())
+        for handle in others:
+            if unpinned <= self.kv_budget:
+                break
+            for key in self._lineages[handle].storages():
+                if key in holders:
+                    holders[key] -= 1
+                    if holders[key] == 0:
+                        unpinned -= sizes[key]
+            del self._lineages[handle]
+            self._evicted.add(handle)
+            self.evictions += 1
+        self.peak_unpinned_bytes = max(self.peak_unpinned_bytes, unpinned)
+
+    # --------------------------------------------------------- prefix cache
+
+    @contextlib.contextmanager
+    def prefix_cache(self, sources: Iterable[str] | None = None) -> Iterator["KVEngine"]:
+        """Serve prefills inside the block from a prefix cache (B5').
+
+        The cache holds the lineages ``sources`` (default: every resident
+        one) and every lineage created inside the block, as a serving
+        engine caches what it computes. A prefill of chunk ``c`` on a
+        lineage whose chunks so far are ``c_1..c_k`` is served by another
+        cached lineage whose first ``k + 1`` chunks are ``c_1..c_k, c``,
+        token ids and boundaries both: the lineage then holds views of that
+        lineage's KV (nothing is computed; ``reused_tokens`` counts it).
+        Whole chunks of the same chunking only, so the KV is the one a
+        prefill would compute, bit for bit (the engine's same-chunking
+        identity). Evicted sources are simply not in the cache."""
+        previous = self._serving, self._cache_sources
+        self._serving = True
+        self._cache_sources = None if sources is None else ({h for h in sources if h in self._lineages},
+                                                             self._next_id)
+        try:
+            yield self
+        finally:
+            self._serving, self._cache_sources = previous
+
+    def _serve(self, lin: _Lineage, ids: list[int]) -> bool:
+        """Serve chunk ``ids`` on ``lin`` from another lineage; False if none has it."""
+        start = len(lin.tokens)
+        if not lin.chunked or start != (lin.chunk_ends[-1] if lin.chunk_ends else 0):
+            return False  # the lineage is not a chunk sequence: nothing can match it
+        end, k = start + len(ids), len(lin.chunk_ends)
+        found = None
+        for handle, src in self._lineages.items():
+            if not self._in_cache(handle):
+                continue
+            if (src is lin or len(src.chunk_ends) <= k or src.chunk_ends[k] != end
+                    or src.chunk_ends[:k] != lin.chunk_ends or src.tokens[start:end] != ids
+                    or src.tokens[:start] != lin.tokens):
+                continue
+            # Logits are only kept where a decode started (or after a
+            # lineage's last prefill); prefer a source that has them. Without
+            # them the next verb is usually a prefill, which needs none, and
+            # a generate recomputes this one chunk.
+            logits = src.decode_logits.get(end)
+            if logits is None and len(src.tokens) == end:
+                logits = src.last_logits
+            if found is None or logits is not None:
+                found = (handle, src, logits)
+            if logits is not None:
+                break
+        if found is None:
+            return False
+        handle, src, logits = found
+        lin.cache = adapter.share_cache_prefix(self.lm.model, src.cache, end)
+        lin.tokens.extend(ids)
+        lin.chunk_ends.append(end)
+        lin.decode_logits.update({q: t for q, t in src.decode_logits.items() if start < q <= end})
+        lin.last_logits = logits
+        lin.served_last = logits is None
+        self._touch(handle)
+        return True
+
+    def _in_cache(self, handle: str) -> bool:
+        """Whether the active prefix cache holds ``handle`` (see `prefix_cache`)."""
+        if self._cache_sources is None:
+            return True
+        cached, first_new = self._cache_sources
+        return handle in cached or int(handle[1:]) >= first_new  # handles are "L<n>", n increasing
+
+    def _recompute_served_chunk(self, lin: _Lineage) -> None:
+        """Compute the last (served) chunk for real, for the logits a decode needs."""
+        end = lin.chunk_ends.pop()
+        start = lin.chunk_ends[-1] if lin.chunk_ends else 0
+        ids = lin.tokens[start:end]
+        adapter.crop_cache(lin.cache, start)
+        del lin.tokens[start:]
+        lin.decode_logits = {p: t for p, t in lin.decode_logits.items() if p <= start}
+        lin.served_last = False
+        self.counters.reused_tokens -= len(ids)  # it was not reused after all
+        lin.last_logits = adapter.forward_last_logits(self.lm.model, ids, lin.cache)
+        lin.tokens.extend(ids)
+        lin.chunk_ends.append(end)
+        lin._storages = None
+        self.counters.forward_calls += 1
+        self.counters.prefilled_tokens += len(ids)
+
     # ------------------------------------------------------------ helpers
 
     def _fresh_handle(self) -> str:
@@ -346,8 +720,17 @@ class KVEngine:
     def _get(self, lineage: str | None) -> _Lineage:
         handle = self._need_current() if lineage is None else lineage
         if handle not in self._lineages:
+            if handle in self._evicted:
+                raise EvictedLineageError(
+                    f"lineage {handle!r} was evicted by the KV budget ({self.kv_budget} bytes); "
+                    "rebuild it by prefill from a checkpoint's manifest")
             raise KeyError(f"unknown lineage {handle!r}; live: {sorted(self._lineages)}")
+        self._touch(handle)
         return self._lineages[handle]
+
+    def _touch(self, handle: str) -> None:
+        self._clock += 1
+        self._lineages[handle].last_used = self._clock
 
     def _check_ids(self, token_ids: Iterable[int], allow_empty: bool = False) -> list[int]:
         # Checked on the host: an out-of-range id on CUDA is a device assert

@@ -7,9 +7,15 @@ always through the same canonical chunks (one prefill per block, one prefill
 per committed model turn), so that two runs of the same transitions produce
 bitwise-identical caches.
 
-``forget`` builds the new state beside the old one (the checkpoint's lineage
-is cloned before it is cropped) and only then adopts it, so a forget that
-fails halfway leaves the session as it was.
+``forget`` builds the new state beside the old one (on a new lineage that
+shares the checkpoint's prefix copy-on-write, :meth:`KVEngine.share_prefix`)
+and only then adopts it, so a forget that fails halfway leaves the session as
+it was.
+
+The runtime holds a pin (:meth:`KVEngine.pin`) on the lineage it is
+extending, through the ``lineage`` attribute: under a KV budget the engine
+may evict any other lineage, and a restore from an evicted checkpoint lineage
+rebuilds it from the checkpoint's manifest (:meth:`rebuild_lineage`).
 """
 
 from __future__ import annotations
@@ -106,6 +112,8 @@ class ForgetReport:
     #: "totals": {...}, "turns": [per replayed model turn: draft, accepted,
     #: rejected, decoded, prefilled, fallback, trusted]}
     drafts: dict = attrs.field(factory=dict)
+    rebuilt_tokens: int = 0  # of prefilled_tokens: rebuilding evicted or stored checkpoint lineages
+    reused_tokens: int = 0  # served by the engine's prefix cache instead of prefilled (B5')
 
     @property
     def expected_invocations(self) -> int:
@@ -130,6 +138,7 @@ class AgentRuntime:
         self.checkpoints = CheckpointStore(settings.checkpoint_policy)
         self.steps: list[Step] = []  # the observation log o_1..o_t
         self.t = 0
+        self._lineage_pin = None  # see the `lineage` property
         self.lineage = ""
         self.context: list[str] = []
         self.memory: list[str] = []
@@ -140,6 +149,20 @@ class AgentRuntime:
         self.drafts: Drafts | None = None  # set while a forget replays with drafts (impl/drafts.py)
         self._exclusive = Exclusive()  # one transition or forget at a time
         self._shared_lineages = False  # set when forked: lineages are not ours alone to drop
+
+    @property
+    def lineage(self) -> str:
+        """The cache lineage this runtime extends ("" before ``R_0``)."""
+        return self._lineage_pin.lineage if self._lineage_pin is not None else ""
+
+    @lineage.setter
+    def lineage(self, handle: str) -> None:
+        # The pin keeps the lineage out of the KV budget's reach while this
+        # runtime (or a copy of its attributes) still refers to it.
+        released = getattr(self, "_lineage_pin", None) is not None
+        self._lineage_pin = self.engine.pin(handle) if handle else None
+        if released:
+            self.engine.enforce_budget()  # the old lineage may now be evictable
 
     # --- construction ------------------------------------------------------
 
@@ -346,8 +369,9 @@ class AgentRuntime:
                 if b.type in ("answer", "summary", "plan", "memory_write")]
 
     def probe(self, question: str, max_new_tokens: int | None = None) -> str:
-        """Ask a question of the current state without changing it (a cloned lineage)."""
-        branch = self.engine.clone(self.lineage)
+        """Ask a question of the current state without changing it (on a lineage
+        that shares the current one copy-on-write)."""
+        branch = self.engine.share_prefix(self.lineage)
         previous = self.lineage
         try:
             self.engine.use(branch)
@@ -367,16 +391,17 @@ class AgentRuntime:
     # --- branching -----------------------------------------------------------
 
     def fork(self) -> AgentRuntime:
-        """A copy that shares nothing mutable: its own cloned current lineage.
+        """A copy that shares nothing mutable: its own current lineage, which
+        shares the current one's KV copy-on-write.
 
-        Checkpoint lineages are shared read-only (restores clone before cropping)."""
+        Checkpoint lineages are shared read-only (restores never write into them)."""
         other = self._spawn()
         other.graph = self.graph.copy()
         other.checkpoints = self.checkpoints.copy()
         other.steps = list(self.steps)
         other.forgotten = list(self.forgotten)
         other.t = self.t
-        other.lineage = self.engine.clone(self.lineage)
+        other.lineage = self.engine.share_prefix(self.lineage)
         other.context, other.memory, other.plans = list(self.context), list(self.memory), list(self.plans)
         other.transitions = self.transitions
         # the clone's checkpoints may still name our current lineage, and ours theirs
@@ -385,8 +410,8 @@ class AgentRuntime:
         return other
 
     def _remap_current(self, old: str) -> None:
-        """Checkpoints that named the lineage we cloned now name our clone,
-        whose prefix is identical."""
+        """Checkpoints that named the lineage we branched from now name our
+        branch, whose prefix is identical."""
         for c in self.checkpoints.all():
             if c.lineage == old:
                 self.checkpoints.add(attrs.evolve(c, lineage=self.lineage))
@@ -424,7 +449,7 @@ class AgentRuntime:
             tau = min(taus)
             closure = self._closure(pending)  # line 3
             checkpoint = self.checkpoints.latest_before(tau)  # line 4
-            replay = self._restore(checkpoint)  # line 5: crop a clone of the lineage
+            replay = self._restore(checkpoint)  # line 5: share the kept prefix of the lineage (a crop, no copy)
             suffix = [self._sanitize(s, pending) for s in self.steps[checkpoint.boundary:]]  # line 7
             transitions_before = replay.transitions
             replay.forgotten = self.forgotten + list(pending)
@@ -527,9 +552,11 @@ class AgentRuntime:
         replay = self._spawn()
         replay.replaying = True
         if checkpoint.lineage in self.engine.lineages:
-            replay.lineage = self.engine.clone(checkpoint.lineage)
-            self.engine.crop(checkpoint.token_offset, replay.lineage)
-        else:  # e.g. a session reopened from its store: no cache survives a process
+            # The first token_offset tokens, shared copy-on-write: O(layers)
+            # whatever the length, and the replay's prefills never write into
+            # the checkpoint's lineage, so the old state stays intact.
+            replay.lineage = self.engine.share_prefix(checkpoint.lineage, checkpoint.token_offset)
+        else:  # evicted by the KV budget, or a session reopened from its store
             replay.lineage = self.rebuild_lineage(checkpoint.context)
             if self.engine.length(replay.lineage) != checkpoint.token_offset:
                 raise RuntimeError(f"checkpoint {checkpoint.boundary}: manifest rebuilds "
@@ -544,8 +571,9 @@ class AgentRuntime:
                                                        list(checkpoint.plans))
         replay.transitions = self.transitions
         replay._shared_lineages = True  # its checkpoints name our lineages until adopted
-        # Checkpoints on the cropped lineage now name the clone, whose prefix is
-        # the same; the original lineage then belongs to the old state alone.
+        # Checkpoints on the restored lineage now name the replay's, whose
+        # prefix is the same; the original lineage then belongs to the old
+        # state alone.
         for c in replay.checkpoints.all():
             if c.lineage == checkpoint.lineage:
                 replay.checkpoints.add(attrs.evolve(c, lineage=replay.lineage))
@@ -556,12 +584,9 @@ class AgentRuntime:
         """A new lineage holding ``block_ids`` prefilled in their recorded chunks.
 
         Every block of a lineage was committed as whole prefill chunks, so this
-        rebuilds its KV bitwise (the canonical chunking of the engine)."""
-        lineage = self.engine.new_lineage()
-        for block_id in block_ids:
-            for chunk in self.graph[block_id].get_chunks():
-                self.engine.prefill(chunk)
-        return lineage
+        rebuilds its KV bitwise (the canonical chunking of the engine). The
+        tokens count as ``rebuilt_tokens``."""
+        return self.engine.rebuild(chunk for block_id in block_ids for chunk in self.graph[block_id].get_chunks())
 
     def check_invariants(self) -> None:
         """The live cache holds exactly the context blocks' tokens, in order."""
@@ -643,7 +668,8 @@ class AgentRuntime:
         self.replaying = False
         if not self._shared_lineages:
             for lineage in old_lineages - self.checkpoints.lineages() - {self.lineage}:
-                if lineage in self.engine.lineages:  # "stored:" handles name no live cache
+                # "stored:" handles name no cache; evicted ones are forgotten
+                if lineage in self.engine.lineages or self.engine.is_evicted(lineage):
                     self.engine.drop(lineage)
 
     def _report(self, method: str, source_ids: Sequence[str], tau: int, checkpoint: Checkpoint | None,
@@ -659,6 +685,7 @@ class AgentRuntime:
             closure=tuple(closure), invocations=invocations,
             prefilled_tokens=spent.prefilled_tokens, decoded_tokens=spent.decoded_tokens,
             forward_calls=spent.forward_calls, wall_s=time.perf_counter() - started,
+            rebuilt_tokens=spent.rebuilt_tokens, reused_tokens=spent.reused_tokens,
             digest=self.digest(), assumptions=self.get_assumptions(), extra=self._report_extra(),
             draft_accepted_tokens=spent.draft_accepted_tokens, draft_rejected_tokens=spent.draft_rejected_tokens,
             drafts=drafts or {"mode": "off", "why": "no replay of model turns from drafts"})

@@ -664,7 +664,7 @@ class ToolAgentRuntime(AgentRuntime):
     def fork(self) -> ToolAgentRuntime:
         """A branch sharing nothing mutable: the base fork's state, plus a copy
         of the real world (a branch's side effects stay in its own world)."""
-        base = super().fork()  # the base state: graph, checkpoints, a cloned lineage, ...
+        base = super().fork()  # the base state: graph, checkpoints, a copy-on-write lineage, ...
         other = type(self)(self.engine, self.system, self.settings)
         other.__dict__.update(vars(base))
         other.world, other.tools, other.read_mode = self.world.copy(), dict(self.tools), self.read_mode

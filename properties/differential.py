@@ -442,3 +442,70 @@ def compare_graph_with_spec(runtime: AgentRuntime, target: str, episode: Episode
          ("first entry turn", first_entry_turn(lifted, target), runtime.graph.first_entry(target)),
          ("influence_is_monotone", influence_is_monotone(lifted, target), True)])
     return spec_closure
+
+
+# --- the engine's services: KV budget and prefix cache ----------------------------------
+
+def compare_forget_with_reset_under_budget(engine: KVEngine, episode: Episode,
+                                           target: str | None = None) -> ForgetReport:
+    """Forget against the full reset on an engine with a KV budget: the same
+    digest and generated tokens, ``T - boundary`` invocations (a restore from
+    an evicted checkpoint lineage rebuilds it from the manifest and reports
+    it in ``rebuilt_tokens``), and the unpinned bytes, measured by
+    :meth:`KVEngine.memory` after every step of the run, the forget's replay
+    and the reset, never exceed the budget. Returns forget's report."""
+    target = get_target(episode, target)
+    length, budget = len(episode.steps), engine.kv_budget
+    observed: list[int] = []
+
+    def observe(done: int = 0, total: int = 0) -> None:
+        observed.append(engine.memory().unpinned_bytes)
+
+    original = AgentRuntime.start(engine, episode.system, episode.settings)
+    original.run(episode.steps, observe)
+    other = original.fork()
+    forget = original.forget(target, observe)
+    reset = other.full_reset(target, observe)
+    checks = [("digest", forget.digest, reset.digest),
+              ("generated tokens", original.generated_tokens(), other.generated_tokens()),
+              ("forget invocations = T - boundary", forget.invocations, length - forget.boundary),
+              ("rebuilt tokens are prefilled tokens", forget.rebuilt_tokens <= forget.prefilled_tokens, True)]
+    if budget is not None:
+        checks.append(("unpinned bytes <= budget after every step", max(observed) <= budget, True))
+    else:
+        checks.append(("no budget: nothing evicted or rebuilt", (engine.evictions, forget.rebuilt_tokens), (0, 0)))
+    check_agreement(
+        "forget vs full_reset under a KV budget",
+        {"episode": describe_episode(episode), "target": target, "budget": budget},
+        {"forget report": forget.to_json(), "reset report": reset.to_json(), "unpinned bytes": observed,
+         "memory": engine.memory().to_json(), "evictions": engine.evictions,
+         "forget state": describe_runtime(original), "reset state": describe_runtime(other)},
+        checks)
+    return forget
+
+
+def compare_prefix_cache_reset_with_reset(engine: KVEngine, episode: Episode, target: str | None = None):
+    """B5' (the full reset served by the engine's prefix cache) against B5 on
+    the same base state: the same digest, generated tokens, transitions and
+    decoded tokens; B5' prefills no more than B5, and what it did not
+    prefill the cache served (prefilled' + reused' == prefilled). Returns
+    B5''s :class:`~unsee.impl.baselines.MethodResult`."""
+    from unsee.impl.baselines import apply_method  # baselines import the runtime; keep this module light
+
+    target = get_target(episode, target)
+    base = run_episode(engine, episode)
+    reset, b5 = apply_method(base, "reset", target)
+    served, b5p = apply_method(base, "reset-prefix-cache", target)
+    check_agreement(
+        "reset served by a prefix cache (B5') vs reset (B5)",
+        {"episode": describe_episode(episode), "target": target, "budget": engine.kv_budget},
+        {"B5": b5.to_json(), "B5'": b5p.to_json(), "B5 state": describe_runtime(reset),
+         "B5' state": describe_runtime(served)},
+        [("digest", b5p.digest, b5.digest),
+         ("generated tokens", served.generated_tokens(), reset.generated_tokens()),
+         ("invocations", b5p.invocations, b5.invocations),
+         ("decoded tokens (decoding is never served)", b5p.decoded_tokens, b5.decoded_tokens),
+         ("B5' prefills no more than B5", b5p.prefilled_tokens <= b5.prefilled_tokens, True),
+         ("prefilled + reused = B5's prefilled", b5p.prefilled_tokens + b5p.reused_tokens, b5.prefilled_tokens),
+         ("B5 reuses nothing", b5.reused_tokens, 0)])
+    return b5p
