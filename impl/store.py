@@ -410,10 +410,10 @@ class SessionStore:
     def _read_record(self) -> dict:
         with self._lock, self._errors(), self._read():
             c = self._conn
-            row = c.execute("SELECT system, settings, t, transitions, generation FROM session").fetchone()
+            row = c.execute("SELECT system, settings, t, transitions, generation, digest FROM session").fetchone()
             if row is None:
                 raise StoreError(f"{self.path}: damaged session store (no session row)")
-            system, settings, t, transitions, generation = row
+            system, settings, t, transitions, generation, digest = row
             items: dict[int, list[dict]] = {}
             for seq, source, text in c.execute("SELECT step_seq, source, text FROM items ORDER BY step_seq, pos"):
                 items.setdefault(seq, []).append({"source": _text(source), "text": _text(text)})
@@ -435,7 +435,8 @@ class SessionStore:
                 resident[role].append(_text(block_id))
             forgotten = [_text(r[0]) for r in c.execute("SELECT source FROM forgotten ORDER BY pos")]
             extra = {_text(k): _loads(v) for k, v in c.execute("SELECT key, value FROM extra ORDER BY key")}
-            self.generation = generation
+            # read in the same snapshot as the record: another process may commit between two reads
+            self.generation, self._record_digest = generation, bytes(digest).hex()
         return {"system": _text(system), "settings": _loads(settings), "t": t, "transitions": transitions,
                 "steps": steps, "blocks": blocks, "checkpoints": checkpoints, **resident,
                 "forgotten": forgotten, "extra": extra}
@@ -489,7 +490,7 @@ class SessionStore:
             raise StoreError(f"{self.path}: damaged session store (the record does not rebuild a session: "
                              f"{type(exc).__name__}: {exc})") from None
         if verify:
-            stored = self.stored_digest()
+            stored = self._record_digest  # the digest committed with the record just read
             rebuilt = runtime.digest()
             if rebuilt != stored:
                 raise StoreError(f"{self.path}: the rebuilt state's digest {rebuilt[:16]}... differs from the "
