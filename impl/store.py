@@ -336,6 +336,7 @@ class SessionStore:
         path = Path(path)
         if not path.is_file():
             raise StoreError(f"{path}: no such session store")
+        _check_header(path)
         try:
             conn = _connect(path, readonly, busy_timeout)
         except sqlite3.DatabaseError as exc:
@@ -402,8 +403,10 @@ class SessionStore:
         Sets :attr:`generation` to the generation read (one read transaction)."""
         try:
             return self._read_record()
-        except StoreError:
-            raise
+        except StoreError as exc:
+            if str(self.path) in str(exc):
+                raise
+            raise StoreError(f"{self.path}: {exc}") from None
         except (KeyError, TypeError, ValueError, AttributeError, IndexError, OverflowError) as exc:
             raise StoreError(f"{self.path}: damaged session store ({type(exc).__name__}: {exc})") from None
 
@@ -734,9 +737,15 @@ def _connect(path: Path, readonly: bool = False, busy_timeout: float = DEFAULT_B
     try:
         # before anything reads a row: a hostile field cannot be larger than this
         conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, MAX_FIELD_BYTES)
+        # A file in WAL mode says so in its header; setting the mode would
+        # rewrite that header, so a file not in a rollback mode is refused as is.
+        mode = conn.execute("PRAGMA journal_mode").fetchone()[0]
+        if mode.lower() == "wal":
+            raise StoreError(f"{path}: journal mode 'wal', not 'delete' (a WAL would keep old pages); "
+                             "not a store this build writes")
         for pragma in PRAGMAS:
             if readonly and "journal_mode" in pragma:
-                continue  # setting it writes the file header; checked below instead
+                continue  # nothing to set: a read-only connection never journals
             conn.execute(pragma)
         if conn.execute("PRAGMA trusted_schema").fetchone()[0] != 0:
             raise StoreError("this SQLite build cannot turn trusted_schema off")
@@ -749,6 +758,26 @@ def _connect(path: Path, readonly: bool = False, busy_timeout: float = DEFAULT_B
         conn.close()
         raise
     return conn
+
+
+_SQLITE_MAGIC = b"SQLite format 3\x00"
+
+
+def _check_header(path: Path) -> None:
+    """Refuse, from the raw header and before SQLite opens the file, what
+    opening would change: a file that is not SQLite at all (SQLite would take
+    an empty file for a new database) and a WAL-mode file (opening it creates
+    -wal and -shm files beside it)."""
+    try:
+        with open(path, "rb") as f:
+            header = f.read(100)
+    except OSError as exc:
+        raise StoreError(f"{path}: cannot read the session store ({exc.strerror})") from None
+    if len(header) < 100 or not header.startswith(_SQLITE_MAGIC):
+        raise StoreError(f"{path}: not a session store (not an SQLite 3 database file)")
+    if header[18] != 1 or header[19] != 1:  # the file format versions: 1 legacy (rollback), 2 WAL
+        raise StoreError(f"{path}: not a session store this build writes (write/read format "
+                         f"{header[18]}/{header[19]}; 2 is WAL mode, which keeps old pages)")
 
 
 def _store_error(path: Path, exc: sqlite3.Error, what: str) -> StoreError:
