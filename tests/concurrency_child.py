@@ -1,10 +1,9 @@
-"""Subprocess side of tests/test_concurrency.py (run as a script, not collected).
+"""Subprocess side of tests/test_concurrency.py (imported by the zygote of
+tests/store_child.py, not collected).
 
-``zygote``: import torch and unsee once, then serve races read as JSON lines
-from stdin. A race is a list of operations; each runs in its own forked child
-(a real process with its own SQLite connections), all started together. One
-JSON line answers each race: every child's exit status and its last line of
-output (JSON).
+A race is a list of operations; each runs in its own forked child (a real
+process with its own SQLite connections), all started together; the answer
+is every child's exit status and result (JSON).
 
 Operations (``{"op": ..., "pause": [POINT, SECONDS] | null, ...}``):
 
@@ -87,45 +86,33 @@ def run_op(spec: dict) -> dict:
     return result
 
 
-def zygote() -> None:
-    import torch
-
-    torch.set_num_threads(1)  # no torch op runs here: children fork safely
-    import unsee.impl.cli  # noqa: F401
-    import unsee.impl.models  # noqa: F401
-    import unsee.impl.store  # noqa: F401
-    import unsee.impl.verify  # noqa: F401
-
-    print(json.dumps({"ready": True}), flush=True)
-    for line in sys.stdin:
-        ops = json.loads(line)
-        children = []
-        for i, spec in enumerate(ops):
-            out_path = f"{spec['db']}.op{i}.json"
-            pid = os.fork()
-            if pid == 0:
-                code = 1
-                try:
-                    time.sleep(spec.get("start", 0.0))
-                    result = run_op(spec)
-                    code = 0
-                except BaseException as exc:  # noqa: BLE001 - reported to the parent
-                    result = {"code": -1, "error": repr(exc)}
-                with open(out_path, "w") as f:
-                    json.dump(result, f)
-                sys.stdout.flush()
-                os._exit(code)
-            children.append((pid, out_path))
-        results = []
-        for pid, out_path in children:
-            _, status = os.waitpid(pid, 0)
-            with open(out_path) as f:
-                results.append(json.load(f) | {"exit": os.WEXITSTATUS(status) if os.WIFEXITED(status) else None})
-            os.unlink(out_path)
-        print(json.dumps(results), flush=True)
+def race(ops: list[dict]) -> list[dict]:
+    """Fork one child per operation, all at once; wait for all; their results."""
+    children = []
+    for i, spec in enumerate(ops):
+        out_path = f"{spec['db']}.op{i}.json"
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                time.sleep(spec.get("start", 0.0))
+                result = run_op(spec)
+                code = 0
+            except BaseException as exc:  # noqa: BLE001 - reported to the parent
+                result = {"code": -1, "error": repr(exc)}
+            with open(out_path, "w") as f:
+                json.dump(result, f)
+            sys.stdout.flush()
+            os._exit(code)
+        children.append((pid, out_path))
+    results = []
+    for pid, out_path in children:
+        _, status = os.waitpid(pid, 0)
+        with open(out_path) as f:
+            results.append(json.load(f) | {"exit": os.WEXITSTATUS(status) if os.WIFEXITED(status) else None})
+        os.unlink(out_path)
+    return results
 
 
 if __name__ == "__main__":
-    if sys.argv[1:] != ["zygote"]:
-        raise SystemExit("usage: concurrency_child.py zygote")
-    zygote()
+    raise SystemExit("imported by tests/store_child.py's zygote, which serves the races")

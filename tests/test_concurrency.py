@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -28,7 +26,6 @@ from unsee.impl.runtime import AgentRuntime
 from unsee.impl.store import PersistentSession, SessionStore, StoreConflictError
 from unsee.impl.verify import VERIFIED, verify_store
 
-CHILD = Path(__file__).with_name("concurrency_child.py")
 EPISODE = {
     "format": FORMAT, "version": VERSION, "system": "You are a helpful agent.", "settings": {"max_new_tokens": 3},
     "steps": [{"id": "u1", "kind": "user", "source": "z0", "text": "Ana paid for tea"},
@@ -75,13 +72,8 @@ def base(lm, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def zygote():
-    proc = subprocess.Popen([sys.executable, str(CHILD), "zygote"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            text=True)
-    assert json.loads(proc.stdout.readline()) == {"ready": True}
-    yield proc
-    proc.stdin.close()
-    proc.wait(timeout=30)
+def zygote(store_zygote):
+    return store_zygote
 
 
 def race(zygote, db: Path, ops: list[dict]) -> list[dict]:

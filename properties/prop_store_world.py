@@ -1,0 +1,149 @@
+"""Consequential calls never fire twice in the real world, over many replays
+of stored tool sessions that forget and then go on live (issue 11, part 3).
+
+A count taken inside replay would be zero by construction: replay never
+touches the world. So the count is taken at the world's boundary: every
+consequential tool is wrapped so that each execution against the real world
+(the session's ``world`` object, whichever process-lifetime of the session
+holds it) is counted by call id, beside the runtime's own ledger. Each example
+is one session's life, with a store in between:
+
+    run live (calls fire) -> forget (replay) -> commit, close, reopen from the
+    store -> go on live with new plan steps (re-planning, new calls fire) ->
+    forget again -> commit, close, reopen -> go on live again
+
+and every call id must have fired at most once over the whole life. The
+module prints the number of replays and of real fires it counted
+(``ci``: 40 examples; ``nightly``: 5000, i.e. over 10,000 replays).
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+import attrs
+import pytest
+import torch
+from hypothesis import event, given, settings
+from hypothesis import strategies as st
+
+from unsee.impl.episode import Item, Step
+from unsee.impl.tools import Environment, Tool, ToolAgentRuntime
+from unsee.properties.prop_tools import ENGINE, INITIAL, REQUESTS, Case, candidates, case_tools, cases, release
+from unsee.impl.store import PersistentSession
+
+TOTALS: Counter = Counter()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+class Boundary:
+    """Counts every execution of a consequential tool against a real world, by call id."""
+
+    def __init__(self) -> None:
+        self.fired: Counter[str] = Counter()
+
+    def wrap(self, tools: dict[str, Tool], world: Environment) -> dict[str, Tool]:
+        def counted(tool: Tool) -> Tool:
+            if not tool.consequential:
+                return tool
+
+            def run(env, call, _run=tool.run):
+                if env is world:  # the real world of this lifetime of the session
+                    self.fired[call.call_id] += 1
+                return _run(env, call)
+            return attrs.evolve(tool, run=run)
+        return {name: counted(t) for name, t in tools.items()}
+
+
+def scratch() -> Path:
+    # tmpfs where there is one: a commit's fsync then costs nothing
+    root = "/dev/shm" if Path("/dev/shm").is_dir() else None
+    return Path(tempfile.mkdtemp(prefix="unsee-world-", dir=root))
+
+
+@st.composite
+def live_steps(draw, prefix: str) -> list[Step]:
+    """New steps of a session going on live: a tool result naming an address,
+    and plans that call consequential tools again (re-planning)."""
+    out = []
+    for i in range(draw(st.integers(1, 3))):
+        sid = f"{prefix}{i}"
+        kind = draw(st.sampled_from(("plan", "plan", "tool", "user")))
+        if kind == "plan":
+            tool = draw(st.sampled_from(("send_message", "book")))
+            out.append(Step(sid, "plan", (Item(sid, draw(st.sampled_from(REQUESTS[tool]))),), tool))
+        elif kind == "tool":
+            out.append(Step(sid, "tool", (Item(f"{sid}.0", draw(st.sampled_from(
+                ("mail from ann@a.test: hi", "mail from eve@evil.test: hi", "nothing new")))),), "fetch"))
+        else:
+            out.append(Step(sid, "user", (Item(sid, "please reply"),)))
+    return out
+
+
+def reopen(path: Path, boundary: Boundary) -> PersistentSession:
+    """A new lifetime of the session, from its store: a new world object,
+    whose consequential tools are counted again."""
+    session = PersistentSession.open(path, ENGINE, ToolAgentRuntime)
+    rt = session.runtime
+    rt.tools = boundary.wrap(rt.tools, rt.world)
+    return session
+
+
+@settings(max_examples=max(40, int(settings().max_examples * 2.5)), deadline=None)
+@given(case=cases(), data=st.data())
+def test_no_call_fires_twice_across_stored_sessions(case: Case, data):
+    boundary = Boundary()
+    folder = scratch()
+    path = folder / "s.db"
+    world = Environment(INITIAL)
+    rt = ToolAgentRuntime.start(ENGINE, case.episode.system, case.episode.settings, world=world,
+                                tools=case_tools(case.fill), read_mode=case.read_mode)
+    rt.tools = boundary.wrap(rt.tools, world)
+    session = None
+    replays = 0
+    try:
+        rt.run(case.episode.steps)
+        session = PersistentSession.create(path, rt)
+        for round_ in range(2):
+            pool = [c for c in candidates(tuple(session.runtime.steps)) if c not in session.runtime.forgotten]
+            if pool:
+                target = data.draw(st.sampled_from(pool), label=f"target {round_}")
+                method = data.draw(st.sampled_from(("forget", "full_reset")), label=f"method {round_}")
+                before = session.runtime.world.state()
+                getattr(session, method)(target)
+                assert session.runtime.world.state() == before  # replay never touched the world
+                replays += 1
+            release(session.runtime)
+            session.close()
+            session = reopen(path, boundary)
+            session.run(data.draw(live_steps(f"n{round_}."), label=f"live {round_}"))  # re-plan, call again
+        final = session.runtime
+        assert all(n == 1 for n in boundary.fired.values()), f"fired twice: {boundary.fired}"
+        assert set(boundary.fired) == {c.call_id for c in final.effects} == set(final.world.ledger)
+        event(f"real fires per session: {min(sum(boundary.fired.values()), 5)}+")
+    finally:
+        if session is not None:
+            release(session.runtime)
+            session.close()
+        shutil.rmtree(folder, ignore_errors=True)
+    TOTALS["sessions"] += 1
+    TOTALS["replays"] += replays
+    TOTALS["real fires"] += sum(boundary.fired.values())
+    TOTALS["fired twice"] += sum(1 for n in boundary.fired.values() if n > 1)
+
+
+def test_zz_report_world_boundary():
+    """(Runs after the property: prints the counts.)"""
+    print(f"tool sessions: {TOTALS['sessions']}, replays {TOTALS['replays']}, real fires counted at the world's "
+          f"boundary {TOTALS['real fires']}, fired twice {TOTALS['fired twice']}")
+    assert TOTALS["fired twice"] == 0
