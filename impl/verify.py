@@ -27,7 +27,7 @@ import attrs
 
 from .receipt import (ReceiptError, environment, environment_differences, generated_hash, generated_of, log_hash,
                       parse_receipt, receipt_summary, weights_hash)
-from .store import SessionStore, StoreError, _runtime_class, find_residue, session_files
+from .store import SessionStore, StoreError, _runtime_class, find_residue, record_hash, session_files
 
 VERIFIED, FAILED, CANNOT = "verified", "failed", "cannot verify here"
 
@@ -178,6 +178,11 @@ def verify_store(path: str | Path, receipt_text: str | bytes | None = None, valu
         except (StoreError, KeyError, TypeError, ValueError, LookupError) as exc:
             verdict.add("stored state rebuilds", False, f"{type(exc).__name__}: {exc}")
             return _scan(verdict, path, value, lm)
+        # the record round-trips: nothing in it that the runtime does not read back (a planted key, a
+        # value a loader would coerce)
+        verdict.add("the stored record round-trips through the runtime",
+                    record_hash(runtime.get_session_record()) == record_hash(record),
+                    "the record the rebuilt runtime writes differs from the stored one")
         stored_ok = runtime.digest() == snap["digest"]
         verdict.add("stored state rebuilds to its digest", stored_ok,
                     f"rebuilt {runtime.digest()[:16]}..., stored {snap['digest'][:16]}...{why}",

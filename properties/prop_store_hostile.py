@@ -224,8 +224,9 @@ def test_hostile_store_is_refused_and_left_as_is(hostile, monkeypatch):
     verdict = verify_store(path)
     if message:
         assert str(path) in message  # a clear error that names the file
-    else:  # open and load read no forget-log row, and a changed setting still rebuilds: verify checks those
-        assert kind in ("wrong value", "oversized field"), f"{kind} was accepted"
+    else:  # open and load read no forget-log row, and a coerced value still rebuilds: verify checks those
+        planted_in = what[0] if kind in ("nesting bomb", "wrong value", "oversized field") else None
+        assert planted_in == "forget_log" or kind == "wrong value", f"{kind} was accepted"
     assert verdict.outcome == FAILED and verdict.failed(), f"{kind} passed verify"
     assert {p.name: p.read_bytes() for p in session_files(path)} == before, "the file was changed"
     if kind == "trigger":
