@@ -263,7 +263,7 @@ SQL_AND_PATH_IDS = ("'; DROP TABLE items; --", "../../etc/passwd", "/dev/null", 
                     "items WHERE 1=1", "%00", "C:\\\\Windows\\\\x", "file:s.db?mode=rwc", "z")
 
 
-@pytest.mark.parametrize("target", SQL_AND_PATH_IDS[:6])
+@pytest.mark.parametrize("target", SQL_AND_PATH_IDS[:3])
 def test_sql_and_path_like_source_ids_are_data(target, tmp_path):
     steps = [{"id": "u1", "kind": "user", "source": sid, "text": f"note {i} Quillmere{i}"}
              for i, sid in enumerate(SQL_AND_PATH_IDS)]

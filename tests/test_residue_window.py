@@ -96,8 +96,8 @@ def window(old, zygote, tmp_path_factory) -> dict:
 
 def kill_points(window: dict) -> list[tuple[str, object]]:
     """Every statement from the VACUUM on, and delays inside VACUUM's I/O
-    (ci: 8 delays; nightly: 200)."""
-    n = max(8, settings().max_examples // 10)
+    (ci: 6 delays; nightly: 200)."""
+    n = max(4, settings().max_examples // 10)
     delays = [round(0.004 * i / (n - 1), 5) for i in range(n)]
     return ([("stmt", window["vacuum"])] + [("stmt", k) for k in window["after"]]
             + [("commit", [window["commit_index"], d]) for d in delays])
