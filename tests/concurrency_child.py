@@ -96,7 +96,8 @@ def race(ops: list[dict]) -> list[dict]:
             code = 1
             try:
                 time.sleep(spec.get("start", 0.0))
-                result = run_op(spec)
+                began = time.perf_counter()
+                result = run_op(spec) | {"wall_s": time.perf_counter() - began}
                 code = 0
             except BaseException as exc:  # noqa: BLE001 - reported to the parent
                 result = {"code": -1, "error": repr(exc)}
