@@ -65,41 +65,24 @@ class Verdict:
 
 
 #: Where a forgotten source id may remain (the design records the forget
-#: itself there): the forgotten list, the forget log and its receipts (other
-#: tables), the tool layer's withheld-result list, and a withheld call-result
-#: block (a tool block whose id is the forgotten result's source id and whose
-#: content was prefilled empty) with the references to it by block id.
-ALLOWED_PLACES = ("forgotten", "forget_log", "extra.tool_config.withheld", "withheld call-result blocks")
+#: itself there): the forgotten list, the forget log and its receipts, the
+#: tool layer's withheld-result list and a withheld call-result block's id.
+#: An id can also equal a name: a user or plan step's source id is its step id
+#: by default, and a tool result block is named by its source id. Names are
+#: not content: what carries a source is an item's ``source`` (the
+#: observation) and a block's ``source_ids`` (what it was computed from).
+ALLOWED_PLACES = ("forgotten", "forget_log", "extra.tool_config.withheld", "step and block names")
 
 
 def forgotten_mentions(record: dict, forgotten: Sequence[str]) -> list[str]:
-    """Every place of a session record where a forgotten source id remains
-    outside :data:`ALLOWED_PLACES`; empty when none does."""
+    """Every observation item and block of a session record that carries a
+    forgotten source id; empty when none does (see :data:`ALLOWED_PLACES`)."""
     gone = set(forgotten)
-    markers = {b["id"] for b in record["blocks"]
-               if b["id"] in gone and b["type"] == "tool" and b["id"] not in b["source_ids"]}
-    found = []
-    for path, value in _strings(record, ()):
-        if value not in gone:
-            continue
-        if path[:1] == ("forgotten",) or path[:3] == ("extra", "tool_config", "withheld"):
-            continue
-        if value in markers and "source_ids" not in path and "source" not in path:
-            continue
-        found.append(f"{'.'.join(map(str, path))} = {value!r}")
+    found = [f"steps.{i}.items.{j}.source = {item['source']!r}" for i, step in enumerate(record["steps"])
+             for j, item in enumerate(step["items"]) if item["source"] in gone]
+    found += [f"blocks.{i}.source_ids.{j} = {source!r}" for i, block in enumerate(record["blocks"])
+              for j, source in enumerate(block["source_ids"]) if source in gone]
     return found
-
-
-def _strings(value: Any, path: tuple) -> Iterator[tuple[tuple, str]]:
-    if isinstance(value, str):
-        yield path, value
-    elif isinstance(value, dict):
-        for k, v in value.items():
-            yield from _strings(k, path + ("<key>",))
-            yield from _strings(v, path + (k,))
-    elif isinstance(value, (list, tuple)):
-        for i, v in enumerate(value):
-            yield from _strings(v, path + (i,))
 
 
 def verify_store(path: str | Path, receipt_text: str | bytes | None = None, value: str | None = None,

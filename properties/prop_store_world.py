@@ -38,6 +38,7 @@ from unsee.impl.tools import Environment, Tool, ToolAgentRuntime
 from unsee.impl.checkpoints import CHECKPOINT_POLICIES
 from unsee.impl.episode import Episode, Settings
 from unsee.impl.store import PersistentSession
+from unsee.impl.verify import VERIFIED, verify_store
 from unsee.impl.tools import READ_MODES
 from unsee.properties.prop_tools import (ENGINE, INITIAL, REQUESTS, Case, candidates, case_tools, drafts,
                                          number, release, reply_chains)
@@ -124,6 +125,8 @@ def reopen(path: Path, boundary: Boundary) -> PersistentSession:
 
 
 ROUNDS = 4  # forget, reopen, go on live: four times per session
+#: ``unsee verify`` on every session's store in ci, every tenth in nightly
+VERIFY_EVERY = 1 if settings().max_examples <= 100 else 10
 
 
 @settings(max_examples=8 if settings().max_examples <= 100 else int(settings().max_examples * 1.3),
@@ -159,6 +162,13 @@ def test_no_call_fires_twice_across_stored_sessions(case: Case, data):
         assert all(n == 1 for n in boundary.fired.values()), f"fired twice: {boundary.fired}"
         assert set(boundary.fired) == {c.call_id for c in final.effects} == set(final.world.ledger)
         event(f"real fires per session: {min(sum(boundary.fired.values()), 5)}+")
+        if replays and TOTALS["sessions"] % VERIFY_EVERY == 0:  # the receipt of a tool session checks out
+            release(session.runtime)
+            session.close()
+            session = None
+            verdict = verify_store(path)
+            assert verdict.outcome == VERIFIED, verdict.failed()
+            TOTALS["verified"] += 1
     finally:
         if session is not None:
             release(session.runtime)
@@ -175,5 +185,6 @@ def test_no_call_fires_twice_across_stored_sessions(case: Case, data):
 def test_zz_report_world_boundary():
     """(Runs after the property: prints the counts.)"""
     print(f"tool sessions: {TOTALS['sessions']}, replays {TOTALS['replays']}, real fires counted at the world's "
-          f"boundary {TOTALS['real fires']}, fired twice {TOTALS['fired twice']}")
+          f"boundary {TOTALS['real fires']}, fired twice {TOTALS['fired twice']}; stores verified "
+          f"{TOTALS['verified']}")
     assert TOTALS["fired twice"] == 0

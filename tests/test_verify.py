@@ -316,11 +316,14 @@ def test_same_environment_wrong_digest_fails(copy):
 # --- the allowed places of a forgotten id -------------------------------------------------------
 
 
-def test_forgotten_mentions_allows_only_the_recorded_places():
-    record = {"steps": [{"id": "p1", "items": [{"source": "a", "text": "x"}]}],
-              "blocks": [{"id": "p1/call/result", "type": "tool", "source_ids": [], "parents": []},
-                         {"id": "b", "type": "answer", "source_ids": ["p1/call/result"], "parents": ["p1/call/result"]}],
-              "context": ["p1/call/result"], "forgotten": ["p1/call/result", "a"],
-              "extra": {"tool_config": {"withheld": ["p1/call/result"]}}}
-    found = forgotten_mentions(record, record["forgotten"])
-    assert found == ["steps.0.items.0.source = 'a'", "blocks.1.source_ids.0 = 'p1/call/result'"]
+def test_forgotten_mentions_finds_carriers_not_names():
+    record = {"steps": [{"id": "a", "items": [{"source": "a", "text": "x"}]},
+                        {"id": "p1", "items": []}],
+              "blocks": [{"id": "a", "type": "user", "source_ids": ["a"]},
+                         {"id": "p1/call/result", "type": "tool", "source_ids": []},
+                         {"id": "b", "type": "answer", "source_ids": ["p1/call/result"]}],
+              "forgotten": ["p1/call/result", "a"]}
+    assert forgotten_mentions(record, record["forgotten"]) == [
+        "steps.0.items.0.source = 'a'", "blocks.0.source_ids.0 = 'a'", "blocks.2.source_ids.0 = 'p1/call/result'"]
+    record["steps"][0]["items"], record["blocks"][0]["source_ids"], record["blocks"][2]["source_ids"] = [], [], []
+    assert forgotten_mentions(record, record["forgotten"]) == []  # the names "a" and "p1/call/result" remain
