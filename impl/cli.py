@@ -215,7 +215,8 @@ def _forget(args: argparse.Namespace) -> int:
     # loser's state, which may hold the value, was dropped by the session.
     for attempt in range(1, RETRIES + 1):
         try:
-            engine = engine or KVEngine(load_model(meta["model"], device=args.device, dtype=meta["dtype"]))
+            if engine is None:
+                engine = KVEngine(load_model(meta["model"], device=args.device, dtype=meta["dtype"]))
             session = PersistentSession(store, store.load(engine))
             report = session.forget(args.source, _bar("forget", not args.json))
             break
