@@ -196,7 +196,8 @@ def verify_store(path: str | Path, receipt_text: str | bytes | None = None, valu
 def _record_mismatches(rebuilt: dict, stored: dict, T: int) -> list[str]:
     """Where the stored record differs from the one the full reset rebuilt:
     every block of the first ``T`` steps (all fields), the checkpoints before
-    boundary ``T`` (without their process-local lineage labels) and, when no step was
+    boundary ``T`` (without their process-local lineage labels and environment
+    snapshot ids) and, when no step was
     appended since, the resident context, memory and plans."""
     rebuilt, stored = _plain(rebuilt), _plain(stored)
     out = []
@@ -207,7 +208,10 @@ def _record_mismatches(rebuilt: dict, stored: dict, T: int) -> list[str]:
             fields = sorted(k for k in set(mine.get(block_id, {})) | set(theirs.get(block_id, {}))
                             if mine.get(block_id, {}).get(k) != theirs.get(block_id, {}).get(k))
             out.append(f"block {block_id!r} differs in {fields}")
-    strip = lambda cs: [{k: v for k, v in c.items() if k != "lineage"} for c in cs if c["boundary"] < T]  # noqa: E731
+    # lineage labels are process-local; a checkpoint taken live records the real world's snapshot, which
+    # after an irrevocable divergence (A3) is not the counterfactual's: neither enters the digest
+    strip = lambda cs: [{k: v for k, v in c.items() if k not in ("lineage", "env_snapshot")}  # noqa: E731
+                        for c in cs if c["boundary"] < T]
     if strip(rebuilt["checkpoints"]) != strip(stored["checkpoints"]):
         out.append("checkpoints differ")
     if stored["t"] == T:
