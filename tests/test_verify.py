@@ -327,3 +327,26 @@ def test_forgotten_mentions_finds_carriers_not_names():
         "steps.0.items.0.source = 'a'", "blocks.0.source_ids.0 = 'a'", "blocks.2.source_ids.0 = 'p1/call/result'"]
     record["steps"][0]["items"], record["blocks"][0]["source_ids"], record["blocks"][2]["source_ids"] = [], [], []
     assert forgotten_mentions(record, record["forgotten"]) == []  # the names "a" and "p1/call/result" remain
+
+
+def test_tool_session_with_an_irrevocable_divergence_then_live_then_forget_verifies(lm, tmp_path):
+    """Pinned (found by the nightly world property): after a forget whose
+    counterfactual would not have sent a sent message, the session went on
+    live; its new checkpoints record the real world, which is not the
+    counterfactual's. A later forget's receipt still verifies."""
+    from unsee.impl.episode import Item, Step
+    from unsee.impl.tools import Environment, ToolAgentRuntime
+    from unsee.impl.tools_demo import INJECTED, demo_episode
+
+    episode = demo_episode(6)
+    runtime = ToolAgentRuntime.from_episode(KVEngine(lm), episode, world=Environment({"inbox/count": "2"}))
+    path = tmp_path / "s.db"
+    with PersistentSession.create(path, runtime) as session:
+        report = session.forget(INJECTED)
+        assert report.extra["divergences"]  # the sent message is irrevocable (A3 fails)
+        session.run([Step("t9", "tool", (Item("inbox/9", "From: ann@a.test\nhi"),), "fetch"),
+                     Step("p9", "plan", (Item("p9", "Reply now."),), "send_message"),
+                     Step("u9", "user", (Item("u9", "Thanks."),))])
+        session.forget("inbox/9")
+    verdict = verify_store(path)
+    assert verdict.outcome == VERIFIED, verdict.failed()
