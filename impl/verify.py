@@ -106,6 +106,15 @@ def verify_store(path: str | Path, receipt_text: str | bytes | None = None, valu
     verdict.add("open read-only", True, f"schema {snap['meta'].get('schema_version')}, generation "
                                         f"{snap['generation']}")
     verdict.add("sqlite integrity", snap["quick_check"] == "ok", snap["quick_check"])
+    try:
+        return _check_snapshot(verdict, path, snap, receipt_text, value, device, load_model)
+    except (TypeError, KeyError, ValueError, AttributeError, IndexError, RecursionError) as exc:
+        # a hostile or damaged record of the wrong shape: a failure to name, never a crash
+        verdict.add("the stored record is well-formed", False, f"{type(exc).__name__}: {exc}")
+        return _scan(verdict, path, value, None)
+
+
+def _check_snapshot(verdict: Verdict, path: Path, snap: dict, receipt_text, value, device, load_model) -> Verdict:
     meta, record = snap["meta"], snap["record"]
 
     receipts = _stored_receipts(verdict, snap)

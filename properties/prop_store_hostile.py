@@ -208,6 +208,7 @@ def attempt(path: Path) -> str:
 @example(hostile=("nesting bomb", ("extra", "value", "[" * 100_000 + "]" * 100_000)))
 @example(hostile=("future schema", "3"))
 @example(hostile=("wrong value", ("extra", "value", 7)))  # a planted extra key once passed verify
+@example(hostile=("wrong value", ("blocks", "source_ids", 7)))  # once crashed verify with a TypeError
 @example(hostile=("not sqlite", b"hello"))
 def test_hostile_store_is_refused_and_left_as_is(hostile, monkeypatch):
     kind, what = hostile
