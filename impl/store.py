@@ -239,7 +239,12 @@ def _bind(text: str | None) -> str | bytes | None:
 
 def _text(value: str | bytes | None) -> str | None:
     """The inverse of :func:`_bind`."""
-    return value.decode("utf-8", "surrogatepass") if isinstance(value, bytes) else value
+    if not isinstance(value, bytes):
+        return value
+    try:
+        return value.decode("utf-8", "surrogatepass")
+    except UnicodeDecodeError as exc:  # a hostile or damaged file
+        raise StoreError(f"damaged session store: a text field is not UTF-8 ({exc.reason})") from None
 
 
 def pack_tokens(tokens: Sequence[int]) -> bytes:

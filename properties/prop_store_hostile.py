@@ -209,6 +209,7 @@ def attempt(path: Path) -> str:
 @example(hostile=("future schema", "3"))
 @example(hostile=("wrong value", ("extra", "value", 7)))  # a planted extra key once passed verify
 @example(hostile=("wrong value", ("blocks", "source_ids", 7)))  # once crashed verify with a TypeError
+@example(hostile=("wrong value", ("forget_log", "receipt", b"\xff\xfe")))  # once a UnicodeDecodeError
 @example(hostile=("not sqlite", b"hello"))
 def test_hostile_store_is_refused_and_left_as_is(hostile, monkeypatch):
     kind, what = hostile
