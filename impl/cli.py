@@ -1,8 +1,12 @@
 """Command line: ``unsee run EPISODE.json``, ``unsee demo``, and the stored
 sessions of docs/persistence.md: ``unsee run EPISODE.json --store PATH``,
-``unsee forget PATH SOURCE_ID`` and ``unsee show PATH``.
+``unsee forget PATH SOURCE_ID``, ``unsee show PATH`` and
+``unsee verify PATH [--receipt FILE] [--value V]``.
 
-Exit codes: 0 success, 2 bad input (the message names it), 1 anything else.
+Exit codes: 0 success (``verify``: verified), 2 bad input (the message names
+it), 75 the store is busy or changed under us (retry later), 1 anything else
+(``verify``: a check failed), 3 ``verify`` cannot verify here (the
+environment differs from the receipt's; the message names the difference).
 """
 
 from __future__ import annotations
@@ -40,6 +44,19 @@ def main(argv: list[str] | None = None) -> int:
     forget.add_argument("source", metavar="SOURCE_ID", help="the source id to forget")
     _stored_model_options(forget)
     forget.add_argument("--json", action="store_true", help="machine-readable output")
+    forget.add_argument("--receipt", metavar="FILE", help="also write the erasure receipt to FILE (it is always "
+                                                          "stored in the session's forget log)")
+    forget.add_argument("--wait", type=float, default=10.0, metavar="SECONDS",
+                        help="how long to wait for another process writing the store before giving up (busy)")
+
+    verify = sub.add_parser("verify", help="check a stored session's erasure receipt: rebuild the counterfactual "
+                                           "from R_0 over the stored log and compare (read-only)")
+    verify.add_argument("store", metavar="PATH", help="a session store")
+    verify.add_argument("--receipt", metavar="FILE", help="the receipt you hold (default: the store's latest)")
+    verify.add_argument("--value", metavar="V", help="a forgotten value to look for in the raw bytes of every "
+                                                     "file the session owns (never stored; '-' reads it from stdin)")
+    verify.add_argument("--device", default="cpu", help="cpu or cuda")
+    verify.add_argument("--json", action="store_true", help="machine-readable output")
 
     show = sub.add_parser("show", help="print a stored session's summary (T, digest, forgotten sources, "
                                        "checkpoints)")
@@ -67,10 +84,22 @@ def main(argv: list[str] | None = None) -> int:
             return _forget(args)
         if args.command == "show":
             return _show(args)
+        if args.command == "verify":
+            return _verify(args)
         return _run(args)
+    except _retry_later() as exc:
+        print(f"unsee: {exc}", file=sys.stderr)
+        return 75
     except (EpisodeError, UnknownSourceError, ValueError) as exc:
         print(f"unsee: error: {exc}", file=sys.stderr)
         return 2
+
+
+def _retry_later() -> tuple[type[Exception], ...]:
+    from .exclusive import SessionBusyError
+    from .store import StoreBusyError, StoreConflictError
+
+    return (StoreBusyError, StoreConflictError, SessionBusyError)
 
 
 def _model_options(parser: argparse.ArgumentParser) -> None:
@@ -196,7 +225,7 @@ def _open_stored(args: argparse.Namespace):
     """The store, after checking ``--model``/``--dtype`` against it (before any model loads)."""
     from .store import SessionStore, StoreError
 
-    store = SessionStore.open(args.store)
+    store = SessionStore.open(args.store, busy_timeout=getattr(args, "wait", 10.0))
     meta = store.get_meta()
     for option, stored in (("model", meta["model"]), ("dtype", meta["dtype"])):
         given = getattr(args, option)
@@ -212,16 +241,38 @@ def _forget(args: argparse.Namespace) -> int:
     from .models import load_model
     from .store import PersistentSession
 
+    from .store import StoreConflictError
+
     store = _open_stored(args)
     meta = store.get_meta()
-    try:
-        engine = KVEngine(load_model(meta["model"], device=args.device, dtype=meta["dtype"]))
-        session = PersistentSession(store, store.load(engine))
-        report = session.forget(args.source, _bar("forget", not args.json))
-    finally:
-        store.close()
+    engine = None
+    # A conflict means another process committed while this one replayed: the
+    # forget is redone on the newer state (it still has to happen there); the
+    # loser's state, which may hold the value, was dropped by the session.
+    for attempt in range(1, RETRIES + 1):
+        try:
+            if engine is None:
+                engine = KVEngine(load_model(meta["model"], device=args.device, dtype=meta["dtype"]))
+            session = PersistentSession(store, store.load(engine))
+            report = session.forget(args.source, _bar("forget", not args.json))
+            break
+        except StoreConflictError as exc:
+            if attempt == RETRIES:
+                store.close()
+                raise
+            print(f"unsee: {exc}; retrying on the newer state ({attempt}/{RETRIES - 1})", file=sys.stderr)
+        except BaseException:
+            store.close()
+            raise
+    receipt = store.last_receipt
+    store.close()
     out = report.to_json()
     out["store"] = args.store
+    if receipt is not None:
+        out["receipt"] = json.loads(receipt)
+        if args.receipt:
+            with open(args.receipt, "x", encoding="utf-8") as f:  # never overwrite a receipt someone holds
+                f.write(receipt)
     if args.json:
         print(json.dumps(out, indent=2, default=str))
         return 0
@@ -237,7 +288,36 @@ def _forget(args: argparse.Namespace) -> int:
         print(f"drafts   {describe_drafts(report.drafts)}")
     print(f"T        {report.length}")
     print(f"digest   {report.digest}")
+    if receipt is not None and args.receipt:
+        print(f"receipt  {args.receipt}")
     return 0
+
+
+#: How often `unsee forget` redoes a forget that lost a commit race.
+RETRIES = 3
+
+
+def _verify(args: argparse.Namespace) -> int:
+    from .verify import CANNOT, VERIFIED, verify_store
+
+    receipt = None
+    if args.receipt:
+        try:
+            with open(args.receipt, "rb") as f:
+                receipt = f.read()
+        except OSError as exc:
+            raise ValueError(f"{args.receipt}: cannot read the receipt ({exc.strerror})") from None
+    value = sys.stdin.readline().rstrip("\n") if args.value == "-" else args.value
+    verdict = verify_store(args.store, receipt, value, device=args.device)
+    if args.json:
+        print(json.dumps(verdict.to_json(), indent=2, default=str))
+    else:
+        for check in verdict.checks:
+            mark = {"ok": "ok", "failed": "FAILED", "cannot": "CANNOT", "skipped": "-"}[check.status]
+            print(f"{mark:7}{check.name}" + (f": {check.detail}" if check.detail else ""))
+        print(f"{verdict.outcome}: {args.store}" + (
+            "" if verdict.outcome == VERIFIED else " (" + "; ".join(c.name for c in verdict.failed()) + ")"))
+    return 0 if verdict.outcome == VERIFIED else 3 if verdict.outcome == CANNOT else 1
 
 
 def _show(args: argparse.Namespace) -> int:

@@ -24,17 +24,31 @@ Guarantees:
   without free pages; resumed by :meth:`SessionStore.open` if the process died
   before it finished). The target value itself is never written: the store
   keeps source ids, never an episode's ``target.value``.
+- **receipts**: every committed forget stores an erasure receipt
+  (``impl/receipt.py``) in its forget-log row, in the same transaction;
+  ``unsee verify`` (``impl/verify.py``) checks it from a read-only open.
+- **several processes**: a save commits only over the generation its store
+  loaded (compare-and-swap inside ``BEGIN IMMEDIATE``), else
+  :class:`StoreConflictError`; a store another process is writing is waited
+  for up to ``busy_timeout`` seconds, then :class:`StoreBusyError`.
+- **hostile files**: a file is used only if its whole schema (``sqlite_master``:
+  tables, indexes, triggers, views) equals this build's, read with
+  ``trusted_schema = OFF`` and a cap on any field's size.
 """
 
 from __future__ import annotations
 
 import contextlib
+import datetime
+import functools
 import hashlib
 import json
 import os
 import sqlite3
 import sys
 import threading
+import urllib.parse
+import uuid
 import warnings
 from array import array
 from collections.abc import Iterable, Iterator, Sequence
@@ -44,10 +58,20 @@ from typing import Any
 from .episode import Step
 from .kv import KVEngine
 from .exclusive import Exclusive, SessionBusyError
+from .receipt import build_receipt
 from .runtime import AgentRuntime, ForgetReport, Progress
 
 FORMAT = "unsee.session"
-SCHEMA_VERSION = 1
+#: 2: forget_log.receipt and meta.session_id (erasure receipts, issue 11).
+SCHEMA_VERSION = 2
+
+#: How long an operation waits for another process's write before
+#: :class:`StoreBusyError` (seconds; SQLite's busy handler).
+DEFAULT_BUSY_TIMEOUT = 10.0
+#: The largest string or BLOB this store reads or writes (SQLite's
+#: SQLITE_LIMIT_LENGTH): a hostile file's oversized field is refused before
+#: it is read into memory. Sessions are far smaller (text and token ids).
+MAX_FIELD_BYTES = 16 * 2**20
 
 #: The tables holding the session (all replaced by every save) and the schema.
 SCHEMA = """
@@ -123,7 +147,8 @@ CREATE TABLE forget_log (                 -- one row per committed forget: ids a
     boundary     INTEGER NOT NULL,
     length       INTEGER NOT NULL,
     invocations  INTEGER NOT NULL,
-    digest_after BLOB NOT NULL
+    digest_after BLOB NOT NULL,
+    receipt      TEXT NOT NULL            -- the erasure receipt, canonical JSON (impl/receipt.py)
 );
 """
 
@@ -132,8 +157,9 @@ SESSION_TABLES = ("items", "steps", "resident", "blocks", "checkpoints", "forgot
 TABLES = ("meta",) + SESSION_TABLES + ("forget_log",)
 
 #: Pragmas every connection sets (see docs/persistence.md, "Zero residue").
-PRAGMAS = ("PRAGMA secure_delete = ON", "PRAGMA journal_mode = DELETE", "PRAGMA synchronous = FULL",
-           "PRAGMA temp_store = MEMORY", "PRAGMA foreign_keys = ON")
+PRAGMAS = ("PRAGMA trusted_schema = OFF", "PRAGMA secure_delete = ON", "PRAGMA journal_mode = DELETE",
+           "PRAGMA synchronous = FULL", "PRAGMA temp_store = MEMORY", "PRAGMA foreign_keys = ON",
+           "PRAGMA cell_size_check = ON")
 
 #: Runtime classes a store can name without the caller passing one.
 _KNOWN_RUNTIMES = {"AgentRuntime": ("unsee.impl.runtime", "AgentRuntime"),
@@ -144,6 +170,17 @@ class StoreError(ValueError):
     """A session store that cannot be used as asked: the message says why
     (missing or not a session store, an unknown schema version, a model or
     runtime class other than the session's, a state that does not rebuild)."""
+
+
+class StoreConflictError(StoreError):
+    """Another process committed a newer generation since this one loaded:
+    this save would overwrite it, so nothing was written (compare-and-swap on
+    the generation). Reload the newer state and redo the operation."""
+
+
+class StoreBusyError(StoreError):
+    """Another process held the store's write lock for longer than the busy
+    timeout; nothing was written. Retry later."""
 
 
 # --- records -------------------------------------------------------------------
@@ -179,7 +216,12 @@ def _dumps(value: Any) -> str | bytes:
 
 
 def _loads(value: str | bytes) -> Any:
-    return json.loads(_text(value))
+    try:
+        return json.loads(_text(value))
+    except RecursionError:  # a hostile file's nesting bomb
+        raise StoreError("damaged session store: a JSON field nests too deeply") from None
+    except (ValueError, TypeError) as exc:
+        raise StoreError(f"damaged session store: a JSON field does not parse ({exc})") from None
 
 
 def _bind(text: str | None) -> str | bytes | None:
@@ -197,7 +239,12 @@ def _bind(text: str | None) -> str | bytes | None:
 
 def _text(value: str | bytes | None) -> str | None:
     """The inverse of :func:`_bind`."""
-    return value.decode("utf-8", "surrogatepass") if isinstance(value, bytes) else value
+    if not isinstance(value, bytes):
+        return value
+    try:
+        return value.decode("utf-8", "surrogatepass")
+    except UnicodeDecodeError as exc:  # a hostile or damaged file
+        raise StoreError(f"damaged session store: a text field is not UTF-8 ({exc.reason})") from None
 
 
 def pack_tokens(tokens: Sequence[int]) -> bytes:
@@ -230,10 +277,16 @@ class SessionStore:
     """One session in one SQLite file. Not a runtime: :meth:`load` builds one,
     :meth:`save` writes one; :class:`PersistentSession` ties them together."""
 
-    def __init__(self, path: Path, connection: sqlite3.Connection):
+    def __init__(self, path: Path, connection: sqlite3.Connection, readonly: bool = False):
         self.path = path
         self._conn = connection
         self._lock = threading.RLock()  # one statement sequence at a time
+        self.readonly = readonly
+        #: The generation of the session this store last loaded or committed:
+        #: a save commits only over that generation (compare-and-swap).
+        self.generation: int | None = None
+        #: The receipt text of this store's last committed forget.
+        self.last_receipt: str | None = None
 
     # --- opening --------------------------------------------------------------
 
@@ -256,9 +309,11 @@ class SessionStore:
                 lm = runtime.engine.lm
                 meta = {"format": FORMAT, "schema_version": str(SCHEMA_VERSION),
                         "runtime": type(runtime).__name__, "model": str(lm.name), "dtype": lm.dtype,
-                        "device": lm.device, "threads": str(_threads()), "scrub_pending": "0"}
+                        "device": lm.device, "threads": str(_threads()), "scrub_pending": "0",
+                        "session_id": uuid.uuid4().hex}
                 store._conn.executemany("INSERT INTO meta (key, value) VALUES (?, ?)",
                                         [(k, _bind(v)) for k, v in sorted(meta.items())])
+            store.generation = 0
             store.save(runtime)
             return store
         except BaseException:
@@ -270,40 +325,37 @@ class SessionStore:
             raise
 
     @classmethod
-    def open(cls, path: str | Path) -> SessionStore:
-        """Open an existing store. A transaction interrupted by a crash is
-        rolled back here (SQLite's hot journal), a journal a crash left before
-        it became valid is removed, and a compaction a crash interrupted after
-        a forget's commit is finished."""
+    def open(cls, path: str | Path, readonly: bool = False,
+             busy_timeout: float = DEFAULT_BUSY_TIMEOUT) -> SessionStore:
+        """Open an existing store. Its whole schema must be this build's
+        (:func:`check_schema`) before anything else is read or written. A
+        transaction interrupted by a crash is rolled back here (SQLite's hot
+        journal), a journal a crash left before it became valid is removed,
+        and a compaction a crash interrupted after a forget's commit is
+        finished.
+
+        ``readonly``: open without write access (``unsee verify``): nothing is
+        rolled back, removed or compacted, so the file stays byte-for-byte as
+        it is; a store with an interrupted transaction cannot be read this way.
+        ``busy_timeout``: seconds to wait for another process's write."""
         path = Path(path)
         if not path.is_file():
             raise StoreError(f"{path}: no such session store")
+        _check_header(path)
         try:
-            conn = _connect(path)
-            tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            conn = _connect(path, readonly, busy_timeout)
         except sqlite3.DatabaseError as exc:
-            raise StoreError(f"{path}: not a session store ({exc})") from None
-        store = cls(path, conn)
+            raise _store_error(path, exc, "not a session store") from None
+        store = cls(path, conn, readonly)
         try:
-            if "meta" not in tables:
-                raise StoreError(f"{path}: not a session store (no meta table)")
-            meta = store.get_meta()
-            if meta.get("format") != FORMAT:
-                raise StoreError(f"{path}: not a session store (format {meta.get('format')!r}, "
-                                 f"expected {FORMAT!r})")
-            if meta.get("schema_version") != str(SCHEMA_VERSION):
-                raise StoreError(f"{path}: unsupported schema version {meta.get('schema_version')!r}; "
-                                 f"this build reads version {SCHEMA_VERSION}")
-            missing = set(TABLES) - tables
-            if missing:
-                raise StoreError(f"{path}: damaged session store, missing tables {sorted(missing)}")
-            if Path(f"{path}-journal").exists():
+            check_schema(conn, path)
+            if not readonly and Path(f"{path}-journal").exists():
                 store._clear_stale_journal()
-            if meta.get("scrub_pending") == "1":
+            if not readonly and store.get_meta().get("scrub_pending") == "1":
                 store._scrub()
         except sqlite3.Error as exc:  # e.g. locked by a writer in another process, or damaged
             conn.close()
-            raise StoreError(f"{path}: cannot open the session store ({exc})") from None
+            raise _store_error(path, exc, "cannot open the session store") from None
         except BaseException:
             conn.close()
             raise
@@ -322,8 +374,8 @@ class SessionStore:
     # --- reading --------------------------------------------------------------
 
     def get_meta(self) -> dict[str, str]:
-        with self._lock:
-            return {k: _text(v) for k, v in self._conn.execute("SELECT key, value FROM meta").fetchall()}
+        with self._lock, self._errors():
+            return {_text(k): _text(v) for k, v in self._conn.execute("SELECT key, value FROM meta").fetchall()}
 
     @property
     def model(self) -> str:
@@ -331,7 +383,7 @@ class SessionStore:
 
     def get_summary(self) -> dict:
         """What ``unsee show`` prints: no model needed."""
-        with self._lock:
+        with self._lock, self._errors(), self._read():
             meta = self.get_meta()
             t, transitions, digest, generation = self._conn.execute(
                 "SELECT t, transitions, digest, generation FROM session").fetchone()
@@ -345,19 +397,31 @@ class SessionStore:
                        "FROM forget_log ORDER BY seq")]
             sources = [_text(r[0]) for r in self._conn.execute("SELECT source FROM items ORDER BY step_seq, pos")]
         return {"path": str(self.path), "schema_version": int(meta["schema_version"]), "runtime": meta["runtime"],
+                "session_id": meta.get("session_id"),
                 "model": meta["model"], "dtype": meta["dtype"], "T": t, "transitions": transitions,
                 "digest": digest.hex(), "generation": generation, "forgotten": forgotten,
                 "sources": sources, "checkpoints": checkpoints, "forgets": log}
 
     def read_record(self) -> dict:
         """The stored session record, in the form of
-        :meth:`AgentRuntime.get_session_record` (checkpoint lineages as labels)."""
-        with self._lock:
+        :meth:`AgentRuntime.get_session_record` (checkpoint lineages as labels).
+        Sets :attr:`generation` to the generation read (one read transaction)."""
+        try:
+            return self._read_record()
+        except StoreError as exc:
+            if str(self.path) in str(exc):
+                raise
+            raise StoreError(f"{self.path}: {exc}") from None
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError, OverflowError) as exc:
+            raise StoreError(f"{self.path}: damaged session store ({type(exc).__name__}: {exc})") from None
+
+    def _read_record(self) -> dict:
+        with self._lock, self._errors(), self._read():
             c = self._conn
-            row = c.execute("SELECT system, settings, t, transitions FROM session").fetchone()
+            row = c.execute("SELECT system, settings, t, transitions, generation, digest FROM session").fetchone()
             if row is None:
                 raise StoreError(f"{self.path}: damaged session store (no session row)")
-            system, settings, t, transitions = row
+            system, settings, t, transitions, generation, digest = row
             items: dict[int, list[dict]] = {}
             for seq, source, text in c.execute("SELECT step_seq, source, text FROM items ORDER BY step_seq, pos"):
                 items.setdefault(seq, []).append({"source": _text(source), "text": _text(text)})
@@ -379,6 +443,8 @@ class SessionStore:
                 resident[role].append(_text(block_id))
             forgotten = [_text(r[0]) for r in c.execute("SELECT source FROM forgotten ORDER BY pos")]
             extra = {_text(k): _loads(v) for k, v in c.execute("SELECT key, value FROM extra ORDER BY key")}
+            # read in the same snapshot as the record: another process may commit between two reads
+            self.generation, self._record_digest = generation, bytes(digest).hex()
         return {"system": _text(system), "settings": _loads(settings), "t": t, "transitions": transitions,
                 "steps": steps, "blocks": blocks, "checkpoints": checkpoints, **resident,
                 "forgotten": forgotten, "extra": extra}
@@ -387,22 +453,52 @@ class SessionStore:
         return record_hash(self.read_record())
 
     def stored_digest(self) -> str:
-        with self._lock:
+        with self._lock, self._errors():
             return self._conn.execute("SELECT digest FROM session").fetchone()[0].hex()
+
+    def read_snapshot(self) -> dict:
+        """Everything ``unsee verify`` reads, in one short read transaction
+        (a writer waits at most this long): meta, the session record, the
+        stored digest and generation, the forget log with its receipts, and
+        SQLite's ``quick_check``."""
+        with self._lock, self._errors(), self._read():
+            meta = self.get_meta()
+            record = self.read_record()
+            digest, generation = self._conn.execute("SELECT digest, generation FROM session").fetchone()
+            log = [{"seq": q, "generation": g, "method": _text(m), "sources": _loads(s), "tau": tau, "boundary": b,
+                    "length": n, "invocations": i, "digest_after": bytes(d).hex(), "receipt": _text(r)}
+                   for q, g, m, s, tau, b, n, i, d, r in self._conn.execute(
+                       "SELECT seq, generation, method, sources, tau, boundary, length, invocations, "
+                       "digest_after, receipt FROM forget_log ORDER BY seq")]
+            check = "; ".join(r[0] for r in self._conn.execute("PRAGMA quick_check"))
+        return {"meta": meta, "record": record, "digest": bytes(digest).hex(), "generation": generation,
+                "forget_log": log, "quick_check": check}
+
+    def get_receipts(self) -> list[str]:
+        """Every stored receipt, oldest first (one per committed forget)."""
+        with self._lock, self._errors():
+            return [_text(r[0]) for r in self._conn.execute("SELECT receipt FROM forget_log ORDER BY seq")]
 
     def load(self, engine: KVEngine, runtime_class: type[AgentRuntime] | None = None,
              verify: bool = True) -> AgentRuntime:
         """Reopen the session on ``engine``: metadata as stored, the live cache
         rebuilt by prefill of the recorded chunks. With ``verify`` the rebuilt
         state's digest must equal the digest stored at the last commit."""
+        _hook("load:before")
         meta = self.get_meta()
         self.check_model(engine)
         cls = runtime_class or _runtime_class(meta["runtime"], self.path)
         if cls.__name__ != meta["runtime"]:
             raise StoreError(f"{self.path}: the session is a {meta['runtime']}, not a {cls.__name__}")
-        runtime = cls.from_session_record(engine, self.read_record())
+        try:
+            runtime = cls.from_session_record(engine, self.read_record())
+        except StoreError:
+            raise
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError, RecursionError) as exc:
+            raise StoreError(f"{self.path}: damaged session store (the record does not rebuild a session: "
+                             f"{type(exc).__name__}: {exc})") from None
         if verify:
-            stored = self.stored_digest()
+            stored = self._record_digest  # the digest committed with the record just read
             rebuilt = runtime.digest()
             if rebuilt != stored:
                 raise StoreError(f"{self.path}: the rebuilt state's digest {rebuilt[:16]}... differs from the "
@@ -427,32 +523,54 @@ class SessionStore:
         transaction with the source ids this save adds to the forgotten ones.
         ``scrub`` (default: when the forgotten sources changed) compacts the
         file after the commit, so no freed page outlives it."""
+        if self.readonly:
+            raise StoreError(f"{self.path}: opened read-only; nothing can be saved through this store")
         self.check_model(runtime.engine)
         meta = self.get_meta()
         if type(runtime).__name__ != meta["runtime"]:
             raise StoreError(f"{self.path}: the session is a {meta['runtime']}, not a {type(runtime).__name__}")
+        if self.generation is None:
+            raise StoreError(f"{self.path}: save over a session this store never loaded; load it first")
+        _hook("commit:before")
         with runtime._exclusive(True, "save"):  # a consistent snapshot of the state
             record = runtime.get_session_record()
             digest = bytes.fromhex(runtime.digest())
         with self._lock:
             with self._transaction():
                 c = self._conn
-                stored_forgotten = [_text(r[0]) for r in c.execute("SELECT source FROM forgotten ORDER BY pos")]
                 row = c.execute("SELECT generation FROM session").fetchone()
-                generation = (row[0] if row else 0) + 1
+                stored = row[0] if row else 0
+                if stored != self.generation:  # compare-and-swap: never save over an unseen generation
+                    raise StoreConflictError(
+                        f"{self.path}: conflict: another process committed generation {stored} after this one "
+                        f"loaded generation {self.generation}; nothing was written (reload the newer session "
+                        "and redo the operation)")
+                _hook("commit:begin")
+                generation = stored + 1
+                stored_forgotten = [_text(r[0]) for r in c.execute("SELECT source FROM forgotten ORDER BY pos")]
                 if scrub is None:
                     scrub = stored_forgotten != list(record["forgotten"])
                 for table in SESSION_TABLES:
                     c.execute(f"DELETE FROM {table}")
                 self._insert(record, digest, generation)
+                receipt = None
                 if report is not None and not report.already_forgotten:
+                    forgotten_now = [x for x in record["forgotten"] if x not in stored_forgotten]
+                    receipt = build_receipt(
+                        session_id=meta.get("session_id", ""), generation=generation, record=record,
+                        digest=digest.hex(), engine=runtime.engine, report=report, forgotten_now=forgotten_now,
+                        committed_at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
                     c.execute("INSERT INTO forget_log (generation, method, sources, tau, boundary, length, "
-                              "invocations, digest_after) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                              (generation, report.method,
-                               _dumps([x for x in record["forgotten"] if x not in stored_forgotten]), report.tau,
-                               report.boundary, report.length, report.invocations, bytes.fromhex(report.digest)))
+                              "invocations, digest_after, receipt) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                              (generation, report.method, _dumps(forgotten_now), report.tau,
+                               report.boundary, report.length, report.invocations, bytes.fromhex(report.digest),
+                               _bind(receipt)))
                 if scrub:
                     c.execute("UPDATE meta SET value = '1' WHERE key = 'scrub_pending'")
+                _hook("commit:end")
+            self.generation = generation
+            if receipt is not None:
+                self.last_receipt = receipt
             if scrub:  # the save is committed: a failed compaction is retried by the next open
                 try:
                     self._scrub()
@@ -525,15 +643,37 @@ class SessionStore:
 
     @contextlib.contextmanager
     def _transaction(self) -> Iterator[None]:
-        with self._lock:
-            self._conn.execute("BEGIN IMMEDIATE")
+        with self._lock, self._errors():
+            self._conn.execute("BEGIN IMMEDIATE")  # the write lock, waiting up to the busy timeout
             try:
                 yield
+                self._conn.execute("COMMIT")
             except BaseException:
                 with contextlib.suppress(sqlite3.Error):
                     self._conn.execute("ROLLBACK")
                 raise
-            self._conn.execute("COMMIT")
+
+    @contextlib.contextmanager
+    def _read(self) -> Iterator[None]:
+        """One read transaction (a consistent snapshot); nested reads join it."""
+        if self._conn.in_transaction:
+            yield
+            return
+        self._conn.execute("BEGIN")
+        try:
+            yield
+        finally:
+            with contextlib.suppress(sqlite3.Error):
+                self._conn.execute("COMMIT")
+
+    @contextlib.contextmanager
+    def _errors(self) -> Iterator[None]:
+        """SQLite's errors as this module's: a lock held past the busy
+        timeout is :class:`StoreBusyError`; anything else names the file."""
+        try:
+            yield
+        except sqlite3.Error as exc:
+            raise _store_error(self.path, exc, "cannot use the session store") from None
 
     def integrity_check(self) -> str:
         """SQLite's ``PRAGMA integrity_check``: ``'ok'`` for a sound file."""
@@ -591,21 +731,136 @@ def _threads() -> int:
     return torch.get_num_threads()
 
 
-def _connect(path: Path) -> sqlite3.Connection:
-    # isolation_level=None: no implicit transactions, every BEGIN/COMMIT is ours
-    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+def _connect(path: Path, readonly: bool = False, busy_timeout: float = DEFAULT_BUSY_TIMEOUT) -> sqlite3.Connection:
+    # isolation_level=None: no implicit transactions, every BEGIN/COMMIT is ours;
+    # timeout: SQLite's busy handler waits this long for another process's lock
+    if readonly:  # mode=ro: SQLite refuses every write, ours included
+        uri = f"file:{urllib.parse.quote(str(path.absolute()))}?mode=ro"
+        conn = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False, timeout=busy_timeout)
+    else:
+        conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=busy_timeout)
     try:
+        # before anything reads a row: a hostile field cannot be larger than this
+        conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, MAX_FIELD_BYTES)
+        # A file in WAL mode says so in its header; setting the mode would
+        # rewrite that header, so a file not in a rollback mode is refused as is.
+        mode = conn.execute("PRAGMA journal_mode").fetchone()[0]
+        if mode.lower() == "wal":
+            raise StoreError(f"{path}: journal mode 'wal', not 'delete' (a WAL would keep old pages); "
+                             "not a store this build writes")
         for pragma in PRAGMAS:
+            if readonly and "journal_mode" in pragma:
+                continue  # nothing to set: a read-only connection never journals
             conn.execute(pragma)
+        if conn.execute("PRAGMA trusted_schema").fetchone()[0] != 0:
+            raise StoreError("this SQLite build cannot turn trusted_schema off")
         if conn.execute("PRAGMA secure_delete").fetchone()[0] != 1:
             raise StoreError("this SQLite build cannot zero deleted content (secure_delete)")
         mode = conn.execute("PRAGMA journal_mode").fetchone()[0]
         if mode.lower() != "delete":
-            raise StoreError(f"{path}: journal mode {mode!r} could not be set to 'delete'")
+            raise StoreError(f"{path}: journal mode {mode!r}, not 'delete' (a WAL would keep old pages)")
     except BaseException:
         conn.close()
         raise
     return conn
+
+
+_SQLITE_MAGIC = b"SQLite format 3\x00"
+
+
+def _check_header(path: Path) -> None:
+    """Refuse, from the raw header and before SQLite opens the file, what
+    opening would change: a file that is not SQLite at all (SQLite would take
+    an empty file for a new database) and a WAL-mode file (opening it creates
+    -wal and -shm files beside it)."""
+    try:
+        with open(path, "rb") as f:
+            header = f.read(100)
+    except OSError as exc:
+        raise StoreError(f"{path}: cannot read the session store ({exc.strerror})") from None
+    if len(header) < 100 or not header.startswith(_SQLITE_MAGIC):
+        raise StoreError(f"{path}: not a session store (not an SQLite 3 database file)")
+    if header[18] != 1 or header[19] != 1:  # the file format versions: 1 legacy (rollback), 2 WAL
+        raise StoreError(f"{path}: not a session store this build writes (write/read format "
+                         f"{header[18]}/{header[19]}; 2 is WAL mode, which keeps old pages)")
+
+
+def _store_error(path: Path, exc: sqlite3.Error, what: str) -> StoreError:
+    text = str(exc)
+    if isinstance(exc, sqlite3.OperationalError) and ("locked" in text or "busy" in text):
+        return StoreBusyError(f"{path}: busy: another process is writing the session and held it past the busy "
+                              f"timeout ({text}); nothing was written, retry later")
+    if "too big" in text:
+        return StoreError(f"{path}: a field is larger than {MAX_FIELD_BYTES} bytes ({text}); not a store "
+                          "this build reads")
+    if "readonly" in text.replace("-", "").replace(" ", "").lower() and "rollback" in text.lower():
+        return StoreError(f"{path}: an interrupted transaction must be rolled back first (a hot journal); "
+                          f"open the store for writing once (e.g. `unsee show`) ({text})")
+    return StoreError(f"{path}: {what} ({text})")
+
+
+@functools.cache
+def expected_schema() -> tuple[tuple[str, str, str, str | None], ...]:
+    """``sqlite_master`` of a store of this build: (type, name, tbl_name, sql)
+    of every table, index, trigger and view, sorted."""
+    conn = sqlite3.connect(":memory:")
+    try:
+        for statement in _statements(SCHEMA):
+            conn.execute(statement)
+        return tuple(conn.execute("SELECT type, name, tbl_name, sql FROM sqlite_master ORDER BY type, name"))
+    finally:
+        conn.close()
+
+
+def check_schema(conn: sqlite3.Connection, path: Path) -> None:
+    """Refuse any file whose whole schema is not this build's.
+
+    A store from elsewhere could carry triggers (which a save's DELETE and
+    INSERT would fire), views or extra tables and indexes. They are all rows
+    of ``sqlite_master``; reading it runs nothing. Where a real ``meta`` table
+    is there, its format and version give the more precise message."""
+    found = tuple(conn.execute("SELECT type, name, tbl_name, sql FROM sqlite_master ORDER BY type, name"))
+    if found == expected_schema():
+        meta = dict(conn.execute("SELECT key, value FROM meta"))
+        if meta.get("format") != FORMAT or meta.get("schema_version") != str(SCHEMA_VERSION):
+            raise StoreError(_meta_problem(path, meta))
+        return
+    meta_table = [r for r in found if r[:3] == ("table", "meta", "meta")]
+    if not meta_table:
+        raise StoreError(f"{path}: not a session store (no meta table)")
+    if meta_table[0] == next(r for r in expected_schema() if r[1] == "meta"):
+        meta = {k: v for k, v in conn.execute("SELECT key, value FROM meta") if isinstance(k, str)}
+        problem = _meta_problem(path, meta)
+        if problem:
+            raise StoreError(problem)
+    expected = {r[:2]: r for r in expected_schema()}
+    have = {r[:2]: r for r in found}
+    diffs = ([f"unexpected {t} {n!r}" for (t, n) in have if (t, n) not in expected]
+             + [f"missing {t} {n!r}" for (t, n) in expected if (t, n) not in have]
+             + [f"{t} {n!r} differs" for (t, n) in have if (t, n) in expected and have[t, n] != expected[t, n]])
+    raise StoreError(f"{path}: not a store of this build's schema: {'; '.join(sorted(diffs))}")
+
+
+def _meta_problem(path: Path, meta: dict) -> str:
+    if meta.get("format") != FORMAT:
+        return f"{path}: not a session store (format {meta.get('format')!r}, expected {FORMAT!r})"
+    if meta.get("schema_version") != str(SCHEMA_VERSION):
+        return (f"{path}: unsupported schema version {meta.get('schema_version')!r}; "
+                f"this build reads version {SCHEMA_VERSION}")
+    return ""
+
+
+#: Test hooks: named points inside an operation (``load:before``;
+#: ``commit:before``, before the write lock; ``commit:begin``, holding it,
+#: after the generation check; ``commit:end``, before COMMIT) call ``HOOKS[name]()`` when set, so that
+#: the concurrency tests can pause a real process there.
+HOOKS: dict[str, Any] = {}
+
+
+def _hook(name: str) -> None:
+    hook = HOOKS.get(name)
+    if hook is not None:
+        hook()
 
 
 def _statements(script: str) -> Iterable[str]:
@@ -639,7 +894,8 @@ class PersistentSession:
 
     def __init__(self, store: SessionStore, runtime: AgentRuntime):
         self.store = store
-        self.runtime = runtime
+        self.runtime: AgentRuntime | None = runtime
+        self._engine, self._class = runtime.engine, type(runtime)
         self._exclusive = Exclusive()
 
     @classmethod
@@ -648,8 +904,8 @@ class PersistentSession:
 
     @classmethod
     def open(cls, path: str | Path, engine: KVEngine, runtime_class: type[AgentRuntime] | None = None,
-             verify: bool = True) -> PersistentSession:
-        store = SessionStore.open(path)
+             verify: bool = True, busy_timeout: float = DEFAULT_BUSY_TIMEOUT) -> PersistentSession:
+        store = SessionStore.open(path, busy_timeout=busy_timeout)
         try:
             return cls(store, store.load(engine, runtime_class, verify))
         except BaseException:
@@ -666,18 +922,62 @@ class PersistentSession:
         self.close()
 
     def digest(self) -> str:
-        return self.runtime.digest()
+        return self._live().digest()
 
     @property
     def t(self) -> int:
-        return self.runtime.t
+        return self._live().t
+
+    @property
+    def receipt(self) -> str | None:
+        """The erasure receipt of this session's last committed forget (JSON text)."""
+        return self.store.last_receipt
+
+    def reload(self) -> AgentRuntime:
+        """Load the store's newest committed state (after a conflict, say)."""
+        with self._exclusive(True, "reload"):
+            self._drop()
+            self.runtime = self.store.load(self._engine, self._class)
+            return self.runtime
+
+    def _live(self) -> AgentRuntime:
+        if self.runtime is None:
+            raise StoreConflictError(f"{self.store.path}: this session's state was dropped after a conflict "
+                                     "with another process; call reload() (or reopen) and redo the operation")
+        return self.runtime
+
+    def _drop(self) -> None:
+        """Forget the in-memory state (it may hold a value another process's
+        forget removed): its caches are dropped from the engine."""
+        runtime, self.runtime = self.runtime, None
+        if runtime is None:
+            return
+        names = {runtime.lineage} | runtime.checkpoints.lineages()
+        for lineage in names:
+            if lineage in runtime.engine.lineages:
+                runtime.engine.drop(lineage)
+
+    def _save(self, report: ForgetReport | None = None, scrub: bool | None = None) -> None:
+        """Commit the runtime. On a conflict the in-memory state is dropped
+        (the newer state on disk wins); on any other failure it goes back to
+        the last committed state, so memory and disk agree."""
+        try:
+            self.store.save(self.runtime, report=report, scrub=scrub)
+        except StoreConflictError:
+            self._drop()
+            raise
+        except BaseException:
+            self._drop()
+            with contextlib.suppress(Exception):
+                self.runtime = self.store.load(self._engine, self._class)
+            raise
 
     # --- operations -------------------------------------------------------------
 
     def step(self, step: Step, wait: bool = True) -> None:
         with self._exclusive(wait, f"step {step.id}"):
-            self._guarded(lambda: self.runtime.step(step))
-            self.store.save(self.runtime)
+            self._guarded(lambda: self._live().step(step))
+            self._save()
 
     def run(self, steps: Iterable[Step], wait: bool = True) -> None:
         """Each step committed as it completes."""
@@ -690,26 +990,27 @@ class PersistentSession:
     def forget_many(self, source_ids: Sequence[str], progress: Progress | None = None,
                     wait: bool = True) -> ForgetReport:
         with self._exclusive(wait, "forget"):
-            return self._commit_forget(self._guarded(lambda: self.runtime.forget_many(source_ids, progress)))
+            return self._commit_forget(self._guarded(lambda: self._live().forget_many(source_ids, progress)))
 
     def forget_value(self, value: str, progress: Progress | None = None, wait: bool = True) -> ForgetReport:
         with self._exclusive(wait, "forget"):
-            return self._commit_forget(self._guarded(lambda: self.runtime.forget_value(value, progress)))
+            return self._commit_forget(self._guarded(lambda: self._live().forget_value(value, progress)))
 
     def full_reset(self, source_ids: str | Sequence[str], progress: Progress | None = None,
                    wait: bool = True) -> ForgetReport:
         with self._exclusive(wait, "reset"):
-            return self._commit_forget(self._guarded(lambda: self.runtime.full_reset(source_ids, progress)))
+            return self._commit_forget(self._guarded(lambda: self._live().full_reset(source_ids, progress)))
 
     def _commit_forget(self, report: ForgetReport) -> ForgetReport:
         if not report.already_forgotten:  # a repeated forget changes nothing, writes nothing
-            self.store.save(self.runtime, report=report, scrub=True)
+            self._save(report=report, scrub=True)
         return report
 
     def _guarded(self, operation):
         """Run ``operation`` on the runtime; if it fails after changing the
         state, go back to the last committed state (the store's)."""
-        before = (self.runtime.t, len(self.runtime.graph), self.runtime.lineage, len(self.runtime.forgotten))
+        runtime = self._live()
+        before = (runtime.t, len(runtime.graph), runtime.lineage, len(runtime.forgotten))
         try:
             return operation()
         except BaseException:
@@ -719,5 +1020,6 @@ class PersistentSession:
             raise
 
 
-__all__ = ["FORMAT", "PersistentSession", "SCHEMA", "SCHEMA_VERSION", "SessionStore", "StoreError", "find_residue",
-           "canonical_record", "pack_tokens", "record_hash", "session_files", "unpack_tokens"]
+__all__ = ["DEFAULT_BUSY_TIMEOUT", "FORMAT", "MAX_FIELD_BYTES", "PersistentSession", "SCHEMA", "SCHEMA_VERSION",
+           "SessionStore", "StoreBusyError", "StoreConflictError", "StoreError", "canonical_record", "check_schema",
+           "expected_schema", "find_residue", "pack_tokens", "record_hash", "session_files", "unpack_tokens"]

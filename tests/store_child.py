@@ -15,7 +15,8 @@ Modes (argv[1]):
 
 ``zygote``
     Import torch and build the tiny model once, then serve crash trials read
-    as JSON lines from stdin: each trial runs in a forked child (a real
+    as JSON lines from stdin (a line holding a JSON *list* is a race of
+    tests/test_concurrency.py instead, served by concurrency_child.py): each trial runs in a forked child (a real
     process, SIGKILLed for real) so that a trial costs the forget, not the
     ~3 s of importing torch. Answers one JSON line per trial on stdout.
 
@@ -28,6 +29,12 @@ i.e. inside a statement), ``commit`` (``ARG`` = ``[n, delay]``: a timer
 thread SIGKILLs the child ``delay`` seconds after the ``n``-th COMMIT or
 VACUUM statement starts, i.e. during SQLite's journal and file I/O, which
 runs with the GIL released).
+
+A trial's ``weaken`` (tests/test_residue_window.py) turns one of the store's
+residue defences off in the child only, to show what it is for:
+``secure_delete`` (deleted content is not zeroed), ``vacuum`` (no compaction
+after a forget), ``journal:<MODE>`` (another journal mode, e.g. ``PERSIST``
+or ``WAL``).
 """
 
 from __future__ import annotations
@@ -46,12 +53,65 @@ def _kill_self() -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
+def weaken(what: str | None) -> None:
+    """Turn one residue defence off in this (child) process."""
+    import sqlite3
+
+    from unsee.impl import store
+
+    if not what:
+        return
+    if what == "vacuum":
+        original = store.SessionStore._scrub
+
+        def no_vacuum(self):
+            conn = self._conn
+            try:
+                self._conn = _SkipVacuum(conn)
+                original(self)
+            finally:
+                self._conn = conn
+        store.SessionStore._scrub = no_vacuum
+        return
+    pragmas = list(store.PRAGMAS)
+    if what == "secure_delete":
+        pragmas = [p.replace("secure_delete = ON", "secure_delete = OFF") for p in pragmas]
+    elif what.startswith("journal:"):
+        pragmas = [f"PRAGMA journal_mode = {what.split(':', 1)[1]}" if "journal_mode" in p else p for p in pragmas]
+    else:
+        raise SystemExit(f"unknown defence {what!r}")
+
+    def weak_connect(path, readonly=False, busy_timeout=10.0):
+        conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=busy_timeout)
+        for pragma in pragmas:
+            conn.execute(pragma)
+        return conn
+    store._connect = weak_connect
+
+
+class _SkipVacuum:
+    """A connection whose VACUUM does nothing (everything else passes through)."""
+
+    def __init__(self, conn):
+        self._conn = conn
+
+    def execute(self, sql, *args):
+        if sql.strip().upper() == "VACUUM":
+            return None
+        return self._conn.execute(sql, *args)
+
+    def __getattr__(self, name):
+        return getattr(self._conn, name)
+
+
 def run_trial(lm, db: str, source: str, mode: str, arg, stats_path: str | None = None,
-              announce: bool = False) -> None:
+              announce: bool = False, weakened: str | None = None) -> None:
     """Open ``db``, forget ``source`` under the armed kill; write statistics
     to ``stats_path`` when the forget completes (mode ``none``)."""
     from unsee.impl.kv import KVEngine
     from unsee.impl.store import PersistentSession
+
+    weaken(weakened)
 
     session = PersistentSession.open(db, KVEngine(lm))
     if announce:  # the parent may now kill us at a moment of its choosing
@@ -115,18 +175,25 @@ def zygote() -> None:
     # a child forked after the parent started an OpenMP thread pool could
     # hang. Each child builds the tiny model itself (milliseconds).
     _setup()
+    import concurrency_child  # (beside this script)
+    import unsee.impl.cli  # noqa: F401
     import unsee.impl.models  # noqa: F401
     import unsee.impl.store  # noqa: F401
+    import unsee.impl.verify  # noqa: F401
 
     print(json.dumps({"ready": True}), flush=True)
     for line in sys.stdin:
         spec = json.loads(line)
+        if isinstance(spec, list):
+            print(json.dumps(concurrency_child.race(spec)), flush=True)
+            continue
         started = time.perf_counter()
         pid = os.fork()
         if pid == 0:  # the trial: a real process of its own
             code = 0
             try:
-                run_trial(_tiny(), spec["db"], spec["source"], spec["mode"], spec["arg"], spec.get("stats"))
+                run_trial(_tiny(), spec["db"], spec["source"], spec["mode"], spec["arg"], spec.get("stats"),
+                          weakened=spec.get("weaken"))
             except BaseException as exc:  # noqa: BLE001 - reported to the parent, then exit
                 sys.stderr.write(f"trial failed: {exc!r}\n")
                 code = 3

@@ -187,13 +187,11 @@ def test_resume_in_a_subprocess(lm, tmp_path):
 
 
 class Zygote:
-    """tests/store_child.py in zygote mode: forks one real process per trial."""
+    """tests/store_child.py in zygote mode (the session's, tests/conftest.py):
+    forks one real process per trial."""
 
-    def __init__(self):
-        self.proc = subprocess.Popen([sys.executable, str(CHILD), "zygote"], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, text=True)
-        line = self.proc.stdout.readline()
-        assert json.loads(line) == {"ready": True}, line
+    def __init__(self, proc: subprocess.Popen):
+        self.proc = proc
 
     def trial(self, db: Path, mode: str, arg, stats: Path | None = None) -> dict:
         spec = {"db": str(db), "source": TARGET, "mode": mode, "arg": arg, "stats": str(stats) if stats else None}
@@ -202,8 +200,7 @@ class Zygote:
         return json.loads(self.proc.stdout.readline())
 
     def close(self):
-        self.proc.stdin.close()
-        self.proc.wait(timeout=30)
+        pass  # the session fixture ends it
 
 
 def draw_trials(rng: random.Random, n: int, stats: dict) -> list[tuple[str, object]]:
@@ -215,6 +212,8 @@ def draw_trials(rng: random.Random, n: int, stats: dict) -> list[tuple[str, obje
     # the statements around each transaction boundary first (BEGIN, COMMIT, VACUUM and the next one)
     edges = sorted({k for m in stats["marks"] if m["sql"] in ("BEGIN", "COMMIT", "VACUUM")
                     for k in (m["n"], m["n"] + 1) if k <= statements})
+    # then every other statement boundary, in order (nightly reaches them all)
+    edges += [k for k in range(1, statements + 1) if k not in edges]
     trials = []
     for i in range(n):
         mode = ("stmt", "commit", "time", "vm")[i % 4]
@@ -229,7 +228,7 @@ def draw_trials(rng: random.Random, n: int, stats: dict) -> list[tuple[str, obje
     return trials
 
 
-def test_forget_is_atomic_under_sigkill(lm, tmp_path):
+def test_forget_is_atomic_under_sigkill(lm, tmp_path, store_zygote):
     """SIGKILL a forget at many points; every reopened store is wholly the old
     session or wholly the new one, and a new one holds no residue."""
     started = time.perf_counter()
@@ -241,7 +240,7 @@ def test_forget_is_atomic_under_sigkill(lm, tmp_path):
     old_record, old_digest = loaded(lm, old)
     assert old_digest == runtime.digest()
 
-    zygote = Zygote()
+    zygote = Zygote(store_zygote)
     try:
         new = tmp_path / "new.db"
         shutil.copy(old, new)
@@ -255,7 +254,7 @@ def test_forget_is_atomic_under_sigkill(lm, tmp_path):
         assert new_record != old_record
 
         rng = random.Random(0 if settings().derandomize else None)
-        n = min(budget(1.25, 24), 600)  # ci: 75 crash points; nightly: 600
+        n = min(budget(1.25, 24), 1100)  # ci: 75 crash points; nightly: 1100 (+ 2 fresh processes)
         outcomes = {"old": 0, "new": 0, "killed": 0, "modes": {}}
 
         def check(db: Path, label: str) -> str:
@@ -351,7 +350,7 @@ def test_residue_scan_detects_an_unprotected_store(lm, tmp_path, monkeypatch):
     raw["steps"][1]["fields"][0]["text"] += " Padding." * 400  # big enough to free whole pages
     runtime = run(lm, raw, 3)
 
-    def plain_connect(path):
+    def plain_connect(path, *args, **kwargs):
         conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         conn.execute("PRAGMA secure_delete = OFF")  # some builds default to ON
         return conn
