@@ -30,13 +30,18 @@ test: $(VENV)/.installed
 nightly: $(VENV)/.installed
 	UNSEE_PROFILE=nightly $(PY) -m pytest -q
 
-bench: $(VENV)/.installed
-	UNSEE_BENCH_MODEL=smollm2 UNSEE_BENCH_ROUNDS=3 $(PY) -m pytest bench -q -m bench --benchmark-enable --benchmark-json=out/bench.json
-	$(PY) -m unsee.bench.sweep --model smollm2 --out out/sweep
-
-# The paper's efficiency tables (docs/bench.md); add DEVICE=cuda DTYPE=bfloat16 on a GPU.
+# Everything docs/bench.md and docs/drafts.md report, on SmolLM2 (add
+# DEVICE=cuda DTYPE=bfloat16 on a GPU: drafts are then off, see docs/drafts.md).
 DEVICE ?= cpu
 DTYPE  ?= float32
+bench: $(VENV)/.installed paper
+	UNSEE_BENCH_MODEL=smollm2 UNSEE_BENCH_ROUNDS=3 $(PY) -m pytest bench -q -m bench --benchmark-enable --benchmark-json=out/bench.json
+	$(PY) -m unsee.bench.sweep --model smollm2 --device $(DEVICE) --dtype $(DTYPE) --out out/sweep
+	$(PY) -m unsee.bench.discrepancy --model smollm2 --device $(DEVICE) --dtype $(DTYPE) --out out/discrepancy
+	$(PY) -m unsee.bench.restore --model smollm2 --lengths 1024 7168 --out out/restore.json
+	$(PY) -m unsee.bench.memory --model tiny --steps 200 --every 5 --out out/memory.json --plot out/memory.png
+
+# The paper's efficiency tables (docs/bench.md).
 paper: $(VENV)/.installed
 	$(PY) -m unsee.bench.paper --model smollm2 --device $(DEVICE) --dtype $(DTYPE) --rounds 3 --out out/paper
 
