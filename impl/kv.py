@@ -407,6 +407,12 @@ class KVEngine:
         lin.decode_logits[start] = header_logits  # what a prefix cache needs to serve this position
         try:
             out, committed = None, False
+            if draft and pick(get_scores(header_logits, temperature, seed, 0))[0] != draft[0]:
+                # The first decision is taken on the header's own logits, the
+                # reference's: a draft wrong there is known wrong without
+                # prefilling it, and decoding from here *is* the reference.
+                self._count_draft(len(draft), 0, fallback=False)
+                draft = []
             if draft:
                 out, committed = self._decode_with_draft(lin, draft, max_new_tokens, stops, temperature, seed)
             if out is None:  # no draft, or an unstable decision: the reference procedure

@@ -160,6 +160,8 @@ def test_wrong_draft_costs_one_prefill(context, draft, max_new_tokens, temperatu
         assert spent.draft_accepted_tokens == 0
         assert spent.forward_calls <= cost.forward_calls + 1
         assert spent.prefilled_tokens <= cost.prefilled_tokens + min(len(wrong), max_new_tokens)
+        # wrong from its first token, which the header's own logits decide: not even prefilled
+        assert (spent.forward_calls, spent.prefilled_tokens) == (cost.forward_calls, cost.prefilled_tokens)
 
 
 # --- B7-oracle (the paper's attribution-oracle variant) ---------------------------
