@@ -409,22 +409,7 @@ def forward_last_logits(model, token_ids: Sequence[int], cache) -> torch.Tensor:
     computes the LM head for the last position only; every call uses it, so
     prefill and decode logits go through the same-shaped matmul.
     """
-    device = model.get_input_embeddings().weight.device
-    past = cache_length(cache)
-    n = len(token_ids)
-    with torch.inference_mode():
-        input_ids = torch.tensor([list(token_ids)], dtype=torch.long, device=device)
-        position_ids = torch.arange(past, past + n, dtype=torch.long, device=device).unsqueeze(0)
-        out = model(
-            input_ids=input_ids,
-            position_ids=position_ids,
-            past_key_values=cache,
-            use_cache=True,
-            logits_to_keep=1,
-        )
-        if out.past_key_values is not cache:  # the cache must be updated in place
-            raise RuntimeError(f"transformers {TRANSFORMERS_VERSION}: model returned a new cache object")
-        return out.logits[0, -1]
+    return _forward(model, token_ids, cache, logits_to_keep=1)[-1]
 
 
 def forward_all_logits(model, token_ids: Sequence[int], cache) -> torch.Tensor:
@@ -436,6 +421,11 @@ def forward_all_logits(model, token_ids: Sequence[int], cache) -> torch.Tensor:
     logits differ in shape, which is why draft verification guards them
     (see impl/drafts.py).
     """
+    return _forward(model, token_ids, cache, logits_to_keep=0)  # 0 keeps every position
+
+
+def _forward(model, token_ids: Sequence[int], cache, logits_to_keep: int) -> torch.Tensor:
+    """One forward appending `token_ids` to `cache` in place; logits [kept, vocab]."""
     device = model.get_input_embeddings().weight.device
     past = cache_length(cache)
     n = len(token_ids)
@@ -447,8 +437,8 @@ def forward_all_logits(model, token_ids: Sequence[int], cache) -> torch.Tensor:
             position_ids=position_ids,
             past_key_values=cache,
             use_cache=True,
-            logits_to_keep=0,  # 0 keeps all positions
+            logits_to_keep=logits_to_keep,
         )
-        if out.past_key_values is not cache:
+        if out.past_key_values is not cache:  # the cache must be updated in place
             raise RuntimeError(f"transformers {TRANSFORMERS_VERSION}: model returned a new cache object")
         return out.logits[0]
