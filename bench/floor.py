@@ -12,10 +12,14 @@ checkpoint at ``boundary``), the counterfactual state needs at least:
   changed token on. A turn is changed when its generated tokens differ from
   those of the block with the same id in the pre-forget runtime; the tokens
   before the first difference are the old turn's and cost no decode (a
-  verified draft would accept them). Decoding ``m`` tokens costs ``m``
-  decoded tokens and ``m - 1`` one-token forwards (the engine's convention:
-  the first token comes from the logits already computed, the last one is
-  never fed back).
+  verified draft would accept them). Decoding ``m`` tokens from the first
+  changed token ``d`` on costs ``m`` decoded tokens and one-token forwards
+  feeding ``g_{d-1} .. g_{n-2}`` (the last token is never fed back): ``m``
+  forwards when ``d >= 1``, since the logits that decide ``g_d`` come from
+  feeding ``g_{d-1}``, and ``m - 1`` when ``d == 0``, where the header's
+  prefill already gave them. (Until 2026-11-22 the floor also counted
+  ``m - 1`` for ``d >= 1``, deciding ``g_d`` on logits nothing had computed:
+  one forward per such turn below any real method.)
 
 :func:`compute_floor` counts those operations and times a raw run of exactly
 them on the same :class:`~unsee.impl.kv.KVEngine` in the same process (engine
@@ -57,7 +61,8 @@ class FloorTurn:
 
     @property
     def forwards(self) -> int:
-        return max(self.decoded - 1, 0)
+        # the logits of g_d come from feeding g_{d-1}; at d == 0 from the header
+        return self.decoded if self.first_change >= 1 else max(self.decoded - 1, 0)
 
 
 @attrs.frozen
@@ -175,8 +180,9 @@ def _run_floor(engine: KVEngine, prefix: str, blocks: list[RuntimeBlock], change
         header, generated = chunks[0], [t for chunk in chunks[1:] for t in chunk]
         engine.prefill(header)
         start = engine.length()
-        # the decode: one-token forwards over the changed part (the last token is never fed)
-        for token in generated[turn.first_change:len(generated) - 1]:
+        # the decode: one-token forwards feeding g_{d-1} .. g_{n-2} (the
+        # logits of g_d need g_{d-1} fed; the last token is never fed)
+        for token in generated[max(turn.first_change - 1, 0):len(generated) - 1]:
             engine.prefill([token])
         engine.crop(start)
         for chunk in chunks[1:]:  # the turn's canonical prefill

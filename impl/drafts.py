@@ -31,6 +31,19 @@ re-decodes the whole turn one token at a time, which is bitwise what B5 does.
 A draft whose first token is already wrong needs no guard at all: the header
 logits are the reference's own, and decoding from them is the reference.
 
+Probing before verifying
+------------------------
+A verification forward over a draft that turns out wrong at its second token
+is spent for one token's worth of information. Most of the drafts a forget
+rejects are rejected there: a turn that depends on the target usually keeps
+its opening word and changes right after it. So the engine can *probe*
+first: feed the draft's first token as one decode step, exactly the
+reference's own first step, and check the second token on those logits. A
+draft wrong there is decoded on from the reference's own state (no guard, no
+verification forward); a draft right there is verified as before, and the
+probe step is spent. ``Drafts.should_probe`` decides per turn from what the
+earlier turns of the same replay did (see ``PROBE_ABOVE``).
+
 What is guaranteed: forget-with-drafts equals the full reset bit for bit
 whenever the prefill-versus-decode discrepancy of the configuration stays
 within its bound. The bounds below are measurements with a safety factor, not
@@ -123,6 +136,25 @@ class TurnCost:
     prefilled: int
     fallback: bool  # re-decoded from the header at an unstable decision
     trusted: bool = False
+    probed: bool = False  # a one-token probe came before the verification
+
+    @property
+    def is_early_miss(self) -> bool:
+        """Right at its first token and wrong at its second: the case a probe saves."""
+        return self.accepted == 1 and self.rejected > 0 and not self.fallback
+
+
+#: Probe when the estimated chance that a draft which passed its first token
+#: is wrong at its second exceeds this. A probe that finds the draft right
+#: wastes one decode step (cost d); skipping it when the draft is wrong there
+#: wastes one verification forward (cost v). Probing pays when p * v > (1 - p) * d,
+#: i.e. p > d / (d + v). On CPU a 20-token forward with logits at every
+#: position costs about two one-token forwards (both stream every weight once;
+#: the longer one adds its LM head over 20 positions), so v ~ 2d and the
+#: threshold is 1/3. The estimate is (misses + 1) / (turns + 2) over this
+#: replay's earlier turns whose draft passed its first token, so a replay
+#: starts by probing.
+PROBE_ABOVE = 1 / 3
 
 
 class Drafts:
@@ -136,6 +168,12 @@ class Drafts:
 
     def get(self, block_id: str) -> Draft | None:
         return self._drafts.get(block_id)
+
+    def should_probe(self) -> bool:
+        """Whether the next verified turn should probe first (``PROBE_ABOVE``)."""
+        seen = [t for t in self.turns if t.draft > 0 and t.accepted >= 1 and not t.trusted and not t.fallback]
+        misses = sum(t.is_early_miss for t in seen)
+        return (misses + 1) / (len(seen) + 2) > PROBE_ABOVE
 
     def __len__(self) -> int:
         return len(self._drafts)
@@ -159,4 +197,5 @@ class Drafts:
         totals["fallbacks"] = sum(t.fallback for t in self.turns)
         totals["fully_accepted_turns"] = sum(t.draft > 0 and t.accepted == t.draft and not t.fallback
                                              for t in self.turns)
+        totals["probes"] = sum(t.probed for t in self.turns)
         return totals

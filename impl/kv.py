@@ -69,6 +69,10 @@ class Counters:
     draft_accepted_tokens  draft tokens verified and kept (impl/drafts.py)
     draft_rejected_tokens  draft tokens verified and thrown away
     draft_fallbacks        turns re-decoded from the header at an unstable decision
+    draft_probes           one-token probe forwards before a verification (the
+                           reference's own first decode step, impl/drafts.py);
+                           a probe that finds the draft wrong is the start of
+                           the turn's decode, one that finds it right is spent
     rebuilt_tokens         the part of prefilled_tokens spent by `rebuild`, i.e.
                            re-creating a lineage that was evicted or not in memory
     reused_tokens          tokens the prefix cache served instead of prefilling
@@ -81,6 +85,7 @@ class Counters:
     draft_accepted_tokens: int = 0
     draft_rejected_tokens: int = 0
     draft_fallbacks: int = 0
+    draft_probes: int = 0
     rebuilt_tokens: int = 0
     reused_tokens: int = 0
 
@@ -364,6 +369,7 @@ class KVEngine:
         temperature: float = 0.0,
         seed: int | None = None,
         draft: Sequence[int] | None = None,
+        probe: bool = False,
     ) -> list[int]:
         """Decode up to `max_new_tokens` ids on the current lineage and commit
         them canonically (as one prefilled chunk). Returns the ids.
@@ -381,6 +387,12 @@ class KVEngine:
         whole its verification chunk *is* the canonical chunk; the logits after
         the turn are then not kept (they came from another matmul shape), so a
         prefill must come before the next generate.
+
+        `probe` (with a draft): before verifying, feed the draft's first token
+        as one decode step, exactly as the reference would, and check the
+        draft's second token on those logits. A draft wrong there is decoded on
+        from the reference's own state, with no verification forward spent on
+        it; one right there costs that step (see `Drafts.should_probe`).
         """
         if _as_int(max_new_tokens) is None or max_new_tokens < 0:
             raise ValueError(f"max_new_tokens={max_new_tokens!r} must be an int >= 0")
@@ -414,7 +426,8 @@ class KVEngine:
                 self._count_draft(len(draft), 0, fallback=False)
                 draft = []
             if draft:
-                out, committed = self._decode_with_draft(lin, draft, max_new_tokens, stops, temperature, seed)
+                out, committed = self._decode_with_draft(lin, draft, max_new_tokens, stops, temperature, seed,
+                                                         probe)
             if out is None:  # no draft, or an unstable decision: the reference procedure
                 self._truncate(lin, start)
                 lin.last_logits = header_logits
@@ -462,13 +475,31 @@ class KVEngine:
         return out
 
     def _decode_with_draft(self, lin: _Lineage, draft: list[int], max_new_tokens: int, stops: set[int],
-                           temperature: float, seed: int | None) -> tuple[list[int] | None, bool]:
+                           temperature: float, seed: int | None,
+                           probe: bool = False) -> tuple[list[int] | None, bool]:
         """Verify `draft` with one forward; accept its longest stable agreeing
         prefix, then decode on. Returns (tokens, committed): tokens None means
         an unstable decision (the caller falls back to the reference);
-        committed means the verification chunk is the turn's canonical chunk."""
+        committed means the verification chunk is the turn's canonical chunk.
+        The caller has checked the draft's first token on the header logits."""
         start, header_logits = len(lin.tokens), lin.last_logits
         threshold = get_threshold(self.draft_bound, temperature)
+        probed = None  # the reference's own logits at position 1, when probed
+        if probe and len(draft) >= 2 and draft[0] not in stops and max_new_tokens >= 2:
+            probed = adapter.forward_last_logits(self.lm.model, [draft[0]], lin.cache)
+            lin.tokens.append(draft[0])
+            self.counters.forward_calls += 1
+            self.counters.draft_probes += 1
+            if pick(get_scores(probed, temperature, seed, 1))[0] != draft[1]:
+                # Wrong at position 1, decided on the reference's own logits on
+                # the reference's own KV (header prefill + one decode step): the
+                # rest of the turn is the reference's decode, with no guard.
+                out = self._decode(lin, [draft[0]], probed, 1, max_new_tokens, stops, temperature, seed, None)
+                self._count_draft(len(draft), 1, fallback=False)
+                return out, False
+            # Right there: the verification forward below recomputes position 0
+            # as part of the turn's chunk (a canonical chunk must be one forward).
+            self._truncate(lin, start)
         verify = adapter.forward_all_logits(self.lm.model, draft, lin.cache)
         lin.tokens.extend(draft)
         self.counters.forward_calls += 1
@@ -477,10 +508,12 @@ class KVEngine:
         stable = True
         for k, proposed in enumerate(draft):
             # position 0 is decided on the header's own logits, exactly as the
-            # reference decides it; later ones on verification logits (guarded)
-            logits = header_logits if k == 0 else verify[k - 1]
+            # reference decides it (and position 1 on the probe's, when probed);
+            # later ones on verification logits (guarded)
+            exact = k == 0 or (k == 1 and probed is not None)
+            logits = header_logits if k == 0 else probed if exact else verify[k - 1]
             tok, margin = pick(get_scores(logits, temperature, seed, k))
-            if k > 0 and margin <= threshold:
+            if not exact and margin <= threshold:
                 stable = False
                 break
             if tok != proposed:

@@ -309,13 +309,14 @@ class AgentRuntime:
             generated = self.engine.generate(self.settings.max_new_tokens, stop_ids=self.engine.lm.eos_ids,
                                              temperature=self.settings.temperature,
                                              seed=self._seed() if self.settings.temperature > 0 else None,
-                                             draft=draft.tokens if draft is not None else None)
+                                             draft=draft.tokens if draft is not None else None,
+                                             probe=draft is not None and self.drafts.should_probe())
             if self.drafts is not None:
                 spent = self.engine.counters.snapshot() - before
                 self.drafts.turns.append(TurnCost(
                     block_id, len(draft.tokens) if draft else 0, spent.draft_accepted_tokens,
                     spent.draft_rejected_tokens, spent.decoded_tokens, spent.prefilled_tokens,
-                    bool(spent.draft_fallbacks)))
+                    bool(spent.draft_fallbacks), probed=bool(spent.draft_probes)))
         body = [i for i in generated if i not in self.engine.lm.eos_ids]
         text = self.engine.lm.decode(body).strip()
         tokens = header + tuple(generated)

@@ -72,6 +72,15 @@ def test_splice_equals_counterfactual_with_drafts(episode):
 #: second token is a near-tie that the verification prefill and the reset's
 #: decode step break differently.
 NEAR_TIE_COUNTEREXAMPLE = parse_episode({
+    "format": "unsee.episode", "version": 2, "system": "You are a helpful agent.",
+    "settings": {"max_new_tokens": 8, "temperature": 0.0, "seed": 0, "checkpoint_policy": "every_turn"},
+    "steps": [{"id": "t1", "kind": "user", "text": "4417 Elm", "source": "secret"},
+              {"id": "t2", "kind": "user", "text": "tea"}],
+    "target": {"source": "secret", "value": "4417 Elm"}})
+#: The counterexample before probes (2026-11-22): with two-token turns, the flip
+#: it showed was at a turn's second token, which a probe now decides on the
+#: reference's own logits. Kept: with the guard, it must stay exact.
+NEAR_TIE_COUNTEREXAMPLE_BEFORE_PROBES = parse_episode({
     "format": "unsee.episode", "version": 1, "system": "You are a helpful agent.",
     "settings": {"max_new_tokens": 2, "temperature": 0.0, "seed": 0, "checkpoint_policy": "every_turn"},
     "steps": [{"id": "t1", "kind": "user", "text": "4417 Elm", "source": "secret"},
@@ -81,6 +90,7 @@ NEAR_TIE_COUNTEREXAMPLE = parse_episode({
 
 @given(episode=drafted_episodes())
 @example(episode=NEAR_TIE_COUNTEREXAMPLE)
+@example(episode=NEAR_TIE_COUNTEREXAMPLE_BEFORE_PROBES)
 @scaled(2)
 def test_splice_equals_counterfactual_with_drafts_on_near_ties(episode):
     engine = get_engine("tiny-ties")
@@ -162,6 +172,44 @@ def test_wrong_draft_costs_one_prefill(context, draft, max_new_tokens, temperatu
         assert spent.prefilled_tokens <= cost.prefilled_tokens + min(len(wrong), max_new_tokens)
         # wrong from its first token, which the header's own logits decide: not even prefilled
         assert (spent.forward_calls, spent.prefilled_tokens) == (cost.forward_calls, cost.prefilled_tokens)
+
+
+@given(context=st.lists(st.integers(0, 255), min_size=1, max_size=24),
+       max_new_tokens=st.integers(2, 12), wrong_at=st.integers(0, 12), temperature=st.sampled_from((0.0, 0.7)),
+       seed=st.integers(0, 99))
+@scaled(1)
+def test_probe_is_exact_and_costs_at_most_one_step(context, max_new_tokens, wrong_at, temperature, seed):
+    """A probe before verification changes no token and no bit, saves the
+    verification forward when the draft is wrong at its second token, and
+    costs at most one one-token forward otherwise."""
+    engine = get_engine("tiny")
+    with engine_scope(engine):
+        reference = engine.new_lineage()
+        engine.prefill(context)
+        before = engine.counters.snapshot()
+        expected = engine.generate(max_new_tokens, stop_ids=(), temperature=temperature, seed=seed)
+        cost = engine.counters.snapshot() - before
+        draft = [(t + 1) % 256 if i == wrong_at else t for i, t in enumerate(expected)]
+        spent = {}
+        for probe in (False, True):
+            drafted = engine.new_lineage()
+            engine.prefill(context)
+            before = engine.counters.snapshot()
+            got = engine.generate(max_new_tokens, stop_ids=(), temperature=temperature, seed=seed, draft=draft,
+                                  probe=probe)
+            spent[probe] = engine.counters.snapshot() - before
+            assert got == expected
+            assert engine.digest(drafted) == engine.digest(reference)
+        probed, plain = spent[True], spent[False]
+        assert probed.draft_probes == (1 if wrong_at >= 1 else 0)  # wrong at 0: decided on the header, no probe
+        if wrong_at == 1:  # the probe is the reference's first decode step: nothing verified, nothing wasted
+            assert (probed.forward_calls, probed.prefilled_tokens) == (cost.forward_calls, cost.prefilled_tokens)
+            assert plain.prefilled_tokens > cost.prefilled_tokens  # without it, a verification forward is spent
+        else:
+            assert probed.forward_calls <= plain.forward_calls + 1
+            # equal, or less: position 1 decided on the probe's exact logits
+            # needs no guard, so it cannot send the turn to a fallback
+            assert probed.prefilled_tokens <= plain.prefilled_tokens
 
 
 # --- B7-oracle (the paper's attribution-oracle variant) ---------------------------

@@ -88,7 +88,8 @@ def test_floor_counts_match_a_hand_count():
             if a != b:
                 d = common_prefix(a, b)
                 decoded += len(a) - d
-                forwards += max(len(a) - d - 1, 0)
+                # g_d is decided on the logits of feeding g_{d-1}; at d == 0 the header's
+                forwards += len(a) - d if d >= 1 else max(len(a) - 1, 0)
         before = engine.counters.snapshot()
         lineages, current = engine.lineages, engine.current
         floor = compute_floor(engine, base, reset, 1)

@@ -159,3 +159,35 @@ def test_drafts_off_where_no_bound_and_refused_when_demanded(eng):
         assert report.draft_accepted_tokens == 0
     finally:
         eng.draft_bound = saved
+
+
+def test_probe_policy_follows_the_replays_early_misses():
+    """Drafts.should_probe: a replay starts by probing; turns that pass their
+    first token and then hold make it stop; early misses make it go on."""
+    from unsee.impl.drafts import Drafts, TurnCost
+    drafts = Drafts({}, 1e-3)
+    assert drafts.should_probe()  # (0 + 1) / (0 + 2) = 1/2
+    held = TurnCost("a", 10, 10, 0, 0, 10, False)
+    drafts.turns += [held, held]
+    assert not drafts.should_probe()  # 1/4
+    drafts.turns.append(TurnCost("b", 10, 1, 9, 5, 6, False))  # right at token 0, wrong at token 1
+    assert drafts.should_probe()  # 2/5
+    drafts.turns += [TurnCost("c", 10, 0, 10, 10, 10, False)] * 5  # wrong at token 0: says nothing here
+    drafts.turns.append(TurnCost("d", 10, 0, 0, 10, 10, True))  # a fallback neither
+    assert drafts.should_probe()
+    drafts.turns.append(held)
+    assert not drafts.should_probe()  # 2/6
+
+
+def test_probe_of_a_draft_wrong_at_its_second_token_is_the_reference_decode(eng):
+    ref, tokens = reference(eng)
+    before = eng.counters.snapshot()
+    reference(eng)
+    cost = eng.counters.snapshot() - before
+    wrong = tokens[:1] + [(t + 1) % 256 for t in tokens[1:]]
+    h, out, spent = drafted(eng, wrong, probe=True)
+    assert out == tokens and eng.digest(h) == eng.digest(ref)
+    # the header prefill is in `cost`, not in `spent`
+    header = len(eng.lm.encode(PROMPT))
+    assert (spent.forward_calls, spent.prefilled_tokens) == (cost.forward_calls - 1, cost.prefilled_tokens - header)
+    assert (spent.draft_probes, spent.draft_accepted_tokens, spent.decoded_tokens) == (1, 1, len(tokens) - 1)
