@@ -76,6 +76,9 @@ class Floor:
     boundary: int
     blocks: int  # suffix blocks prefilled
     changed_turns: tuple[FloorTurn, ...] = ()
+    #: CPU time of the calling thread over the same run: with one torch thread
+    #: it is the model work itself, which a loaded machine does not inflate
+    cpu_s: float = 0.0
 
     @property
     def recomputed(self) -> int:
@@ -83,7 +86,7 @@ class Floor:
 
     def to_json(self) -> dict:
         return {"prefilled": self.prefilled, "decoded": self.decoded, "recomputed": self.recomputed,
-                "forwards": self.forwards, "wall_s": self.wall_s, "boundary": self.boundary, "blocks": self.blocks,
+                "forwards": self.forwards, "wall_s": self.wall_s, "cpu_s": self.cpu_s, "boundary": self.boundary, "blocks": self.blocks,
                 "changed_turns": [attrs.asdict(t) | {"decoded": t.decoded} for t in self.changed_turns]}
 
 
@@ -149,15 +152,15 @@ def compute_floor(engine: KVEngine, base_runtime: AgentRuntime, reset_runtime: A
     engine.crop(checkpoint.token_offset, prefix)
     created = [prefix]
     try:
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.thread_time()
         _run_floor(engine, prefix, blocks, changed, created)
-        wall = time.perf_counter() - started
+        wall, cpu = time.perf_counter() - started, time.thread_time() - cpu_started
     finally:
         for lineage in created:
             engine.drop(lineage)
         if previous is not None and previous in engine.lineages:
             engine.use(previous)
-    return Floor(wall_s=wall, boundary=boundary, blocks=len(blocks),
+    return Floor(wall_s=wall, cpu_s=cpu, boundary=boundary, blocks=len(blocks),
                  changed_turns=tuple(changed.values()), **floor_counts)
 
 
