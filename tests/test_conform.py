@@ -5,15 +5,17 @@ that rerun, through both the Python entry point and the command path."""
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
 import pytest
 
 from unsee.impl.cli import main
-from unsee.impl.conform import (COUNT_CHECKS, STATE_CHECKS, CommandImplementation, ConformanceInputError,
-                                EntryPointImplementation, Expected, Harness, check_file, conformance_test,
-                                get_counterfactual_episode, get_policy_checkpoints, load_entry_point, search)
+from unsee.impl.conform import (CONTRACT, CONTRACT_VERSION, COUNT_CHECKS, STATE_CHECKS, CommandImplementation,
+                                ConformanceInputError, EntryPointImplementation, Expected, Harness,
+                                ImplementationError, check_answers, check_file, conformance_test, get_counterfactual_episode,
+                                get_policy_checkpoints, load_entry_point, read_result, search)
 from unsee.impl.conform_adapters import redaction, reference
 from unsee.impl.episode import episode_to_json, load_episode, parse_episode
 
@@ -73,6 +75,47 @@ def test_policy_checkpoints_and_the_spec_boundary(policy, checkpoints, boundary)
     expected = Expected.of(episode, "secret")
     assert (expected.length, expected.tau, expected.boundary) == (4, 3, boundary)
     assert (expected.turn_steps, expected.prefix_steps) == (("t1", "t2", "t3"), ("t1", "t2"))
+
+
+SCHEMA = Path(__file__).resolve().parents[1] / "docs" / "conformance.schema.json"
+
+
+def get_required_paths(schema: dict, prefix: str = "") -> list[str]:
+    """Every required field of the schema, as a dotted path."""
+    paths = []
+    for key in schema.get("required", ()):
+        path = f"{prefix}{key}"
+        paths.append(path)
+        paths += get_required_paths(schema["properties"][key], f"{path}.")
+    for key in ("forget", "reset"):  # required when a forget was requested
+        if not prefix:
+            paths.append(key)
+            paths += get_required_paths(schema["properties"][key], f"{key}.")
+    return paths
+
+
+def test_the_schema_and_the_checker_require_the_same_fields(tmp_path):
+    schema = json.loads(SCHEMA.read_text())
+    assert (schema["properties"]["contract"]["const"], schema["properties"]["version"]["const"]) == (
+        CONTRACT, CONTRACT_VERSION)
+    answer = reference(str(write(tmp_path, ONE_STEP)), "secret")
+    assert read_result(answer, ("t1",), "secret") == answer
+    episode = parse_episode(ONE_STEP)
+    twin = reference(str(write(tmp_path, episode_to_json(get_counterfactual_episode(episode, "secret")), "cf.json")))
+    checks = check_answers(Expected.of(episode, "secret"), answer, twin)
+    assert all(c.ok for c in checks)
+    assert set(STATE_CHECKS) | set(COUNT_CHECKS) <= {c.name for c in checks}  # the names the tests filter on
+    paths = get_required_paths(schema)
+    assert len(paths) == 4 + 3 + 3 + 1 + 7 + 1 + 4
+    for path in paths:
+        broken = json.loads(json.dumps(answer))
+        *parents, last = path.split(".")
+        node = broken
+        for key in parents:
+            node = node[key]
+        del node[last]
+        with pytest.raises(ImplementationError, match=rf"result ({re.escape(path)}|contract/version)\b"):
+            read_result(broken, ("t1",), "secret")
 
 
 def junk(episode: str, forget: str | None = None) -> dict:
