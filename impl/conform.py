@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import importlib
 import json
-import os
 import shlex
 import subprocess
 import tempfile
@@ -51,8 +50,8 @@ from typing import Any
 
 import attrs
 
-from .episode import MODEL_TURN_KINDS, OBSERVED_KINDS, Episode, EpisodeError, Item, load_episode, parse_episode
-from .episode import episode_to_json
+from .episode import (MODEL_TURN_KINDS, OBSERVED_KINDS, Episode, Item, episode_to_json, load_episode,
+                      parse_episode)
 
 #: The contract's name and version (docs/conformance.md); a result names both.
 CONTRACT = "unsee.conformance"

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import given
 
 from unsee.impl.cli import main
 from unsee.impl.conform import (CONTRACT, CONTRACT_VERSION, COUNT_CHECKS, STATE_CHECKS, CommandImplementation,
@@ -18,6 +19,8 @@ from unsee.impl.conform import (CONTRACT, CONTRACT_VERSION, COUNT_CHECKS, STATE_
                                 get_policy_checkpoints, load_entry_point, read_result, search)
 from unsee.impl.conform_adapters import redaction, reference
 from unsee.impl.episode import episode_to_json, load_episode, parse_episode
+from unsee.properties.differential import get_counterfactual_steps
+from unsee.properties.episodes import TARGET, episode_jsons
 
 ADAPTERS = "unsee.impl.conform_adapters"
 
@@ -61,6 +64,16 @@ def test_counterfactual_episode_is_the_specs_stream_written_as_a_file():
     plan = parse_episode(episode_json([{"id": "t1", "kind": "plan", "source": "secret", "text": "4417 Elm"}]))
     assert episode_to_json(get_counterfactual_episode(plan, "secret"))["steps"][0] == {
         "id": "t1", "kind": "plan", "text": None, "tool": "send_message"}
+
+
+@given(raw=episode_jsons(1, 8))
+def test_the_counterfactual_file_is_the_stream_the_runtime_forgets_to(raw):
+    """The harness's counterfactual (from the spec's ``counterfactual_stream``)
+    is the runtime's sanitized stream, and survives being written as a file."""
+    episode = parse_episode(raw)
+    twin = get_counterfactual_episode(episode, TARGET)
+    assert list(twin.steps) == get_counterfactual_steps(episode.steps, TARGET)
+    assert parse_episode(json.loads(json.dumps(episode_to_json(twin)))) == twin
 
 
 @pytest.mark.parametrize("policy, checkpoints, boundary", [("every_turn", (0, 1, 2, 3, 4), 2),
