@@ -100,10 +100,10 @@ class CommandImplementation(Implementation):
                 argv += ["--forget", forget]
             try:
                 done = subprocess.run(argv, capture_output=True, text=True, timeout=self.timeout_s)
-            except FileNotFoundError:
-                raise ConformanceInputError(f"cannot run {self.argv[0]!r}: no such command") from None
             except subprocess.TimeoutExpired:
                 raise ImplementationError(f"{shlex.join(argv)} ran past {self.timeout_s:g} s") from None
+            except OSError as exc:  # not found, not executable: the harness was given a bad command
+                raise ConformanceInputError(f"cannot run {self.argv[0]!r}: {exc.strerror or exc}") from None
             if done.returncode != 0:
                 raise ImplementationError(f"{shlex.join(argv)} exited with {done.returncode}: "
                                           f"{done.stderr.strip()[-2000:]}")

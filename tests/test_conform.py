@@ -148,7 +148,7 @@ def test_a_command_that_fails_is_a_failure_and_a_missing_one_is_bad_input(tmp_pa
     assert "exited with 3: boom" in failure.error and "--forget secret" in failure.error
     silent = CommandImplementation((sys.executable, "-c", "pass"))
     assert "wrote no result.json (--out)" in Harness(silent, tmp_path).check_episode(parse_episode(ONE_STEP)).error
-    with pytest.raises(ConformanceInputError, match="no such command"):
+    with pytest.raises(ConformanceInputError, match="cannot run 'no-such-unsee-command': No such file"):
         Harness(CommandImplementation(("no-such-unsee-command",)), tmp_path).check_episode(parse_episode(ONE_STEP))
 
 
