@@ -211,6 +211,19 @@ def test_a_constant_digest_is_caught_by_the_tokens(tmp_path):
     assert {"forget = counterfactual: turns", "forget = own reset: turns"} <= set(outcome.failure.get_names())
 
 
+def test_an_implementation_that_answers_differently_is_called_flaky(tmp_path):
+    calls = []
+
+    def sometimes_junk(episode: str, forget: str | None = None) -> dict:
+        calls.append(episode)
+        return junk(episode, forget) if len(calls) == 1 else reference(episode, forget)
+
+    outcome = search(EntryPointImplementation("tests:sometimes_junk", sometimes_junk), tmp_path, examples=2)
+    assert outcome.flaky and not outcome.passed
+    assert outcome.failure.get_names() == ("implementation answered",)
+    assert "it is not deterministic, which the contract requires" in outcome.describe()
+
+
 # --- through the CLI: the command path and the entry point ------------------------------------------
 
 def test_command_path_passes_the_reference(tmp_path, capsys):
