@@ -1,12 +1,15 @@
 """Command line: ``unsee run EPISODE.json``, ``unsee demo``, and the stored
 sessions of docs/persistence.md: ``unsee run EPISODE.json --store PATH``,
 ``unsee forget PATH SOURCE_ID``, ``unsee show PATH`` and
-``unsee verify PATH [--receipt FILE] [--value V]``.
+``unsee verify PATH [--receipt FILE] [--value V]``; ``unsee conform -- CMD``
+checks another implementation against the conformance contract
+(docs/conformance.md).
 
 Exit codes: 0 success (``verify``: verified), 2 bad input (the message names
 it), 75 the store is busy or changed under us (retry later), 1 anything else
-(``verify``: a check failed), 3 ``verify`` cannot verify here (the
-environment differs from the receipt's; the message names the difference).
+(``verify``: a check failed; ``conform``: the implementation was rejected),
+3 ``verify`` cannot verify here (the environment differs from the receipt's;
+the message names the difference).
 """
 
 from __future__ import annotations
@@ -70,8 +73,31 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--tools", action="store_true",
                       help="instead: a forget whose counterfactual would not have sent a message that was sent")
 
+    conform = sub.add_parser("conform", help="check an implementation against the conformance contract "
+                                             "(docs/conformance.md) on generated episodes; a failure is "
+                                             "shrunk and written as an episode file that reruns it")
+    conform.add_argument("cmd", nargs="*", metavar="CMD",
+                         help="after '--': the implementation's command; the harness appends --episode FILE "
+                              "--out FILE [--forget SOURCE_ID]")
+    conform.add_argument("--entry", metavar="MODULE:FUNCTION",
+                         help="instead of a command: a Python function(episode_path, forget) -> result dict")
+    conform.add_argument("--examples", type=int, default=10, help="generated episodes to check (default 10)")
+    conform.add_argument("--max-steps", type=int, default=6, help="the longest generated episode (default 6)")
+    conform.add_argument("--seed", type=int, default=None,
+                         help="a random search from this seed (default: derandomized, the same episodes each run)")
+    conform.add_argument("--episode", metavar="FILE", help="check this one episode file (e.g. a counterexample) "
+                                                           "instead of generating episodes")
+    conform.add_argument("--out", default="unsee-conform", metavar="DIR",
+                         help="where a counterexample is written (default ./unsee-conform)")
+    conform.add_argument("--timeout", type=float, default=300.0, help="seconds one command may take (default 300)")
+    conform.add_argument("--no-reference", action="store_true",
+                         help="skip the token comparison with our runtime even when the implementation "
+                              "declares our engine and model")
+
     args = parser.parse_args(argv)
     try:
+        if args.command == "conform":
+            return _conform(args)
         if args.command == "demo" and args.tools:
             from .tools_demo import run_tools_demo
 
@@ -93,6 +119,22 @@ def main(argv: list[str] | None = None) -> int:
     except (EpisodeError, UnknownSourceError, ValueError) as exc:
         print(f"unsee: error: {exc}", file=sys.stderr)
         return 2
+
+
+def _conform(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from .conform import check_file, make_implementation, search
+
+    implementation = make_implementation(args.cmd, args.entry, args.timeout)
+    out = Path(args.out)
+    if args.episode:
+        outcome = check_file(implementation, args.episode, out, reference=not args.no_reference)
+    else:
+        outcome = search(implementation, out, args.examples, args.max_steps, args.seed,
+                         reference=not args.no_reference)
+    print(outcome.describe())
+    return 0 if outcome.passed else 1
 
 
 def _retry_later() -> tuple[type[Exception], ...]:

@@ -33,8 +33,14 @@ FORMAT = "unsee.episode"
 #: The version this build writes. Version 2 added the per-step ``independent``
 #: label; version 1 files (no labels) are still read.
 VERSION = 2
+#: The version an episode with an *empty* observed step needs (the
+#: counterfactual of a step whose only item was removed: ``"text": null`` on a
+#: user or plan step, ``[]`` as a memory step's records or a tool step's
+#: fields). The writer uses it only for such episodes, so every other file
+#: reads the same in a version 2 reader.
+EMPTY_STEPS_VERSION = 3
 #: Every version this build reads.
-READ_VERSIONS = (1, 2)
+READ_VERSIONS = (1, 2, 3)
 STEP_KINDS = ("user", "memory", "tool", "plan", "remember", "compact", "session")
 #: kinds whose observation carries external items (source ids)
 OBSERVED_KINDS = ("user", "memory", "tool", "plan")
@@ -103,26 +109,38 @@ def _require(condition: bool, where: str, message: str) -> None:
         raise EpisodeError(f"{where}: {message}")
 
 
-def _parse_items(raw: Mapping[str, Any], where: str) -> tuple[Item, ...]:
+def _parse_items(raw: Mapping[str, Any], where: str, version: int) -> tuple[Item, ...]:
     kind = raw["kind"]
+    # an empty observed step is the counterfactual of a step whose only item
+    # was removed (docs/episode-format.md, version 3)
+    empty_ok = version >= EMPTY_STEPS_VERSION
     if kind == "memory":
         records = raw.get("records")
-        _require(isinstance(records, list) and records, where, "a memory step needs a non-empty 'records' list")
+        _require(isinstance(records, list) and (records or empty_ok), where,
+                 "a memory step needs a non-empty 'records' list" + ("" if empty_ok else _EMPTY_HINT))
         return tuple(_parse_record(r, f"{where}.records[{i}]") for i, r in enumerate(records))
     if kind == "tool":
         fields = raw.get("fields")
         if fields is None and "text" in raw:
             fields = [{"source": raw.get("source", raw["id"]), "text": raw["text"]}]
         _require("source" not in raw or "fields" not in raw, where, "give 'source' with 'text', not with 'fields'")
-        _require(isinstance(fields, list) and fields, where, "a tool step needs 'fields' (or 'text')")
+        _require(isinstance(fields, list) and (fields or empty_ok), where,
+                 "a tool step needs 'fields' (or 'text')" + ("" if empty_ok else _EMPTY_HINT))
         return tuple(_parse_record(r, f"{where}.fields[{i}]") for i, r in enumerate(fields))
     if kind in ("user", "plan"):
-        _require(isinstance(raw.get("text"), str), where, f"a {kind} step needs a string 'text'")
+        if empty_ok and "text" in raw and raw["text"] is None:
+            _require("source" not in raw, where, "an empty step ('text': null) takes no 'source'")
+            return ()
+        hint = " (or null for an empty step)" if empty_ok else _EMPTY_HINT if "text" in raw and raw["text"] is None else ""
+        _require(isinstance(raw.get("text"), str), where, f"a {kind} step needs a string 'text'{hint}")
         source = raw.get("source", raw["id"])
         _require(isinstance(source, str) and source, where, "'source' must be a non-empty string")
         return (Item(source, raw["text"]),)
     _require("text" not in raw, where, f"a {kind} step takes no 'text'")
     return ()
+
+
+_EMPTY_HINT = f" (an empty step needs version {EMPTY_STEPS_VERSION})"
 
 
 def _parse_record(raw: Any, where: str) -> Item:
@@ -151,7 +169,7 @@ def parse_episode(raw: Any) -> Episode:
         _require(step_raw["id"] not in seen_ids, where, f"duplicate step id {step_raw['id']!r}")
         _require(step_raw.get("kind") in STEP_KINDS, where,
                  f"unknown kind {step_raw.get('kind')!r}; expected one of {STEP_KINDS}")
-        items = _parse_items(step_raw, where)
+        items = _parse_items(step_raw, where, raw["version"])
         for item in items:
             _require(item.source not in seen_sources, where, f"duplicate source id {item.source!r}")
             seen_sources.add(item.source)
@@ -241,6 +259,8 @@ def episode_to_json(episode: Episode) -> dict[str, Any]:
             raw["records"] = [{"source": i.source, "text": i.text} for i in step.items]
         elif step.kind == "tool":
             raw["fields"] = [{"source": i.source, "text": i.text} for i in step.items]
+        elif step.kind in ("user", "plan") and not step.items:
+            raw["text"] = None  # an empty step (version 3)
         elif step.kind in ("user", "plan"):
             raw["text"] = step.items[0].text
             if step.items[0].source != step.id:
@@ -250,7 +270,9 @@ def episode_to_json(episode: Episode) -> dict[str, Any]:
         if step.independent:  # written only when set: an unlabelled step reads the same in version 1
             raw["independent"] = True
         steps.append(raw)
-    out: dict[str, Any] = {"format": FORMAT, "version": VERSION, "system": episode.system,
+    empty = any(not s.items for s in episode.steps if s.kind in OBSERVED_KINDS)
+    out: dict[str, Any] = {"format": FORMAT, "version": EMPTY_STEPS_VERSION if empty else VERSION,
+                           "system": episode.system,
                            "settings": attrs.asdict(episode.settings), "steps": steps}
     if episode.target is not None:
         out["target"] = {"source": episode.target.source, "value": episode.target.value}

@@ -81,11 +81,42 @@ def test_a_version_1_file_with_a_label_is_refused_not_ignored(tmp_path):
     assert parse_episode(raw).steps[2].independent is False
 
 
-@pytest.mark.parametrize("version", [0, 3, "2"])
+@pytest.mark.parametrize("version", [0, 4, "2"])
 def test_other_versions_are_refused_by_name(version):
     raw = dict(LABELLED, version=version)
-    with pytest.raises(EpisodeError, match=rf"unsupported version {version!r}; this build reads versions 1, 2"):
+    with pytest.raises(EpisodeError, match=rf"unsupported version {version!r}; this build reads versions 1, 2, 3"):
         parse_episode(raw)
+
+
+# --- version 3: empty observed steps (the counterfactual of a removed only item) -------------------
+
+EMPTY_STEPS = [{"id": "u", "kind": "user", "text": None}, {"id": "p", "kind": "plan", "text": None},
+               {"id": "m", "kind": "memory", "records": []}, {"id": "t", "kind": "tool", "fields": []}]
+
+
+def test_empty_steps_read_in_version_3_and_round_trip():
+    raw = {"format": FORMAT, "version": 3, "system": "s", "steps": EMPTY_STEPS}
+    episode = parse_episode(raw)
+    assert [s.items for s in episode.steps] == [()] * 4
+    assert [s.tool for s in episode.steps] == [None, "send_message", None, "fetch"]
+    written = episode_to_json(episode)
+    assert written["version"] == 3
+    assert parse_episode(written) == episode
+
+
+@pytest.mark.parametrize("step", EMPTY_STEPS, ids=lambda s: s["kind"])
+def test_empty_steps_are_refused_before_version_3(step):
+    raw = {"format": FORMAT, "version": 2, "system": "s", "steps": [step]}
+    with pytest.raises(EpisodeError, match=r"steps\[0\]: .*\(an empty step needs version 3\)$"):
+        parse_episode(raw)
+
+
+def test_an_empty_step_takes_no_source_and_a_full_episode_is_still_written_as_version_2():
+    raw = {"format": FORMAT, "version": 3, "system": "s",
+           "steps": [{"id": "u", "kind": "user", "text": None, "source": "x"}]}
+    with pytest.raises(EpisodeError, match=r"steps\[0\]: an empty step \('text': null\) takes no 'source'"):
+        parse_episode(raw)
+    assert episode_to_json(parse_episode(LABELLED))["version"] == VERSION == 2
 
 
 # --- the bench's indep episodes -------------------------------------------------------------
