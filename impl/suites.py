@@ -126,12 +126,21 @@ class EvalCase:
 
     def get_tools(self) -> dict[str, Tool]:
         """The tools a :class:`~unsee.impl.tools.ToolAgentRuntime` needs for
-        this case's plan steps (:func:`get_suite_tools`)."""
-        return get_suite_tools()
+        this case's plan steps: :func:`get_suite_tools`, plus stand-ins for
+        an AgentDojo case's functions (``meta["plan_tools"]``)."""
+        tools = get_suite_tools()
+        if self.meta.get("plan_tools"):
+            from .suites_agentdojo import get_plan_tools
+            tools |= get_plan_tools(self.meta)
+        return tools
 
-    def get_sink_classes(self, tool: str) -> dict[str, str]:
-        """``{argument: sink class}`` of one tool, in the tool's parameter order."""
-        return {s.arg: s.sink_class for s in self.sinks if s.tool == tool}
+    def get_sink_map(self) -> dict[str, dict[str, str]]:
+        """``{tool: {argument: sink class}}``: what B8/B9's policy reads
+        (``apply_method(..., sinks=case.get_sink_map())``)."""
+        out: dict[str, dict[str, str]] = {}
+        for s in self.sinks:
+            out.setdefault(s.tool, {})[s.arg] = s.sink_class
+        return out
 
 
 # --- tools the suites plan with ------------------------------------------------------
@@ -143,23 +152,13 @@ def _pay(env: Environment, call: Call) -> str:
     return f"paid {amount} to {account} ({call.call_id})"
 
 
-def _send_money(env: Environment, call: Call) -> str:
-    recipient, amount, subject = call.arg("recipient"), call.arg("amount"), call.arg("subject")
-    env.put(f"transactions/{call.call_id}", f"{amount} to {recipient}: {subject}")
-    return f"sent {amount} to {recipient} ({call.call_id})"
-
-
 def get_suite_tools() -> dict[str, Tool]:
-    """:func:`~unsee.impl.tools.default_tools` plus the suites' own
-    consequential tools: ``pay(account, amount, memo)`` (tool suite) and
-    ``send_money(recipient, amount, subject)`` (AgentDojo banking, the
-    argument names of its ``send_money``). Arguments come from the model's
-    plan text except ``send_message.to`` (the scaffold copies the last
-    address of the latest tool result, see docs/tools.md)."""
+    """:func:`~unsee.impl.tools.default_tools` plus the tool suite's
+    ``pay(account, amount, memo)``. Arguments come from the model's plan
+    text except ``send_message.to`` (the scaffold copies the last address of
+    the latest tool result, see docs/tools.md)."""
     tools = default_tools()
     tools["pay"] = Tool("pay", ("account", "amount", "memo"), True, _pay, required=("account",))
-    tools["send_money"] = Tool("send_money", ("recipient", "amount", "subject"), True, _send_money,
-                               required=("recipient",))
     return tools
 
 
@@ -168,7 +167,6 @@ TOOL_SINKS: dict[str, dict[str, str]] = {
     "send_message": {"to": "routing", "body": "free_text"},
     "pay": {"account": "routing", "amount": "free_text", "memo": "free_text"},
     "book": {"item": "selection", "date": "selection"},
-    "send_money": {"recipient": "routing", "amount": "free_text", "subject": "free_text"},
 }
 
 
@@ -589,7 +587,7 @@ def check_case(case: EvalCase) -> None:
             raise SuiteError(f"case {case.id}: fact {fact.source!r} is the target")
         if normalize(fact.value) not in normalize(items[fact.source]):
             raise SuiteError(f"case {case.id}: fact value {fact.value!r} is not in item {fact.source!r}")
-    tools = get_suite_tools()
+    tools = case.get_tools()
     planned = {s.tool for s in ep.steps if s.kind == "plan"}
     for sink in case.sinks:
         tool = tools.get(sink.tool)
