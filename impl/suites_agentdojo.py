@@ -274,6 +274,7 @@ def generate_agentdojo(n: int, seed: int = 0) -> list:
     """``n`` cases, the suites taken in turn (banking, slack, travel,
     workspace), within each suite the pairs in order (seed 0) or a seeded
     shuffle; pairs that give no case are skipped."""
+    _require_agentdojo()  # a clear error even when the suites are cached
     iterators = {name: _pairs(name, seed) for name in SUITE_NAMES}
     out: list = []
     exhausted: set[str] = set()

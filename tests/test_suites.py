@@ -5,6 +5,7 @@ generated suite run on the tiny model."""
 from __future__ import annotations
 
 import json
+import sys
 
 import attrs
 import pytest
@@ -177,6 +178,13 @@ def test_generate_suite_refuses_bad_requests():
             generate_suite("memory", n)
     with pytest.raises(SuiteError, match="duplicate case ids"):
         write_suite(generate_suite("memory", 1) * 2, "unused")
+
+
+def test_agentdojo_suite_names_its_missing_package(monkeypatch):
+    """Runs with or without the package: absent, the error names it."""
+    monkeypatch.setitem(sys.modules, "agentdojo", None)  # what an absent package looks like to import
+    with pytest.raises(ImportError, match=r"agentdojo==0\.1\.35"):
+        generate_suite("agentdojo", 1)
 
 
 # --- on the tiny model ------------------------------------------------------------------------
