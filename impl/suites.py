@@ -203,19 +203,19 @@ _FILLER = ("Hi, I hope you are well today.", "What is a quick breakfast idea?", 
 #: ``{u}`` is the user's first name, ``{v}`` the value.
 _MEMORY_KINDS: dict[str, tuple[str, str, str, str]] = {
     "address": ("{u}'s home address is {v}.", "What is my home address?",
-                "I am ordering a taxi home; which address should I give the driver?", "{u}'s home address is"),
+                "I am ordering a taxi home. What address should I give the driver?", "{u}'s home address is"),
     "pet": ("{u}'s dog is called {v}.", "What is my dog called?",
-            "I need a name tag for my dog; what name goes on it?", "{u}'s dog is called"),
+            "I am ordering a name tag for my dog. What name goes on it?", "{u}'s dog is called"),
     "employer": ("{u} works at {v}.", "Where do I work?",
-                 "Fill in the employer field of my loan form for me.", "{u} works at"),
+                 "I am filling in a loan form. What do I write as my employer?", "{u} works at"),
     "birthday": ("{u}'s birthday is on {v}.", "When is my birthday?",
-                 "Set up my birthday reminder; which date should it use?", "{u}'s birthday is on"),
+                 "I am setting up a birthday reminder. What date is my birthday?", "{u}'s birthday is on"),
     "phone": ("{u}'s phone number is {v}.", "What is my phone number?",
-              "The courier needs a number to call me; which one should I give?", "{u}'s phone number is"),
+              "The courier needs a number to call me. What is my phone number?", "{u}'s phone number is"),
     "allergy": ("{u} is allergic to {v}.", "What am I allergic to?",
-                "Tell the restaurant about my allergy; what should I say?", "{u} is allergic to"),
+                "I am booking a restaurant. What allergy should I tell them about?", "{u} is allergic to"),
     "doctor": ("{u}'s family doctor is Dr. {v}.", "Who is my family doctor?",
-               "Make a note for my doctor's appointment; which doctor is it with?", "{u}'s family doctor is Dr."),
+               "I am booking a check-up. Which doctor do I see?", "{u}'s family doctor is Dr."),
 }
 
 
