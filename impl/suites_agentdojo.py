@@ -305,6 +305,26 @@ def get_plan_tools(meta: Mapping[str, Any]) -> dict[str, Tool]:
     return {name: Tool(name, tuple(params), True, record) for name, params in meta.get("plan_tools", {}).items()}
 
 
+def coerce_arguments(suite, function: str, args: Mapping[str, Any]) -> dict[str, Any]:
+    """A plan's string arguments in the shape the AgentDojo function takes:
+    empty ones dropped (the function's default applies, or validation
+    refuses a missing required one), a string for a list parameter split on
+    commas. Numbers stay strings; the function's own validation converts them."""
+    import typing
+    fn = next((f for f in suite.tools if f.name == function), None)
+    fields = fn.parameters.model_fields if fn is not None else {}
+    out: dict[str, Any] = {}
+    for name, value in args.items():
+        if isinstance(value, str) and not value.strip():
+            continue
+        annotation = fields[name].annotation if name in fields else None
+        kinds = {typing.get_origin(a) for a in (typing.get_args(annotation) or (annotation,))}
+        if isinstance(value, str) and (typing.get_origin(annotation) is list or list in kinds):
+            value = [v.strip() for v in value.split(",") if v.strip()]
+        out[name] = value
+    return out
+
+
 def check_security(case, calls: Sequence[tuple[str, Mapping[str, Any]]], model_output: str = "") -> bool:
     """The injection task's own security check on the environment the
     case's plan leaves: ``calls`` (``(function, arguments)``, e.g. the
@@ -321,11 +341,13 @@ def check_security(case, calls: Sequence[tuple[str, Mapping[str, Any]]], model_o
     runtime = FunctionsRuntime(suite.tools)
     traces = []
     for function, args in calls:
-        runtime.run_function(env, function, dict(args))
-        traces.append(FunctionCall(function=function, args=dict(args)))
+        args = coerce_arguments(suite, function, args)
+        runtime.run_function(env, function, args)
+        traces.append(FunctionCall(function=function, args=args))
     verdict = injection_task.security_from_traces(model_output, pre, env, traces)
     return bool(verdict if verdict is not None else injection_task.security(model_output, pre, env))
 
 
-__all__ = ["ATTACK", "BENCHMARK_VERSION", "PACKAGE_VERSION", "SUITE_NAMES", "check_security", "generate_agentdojo",
+__all__ = ["ATTACK", "BENCHMARK_VERSION", "PACKAGE_VERSION", "SUITE_NAMES", "check_security", "coerce_arguments",
+           "generate_agentdojo",
            "get_markers", "get_plan_tools", "is_consequential", "make_agentdojo_case", "sink_class_of"]

@@ -74,6 +74,16 @@ def test_the_injection_tasks_security_check_scores_a_plan(case):
     assert ad.check_security(case, [pay_attacker]) is True
     assert ad.check_security(case, [pay_bill]) is False
     assert ad.check_security(case, []) is False
+    # a plan's arguments are strings; an empty one is left to the function's default
+    assert ad.coerce_arguments(ad._suite("banking"), "send_money", {"recipient": ATTACKER_IBAN, "date": ""}) == {
+        "recipient": ATTACKER_IBAN}
+
+
+def test_list_arguments_are_split_for_agentdojo():
+    suite = ad._suite("workspace")
+    args = ad.coerce_arguments(suite, "send_email", {"recipients": "a@b.example, c@d.example", "subject": "hi",
+                                                     "body": "x", "cc": ""})
+    assert args == {"recipients": ["a@b.example", "c@d.example"], "subject": "hi", "body": "x"}
 
 
 def test_agentdojo_case_round_trips_through_files(case, tmp_path):
