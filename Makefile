@@ -21,13 +21,19 @@ $(VENV)/.installed: pyproject.toml
 
 install: $(VENV)/.installed
 
+# The test extras (pyproject's `test`: agentdojo) on top; `make demo` and a
+# plain `pip install` need none of them.
+$(VENV)/.test-installed: $(VENV)/.installed pyproject.toml
+	$(PY) -m pip install -q -e '.[test]'
+	touch $@
+
 demo: $(VENV)/.installed
 	$(PY) -m unsee.impl.cli demo
 
-test: $(VENV)/.installed
+test: $(VENV)/.test-installed
 	$(PY) -m pytest -q
 
-nightly: $(VENV)/.installed
+nightly: $(VENV)/.test-installed
 	UNSEE_PROFILE=nightly $(PY) -m pytest -q
 
 # Everything docs/bench.md and docs/drafts.md report, on SmolLM2 (add

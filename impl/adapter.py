@@ -311,6 +311,36 @@ def crop_cache(cache, keep: int) -> None:
         raise RuntimeError(f"transformers {TRANSFORMERS_VERSION}: crop left {got} tokens, wanted {keep}")
 
 
+def excise_cache_span(cache, start: int, end: int) -> None:
+    """Remove positions ``[start, end)`` from every layer of the cache, in
+    place, keeping the suffix's keys and values as they are (span-only
+    excision, the paper's Table 4 ablation). The suffix keys keep the rotary
+    positions they were computed at, and the next token is placed at the new,
+    shorter length: the misplacement the ablation measures.
+
+    Each layer gets new tensors (``torch.cat``), never a write into the old
+    ones, so a cache sharing a prefix with this one (``share_cache_prefix``)
+    is left alone.
+    """
+    cur = cache_length(cache)
+    if not 0 <= start <= end <= cur:
+        raise ValueError(f"excise_cache_span: [{start}, {end}) is not inside [0, {cur}]")
+    if start == end:
+        return
+    if not hasattr(cache, "layers"):
+        raise NotImplementedError(f"transformers {TRANSFORMERS_VERSION}: excision needs a per-layer cache")
+    with torch.inference_mode():
+        for layer in cache.layers:
+            if not getattr(layer, "is_initialized", False) or layer.keys is None:
+                continue
+            layer.keys = torch.cat([layer.keys[..., :start, :], layer.keys[..., end:, :]], dim=-2)
+            layer.values = torch.cat([layer.values[..., :start, :], layer.values[..., end:, :]], dim=-2)
+    got = cache_length(cache)
+    if got != cur - (end - start):
+        raise RuntimeError(f"transformers {TRANSFORMERS_VERSION}: excision left {got} tokens, "
+                           f"wanted {cur - (end - start)}")
+
+
 def cache_tensors(cache) -> Iterator[tuple[torch.Tensor | None, torch.Tensor | None]]:
     """Yield (keys, values) per layer, each [batch, kv_heads, seq, head_dim].
 

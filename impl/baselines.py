@@ -15,13 +15,17 @@ B5'   reset-prefix-cache     B5 served by the engine's prefix cache: the KV of
                              whole matching prefill chunks is reused, not
                              recomputed (``KVEngine.prefix_cache``)
 B6    sanitized-rebuild      string-redact every block, rebuild the cache
+--    span-excision          Table 4's "target span only": cut the target's token
+                             span out of the live KV, keep the suffix KV as it was
 B7    replay                 Provenance-Guided Selective Replay (Algorithm 1),
                              model turns replayed as verified drafts (impl/drafts.py)
 B7    replay-decode          the same, every model turn re-decoded (no drafts)
 B7o   replay-oracle          the paper's variant: turns labelled independent of z
                              re-prefilled unverified (attribution oracle; not
                              exact when a label is wrong)
-B8    ifc                    FIDES-style sink policy on plans, no cleanup
+B8    ifc                    FIDES-style sink policy on plans, no cleanup:
+                             identifier arguments (routing, selection) of a
+                             tainted plan are blocked, free text passes
 B9    ifc-replay             B7 then the same sink policy
 ====  =====================  ===================================================
 """
@@ -30,20 +34,25 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import attrs
 
 from .text import get_variants, normalize
 from .provenance import DERIVED_TYPES, RuntimeBlock
+from .tools import parse_arguments
 from .runtime import AgentRuntime, ForgetReport, render
 
 METHODS = ("none", "memory-delete", "forget-instruction", "source-redaction", "sanitize-no-replay", "reset",
-           "reset-prefix-cache", "sanitized-rebuild", "replay", "replay-decode", "replay-oracle", "ifc", "ifc-replay")
+           "reset-prefix-cache", "sanitized-rebuild", "span-excision", "replay", "replay-decode", "replay-oracle",
+           "ifc", "ifc-replay")
+#: The sink classes B8's policy treats as identifiers: blocked when tainted.
+IDENTIFIER_SINKS = ("routing", "selection")
 PAPER_NAMES = {"none": "B0 No-Forget", "memory-delete": "B1 Memory-Delete",
                "forget-instruction": "B2 Forget-Instruction", "source-redaction": "B3 Source-Redaction",
                "sanitize-no-replay": "B4 Sanitize-no-Replay", "reset": "B5 Full-Reset",
                "reset-prefix-cache": "B5' +PrefixCache", "sanitized-rebuild": "B6 Sanitized-Rebuild",
+               "span-excision": "Span-only excision (Table 4)",
                "replay": "B7 Selective-Replay", "replay-decode": "B7 Selective-Replay (no drafts)",
                "replay-oracle": "B7-oracle (attribution oracle)", "ifc": "B8 FIDES-style IFC",
                "ifc-replay": "B9 IFC + Replay"}
@@ -57,7 +66,9 @@ class MethodResult:
     decoded_tokens: int
     wall_s: float
     digest: str
-    blocked_plans: tuple[str, ...] = ()  # B8/B9: plans the sink policy refuses
+    blocked_plans: tuple[str, ...] = ()  # B8/B9: tainted plans with an argument the sink policy blocks
+    #: B8/B9: (plan block id, argument) pairs the sink policy blocks
+    blocked_args: tuple[tuple[str, str], ...] = ()
     report: ForgetReport | None = None
     draft_accepted_tokens: int = 0  # B7: draft tokens verified instead of decoded
     draft_rejected_tokens: int = 0
@@ -75,9 +86,14 @@ class MethodResult:
         return out
 
 
-def apply_method(base: AgentRuntime, method: str, source_id: str, value: str | None = None) -> tuple[
-        AgentRuntime, MethodResult]:
-    """Run one method on a fork of ``base``; ``base`` is left unchanged."""
+def apply_method(base: AgentRuntime, method: str, source_id: str, value: str | None = None,
+                 sinks: Mapping[str, Mapping[str, str]] | None = None) -> tuple[AgentRuntime, MethodResult]:
+    """Run one method on a fork of ``base``; ``base`` is left unchanged.
+
+    ``sinks`` (``{tool: {argument: sink class}}``, e.g. from
+    :data:`unsee.impl.suites.TOOL_SINKS`) is what B8 and B9's policy reads;
+    a tool it does not describe has every argument treated as an identifier
+    (the whole tainted plan is blocked, the conservative reading)."""
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}; expected one of {METHODS}")
     base.graph.locate_source(source_id)  # an unknown source fails before any work
@@ -103,11 +119,13 @@ def apply_method(base: AgentRuntime, method: str, source_id: str, value: str | N
     else:
         _EDITS[method](runtime, source_id, value)
         invocations = runtime.transitions - transitions_before
+    blocked_args: tuple[tuple[str, str], ...] = ()
     if method in ("ifc", "ifc-replay"):
-        blocked = get_blocked_plans(runtime, source_id)
+        blocked_args = get_blocked_args(runtime, source_id, sinks)
+        blocked = tuple(dict.fromkeys(plan for plan, _ in blocked_args))
     spent = runtime.engine.counters.snapshot() - before
     result = MethodResult(method, invocations, spent.prefilled_tokens, spent.decoded_tokens,
-                          time.perf_counter() - started, runtime.digest(), blocked, report,
+                          time.perf_counter() - started, runtime.digest(), blocked, blocked_args, report,
                           spent.draft_accepted_tokens, spent.draft_rejected_tokens, spent.reused_tokens)
     return runtime, result
 
@@ -152,6 +170,76 @@ def redact_strings(runtime: AgentRuntime, source_id: str, value: str | None) -> 
     _rebuild(runtime, keep=lambda b: True, transform=redact)
 
 
+def excise_span(runtime: AgentRuntime, source_id: str, value: str | None) -> None:
+    """Span-only excision (the paper's Table 4, "target span only"): in the
+    live cache, cut out the tokens of the target item wherever its text sits
+    verbatim in an observation block (the step it entered in, a memory block
+    that re-injected it), and keep every other position's KV as it was
+    computed, the suffix included. The stored records of the target go too;
+    derived artifacts (answers, summaries, plans, notes) stay, as in B3.
+
+    The suffix KV was computed while attending to the target, and its rotary
+    positions no longer match the shorter cache; both are what the ablation
+    measures. The token span is the shortest run of the block's tokens whose
+    decoding contains the item's text."""
+    items = [i.text for s in runtime.steps for i in s.items if i.source == source_id]
+    lm, engine = runtime.engine.lm, runtime.engine
+    cuts: dict[str, tuple[int, int, str]] = {}  # block id -> (start, end) in its own tokens, the item text
+    for block_id in runtime.context:
+        block = runtime.graph[block_id]
+        if block.type in DERIVED_TYPES or source_id not in block.source_ids:
+            continue
+        for text in items:
+            span = _find_token_span(lm, block.tokens, text) if text and text in block.text else None
+            if span is not None:
+                cuts[block_id] = (*span, text)
+                break
+    runtime.memory = [b for b in runtime.memory if not (runtime.graph[b].type == "memory_record"
+                                                        and source_id in runtime.graph[b].source_ids)]
+    if not cuts:
+        return
+    engine.use(runtime.lineage)
+    for block_id in reversed(runtime.context):  # back to front: earlier offsets stay valid
+        if block_id in cuts:
+            a, z, _ = cuts[block_id]
+            start = runtime.graph[block_id].token_span[0]
+            engine.excise(start + a, start + z)
+    offset = 0
+    for block_id in runtime.context:
+        block = runtime.graph[block_id]
+        tokens, text, chunks = block.tokens, block.text, block.chunks
+        if block_id in cuts:
+            a, z, item = cuts[block_id]
+            tokens, text, chunks = tokens[:a] + tokens[z:], text.replace(item, "", 1), ()
+        runtime.graph.replace(attrs.evolve(block, tokens=tuple(tokens), text=text,
+                                           token_span=(offset, offset + len(tokens)), chunks=chunks))
+        offset += len(tokens)
+
+
+def _find_token_span(lm, tokens: tuple[int, ...], text: str) -> tuple[int, int] | None:
+    """The shortest ``[a, b)`` with ``text`` in ``decode(tokens[a:b])``:
+    the smallest such end ``b`` and then the largest start ``a``, each found
+    by bisection (containment is monotone in both)."""
+    if text not in lm.decode(list(tokens)):
+        return None
+    lo, hi = 0, len(tokens)
+    while lo < hi:  # smallest b with text in decode(tokens[:b])
+        mid = (lo + hi) // 2
+        if text in lm.decode(list(tokens[:mid])):
+            hi = mid
+        else:
+            lo = mid + 1
+    end = lo
+    lo, hi = 0, end
+    while lo < hi:  # largest a with text in decode(tokens[a:end])
+        mid = (lo + hi + 1) // 2
+        if text in lm.decode(list(tokens[mid:end])):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo, end
+
+
 _EDITS: dict[str, Callable[[AgentRuntime, str, str | None], None]] = {
     "none": lambda runtime, source_id, value: None,
     "memory-delete": delete_memory_records,
@@ -159,6 +247,7 @@ _EDITS: dict[str, Callable[[AgentRuntime, str, str | None], None]] = {
     "source-redaction": redact_source,
     "sanitize-no-replay": drop_closure,
     "sanitized-rebuild": redact_strings,
+    "span-excision": excise_span,
     "ifc": lambda runtime, source_id, value: None,
 }
 
@@ -206,6 +295,49 @@ def _ensure(runtime: AgentRuntime, block: RuntimeBlock) -> bool:
 
 # --- IFC -----------------------------------------------------------------------
 
-def get_blocked_plans(runtime: AgentRuntime, source_id: str) -> tuple[str, ...]:
-    """B8's sink policy: a pending plan labelled with the target may not fire."""
-    return tuple(p for p in runtime.plans if source_id in runtime.graph[p].source_ids)
+def get_blocked_plans(runtime: AgentRuntime, source_id: str,
+                      sinks: Mapping[str, Mapping[str, str]] | None = None) -> tuple[str, ...]:
+    """The pending plans labelled with the target that B8's policy stops
+    from firing as planned: those with a blocked argument (:func:`get_blocked_args`)."""
+    return tuple(dict.fromkeys(plan for plan, _ in get_blocked_args(runtime, source_id, sinks)))
+
+
+def get_blocked_args(runtime: AgentRuntime, source_id: str,
+                     sinks: Mapping[str, Mapping[str, str]] | None = None) -> tuple[tuple[str, str], ...]:
+    """B8's sink policy, by sink class as FIDES applies it (paper, Section
+    4.1 "Methods"): a pending plan labelled with the target (its block's
+    source ids hold it) may not pass a value into an identifier sink
+    (:data:`IDENTIFIER_SINKS`: routing, selection); free-text arguments of
+    the same plan pass. Returns the blocked ``(plan block id, argument)``
+    pairs. A tool that ``sinks`` does not describe has every argument
+    treated as an identifier; with no arguments known, the pair
+    ``(plan, "*")`` blocks the whole plan."""
+    out: list[tuple[str, str]] = []
+    tools = {f"{s.id}/plan": s.tool for s in runtime.steps if s.kind == "plan"}
+    for plan in runtime.plans:
+        if source_id not in runtime.graph[plan].source_ids:
+            continue
+        classes = (sinks or {}).get(tools.get(plan) or "")
+        if classes is None:
+            out.append((plan, "*"))
+            continue
+        out.extend((plan, arg) for arg, cls in classes.items() if cls in IDENTIFIER_SINKS)
+    return tuple(out)
+
+
+def get_plan_arguments(runtime: AgentRuntime, params_by_tool: Mapping[str, tuple[str, ...]]) -> dict[
+        str, dict[str, str]]:
+    """``{plan block id: {argument: value}}`` of the pending plans: from the
+    tool layer's calls where the runtime made them (scaffold-filled
+    arguments included), else parsed from the plan text with the tool's
+    parameters (:func:`~unsee.impl.tools.parse_arguments`)."""
+    calls = {f"{c.step_id}/plan": dict(c.args) for c in getattr(runtime, "calls", ())}
+    tools = {f"{s.id}/plan": s.tool for s in runtime.steps if s.kind == "plan"}
+    out = {}
+    for plan in runtime.plans:
+        if plan in calls:
+            out[plan] = calls[plan]
+        else:
+            params = params_by_tool.get(tools.get(plan) or "", ())
+            out[plan] = parse_arguments(tuple(params), runtime.graph[plan].text)[0]
+    return out

@@ -564,6 +564,22 @@ class KVEngine:
         lin.last_logits = None
         lin.cut(n_tokens)
 
+    def excise(self, start: int, end: int, lineage: str | None = None) -> None:
+        """Remove the tokens ``[start, end)`` of a lineage from its cache and
+        keep the rest as computed (span-only excision, a baseline of the
+        paper's invalidation-boundary ablation; never used by a forget). The
+        chunk history is cut at ``start`` and the last logits cleared, as a
+        crop does: what follows is no longer a prefill sequence."""
+        lin = self._get(lineage)
+        length = adapter.cache_length(lin.cache)
+        a, b = _as_int(start), _as_int(end)
+        if a is None or b is None or not 0 <= a <= b <= length:
+            raise ValueError(f"excise: [{start!r}, {end!r}) is not inside [0, {length}] (the lineage's length)")
+        adapter.excise_cache_span(lin.cache, a, b)
+        del lin.tokens[a:b]
+        lin.last_logits = None
+        lin.cut(a)
+
     def digest(self, lineage: str | None = None) -> str:
         """sha256 over every layer's key and value tensors (dtype, shape,
         bytes), taken from contiguous CPU copies. Equal digests mean bitwise
