@@ -72,6 +72,7 @@ class EvalConfig:
     temperature: float = 0.7  # of the Leak@5 draws
     max_new_tokens: int | None = None  # of every probe; None: the episode's setting
     workers: int = 1
+    kv_budget: int | None = None  # of each process's engine (impl/kv.py)
 
     def __attrs_post_init__(self) -> None:
         unknown = [m for m in self.methods if m not in METHODS]
@@ -95,18 +96,22 @@ class EvalConfig:
 
 
 def get_suite_names(suite: str) -> tuple[str, ...]:
-    if suite == "all":
+    """``all``, one suite, or a comma-separated list of suites."""
+    names = [s.strip() for s in suite.split(",") if s.strip()]
+    if names == ["all"]:
         return SUITES
-    if suite not in SUITES:
-        raise EvalError(f"unknown suite {suite!r}; expected one of {SUITES + ('all',)}")
-    return (suite,)
+    unknown = [s for s in names if s not in SUITES]
+    if unknown or not names:
+        raise EvalError(f"unknown suite {', '.join(map(repr, unknown)) or repr(suite)}; expected one of "
+                        f"{SUITES + ('all',)} or a comma-separated list")
+    return tuple(dict.fromkeys(names))
 
 
 def generate_cases(suite: str, n: int, seed: int = 0) -> list[EvalCase]:
     """``n`` cases of each named suite, from the suite generators (impl/suites.py)."""
+    names = get_suite_names(suite)
     if not isinstance(n, int) or isinstance(n, bool) or n <= 0:
         raise EvalError(f"--n must be a positive integer, got {n!r}")
-    names = get_suite_names(suite)
     from . import suites
 
     generate = getattr(suites, "generate_suite", None)
@@ -378,7 +383,7 @@ def load_engine(config: EvalConfig):
     from .kv import KVEngine
     from .models import load_model
 
-    return KVEngine(load_model(config.model, device=config.device, dtype=config.dtype))
+    return KVEngine(load_model(config.model, device=config.device, dtype=config.dtype), kv_budget=config.kv_budget)
 
 
 def _progress_bar(total: int, enabled: bool):
