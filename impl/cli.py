@@ -84,6 +84,8 @@ def main(argv: list[str] | None = None) -> int:
                           help="rows.jsonl, report.md and plots go here; an existing rows.jsonl is resumed")
     evaluate.add_argument("--seed", type=int, default=0, help="the suite generators' seed")
     evaluate.add_argument("--samples", type=int, default=5, help="Leak@5 draws per state (default 5)")
+    evaluate.add_argument("--probe-tokens", type=int, default=None, metavar="N",
+                          help="tokens per probe answer and Leak@5 draw (default: the episode's max_new_tokens)")
     evaluate.add_argument("--workers", type=int, default=1,
                           help="worker processes, one torch thread each (default 1: this process)")
     evaluate.add_argument("--report-only", action="store_true", help="rewrite report.md from the rows; run nothing")
@@ -257,7 +259,8 @@ def _eval(args: argparse.Namespace) -> int:
             raise EvalError(f"--n must be a positive integer, got {args.n}")
         methods = tuple(m.strip() for m in args.methods.split(",") if m.strip())
         config = EvalConfig(model=args.model, device=args.device, dtype=args.dtype, methods=methods,
-                            samples=args.samples, workers=args.workers, kv_budget=args.kv_budget)
+                            samples=args.samples, workers=args.workers, kv_budget=args.kv_budget,
+                            max_new_tokens=args.probe_tokens)
     out = check_out_dir(Path(args.out))
     if args.report_only:
         rows = read_rows(out / ROWS_FILE)

@@ -55,7 +55,7 @@ REFERENCE = "reset"
 #: the task query of an episode that names none
 DEFAULT_TASK = "What do you know about the user?"
 #: the row fields a resumed run checks against its own configuration
-CONFIG_FIELDS = ("model", "device", "dtype", "samples", "temperature")
+CONFIG_FIELDS = ("model", "device", "dtype", "samples", "temperature", "probe_tokens")
 
 
 class EvalError(ValueError):
@@ -84,6 +84,8 @@ class EvalConfig:
             raise EvalError(f"samples must be >= 0, got {self.samples}")
         if not self.temperature > 0:
             raise EvalError(f"the Leak@5 temperature must be > 0, got {self.temperature}")
+        if self.max_new_tokens is not None and not 1 <= self.max_new_tokens <= 4096:
+            raise EvalError(f"probe tokens must be in 1..4096, got {self.max_new_tokens}")
         if self.workers < 1:
             raise EvalError(f"workers must be >= 1, got {self.workers}")
 
@@ -179,7 +181,7 @@ def check_out_dir(out: Path) -> Path:
 def check_resumable(rows: Sequence[dict], config: EvalConfig, path: Path) -> None:
     """Rows from another configuration would mix two experiments in one report."""
     wanted = {"model": config.model, "device": config.device, "dtype": config.dtype, "samples": config.samples,
-              "temperature": config.temperature}
+              "temperature": config.temperature, "probe_tokens": config.max_new_tokens}
     for number, row in enumerate(rows, start=1):
         for field in CONFIG_FIELDS:
             if field in row and row[field] != wanted[field]:
@@ -324,7 +326,7 @@ def _row(case: EvalCase, method: str, result, config: EvalConfig, carries: bool,
     return {"row_version": ROW_VERSION, "suite": case.suite, "case": case.id, "method": method,
             "paper_name": PAPER_NAMES.get(method, method), "model": config.model, "device": config.device,
             "dtype": config.dtype, "threads": _threads(), "samples": config.samples,
-            "temperature": config.temperature, "T": base.t,
+            "temperature": config.temperature, "probe_tokens": config.max_new_tokens, "T": base.t,
             "tau": report.tau if report is not None else base.graph.first_entry(case.episode.target.source),
             "memory_carries_target": carries, "digest": result.digest,
             "efficiency": get_efficiency(result)}
