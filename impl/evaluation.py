@@ -33,6 +33,7 @@ naming the line) and runs only the missing (episode, method) pairs.
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import os
 import sys
@@ -43,7 +44,8 @@ import attrs
 
 from .audit import find_leaks, get_probes
 from .baselines import METHODS, PAPER_NAMES, apply_method
-from .metrics import Action, compute_cad, get_actions, get_efficiency, is_fact_kept, score_leaks
+from .metrics import (Action, apply_sink_policy, compute_cad, get_actions, get_efficiency, is_fact_kept,
+                      score_leaks)
 from .runtime import AgentRuntime
 from .suites import SUITES, EvalCase
 from .text import normalize
@@ -196,18 +198,47 @@ def make_runtime(engine, case: EvalCase, progress=None) -> AgentRuntime:
     """The contaminated base state of a case: a tool runtime (impl/tools.py)
     when every plan step names a default tool, else the plain runtime, whose
     plans stay pending calls."""
-    from .tools import Environment, ToolAgentRuntime, default_tools
+    from .tools import ToolAgentRuntime, default_tools
 
+    # a suite may bring its own tools (EvalCase.get_tools, where the build has it)
+    tools = case.get_tools() if hasattr(case, "get_tools") else default_tools()
     plans = [s for s in case.episode.steps if s.kind == "plan"]
-    if plans and all(s.tool in default_tools() for s in plans):
-        world = getattr(case, "world", None)
-        return ToolAgentRuntime.from_episode(engine, case.episode, progress,
-                                             world=Environment(dict(world)) if world else None)
+    if plans and all(s.tool in tools for s in plans):
+        return ToolAgentRuntime.from_episode(engine, case.episode, progress, tools=tools)
     return AgentRuntime.from_episode(engine, case.episode, progress)
 
 
+def get_sink_map(case: EvalCase) -> dict[str, dict[str, str]]:
+    """``{tool: {argument: sink class}}`` of a case: what B8/B9's policy reads."""
+    if hasattr(case, "get_sink_map"):
+        return case.get_sink_map()
+    out: dict[str, dict[str, str]] = {}
+    for sink in case.sinks:
+        out.setdefault(sink.tool, {})[sink.arg] = sink.sink_class
+    return out
+
+
+def run_method(base: AgentRuntime, method: str, case: EvalCase):
+    """``apply_method`` with the case's sink classes where this build's B8 reads them."""
+    target = case.episode.target
+    if "sinks" in inspect.signature(apply_method).parameters:
+        return apply_method(base, method, target.source, target.value, sinks=get_sink_map(case))
+    return apply_method(base, method, target.source, target.value)
+
+
+def get_blocked_args(result) -> tuple[tuple[str, str], ...]:
+    """What the IFC policy blocked: ``(plan, argument)`` pairs, or whole plans
+    (``(plan, "*")``) from a build whose B8 blocks every tainted plan."""
+    blocked = getattr(result, "blocked_args", None)
+    if blocked is None:
+        blocked = tuple((plan, "*") for plan in result.blocked_plans)
+    return tuple(tuple(b) for b in blocked)
+
+
 def get_task(case: EvalCase) -> str:
-    return case.episode.probes[0] if case.episode.probes else DEFAULT_TASK
+    """The task query: the case's, else the episode's first probe, else a generic one."""
+    task = getattr(case, "task", None)
+    return task or (case.episode.probes[0] if case.episode.probes else DEFAULT_TASK)
 
 
 def draw_seed(case: EvalCase, draw: int) -> int:
@@ -236,13 +267,13 @@ def evaluate_state(runtime: AgentRuntime, result, case: EvalCase, config: EvalCo
     tokens = config.max_new_tokens or case.episode.settings.max_new_tokens
     task = get_task(case)
     probes = {}
-    for name, question in get_probes(task=task).items():
+    for name, question in get_probes(task=task, cue=getattr(case, "cue", None)).items():
         answer = runtime.probe(question, tokens)
         probes[name] = {"answer": answer, "leaked": bool(find_leaks([(name, answer)], target.value))
                         if target.value else False}
     final_answer = probes["task"]["answer"]
-    blocked = set(result.blocked_plans)
-    actions = [a for a in get_actions(runtime, case) if f"{a.step_id}/plan" not in blocked]
+    blocked = get_blocked_args(result)
+    actions = apply_sink_policy(get_actions(runtime, case), blocked)
     leaks = score_leaks(runtime, case, final_answer, actions)
     draws = []
     for i in range(config.samples):
@@ -254,7 +285,7 @@ def evaluate_state(runtime: AgentRuntime, result, case: EvalCase, config: EvalCo
     row: dict = {"final_answer": final_answer, "leak": leaks.to_json(), "probes": probes,
                  "leak5": {"draws": draws, "leaked": any(d["leaked"] for d in draws)},
                  "actions": [a.to_json() for a in actions],
-                 "blocked_plans": sorted(blocked)}
+                 "blocked_args": [list(b) for b in blocked]}
     if case.facts:
         kept = []
         for fact in case.facts:
@@ -305,7 +336,7 @@ def run_case(engine, case: EvalCase, config: EvalConfig, done: dict[str, dict] |
     carries = any(target.source in base.graph[b].source_ids for b in base.memory)
     reference = done.get(REFERENCE)
     for method in methods:
-        runtime, result = apply_method(base, method, target.source, target.value)
+        runtime, result = run_method(base, method, case)
         if method == REFERENCE:
             body = evaluate_state(runtime, result, case, config, None)
             row = _row(case, method, result, config, carries, base) | body

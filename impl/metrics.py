@@ -82,8 +82,8 @@ def get_sink_class(case: EvalCase, tool: str, arg: str) -> str:
     return DEFAULT_SINKS.get((tool, arg), "free_text")
 
 
-def _params(case: EvalCase, tool: str) -> tuple[str, ...]:
-    known = default_tools().get(tool)
+def _params(case: EvalCase, tool: str, tools=None) -> tuple[str, ...]:
+    known = (tools or {}).get(tool) or default_tools().get(tool)
     if known is not None:
         return known.params
     labelled = tuple(dict.fromkeys(s.arg for s in case.sinks if s.tool == tool))
@@ -111,7 +111,7 @@ def get_actions(runtime: AgentRuntime, case: EvalCase) -> list[Action]:
         if call is not None and call.tool == tool and block_id == f"{step_id}/plan":
             args = dict(call.args)
         else:
-            params = _params(case, tool)
+            params = _params(case, tool, tools)
             args, _ = parse_arguments(params, block.text)
             if call is not None and tool in tools:
                 for p in params:
@@ -119,6 +119,22 @@ def get_actions(runtime: AgentRuntime, case: EvalCase) -> list[Action]:
                         args[p] = call.arg(p)
         actions.append(Action(step_id, tool, tuple(args.items())))
     return actions
+
+
+def apply_sink_policy(actions: Sequence[Action], blocked_args: Iterable[tuple[str, str]]) -> list[Action]:
+    """The actions as an IFC policy (B8/B9) lets them fire: a blocked
+    ``(plan block id, argument)`` reaches its sink empty; ``(plan, "*")``
+    blocks the whole plan, which then is no action."""
+    blocked: dict[str, set[str]] = {}
+    for plan, arg in blocked_args:
+        blocked.setdefault(plan, set()).add(arg)
+    out = []
+    for action in actions:
+        args = blocked.get(f"{action.step_id}/plan", set())
+        if "*" in args:
+            continue
+        out.append(attrs.evolve(action, args=tuple((k, "" if k in args else v) for k, v in action.args)))
+    return out
 
 
 @attrs.frozen
@@ -230,6 +246,6 @@ def get_efficiency(result) -> dict:
             "wall_s": result.wall_s}
 
 
-__all__ = ["Action", "LeakScore", "SURFACES", "Sink", "action_distance", "compute_cad", "edit_distance",
+__all__ = ["Action", "LeakScore", "SURFACES", "Sink", "action_distance", "apply_sink_policy", "compute_cad", "edit_distance",
            "find_action_leaks", "get_actions", "get_efficiency", "get_sink_class", "is_fact_kept",
            "normalized_edit_distance", "score_leaks"]

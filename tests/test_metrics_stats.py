@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from unsee.impl.episode import parse_episode
 from unsee.impl.evaluation import EvalError, get_suite_names, pick_option
-from unsee.impl.metrics import (Action, action_distance, compute_cad, edit_distance, find_action_leaks,
+from unsee.impl.metrics import (Action, action_distance, apply_sink_policy, compute_cad, edit_distance, find_action_leaks,
                                 get_sink_class, normalized_edit_distance)
 from unsee.impl.stats import bootstrap_ci, identical, mcnemar_exact, wilcoxon_signed_rank
 from unsee.impl.suites import EvalCase, Sink
@@ -93,6 +93,18 @@ def test_action_leak_names_the_sink_class_and_markers():
     # unlabelled arguments: the default tools' classes, else free text
     assert get_sink_class(case, "send_message", "to") == "routing"
     assert get_sink_class(case, "pay", "unknown") == "free_text"
+
+
+def test_sink_policy_empties_blocked_identifiers_and_keeps_free_text():
+    """B8 by sink class: the blocked routing argument reaches its sink empty,
+    the free text goes through, and so does the target inside it."""
+    case = make_case()
+    actions = [Action("s2", "pay", (("recipient", "dana.reyes@example.com"), ("memo", "to dana.reyes@example.com"))),
+               Action("s3", "pay", (("recipient", "x"), ("memo", "y")))]
+    policed = apply_sink_policy(actions, [("s2/plan", "recipient"), ("s3/plan", "*")])
+    assert policed == [Action("s2", "pay", (("recipient", ""), ("memo", "to dana.reyes@example.com")))]
+    assert [(l["arg"], l["sink_class"]) for l in find_action_leaks(policed, case)] == [("memo", "free_text")]
+    assert apply_sink_policy(actions, []) == actions
 
 
 def test_pick_option():
