@@ -434,7 +434,8 @@ def _progress_bar(total: int, enabled: bool):
         return None
     from tqdm import tqdm
 
-    return tqdm(total=total, desc="unsee eval", unit="row", file=sys.stderr, leave=True, dynamic_ncols=True)
+    return tqdm(total=total, desc="unsee eval", unit="row", file=sys.stderr, leave=True, position=0,
+                dynamic_ncols=True)
 
 
 def _worker(cases: list[EvalCase], config: EvalConfig, done: dict, queue) -> None:

@@ -157,3 +157,22 @@ def test_bootstrap_ci_is_seeded_and_brackets_the_mean():
     assert bootstrap_ci([], seed=0) is None
     assert bootstrap_ci([2.0, 2.0]) == (2.0, 2.0)
     assert not math.isnan(lo)
+
+
+def test_generate_cases_names_a_missing_optional_suite(monkeypatch):
+    from unsee.impl import suites
+    from unsee.impl.evaluation import generate_cases
+
+    def generate_suite(name, n, seed=0):
+        if name == "agentdojo":
+            raise ImportError("the 'agentdojo' suite needs the optional package agentdojo")
+        return [make_case()] * n
+
+    monkeypatch.setattr(suites, "generate_suite", generate_suite, raising=False)
+    with pytest.raises(EvalError, match="suite 'agentdojo' cannot be generated here: .*optional package"):
+        generate_cases("agentdojo", 1)
+    warnings = []
+    assert len(generate_cases("all", 2, warn=warnings.append)) == 6  # three suites run, agentdojo skipped
+    assert "skipping suite 'agentdojo'" in warnings[0]
+    with pytest.raises(EvalError, match="positive integer"):
+        generate_cases("memory", 0)
