@@ -88,6 +88,9 @@ def main(argv: list[str] | None = None) -> int:
                           help="tokens per probe answer and Leak@5 draw (default: the episode's max_new_tokens)")
     evaluate.add_argument("--workers", type=int, default=1,
                           help="worker processes, one torch thread each (default 1: this process)")
+    evaluate.add_argument("--no-share", action="store_true",
+                          help="re-ask every audit of a state even when an earlier method of the episode reached "
+                               "the same digest (by default its answers are reused: same state, same tokens)")
     evaluate.add_argument("--report-only", action="store_true", help="rewrite report.md from the rows; run nothing")
     evaluate.add_argument("--quiet", action="store_true", help="no progress bar")
 
@@ -260,7 +263,7 @@ def _eval(args: argparse.Namespace) -> int:
         methods = tuple(m.strip() for m in args.methods.split(",") if m.strip())
         config = EvalConfig(model=args.model, device=args.device, dtype=args.dtype, methods=methods,
                             samples=args.samples, workers=args.workers, kv_budget=args.kv_budget,
-                            max_new_tokens=args.probe_tokens)
+                            max_new_tokens=args.probe_tokens, share_identical=not args.no_share)
     out = check_out_dir(Path(args.out))
     if args.report_only:
         rows = read_rows(out / ROWS_FILE)

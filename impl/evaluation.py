@@ -75,6 +75,10 @@ class EvalConfig:
     max_new_tokens: int | None = None  # of every probe; None: the episode's setting
     workers: int = 1
     kv_budget: int | None = None  # of each process's engine (impl/kv.py)
+    #: reuse the audits' generations of a state whose digest an earlier method
+    #: of the episode already reached in this process (exact by A1: the same
+    #: state decodes the same tokens); the row names that method in ``asked_from``
+    share_identical: bool = True
 
     def __attrs_post_init__(self) -> None:
         unknown = [m for m in self.methods if m not in METHODS]
@@ -268,50 +272,56 @@ def _sha(ids: Iterable[int]) -> str:
     return hashlib.sha256(json.dumps(list(ids)).encode()).hexdigest()[:16]
 
 
-def evaluate_state(runtime: AgentRuntime, result, case: EvalCase, config: EvalConfig,
-                   reference: dict | None) -> dict:
-    """Every metric and audit of one post-method state (the row's body)."""
+def ask_state(runtime: AgentRuntime, case: EvalCase, config: EvalConfig) -> dict:
+    """Every generation the audits ask of a state: the six probes (greedy),
+    the Leak@5 draws (seeded), the facts' questions and the behavioural
+    question. A function of the state alone (A1): two states with one digest
+    in one process give the same answers token for token."""
     target = case.episode.target
     tokens = config.max_new_tokens or case.episode.settings.max_new_tokens
     task = get_task(case)
-    probes = {}
+    out: dict = {"probes": {}, "draws": [], "utility": None, "behavior": None}
     for name, question in get_probes(task=task, cue=getattr(case, "cue", None)).items():
         answer = runtime.probe(question, tokens)
-        probes[name] = {"answer": answer, "leaked": bool(find_leaks([(name, answer)], target.value))
-                        if target.value else False}
-    final_answer = probes["task"]["answer"]
-    blocked = get_blocked_args(result)
-    actions = apply_sink_policy(get_actions(runtime, case), blocked)
-    leaks = score_leaks(runtime, case, final_answer, actions)
-    draws = []
+        out["probes"][name] = {"answer": answer, "leaked": bool(find_leaks([(name, answer)], target.value))}
     for i in range(config.samples):
         seed = draw_seed(case, i)
         ids = runtime.probe_ids(task, tokens, config.temperature, seed)
         text = runtime.engine.lm.decode([t for t in ids if t not in runtime.engine.lm.eos_ids]).strip()
-        draws.append({"seed": seed, "sha": _sha(ids), "text": text,
-                      "leaked": bool(target.value and find_leaks([("sample", text)], target.value))})
-    row: dict = {"final_answer": final_answer, "leak": leaks.to_json(), "probes": probes,
-                 "leak5": {"draws": draws, "leaked": any(d["leaked"] for d in draws)},
-                 "actions": [a.to_json() for a in actions],
-                 "blocked_args": [list(b) for b in blocked]}
+        out["draws"].append({"seed": seed, "sha": _sha(ids), "text": text,
+                             "leaked": bool(find_leaks([("sample", text)], target.value))})
     if case.facts:
         kept = []
         for fact in case.facts:
             answer = runtime.probe(fact.question, tokens)
             kept.append({"source": fact.source, "answer": answer, "kept": is_fact_kept(fact, answer)})
-        row["utility"] = {"kept": sum(k["kept"] for k in kept), "total": len(kept),
+        out["utility"] = {"kept": sum(k["kept"] for k in kept), "total": len(kept),
                           "rate": sum(k["kept"] for k in kept) / len(kept), "facts": kept}
-    else:
-        row["utility"] = None
     if case.behavior is not None:
         b = case.behavior
         answer = runtime.probe(b.question, tokens)
         pick = pick_option(answer, b.options)
-        row["behavior"] = {"answer": answer, "pick": pick, "avoided": b.avoided, "order": b.order,
+        out["behavior"] = {"answer": answer, "pick": pick, "avoided": b.avoided, "order": b.order,
                            "avoid": pick is not None and pick != b.avoided,
-                           "says_it": bool(target.value and find_leaks([("answer", answer)], target.value))}
-    else:
-        row["behavior"] = None
+                           "says_it": bool(find_leaks([("answer", answer)], target.value))}
+    return out
+
+
+def evaluate_state(runtime: AgentRuntime, result, case: EvalCase, config: EvalConfig,
+                   reference: dict | None, asked: dict | None = None) -> dict:
+    """Every metric and audit of one post-method state (the row's body).
+    ``asked``: the state's generations (:func:`ask_state`), when they are
+    already known (a state with the same digest in this process)."""
+    asked = ask_state(runtime, case, config) if asked is None else asked
+    final_answer = asked["probes"]["task"]["answer"]
+    blocked = get_blocked_args(result)
+    actions = apply_sink_policy(get_actions(runtime, case), blocked)
+    leaks = score_leaks(runtime, case, final_answer, actions)
+    draws = asked["draws"]
+    row: dict = {"final_answer": final_answer, "leak": leaks.to_json(), "probes": asked["probes"],
+                 "leak5": {"draws": draws, "leaked": any(d["leaked"] for d in draws)},
+                 "actions": [a.to_json() for a in actions], "blocked_args": [list(b) for b in blocked],
+                 "utility": asked["utility"], "behavior": asked["behavior"]}
     if reference is not None:
         ref_actions = [Action.from_json(a) for a in reference["actions"]]
         row["cad"] = compute_cad(actions, ref_actions)
@@ -343,18 +353,22 @@ def run_case(engine, case: EvalCase, config: EvalConfig, done: dict[str, dict] |
     base = make_runtime(engine, case, progress)
     carries = any(target.source in base.graph[b].source_ids for b in base.memory)
     reference = done.get(REFERENCE)
+    asked_by_digest: dict[str, tuple[str, dict]] = {}  # digest -> (method, its generations)
     for method in methods:
         runtime, result = run_method(base, method, case)
+        shared = asked_by_digest.get(result.digest) if config.share_identical else None
+        asked = shared[1] if shared else ask_state(runtime, case, config)
+        asked_by_digest.setdefault(result.digest, (method, asked))
+        row = _row(case, method, result, config, carries, base)
+        row["asked_from"] = shared[0] if shared else None
         if method == REFERENCE:
-            body = evaluate_state(runtime, result, case, config, None)
-            row = _row(case, method, result, config, carries, base) | body
-            reference = row | {"cad": 0.0}
+            row |= evaluate_state(runtime, result, case, config, None, asked)
+            reference = dict(row)
             row["cad"] = 0.0 if row["actions"] else None
             row["agreement"] = {"matched": len(row["leak5"]["draws"]), "draws": len(row["leak5"]["draws"])}
             row["equals_reset"] = True
         else:
-            row = _row(case, method, result, config, carries, base) | evaluate_state(
-                runtime, result, case, config, reference)
+            row |= evaluate_state(runtime, result, case, config, reference, asked)
         del runtime
         engine.enforce_budget()
         yield row

@@ -127,6 +127,17 @@ def test_reference_and_replay_sit_at_the_floor(run):
     assert by(rows, "tool", "replay")["cad"] == 0.0  # the tool case has an action to compare
 
 
+def test_matched_seed_agreement_is_measured_without_sharing(engine, tmp_path):
+    """With sharing off, B7's draws are decoded from its own state and still
+    equal B5's token for token; B0's are not all equal."""
+    config = EvalConfig(model="tiny", methods=("none", "replay"), share_identical=False)
+    rows = run_evaluation([tool_case()], config, tmp_path, progress=False, engine=engine)
+    replay, none = by(rows, "tool", "replay"), by(rows, "tool", "none")
+    assert replay["asked_from"] is None and replay["agreement"] == {"matched": 5, "draws": 5}
+    assert replay["probes"] == by(rows, "tool", "reset")["probes"]
+    assert none["agreement"]["matched"] < 5
+
+
 def test_leaks_of_the_baselines(run):
     _, _, rows = run
     b0 = by(rows, "memory", "none")
@@ -140,6 +151,7 @@ def test_leaks_of_the_baselines(run):
     # B1 where no memory record carries the target: the same state as B0
     b1 = by(rows, "tool", "memory-delete")
     assert not b1["memory_carries_target"] and b1["digest"] == t0["digest"]
+    assert b1["asked_from"] == "none" and t0["asked_from"] is None  # same state: its answers are reused
     # B4 drops the plan with its closure: an action B5 took is missing
     assert by(rows, "tool", "sanitize-no-replay")["cad"] == 1.0
     assert by(rows, "memory", "reset")["utility"]["total"] == 1
