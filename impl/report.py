@@ -320,7 +320,8 @@ def _statistics(rows: Rows) -> list[str]:
         eq = [a.get("equals_reset") for a, _ in pairs if a.get("equals_reset") is not None]
         lines.append(f"- B7 vs B5: CAD mean {fmt(mean(cads))} (n={len(cads)}); digest equal {sum(eq)}/{len(eq)}; "
                      f"matched-seed agreement {sum(a['matched'] for a in agree)}/{sum(a['draws'] for a in agree)} "
-                     f"draws; any leak {fmt_test(mcnemar_exact(*_binary(pairs, get_any_leak)))}; recomputed "
+                     f"draws ({sum(1 for a, _ in pairs if a.get('asked_from'))} of {len(pairs)} episodes' draws "
+                     f"reused from an identical state, the rest decoded from B7's own); any leak {fmt_test(mcnemar_exact(*_binary(pairs, get_any_leak)))}; recomputed "
                      f"tokens {fmt_test(wilcoxon_signed_rank(*_continuous(pairs, _recomp)))}")
     for m in rows.methods:
         if m in (REFERENCE, BASE):
