@@ -86,6 +86,9 @@ def main(argv: list[str] | None = None) -> int:
     evaluate.add_argument("--samples", type=int, default=5, help="Leak@5 draws per state (default 5)")
     evaluate.add_argument("--probe-tokens", type=int, default=None, metavar="N",
                           help="tokens per probe answer and Leak@5 draw (default: the episode's max_new_tokens)")
+    evaluate.add_argument("--turn-tokens", type=int, default=None, metavar="N",
+                          help="override every episode's max_new_tokens (model turns), for a quick run "
+                               "(default: the suites' setting)")
     evaluate.add_argument("--workers", type=int, default=1,
                           help="worker processes, one torch thread each (default 1: this process)")
     evaluate.add_argument("--no-share", action="store_true",
@@ -263,7 +266,8 @@ def _eval(args: argparse.Namespace) -> int:
         methods = tuple(m.strip() for m in args.methods.split(",") if m.strip())
         config = EvalConfig(model=args.model, device=args.device, dtype=args.dtype, methods=methods,
                             samples=args.samples, workers=args.workers, kv_budget=args.kv_budget,
-                            max_new_tokens=args.probe_tokens, share_identical=not args.no_share)
+                            max_new_tokens=args.probe_tokens, turn_tokens=args.turn_tokens,
+                            share_identical=not args.no_share)
     out = check_out_dir(Path(args.out))
     if args.report_only:
         rows = read_rows(out / ROWS_FILE)

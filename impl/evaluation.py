@@ -57,7 +57,7 @@ REFERENCE = "reset"
 #: the task query of an episode that names none
 DEFAULT_TASK = "What do you know about the user?"
 #: the row fields a resumed run checks against its own configuration
-CONFIG_FIELDS = ("model", "device", "dtype", "samples", "temperature", "probe_tokens")
+CONFIG_FIELDS = ("model", "device", "dtype", "samples", "temperature", "probe_tokens", "turn_tokens")
 
 
 class EvalError(ValueError):
@@ -75,6 +75,9 @@ class EvalConfig:
     max_new_tokens: int | None = None  # of every probe; None: the episode's setting
     workers: int = 1
     kv_budget: int | None = None  # of each process's engine (impl/kv.py)
+    #: override every episode's max_new_tokens (model turns), e.g. for a quick
+    #: smoke run; None keeps the suites' setting
+    turn_tokens: int | None = None
     #: reuse the audits' generations of a state whose digest an earlier method
     #: of the episode already reached in this process (exact by A1: the same
     #: state decodes the same tokens); the row names that method in ``asked_from``
@@ -92,6 +95,8 @@ class EvalConfig:
             raise EvalError(f"the Leak@5 temperature must be > 0, got {self.temperature}")
         if self.max_new_tokens is not None and not 1 <= self.max_new_tokens <= 4096:
             raise EvalError(f"probe tokens must be in 1..4096, got {self.max_new_tokens}")
+        if self.turn_tokens is not None and not 1 <= self.turn_tokens <= 4096:
+            raise EvalError(f"turn tokens must be in 1..4096, got {self.turn_tokens}")
         if self.workers < 1:
             raise EvalError(f"workers must be >= 1, got {self.workers}")
 
@@ -195,7 +200,8 @@ def check_out_dir(out: Path) -> Path:
 def check_resumable(rows: Sequence[dict], config: EvalConfig, path: Path) -> None:
     """Rows from another configuration would mix two experiments in one report."""
     wanted = {"model": config.model, "device": config.device, "dtype": config.dtype, "samples": config.samples,
-              "temperature": config.temperature, "probe_tokens": config.max_new_tokens}
+              "temperature": config.temperature, "probe_tokens": config.max_new_tokens,
+              "turn_tokens": config.turn_tokens}
     for number, row in enumerate(rows, start=1):
         for field in CONFIG_FIELDS:
             if field in row and row[field] != wanted[field]:
@@ -347,6 +353,9 @@ def run_case(engine, case: EvalCase, config: EvalConfig, done: dict[str, dict] |
     methods = [m for m in config.get_methods() if m not in done]
     if not methods:
         return
+    if config.turn_tokens is not None:
+        settings = attrs.evolve(case.episode.settings, max_new_tokens=config.turn_tokens)
+        case = attrs.evolve(case, episode=attrs.evolve(case.episode, settings=settings))
     target = case.episode.target
     if target is None or not target.value:
         raise EvalError(f"case {case.suite}/{case.id}: the episode names no target with a value")
@@ -379,7 +388,8 @@ def _row(case: EvalCase, method: str, result, config: EvalConfig, carries: bool,
     return {"row_version": ROW_VERSION, "suite": case.suite, "case": case.id, "method": method,
             "paper_name": PAPER_NAMES.get(method, method), "model": config.model, "device": config.device,
             "dtype": config.dtype, "threads": _threads(), "samples": config.samples,
-            "temperature": config.temperature, "probe_tokens": config.max_new_tokens, "T": base.t,
+            "temperature": config.temperature, "probe_tokens": config.max_new_tokens,
+            "turn_tokens": config.turn_tokens, "T": base.t,
             "tau": report.tau if report is not None else base.graph.first_entry(case.episode.target.source),
             "memory_carries_target": carries, "digest": result.digest,
             "efficiency": get_efficiency(result)}
