@@ -177,6 +177,15 @@ def test_report_figures_come_from_the_rows(run, tmp_path):
     assert Rows(rows).suites == ["memory", "tool", "behavioral"]
 
 
+def test_report_only_rewrites_the_report_from_the_rows(run, tmp_path, capsys):
+    out, _, rows = run
+    shutil.copy(out / ROWS_FILE, tmp_path / ROWS_FILE)
+    assert main(["eval", "--out", str(tmp_path), "--report-only"]) == 0
+    assert f"{len(rows)} rows" in (tmp_path / "report.md").read_text()
+    assert main(["eval", "--out", str(tmp_path / "empty"), "--report-only"]) == 2
+    assert "no rows to report" in capsys.readouterr().err
+
+
 def test_resume_after_an_interrupt(run, engine, tmp_path):
     out, config, rows = run
     shutil.copy(out / ROWS_FILE, tmp_path / ROWS_FILE)
