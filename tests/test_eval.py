@@ -273,7 +273,7 @@ def test_generated_suites(tmp_path):
                     "the hand-built cases above cover the pipeline until it is merged")
     out = tmp_path / "smoke"
     # short probe answers keep it to minutes on two loaded cores; every audit still runs
-    smoke = ["--model", "tiny", "--turn-tokens", "8", "--probe-tokens", "4", "--out", str(out), "--quiet"]
+    smoke = ["--model", "tiny", "--turn-tokens", "4", "--probe-tokens", "4", "--out", str(out), "--quiet"]
     assert main(["eval", "--suite", "memory,tool,behavioral", "--n", "2", *smoke]) == 0
     try:
         suites.generate_suite("agentdojo", 1)
