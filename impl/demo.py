@@ -40,6 +40,8 @@ DEMO_EPISODE = {
     "probes": ["Where will the party be held?"],
 }
 
+#: the width of the demo table's "where" column (leak places, whole names)
+WHERE_WIDTH = 34
 #: the methods the demo shows, in order
 DEMO_METHODS = ("none", "memory-delete", "replay", "reset")
 
@@ -91,11 +93,11 @@ def run_demo(model: str = "smollm2", device: str = "cpu", dtype: str = "float32"
     if as_json:
         out(json.dumps(summary, indent=2, default=str))
         return summary
-    say(f"\n   {'method':<24}{'leaks?':<8}{'where':<28}{'= reset?':<10}{'F calls':<9}{'tokens':<8}answer to "
+    say(f"\n   {'method':<24}{'leaks?':<8}{'where':<{WHERE_WIDTH}}{'= reset?':<10}{'F calls':<9}{'tokens':<8}answer to "
         f"{episode.probes[0]!r}")
     for r in rows:
-        where = ", ".join(r["state_leaks"][:2] + [f"probe:{p}" for p in r["probe_leaks"][:2]]) or "-"
-        say(f"   {r['paper_name']:<24}{'LEAK' if r['leaked'] else 'clean':<8}{where[:27]:<28}"
+        where = fit_items(r["state_leaks"] + [f"probe:{p}" for p in r["probe_leaks"]], WHERE_WIDTH - 1)
+        say(f"   {r['paper_name']:<24}{'LEAK' if r['leaked'] else 'clean':<8}{where:<{WHERE_WIDTH}}"
             f"{'yes' if r['equals_reset'] else 'no':<10}{r['invocations']:<9}{r['recomputed_tokens']:<8}"
             f"{r['answer'][:60]!r}")
     T, tau = summary["T"], summary["tau"]
@@ -108,18 +110,51 @@ def run_demo(model: str = "smollm2", device: str = "cpu", dtype: str = "float32"
     return summary
 
 
-def _bar(label: str, enabled: bool):
+def _bar(label: str, enabled: bool, file=None):
+    """A progress callback ``(i, n)`` drawing one bar on stderr (``file``).
+
+    The bar is created at the first step, when its total is known, always at
+    position 0 (a bar left open by a failed run never pushes the next one
+    down a line, which made tqdm move the cursor over lines printed later),
+    and it is closed at the last step leaving its final line and a newline,
+    so whatever is printed next starts on a line of its own. Off when the
+    stream is not a terminal, unless a ``file`` is given."""
     if not enabled:
         return None
+    import sys
+
     from tqdm import tqdm
 
-    bar = tqdm(total=0, desc=f"   {label}", unit="step", leave=False)
+    state = {"bar": None}
 
     def update(i: int, n: int) -> None:
+        bar = state["bar"]
+        if bar is None:
+            bar = state["bar"] = tqdm(total=n, desc=f"   {label}", unit="step", leave=True, position=0,
+                                      file=file if file is not None else sys.stderr,
+                                      disable=False if file is not None else None)
         bar.total = n
         bar.n = i
         bar.refresh()
-        if i == n:
+        if i >= n:
             bar.close()
+            state["bar"] = None
 
     return update
+
+
+def fit_items(items: list[str], width: int) -> str:
+    """As many whole items as fit in ``width`` characters, then ``+k`` for the
+    rest: a table cell never cuts a name mid-word."""
+    if not items:
+        return "-"
+    shown: list[str] = []
+    for i, item in enumerate(items):
+        rest = len(items) - i - 1
+        if len(", ".join(shown + [item]) + (f" +{rest}" if rest else "")) > width:
+            break
+        shown.append(item)
+    more = len(items) - len(shown)
+    if not shown:
+        return f"{more} places"
+    return ", ".join(shown) + (f" +{more}" if more else "")

@@ -369,17 +369,27 @@ class AgentRuntime:
         return [(b.id, b.tokens) for b in self.graph.blocks()
                 if b.type in ("answer", "summary", "plan", "memory_write")]
 
-    def probe(self, question: str, max_new_tokens: int | None = None) -> str:
+    def probe(self, question: str, max_new_tokens: int | None = None, temperature: float = 0.0,
+              seed: int | None = None) -> str:
         """Ask a question of the current state without changing it (on a lineage
-        that shares the current one copy-on-write)."""
+        that shares the current one copy-on-write). Greedy, or sampled at
+        ``temperature`` with ``seed`` (the stochastic audits, issue 10)."""
+        ids = self.probe_ids(question, max_new_tokens, temperature, seed)
+        return self.engine.lm.decode([i for i in ids if i not in self.engine.lm.eos_ids]).strip()
+
+    def probe_ids(self, question: str, max_new_tokens: int | None = None, temperature: float = 0.0,
+                  seed: int | None = None) -> list[int]:
+        """The token ids of :meth:`probe`'s answer (what matched-seed agreement compares)."""
+        if temperature > 0 and seed is None:
+            raise ValueError("a sampled probe needs a seed (temperature > 0 without one is not repeatable)")
         branch = self.engine.share_prefix(self.lineage)
         previous = self.lineage
         try:
             self.engine.use(branch)
             self.engine.prefill(self.engine.lm.encode(render("user", question) + f"{START}assistant\n"))
-            ids = self.engine.generate(max_new_tokens or self.settings.max_new_tokens,
-                                       stop_ids=self.engine.lm.eos_ids)
-            return self.engine.lm.decode([i for i in ids if i not in self.engine.lm.eos_ids]).strip()
+            return self.engine.generate(max_new_tokens or self.settings.max_new_tokens,
+                                        stop_ids=self.engine.lm.eos_ids, temperature=temperature,
+                                        seed=seed if temperature > 0 else None)
         finally:
             self.engine.drop(branch)
             self.engine.use(previous)
