@@ -51,6 +51,7 @@ import torch
 
 from unsee.impl import adapter
 from unsee.impl.drafts import get_draft_bound, get_scores, get_threshold, pick
+from unsee.impl.engine import Determinism
 from unsee.impl.models import LoadedModel
 
 
@@ -205,7 +206,8 @@ class KVMemory:
 
 
 class KVEngine:
-    """Lineages (string handles -> caches) over one LoadedModel.
+    """Lineages (string handles -> caches) over one LoadedModel: the
+    transformers implementation of :class:`unsee.impl.engine.Engine`.
 
     Verbs act on the current lineage unless one is named. Not thread-safe.
 
@@ -226,6 +228,12 @@ class KVEngine:
         #: ceiling on |prefill - decode| logits for draft verification, or None:
         #: drafts off (impl/drafts.py; a test may set it, e.g. 0 = no guard)
         self.draft_bound = get_draft_bound(lm.name, lm.device, lm.dtype)
+        #: measured in tests/test_kv_engine.py and docs/engines.md: a crop
+        #: keeps the tensors' first n rows, so continuing equals a fresh
+        #: prefill; other chunkings, decode steps and thread counts may differ
+        self.determinism = Determinism(same_chunking_repeats=True, crop_continue_is_fresh=True,
+                                       chunk_invariant=False, decode_is_prefill=False, thread_invariant=False,
+                                       statement=lm.determinism)
         self._evicted: set[str] = set()
         self._pins: weakref.WeakSet[LineagePin] = weakref.WeakSet()
         self._clock = 0
