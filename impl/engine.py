@@ -163,6 +163,11 @@ class Engine(Protocol):
         prefilling those tokens in the same chunks gave. Clears the last
         logits (a prefill must come next)."""
 
+    def logits(self, lineage: str | None = None):
+        """The logits after the lineage's last prefill, as a float32 CPU
+        torch tensor (a copy), or None where there are none (after a crop):
+        what ``generate``'s decoding rule is applied to."""
+
     def digest(self, lineage: str | None = None) -> str:
         """A hash of the lineage's K and V values by position (not of where
         they sit in memory): equal digests mean bitwise equal KV."""

@@ -539,6 +539,14 @@ class KVEngine:
         lin.last_logits = None
         lin.cut(n_tokens)
 
+    def logits(self, lineage: str | None = None) -> torch.Tensor | None:
+        """The logits after the lineage's last prefill (float32, on the CPU, a
+        copy), or None where a crop or a fully accepted draft left none."""
+        lin = self._get(lineage)
+        if lin.last_logits is None and lin.served_last:
+            self._recompute_served_chunk(lin)
+        return None if lin.last_logits is None else lin.last_logits.detach().to("cpu", torch.float32).clone()
+
     def digest(self, lineage: str | None = None) -> str:
         """sha256 over every layer's key and value tensors (dtype, shape,
         bytes), taken from contiguous CPU copies. Equal digests mean bitwise
