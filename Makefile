@@ -21,13 +21,19 @@ $(VENV)/.installed: pyproject.toml
 
 install: $(VENV)/.installed
 
+# The test extras: the llama.cpp engine (built from source once, for a
+# generic CPU so that pip's cached wheel runs on any x86-64 machine).
+$(VENV)/.installed-test: $(VENV)/.installed
+	CMAKE_ARGS="-DGGML_NATIVE=OFF" $(PY) -m pip install -q -e '.[llamacpp]'
+	touch $@
+
 demo: $(VENV)/.installed
 	$(PY) -m unsee.impl.cli demo
 
-test: $(VENV)/.installed
+test: $(VENV)/.installed-test
 	$(PY) -m pytest -q
 
-nightly: $(VENV)/.installed
+nightly: $(VENV)/.installed-test
 	UNSEE_PROFILE=nightly $(PY) -m pytest -q
 
 # Everything docs/bench.md and docs/drafts.md report, on SmolLM2 (add

@@ -64,7 +64,7 @@ from unsee.impl.kv import Counters, EvictedLineageError, KVMemory, LineagePin
 
 INSTALL_HINT = ("the llama.cpp engine needs llama-cpp-python, an optional extra: "
                 "CMAKE_ARGS=-DGGML_NATIVE=OFF pip install 'unsee[llamacpp]' "
-                "(or `make install-llamacpp`); the transformers engines ('tiny', 'smollm2') need nothing more")
+                "(`make test` installs it); the transformers engines ('tiny', 'smollm2') need nothing more")
 
 
 class LlamaCppMissingError(ImportError):

@@ -5,8 +5,9 @@
 ``llamacpp-tiny`` (llama.cpp over the tiny random GGUF) and ``llamacpp``
 (llama.cpp over the embedded SmolLM2 GGUF). Unset, the engine-level
 properties run on ``tiny`` and, where llama-cpp-python is installed,
-``llamacpp-tiny``; the episode-level properties on ``tiny``
-(:func:`episode_engine_names`).
+``llamacpp-tiny``; ``prop_impl.py`` runs the episode-level properties on
+``tiny`` and ``prop_impl_engines.py`` on the others
+(:func:`other_engine_names`).
 
 Models are loaded once per process and name; :func:`make_engine` builds a
 fresh engine on one for every example, so nothing leaks between examples.
@@ -47,9 +48,14 @@ def verb_engine_names() -> list[str]:
     return ["tiny"] + (["llamacpp-tiny"] if llamacpp_available() else [])
 
 
-def episode_engine_names() -> list[str]:
-    """Engines the episode-level properties run on (default: ``tiny``)."""
-    return _requested() or ["tiny"]
+def other_engine_names() -> list[str]:
+    """Engines ``prop_impl_engines.py`` runs the episode-level properties on
+    (``prop_impl.py`` covers ``tiny``): those ``UNSEE_ENGINE`` names but
+    ``tiny``, else ``llamacpp-tiny`` where installed, else none."""
+    requested = _requested()
+    if requested is not None:
+        return [n for n in requested if n != "tiny"]
+    return ["llamacpp-tiny"] if llamacpp_available() else []
 
 
 @functools.cache
