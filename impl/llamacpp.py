@@ -109,6 +109,9 @@ def _init_backend(lc) -> None:
 
 # ------------------------------------------------------------------ KV rows
 
+#: the first word of a sequence state blob (``io_magic`` in llama-context.cpp)
+STATE_MAGIC = 0xAF143CD8
+
 
 @dataclass(frozen=True)
 class SeqKV:
@@ -162,8 +165,10 @@ class SeqKV:
             h.update(f"{i}v:{t}:{v.shape[1]};".encode())
             h.update(np.ascontiguousarray(v[order]).tobytes())
 
-    # The blob layout is llama_kv_cache::state_write in llama.cpp's
-    # src/llama-kv-cache.cpp (vendored in the llama-cpp-python sdist):
+    # The blob layout: llama_context::state_seq_get_data writes u32 magic
+    # (STATE_MAGIC) and i32 seq_id (src/llama-context.cpp), then
+    # llama_kv_cache::state_write (src/llama-kv-cache.cpp; both vendored in
+    # the llama-cpp-python sdist):
     #   u32 n_stream; per stream: u32 cell_count; if > 0:
     #     per cell: i32 pos, u32 n_seq_id, i32 seq_id x n_seq_id
     #     u32 v_trans, u32 n_layer
@@ -185,6 +190,9 @@ class SeqKV:
             off += struct.calcsize("<" + fmt)
             return vals
 
+        magic, _seq = take("Ii")
+        if magic != STATE_MAGIC:
+            raise ValueError(f"sequence state magic {magic:#x}, expected {STATE_MAGIC:#x}")
         (n_stream,) = take("I")
         if n_stream != 1:
             raise ValueError(f"sequence state with {n_stream} KV streams; the engine uses one")
@@ -239,7 +247,7 @@ class SeqKV:
 
     def to_blob(self) -> bytes:
         """The sequence state blob that loads these rows (cells in position order)."""
-        parts = [struct.pack("<II", 1, self.n)]
+        parts = [struct.pack("<IiII", STATE_MAGIC, 0, 1, self.n)]
         if self.n == 0:
             return b"".join(parts)
         meta = np.zeros((self.n, 3), dtype=np.int32)  # pos, n_seq_id = 1, seq_id = 0
@@ -756,7 +764,7 @@ class LlamaCppEngine:
             if handle == self._resident:
                 lin.kv = self._read_seq()
             elif not lin.tokens:
-                lin.kv = SeqKV.parse(struct.pack("<II", 1, 0), self.lm.n_layer, self._v_trans)
+                lin.kv = SeqKV.parse(struct.pack("<IiII", STATE_MAGIC, 0, 1, 0), self.lm.n_layer, self._v_trans)
             else:
                 raise RuntimeError(f"lineage {handle!r} has neither rows nor residency")  # a bug, never input
         return lin.kv
