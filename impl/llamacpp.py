@@ -395,8 +395,16 @@ def load_llamacpp(name_or_path: str | os.PathLike = "smollm2", threads: int | No
     if tokenizer is not None:
         eos = (tokenizer.eos_token_id,)
     else:
-        # every end-of-generation id the vocabulary declares (<|im_end|>, <|endoftext|> for SmolLM2)
-        eos = tuple(i for i in range(n_vocab) if lc.llama_vocab_is_eog(vocab, i))
+        # as adapter.eos_ids_of does for transformers (the same set on the same
+        # file, so both engines end turns alike): the file's EOS id and the
+        # chat end marker. Not every id llama.cpp calls end-of-generation:
+        # for SmolLM2 it also guesses <|endoftext|> (0) as EOT, where
+        # transformers stops on <|im_end|> (2) alone.
+        ids = {lc.llama_vocab_eos(vocab)}
+        buf = (lc.llama_token * 4)()
+        if lc.llama_tokenize(vocab, b"<|im_end|>", 10, buf, 4, False, True) == 1:
+            ids.add(buf[0])
+        eos = tuple(sorted(i for i in ids if 0 <= i < n_vocab))
     lm = LlamaCppModel(name=name, source=str(path), eos_ids=eos, vocab_size=n_vocab,
                        n_layer=lc.llama_model_n_layer(model), n_ctx=n_ctx, threads=threads, flash_attn=flash_attn,
                        determinism=_determinism_text(threads, flash_attn),
