@@ -21,10 +21,12 @@ $(VENV)/.installed: pyproject.toml
 
 install: $(VENV)/.installed
 
-# The test extras (pyproject's `test`: agentdojo) on top; `make demo` and a
-# plain `pip install` need none of them.
+# The test extras (pyproject's `test`: agentdojo and the llama.cpp engine) on
+# top; `make demo` and a plain `pip install` need none of them. llama.cpp is
+# built from source once, for a generic CPU, so that pip's cached wheel runs
+# on any x86-64 machine.
 $(VENV)/.test-installed: $(VENV)/.installed pyproject.toml
-	$(PY) -m pip install -q -e '.[test]'
+	CMAKE_ARGS="-DGGML_NATIVE=OFF" $(PY) -m pip install -q -e '.[test]'
 	touch $@
 
 demo: $(VENV)/.installed

@@ -32,3 +32,12 @@ settings.register_profile(
 
 _default = "ci" if os.environ.get("CI") else "dev"
 settings.load_profile(os.environ.get("UNSEE_PROFILE", _default))
+
+
+#: Collected first: the engine-level properties are fast and name the verb
+#: that broke, so a broken engine fails in seconds, before any episode runs.
+FIRST = "properties/prop_engine_verbs.py"
+
+
+def pytest_collection_modifyitems(session, config, items):
+    items.sort(key=lambda item: not item.nodeid.startswith(FIRST))  # stable: the rest keep their order

@@ -36,6 +36,9 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--method", default="replay", choices=METHODS,
                      help="replay (B7, Algorithm 1), reset (B5), none (B0), or another baseline")
     _model_options(run)
+    run.add_argument("--engine", default="transformers", choices=("transformers", "llamacpp"),
+                     help="transformers (default), or llama.cpp over the --model GGUF: smollm2 or tiny (the "
+                          "optional extra: pip install 'unsee[llamacpp]'; docs/engines.md)")
     run.add_argument("--probe", action="append", default=[], help="ask this question of the final state")
     run.add_argument("--json", action="store_true", help="machine-readable output")
     run.add_argument("--store", metavar="PATH",
@@ -240,7 +243,17 @@ def _run(args: argparse.Namespace) -> int:
         if Path(args.store).exists():
             raise StoreError(f"{args.store}: already exists; `unsee forget` and `unsee show` open it")
     value = episode.target.value if episode.target and episode.target.source == source else None
-    engine = KVEngine(load_model(args.model, device=args.device, dtype=args.dtype), kv_budget=args.kv_budget)
+    if args.engine == "llamacpp":
+        from .llamacpp import LlamaCppEngine, LlamaCppMissingError, load_llamacpp
+
+        if args.device != "cpu":
+            raise ValueError(f"--engine llamacpp runs on the cpu here; --device {args.device!r} is not supported")
+        try:
+            engine = LlamaCppEngine(load_llamacpp(args.model), kv_budget=args.kv_budget)
+        except LlamaCppMissingError as exc:  # reported as a bad argument: nothing ran
+            raise ValueError(str(exc)) from None
+    else:
+        engine = KVEngine(load_model(args.model, device=args.device, dtype=args.dtype), kv_budget=args.kv_budget)
     runtime = AgentRuntime.from_episode(engine, episode, _bar("run", not args.json))
     output: dict = {"episode": args.episode, "model": engine.lm.name, "T": runtime.t,
                     "digest_before": runtime.digest()}

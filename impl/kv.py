@@ -51,6 +51,7 @@ import torch
 
 from unsee.impl import adapter
 from unsee.impl.drafts import get_draft_bound, get_scores, get_threshold, pick
+from unsee.impl.engine import Determinism
 from unsee.impl.models import LoadedModel
 
 
@@ -210,7 +211,8 @@ class KVMemory:
 
 
 class KVEngine:
-    """Lineages (string handles -> caches) over one LoadedModel.
+    """Lineages (string handles -> caches) over one LoadedModel: the
+    transformers implementation of :class:`unsee.impl.engine.Engine`.
 
     Verbs act on the current lineage unless one is named. Not thread-safe.
 
@@ -231,6 +233,12 @@ class KVEngine:
         #: ceiling on |prefill - decode| logits for draft verification, or None:
         #: drafts off (impl/drafts.py; a test may set it, e.g. 0 = no guard)
         self.draft_bound = get_draft_bound(lm.name, lm.device, lm.dtype)
+        #: measured in tests/test_kv_engine.py and docs/engines.md: a crop
+        #: keeps the tensors' first n rows, so continuing equals a fresh
+        #: prefill; other chunkings, decode steps and thread counts may differ
+        self.determinism = Determinism(same_chunking_repeats=True, crop_continue_is_fresh=True,
+                                       chunk_invariant=False, decode_is_prefill=False, thread_invariant=False,
+                                       statement=lm.determinism)
         self._evicted: set[str] = set()
         self._pins: weakref.WeakSet[LineagePin] = weakref.WeakSet()
         self._clock = 0
@@ -579,6 +587,14 @@ class KVEngine:
         del lin.tokens[a:b]
         lin.last_logits = None
         lin.cut(a)
+
+    def logits(self, lineage: str | None = None) -> torch.Tensor | None:
+        """The logits after the lineage's last prefill (float32, on the CPU, a
+        copy), or None where a crop or a fully accepted draft left none."""
+        lin = self._get(lineage)
+        if lin.last_logits is None and lin.served_last:
+            self._recompute_served_chunk(lin)
+        return None if lin.last_logits is None else lin.last_logits.detach().to("cpu", torch.float32).clone()
 
     def digest(self, lineage: str | None = None) -> str:
         """sha256 over every layer's key and value tensors (dtype, shape,

@@ -8,11 +8,11 @@ per committed model turn), so that two runs of the same transitions produce
 bitwise-identical caches.
 
 ``forget`` builds the new state beside the old one (on a new lineage that
-shares the checkpoint's prefix copy-on-write, :meth:`KVEngine.share_prefix`)
+shares the checkpoint's prefix copy-on-write, :meth:`Engine.share_prefix`)
 and only then adopts it, so a forget that fails halfway leaves the session as
 it was.
 
-The runtime holds a pin (:meth:`KVEngine.pin`) on the lineage it is
+The runtime holds a pin (:meth:`Engine.pin`) on the lineage it is
 extending, through the ``lineage`` attribute: under a KV budget the engine
 may evict any other lineage, and a restore from an evicted checkpoint lineage
 rebuilds it from the checkpoint's manifest (:meth:`rebuild_lineage`).
@@ -31,7 +31,7 @@ from .drafts import Drafts, TurnCost
 from .checkpoints import Checkpoint, CheckpointStore, is_checkpoint_due
 from .episode import STEP_KINDS, Episode, Item, Settings, Step
 from .exclusive import Exclusive, SessionBusyError
-from .kv import KVEngine
+from .engine import Engine
 from .provenance import ArtifactGraph, RuntimeBlock
 from .text import normalize
 
@@ -128,9 +128,9 @@ class ForgetReport:
 
 
 class AgentRuntime:
-    """A running agent over a :class:`KVEngine`."""
+    """A running agent over an :class:`~unsee.impl.engine.Engine` (it never asks which one)."""
 
-    def __init__(self, engine: KVEngine, system: str, settings: Settings = Settings()):
+    def __init__(self, engine: Engine, system: str, settings: Settings = Settings()):
         self.engine = engine
         self.system = system
         self.settings = settings
@@ -167,7 +167,7 @@ class AgentRuntime:
     # --- construction ------------------------------------------------------
 
     @classmethod
-    def start(cls, engine: KVEngine, system: str, settings: Settings = Settings()) -> AgentRuntime:
+    def start(cls, engine: Engine, system: str, settings: Settings = Settings()) -> AgentRuntime:
         """``R_0``: a fresh lineage holding the system prompt; the session-start checkpoint."""
         runtime = cls(engine, system, settings)
         runtime._begin()
@@ -179,7 +179,7 @@ class AgentRuntime:
         self._prefill_block(SYSTEM_ID, "system", render("system", self.system), parents=(), sources=frozenset())
 
     @classmethod
-    def from_episode(cls, engine: KVEngine, episode: Episode, progress: Progress | None = None) -> AgentRuntime:
+    def from_episode(cls, engine: Engine, episode: Episode, progress: Progress | None = None) -> AgentRuntime:
         runtime = cls.start(engine, episode.system, episode.settings)
         runtime.run(episode.steps, progress)
         return runtime
@@ -320,12 +320,21 @@ class AgentRuntime:
         body = [i for i in generated if i not in self.engine.lm.eos_ids]
         text = self.engine.lm.decode(body).strip()
         tokens = header + tuple(generated)
-        # two chunks: the header prefill and the canonical prefill of the turn
         block = RuntimeBlock(block_id, type_, text, tokens, tuple(self.context), self._resident_sources(),
-                             (start, start + len(tokens)), self.t, chunks=(len(header), len(generated)))
+                             (start, start + len(tokens)), self.t, chunks=self._turn_chunks(header, generated))
         self.graph.add(block)
         self.context.append(block_id)
         return block
+
+    def _turn_chunks(self, header: Sequence[int], generated: Sequence[int]) -> tuple[int, ...]:
+        """The chunks a rebuild prefills a model turn in, from what the engine
+        guarantees (:attr:`Determinism.canonical_chunking`): where chunking
+        matters, the header prefill and the canonical prefill of the turn
+        (two chunks, as they were computed); on a chunk-invariant engine whose
+        decode equals prefill, the whole turn as one chunk gives the same KV."""
+        if self.engine.determinism.canonical_chunking == "block":
+            return (len(header) + len(generated),)
+        return (len(header), len(generated))
 
     def _seed(self) -> int:
         # A fixed randomness source per transition (A1 under sampling).
@@ -622,7 +631,7 @@ class AgentRuntime:
                 "forgotten": list(self.forgotten), "extra": self._extra_record()}
 
     @classmethod
-    def from_session_record(cls, engine: KVEngine, record: dict) -> AgentRuntime:
+    def from_session_record(cls, engine: Engine, record: dict) -> AgentRuntime:
         """Reopen a session: metadata as recorded, the live cache rebuilt by
         prefill. Checkpoint lineages are rebuilt on demand by ``_restore``."""
         runtime = cls(engine, record["system"], Settings(**record["settings"]))
@@ -709,7 +718,7 @@ class AgentRuntime:
                 "A3": {"holds": True, "why": "no tools with external side effects in this runtime"}}
 
 
-def run_episode(engine: KVEngine, episode: Episode, progress: Progress | None = None) -> AgentRuntime:
+def run_episode(engine: Engine, episode: Episode, progress: Progress | None = None) -> AgentRuntime:
     return AgentRuntime.from_episode(engine, episode, progress)
 
 

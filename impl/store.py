@@ -56,7 +56,7 @@ from pathlib import Path
 from typing import Any
 
 from .episode import Step
-from .kv import KVEngine
+from .engine import Engine
 from .exclusive import Exclusive, SessionBusyError
 from .receipt import build_receipt
 from .runtime import AgentRuntime, ForgetReport, Progress
@@ -479,7 +479,7 @@ class SessionStore:
         with self._lock, self._errors():
             return [_text(r[0]) for r in self._conn.execute("SELECT receipt FROM forget_log ORDER BY seq")]
 
-    def load(self, engine: KVEngine, runtime_class: type[AgentRuntime] | None = None,
+    def load(self, engine: Engine, runtime_class: type[AgentRuntime] | None = None,
              verify: bool = True) -> AgentRuntime:
         """Reopen the session on ``engine``: metadata as stored, the live cache
         rebuilt by prefill of the recorded chunks. With ``verify`` the rebuilt
@@ -507,7 +507,7 @@ class SessionStore:
                                  f"threads, this process has {_threads()}), so it cannot continue exactly")
         return runtime
 
-    def check_model(self, engine: KVEngine) -> None:
+    def check_model(self, engine: Engine) -> None:
         meta = self.get_meta()
         lm = engine.lm
         if lm.name != meta["model"] or lm.dtype != meta["dtype"]:
@@ -903,7 +903,7 @@ class PersistentSession:
         return cls(SessionStore.create(path, runtime), runtime)
 
     @classmethod
-    def open(cls, path: str | Path, engine: KVEngine, runtime_class: type[AgentRuntime] | None = None,
+    def open(cls, path: str | Path, engine: Engine, runtime_class: type[AgentRuntime] | None = None,
              verify: bool = True, busy_timeout: float = DEFAULT_BUSY_TIMEOUT) -> PersistentSession:
         store = SessionStore.open(path, busy_timeout=busy_timeout)
         try:

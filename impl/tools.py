@@ -42,7 +42,7 @@ import attrs
 
 from .checkpoints import Checkpoint
 from .episode import Episode, Settings, Step
-from .kv import KVEngine
+from .engine import Engine
 from .provenance import RuntimeBlock
 from .runtime import AgentRuntime, Progress, render
 
@@ -347,7 +347,7 @@ class ToolAgentRuntime(AgentRuntime):
       counterfactual run takes them as ``withheld=``.
     """
 
-    def __init__(self, engine: KVEngine, system: str, settings: Settings = Settings(), *,
+    def __init__(self, engine: Engine, system: str, settings: Settings = Settings(), *,
                  world: Environment | None = None, tools: Mapping[str, Tool] | None = None,
                  read_mode: str = DEFAULT_READ_MODE, withheld: Iterable[str] = ()):
         super().__init__(engine, system, settings)
@@ -364,7 +364,7 @@ class ToolAgentRuntime(AgentRuntime):
     # --- construction ------------------------------------------------------
 
     @classmethod
-    def start(cls, engine: KVEngine, system: str, settings: Settings = Settings(), *,
+    def start(cls, engine: Engine, system: str, settings: Settings = Settings(), *,
               world: Environment | None = None, tools: Mapping[str, Tool] | None = None,
               read_mode: str = DEFAULT_READ_MODE, withheld: Iterable[str] = ()) -> ToolAgentRuntime:
         runtime = super().start(engine, system, settings)  # R_0 touches no environment
@@ -381,7 +381,7 @@ class ToolAgentRuntime(AgentRuntime):
         self._withheld = set(withheld)
 
     @classmethod
-    def from_episode(cls, engine: KVEngine, episode: Episode, progress: Progress | None = None, *,
+    def from_episode(cls, engine: Engine, episode: Episode, progress: Progress | None = None, *,
                      world: Environment | None = None, tools: Mapping[str, Tool] | None = None,
                      read_mode: str = DEFAULT_READ_MODE, withheld: Iterable[str] = ()) -> ToolAgentRuntime:
         runtime = cls.start(engine, episode.system, episode.settings, world=world, tools=tools,

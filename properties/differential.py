@@ -34,7 +34,7 @@ import torch
 
 from unsee.impl.episode import Episode, Settings, Step
 from unsee.impl.episode import Item as StepItem
-from unsee.impl.kv import KVEngine
+from unsee.impl.engine import Engine
 from unsee.impl.runtime import AgentRuntime, ForgetReport, sanitize_step
 from unsee.properties.episodes import get_tau
 from unsee.spec import (Item, Observation, Run, SpliceResult, StepFunction, compute_replay_invocations,
@@ -52,7 +52,7 @@ SPEC_KINDS = {"user": "user", "memory": "memory", "tool": "tool", "plan": "user"
 # --- engine hygiene -------------------------------------------------------------
 
 @contextlib.contextmanager
-def engine_scope(engine: KVEngine) -> Iterator[KVEngine]:
+def engine_scope(engine: Engine) -> Iterator[Engine]:
     """Drop every lineage created inside the block (runtimes made inside it
     must not be used afterwards). Keeps a module-wide engine from growing."""
     before = set(engine.lineages)
@@ -130,7 +130,7 @@ def counting_runtime() -> tuple[type[AgentRuntime], list[str]]:
     return CountingRuntime, calls
 
 
-def run_episode(engine: KVEngine, episode: Episode, runtime_class: type[AgentRuntime] = AgentRuntime) -> AgentRuntime:
+def run_episode(engine: Engine, episode: Episode, runtime_class: type[AgentRuntime] = AgentRuntime) -> AgentRuntime:
     runtime = runtime_class.start(engine, episode.system, episode.settings)
     runtime.run(episode.steps)
     return runtime
@@ -153,7 +153,7 @@ def get_counterfactual_steps(steps: Sequence[Step], removed: Sequence[str] | str
     return out
 
 
-def run_counterfactual(engine: KVEngine, system: str, settings: Settings, steps: Sequence[Step],
+def run_counterfactual(engine: Engine, system: str, settings: Settings, steps: Sequence[Step],
                        removed: Sequence[str] | str) -> AgentRuntime:
     """The twin ``R^-z_T``: a fresh runtime that never observed the removed sources."""
     twin = AgentRuntime.start(engine, system, settings)
@@ -170,7 +170,7 @@ def get_expected_boundary(policy: str, tau: int) -> int:
 
 # --- forget against the full reset (Theorem 1, Corollary 1) -----------------------------
 
-def compare_forget_with_reset(engine: KVEngine, episode: Episode, target: str | None = None,
+def compare_forget_with_reset(engine: Engine, episode: Episode, target: str | None = None,
                               drafts: bool | None = None) -> ForgetReport:
     """Run the episode, fork it, ``forget`` on one copy and ``full_reset`` on
     the other. They must agree on the digest and on every generated token id;
@@ -204,7 +204,7 @@ def compare_forget_with_reset(engine: KVEngine, episode: Episode, target: str | 
     return forget
 
 
-def compare_replay_with_and_without_drafts(engine: KVEngine, episode: Episode,
+def compare_replay_with_and_without_drafts(engine: Engine, episode: Episode,
                                            target: str | None = None) -> ForgetReport:
     """Replay with verified drafts against replay that re-decodes every turn:
     same digest, same generated tokens, same invocations; the drafted replay
@@ -226,7 +226,7 @@ def compare_replay_with_and_without_drafts(engine: KVEngine, episode: Episode,
     return with_drafts
 
 
-def compare_forget_with_counterfactual(engine: KVEngine, episode: Episode, target: str | None = None) -> str:
+def compare_forget_with_counterfactual(engine: Engine, episode: Episode, target: str | None = None) -> str:
     """``forget`` against the definition itself: a fresh runtime that ran the
     counterfactual stream ``o^-z`` from ``R_0``. Returns the agreed digest."""
     target = get_target(episode, target)
@@ -245,7 +245,7 @@ def compare_forget_with_counterfactual(engine: KVEngine, episode: Episode, targe
     return report.digest
 
 
-def compare_replay_cost(engine: KVEngine, episode: Episode, target: str | None = None) -> int:
+def compare_replay_cost(engine: Engine, episode: Episode, target: str | None = None) -> int:
     """Corollary 1 counted from outside: the ids of the ``F`` calls forget
     makes are exactly the suffix ``boundary+1..T`` (so ``T - boundary`` of
     them, ``T - tau + 1`` at boundary ``tau - 1``), and the report, the
@@ -285,7 +285,7 @@ def compare_replay_cost(engine: KVEngine, episode: Episode, target: str | None =
 
 # --- Lemma 1 -----------------------------------------------------------------------
 
-def compare_prefix_with_counterfactual(engine: KVEngine, episode: Episode,
+def compare_prefix_with_counterfactual(engine: Engine, episode: Episode,
                                        target: str | None = None) -> tuple[str, ...]:
     """Lemma 1 on the runtime: step the real and the counterfactual streams
     side by side; the digests agree at every boundary ``t <= tau - 1`` and
@@ -319,7 +319,7 @@ def get_resident_blocks(runtime: AgentRuntime) -> list[str]:
     return list(dict.fromkeys(runtime.context + runtime.memory + runtime.plans))
 
 
-def compare_no_forget_with_reset(engine: KVEngine, episode: Episode, target: str | None = None) -> bool:
+def compare_no_forget_with_reset(engine: Engine, episode: Episode, target: str | None = None) -> bool:
     """B0 (no forget) against the reset. The state differs from the
     counterfactual exactly when some resident block still carries the
     target (provenance soundness: an untainted state is the counterfactual
@@ -368,7 +368,7 @@ def observation_to_step(observation: Observation) -> Step:
 class LiftedRuntime:
     """The runtime's transition as a spec step function over digests."""
 
-    def __init__(self, engine: KVEngine, system: str, settings: Settings):
+    def __init__(self, engine: Engine, system: str, settings: Settings):
         root = AgentRuntime.start(engine, system, settings)
         self.initial = root.digest()
         self.registry: dict[str, AgentRuntime] = {self.initial: root}
@@ -385,7 +385,7 @@ class LiftedRuntime:
         return digest
 
 
-def compare_with_spec(engine: KVEngine, episode: Episode, target: str | None = None) -> SpliceResult:
+def compare_with_spec(engine: Engine, episode: Episode, target: str | None = None) -> SpliceResult:
     """The runtime's ``forget`` against the spec's ``splice`` over the lifted ``F``.
 
     The spec's splice (restore the stored digest at the impl's checkpoint
@@ -446,7 +446,7 @@ def compare_graph_with_spec(runtime: AgentRuntime, target: str, episode: Episode
 
 # --- the engine's services: KV budget and prefix cache ----------------------------------
 
-def compare_forget_with_reset_under_budget(engine: KVEngine, episode: Episode,
+def compare_forget_with_reset_under_budget(engine: Engine, episode: Episode,
                                            target: str | None = None) -> ForgetReport:
     """Forget against the full reset on an engine with a KV budget: the same
     digest and generated tokens, ``T - boundary`` invocations (a restore from
@@ -484,7 +484,7 @@ def compare_forget_with_reset_under_budget(engine: KVEngine, episode: Episode,
     return forget
 
 
-def compare_prefix_cache_reset_with_reset(engine: KVEngine, episode: Episode, target: str | None = None):
+def compare_prefix_cache_reset_with_reset(engine: Engine, episode: Episode, target: str | None = None):
     """B5' (the full reset served by the engine's prefix cache) against B5 on
     the same base state: the same digest, generated tokens, transitions and
     decoded tokens; B5' prefills no more than B5, and what it did not

@@ -67,6 +67,7 @@ from unsee.properties.differential import (check_agreement, compare_forget_with_
                                            compare_replay_cost, compare_with_spec, describe_runtime,
                                            engine_scope, get_counterfactual_steps, run_episode,
                                            torch_threads)
+from unsee.properties.engines import make_engine
 from unsee.properties.episodes import (SYSTEMS, episodes, get_coverage_labels, get_tau, parse_step, runtime_settings,
                                        scaled, step_jsons, texts)
 
@@ -77,6 +78,12 @@ def tiny_engine() -> KVEngine:
     Runtimes are never shared between examples: each builds its own in an
     :func:`engine_scope` that drops its caches afterwards."""
     return KVEngine(load_model("tiny"))
+
+
+@functools.cache
+def engine_for(name: str):
+    """One engine per module and name (see :func:`tiny_engine`)."""
+    return make_engine(name)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -217,9 +224,12 @@ class SpliceEqualsCounterfactualMachine(RuleBasedStateMachine):
     sources = Bundle("sources")
     forgotten = Bundle("forgotten")
 
+    #: the engine it runs on (properties/engines.py; prop_impl_engines.py subclasses it per engine)
+    engine_name = "tiny"
+
     def __init__(self):
         super().__init__()
-        self.engine = tiny_engine()
+        self.engine = tiny_engine() if self.engine_name == "tiny" else engine_for(self.engine_name)
         self.scope = engine_scope(self.engine)
         self.scope.__enter__()
         self.runtime: AgentRuntime | None = None

@@ -1,0 +1,136 @@
+"""Measure an engine's bitwise behaviour (the facts docs/engines.md lists).
+
+    python -m unsee.bench.bitwise --engine llamacpp --out out/bitwise-llamacpp.json
+    python -m unsee.bench.bitwise --engine smollm2  --out out/bitwise-smollm2.json
+
+Each fact compares two ways of reaching the same tokens, by the KV digest
+(position by position, :meth:`Engine.digest`) and by the logits after the
+last token (largest absolute difference, 0.0 meaning bitwise equal):
+
+repeat               the same chunks twice
+crop_at_boundary     prefill A, B; crop to |A|; prefill C   vs  prefill A, C
+crop_mid_chunk       prefill A+B as one chunk; crop to |A|; prefill C  vs  A, C
+park_and_reload      prefill A; switch to another lineage and back (llama.cpp:
+                     a state copy out of the context and in again); prefill C
+                     vs  A, C
+clone_continued      clone(A) then prefill C  vs  A, C
+chunked              prefill A+B whole  vs  A then B
+decode               prefill A, then feed B's tokens one at a time  vs  A, B
+threads              A, B on 1 thread  vs  on --threads threads
+
+Only integer facts are stable across machines; the lead re-runs this on a
+quiet machine for the numbers in the docs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from unsee.impl.engine import ENGINE_NAMES, Engine
+
+TEXT = ("<|im_start|>system\nYou are a helpful agent.<|im_end|>\n<|im_start|>user\nMy address is 4417 Elm "
+        "Street and I pay the rent on the first of the month.<|im_end|>\n<|im_start|>assistant\nNoted: 4417 "
+        "Elm Street, rent on the first.<|im_end|>\n<|im_start|>user\nWhat should I buy for the trip to Oak "
+        "Lake next week?<|im_end|>\n")
+
+
+def build(name: str, threads: int) -> Engine:
+    if name.startswith("llamacpp"):
+        from unsee.impl.llamacpp import LlamaCppEngine, load_llamacpp
+
+        return LlamaCppEngine(load_llamacpp("tiny" if name == "llamacpp-tiny" else "smollm2", threads=threads))
+    from unsee.impl.kv import KVEngine
+    from unsee.impl.models import load_model
+
+    torch.set_num_threads(threads)
+    return KVEngine(load_model(name))
+
+
+def run(engine: Engine, chunks, ops=()) -> tuple[str, torch.Tensor | None, str]:
+    handle = engine.new_lineage()
+    for c in chunks:
+        engine.prefill(c)
+    for op in ops:
+        op(engine, handle)
+    return engine.digest(handle), engine.logits(handle), handle
+
+
+def compare(a, b) -> dict:
+    (da, la, _), (db, lb, _) = a, b
+    diff = None if la is None or lb is None else float((la - lb).abs().max())
+    return {"kv_equal": da == db, "max_abs_logit_diff": diff}
+
+
+def measure(name: str, threads: int) -> dict:
+    engine = build(name, 1)
+    ids = engine.lm.encode(TEXT)
+    n = len(ids)
+    a, b, c = ids[: n // 2], ids[n // 2: 3 * n // 4], ids[3 * n // 4:]
+    facts: dict = {"engine": name, "tokens": {"A": len(a), "B": len(b), "C": len(c)}}
+    fresh = run(engine, [a, c])
+    facts["repeat"] = compare(run(engine, [a, c]), fresh)
+
+    def crop_then_c(eng, h):
+        eng.use(h)
+        eng.crop(len(a))
+        eng.prefill(c)
+
+    facts["crop_at_boundary"] = compare(run(engine, [a, b], [crop_then_c]), fresh)
+    facts["crop_mid_chunk"] = compare(run(engine, [a + b], [crop_then_c]), fresh)
+
+    def park_and_reload(eng, h):
+        other = eng.new_lineage()
+        eng.prefill(b)
+        eng.use(h)
+        eng.prefill(c)
+        eng.drop(other)
+
+    facts["park_and_reload"] = compare(run(engine, [a], [park_and_reload]), fresh)
+
+    def clone_then_c(eng, h):
+        src = eng.clone(h)
+        eng.use(h)
+        eng.prefill(c)
+        eng.drop(src)
+
+    facts["clone_continued"] = compare(run(engine, [a], [clone_then_c]), fresh)
+    facts["chunked"] = compare(run(engine, [a + b]), run(engine, [a, b]))
+    facts["decode"] = compare(run(engine, [a] + [[t] for t in b]), run(engine, [a, b]))
+    other = build(name, threads)
+    facts["threads"] = {"threads": threads, **compare(run(other, [a, b]), run(engine, [a, b]))}
+    # timing of the verbs (indicative only on a loaded machine)
+    h = engine.new_lineage()
+    t0 = time.perf_counter()
+    engine.prefill(ids)
+    facts["prefill_tok_per_s"] = round(len(ids) / (time.perf_counter() - t0), 1)
+    t0 = time.perf_counter()
+    out = engine.generate(32, stop_ids=())
+    facts["generate_tok_per_s"] = round(len(out) / (time.perf_counter() - t0), 1)
+    engine.drop(h)
+    facts["determinism"] = {k: getattr(engine.determinism, k) for k in
+                            ("same_chunking_repeats", "crop_continue_is_fresh", "chunk_invariant",
+                             "decode_is_prefill", "thread_invariant")}
+    return facts
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--engine", default="llamacpp", choices=ENGINE_NAMES)
+    p.add_argument("--threads", type=int, default=2, help="the thread count compared with 1")
+    p.add_argument("--out", type=Path)
+    args = p.parse_args(argv)
+    facts = measure(args.engine, args.threads)
+    text = json.dumps(facts, indent=2)
+    print(text)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()

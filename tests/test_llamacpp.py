@@ -1,0 +1,124 @@
+"""The llama.cpp engine's own parts: the install hint, the tiny GGUF, the
+state-blob parser and the by-position digest (impl/llamacpp.py).
+
+The verbs themselves are checked on every engine by
+properties/prop_engine_verbs.py; the runtime on llama.cpp by
+properties/prop_impl_engines.py."""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from unsee.impl import llamacpp
+from unsee.impl.engine import Engine, load_engine
+from unsee.impl.tiny_gguf import write_tiny_gguf
+
+needs_llamacpp = pytest.mark.skipif(not llamacpp.available(), reason="llama-cpp-python is not installed")
+
+
+def test_missing_extra_says_how_to_install(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)  # import llama_cpp now raises ImportError
+    with pytest.raises(llamacpp.LlamaCppMissingError, match=r"pip install 'unsee\[llamacpp\]'"):
+        load_engine("llamacpp-tiny")
+    assert not llamacpp.available()
+    from unsee.impl.cli import main
+
+    episode = Path(__file__).resolve().parents[1] / "examples" / "secret_in_tool_result.json"
+    assert main(["run", str(episode), "--engine", "llamacpp", "--model", "tiny"]) == 2
+    assert "unsee[llamacpp]" in capsys.readouterr().err
+
+
+def test_tiny_gguf_is_a_pure_function_of_its_seed(tmp_path):
+    a, b = write_tiny_gguf(tmp_path / "a.gguf"), write_tiny_gguf(tmp_path / "b.gguf")
+    c = write_tiny_gguf(tmp_path / "c.gguf", seed=1)
+    assert a.read_bytes() == b.read_bytes()
+    assert a.read_bytes() != c.read_bytes()
+
+
+@pytest.fixture(scope="module", params=[True, False], ids=["flash-attn", "v-transposed"])
+def engine(request):
+    return llamacpp.LlamaCppEngine(llamacpp.load_llamacpp("tiny", threads=1, n_ctx=256,
+                                                          flash_attn=request.param))
+
+
+@needs_llamacpp
+def test_engine_satisfies_the_protocol(engine):
+    assert isinstance(engine, Engine)
+    assert engine.draft_bound is None and engine.determinism.crop_continue_is_fresh
+
+
+@needs_llamacpp
+def test_state_blob_round_trips(engine):
+    """parse then to_blob gives llama.cpp's own bytes back, V transposed or not."""
+    handle = engine.new_lineage()
+    engine.prefill(list(range(40, 57)))
+    blob_size = engine._lc.llama_state_seq_get_size(engine._ctx, 0)
+    kv = engine._read_seq()
+    assert kv.n == 17 and list(kv.positions) == list(range(17))
+    assert len(kv.to_blob()) == blob_size
+    # written back into the context, read out again: the same rows
+    engine._lc.llama_memory_clear(engine._mem, True)
+    engine._resident = None
+    engine._lineages[handle].kv = kv
+    engine.use(handle)
+    engine._make_resident(handle)
+    again = engine._read_seq()
+    assert again.to_blob() == kv.to_blob()
+    engine.drop(handle)
+
+
+@needs_llamacpp
+def test_digest_is_by_position_not_by_cell(engine):
+    """The same KV stored in other cells (here: rows in reverse order, as a
+    cache whose cells were filled out of order would hold them) hashes the
+    same; the blob of that layout does not."""
+    handle = engine.new_lineage()
+    engine.prefill(list(range(60, 72)))
+    kv = engine._read_seq()
+    rev = slice(None, None, -1)
+    shuffled = llamacpp.SeqKV(kv.positions[rev], tuple(k[rev] for k in kv.k), tuple(v[rev] for v in kv.v),
+                              kv.k_types, kv.v_types, kv.v_trans, kv.v_elem)
+    assert shuffled.to_blob() != kv.to_blob()
+    digests = []
+    for rows in (kv, shuffled):
+        h = hashlib.sha256()
+        rows.digest_into(h)
+        digests.append(h.hexdigest())
+    assert digests[0] == digests[1]
+    # and the parser orders cells by position
+    assert np.array_equal(llamacpp.SeqKV.parse(shuffled.to_blob(), engine.lm.n_layer, kv.v_trans).positions,
+                          kv.positions)
+    engine.drop(handle)
+
+
+@needs_llamacpp
+def test_parser_refuses_what_it_does_not_know(engine):
+    handle = engine.new_lineage()
+    engine.prefill([1, 2, 3])
+    blob = engine._read_seq().to_blob()
+    with pytest.raises(ValueError, match="magic"):
+        llamacpp.SeqKV.parse(b"\0" * 8 + blob[8:], engine.lm.n_layer, engine._v_trans)
+    with pytest.raises(ValueError, match="unparsed"):
+        llamacpp.SeqKV.parse(blob + b"\0", engine.lm.n_layer, engine._v_trans)
+    with pytest.raises(ValueError, match="layers"):
+        llamacpp.SeqKV.parse(blob, engine.lm.n_layer + 1, engine._v_trans)
+    engine.drop(handle)
+
+
+@needs_llamacpp
+def test_bad_input_changes_nothing(engine):
+    handle = engine.new_lineage()
+    engine.prefill([5, 6, 7])
+    before = engine.digest(), engine.tokens()
+    for bad in (lambda: engine.prefill([]), lambda: engine.prefill([engine.lm.vocab_size]),
+                lambda: engine.crop(4), lambda: engine.crop(-1), lambda: engine.generate(2, draft=[1]),
+                lambda: engine.prefill([1] * engine.lm.n_ctx)):
+        with pytest.raises(ValueError):
+            bad()
+        assert (engine.digest(), engine.tokens()) == before
+    engine.drop(handle)
