@@ -563,8 +563,10 @@ class LlamaCppEngine:
         self.enforce_budget()
 
     def generate(self, max_new_tokens: int, stop_ids: Iterable[int] | None = None, temperature: float = 0.0,
-                 seed: int | None = None, draft: Sequence[int] | None = None) -> list[int]:
-        """As :meth:`KVEngine.generate` without drafts: decode by the rule of
+                 seed: int | None = None, draft: Sequence[int] | None = None,
+                 probe: bool = False) -> list[int]:
+        """As :meth:`KVEngine.generate` without drafts (so ``probe``, which
+        only acts on a draft, does nothing here): decode by the rule of
         impl/drafts.py on llama.cpp's logits, then replace the decode steps by
         one prefill of the turn (the canonical chunk a replay redoes)."""
         if _as_int(max_new_tokens) is None or max_new_tokens < 0:
