@@ -190,3 +190,52 @@ def _run_floor(engine: KVEngine, prefix: str, blocks: list[RuntimeBlock], change
         engine.crop(start)
         for chunk in chunks[1:]:  # the turn's canonical prefill
             engine.prefill(chunk)
+
+
+#: Why a replayed model turn cost more than the floor's operations for it
+#: (:func:`get_excess`), in the order the report lists them.
+EXCESS_REASONS = {
+    "wrong_later": "draft right at tokens 1-2, wrong later: its verification forward was not kept",
+    "early_miss": "draft wrong at token 2, not probed: a verification forward for one token's news",
+    "fallback": "an unstable (near-tie) decision: the turn re-decoded from its header",
+    "probe_right": "a probe that found the draft right: one decode step spent",
+}
+
+
+def get_reason(turn: dict) -> str | None:
+    """Which of :data:`EXCESS_REASONS` explains a replayed turn's excess over
+    the floor (a ``drafts.turns`` entry of the forget report), or None."""
+    if turn.get("trusted") or not turn["draft"]:
+        return None
+    if turn["fallback"]:
+        return "fallback"
+    if turn["prefilled"] > turn["generated"]:
+        return "early_miss" if turn["accepted"] == 1 and not turn["probed"] else "wrong_later"
+    if turn["probed"] and turn["accepted"] >= 2:
+        return "probe_right"
+    return None
+
+
+def get_excess(turns: list[dict], floor: dict) -> list[dict]:
+    """Where a replay's model work exceeds the floor's, by reason: for each
+    of :data:`EXCESS_REASONS`, the turns it explains, the tokens they prefilled
+    beyond their canonical chunk, the tokens decoded beyond the floor's decode
+    of that turn, and the one-token forwards spent on probes that found the
+    draft right (a turn is listed once, under its first reason; its probe
+    step is counted wherever it falls). ``turns`` is the forget report's ``drafts.turns``, ``floor``
+    a :meth:`Floor.to_json`."""
+    floor_decoded = {t["block_id"]: t["decoded"] for t in floor["changed_turns"]}
+    rows = {reason: {"reason": reason, "why": why, "turns": [], "prefilled": 0, "decoded": 0, "forwards": 0}
+            for reason, why in EXCESS_REASONS.items()}
+    for turn in turns:
+        reason = get_reason(turn)
+        if reason is None:
+            continue
+        row = rows[reason]
+        row["turns"].append(turn["block"])
+        row["prefilled"] += turn["prefilled"] - turn["generated"]
+        row["decoded"] += turn["decoded"] - floor_decoded.get(turn["block"], 0)
+        # a probe that found the draft right (any reason but an early miss) is one step spent
+        early_miss = turn["accepted"] == 1 and turn["rejected"] > 0 and not turn["fallback"]
+        row["forwards"] += int(turn["probed"] and not early_miss)
+    return [row for row in rows.values() if row["turns"]]

@@ -36,7 +36,7 @@ from unsee.impl.models import load_model
 from unsee.impl.runtime import AgentRuntime
 
 from .episodes import make_bench_episode, make_indep_episode
-from .floor import compute_floor
+from .floor import compute_floor, get_excess
 from .sweep import fit_r2
 
 #: Table 1's methods: B5, B5', the paper's B7 (attribution oracle), our B7 (verified drafts).
@@ -101,7 +101,8 @@ def measure_episode(engine: KVEngine, episode: Episode, methods: Sequence[str], 
                 row = {k: getattr(result, k) for k in COST_FIELDS}
                 row.update({k: getattr(result, k, 0) for k in OPTIONAL_FIELDS})
                 row.update(wall_s=result.wall_s, cpu_s=cpu, digest=result.digest,
-                           boundary=result.report.boundary if result.report else None)
+                           boundary=result.report.boundary if result.report else None,
+                           draft_turns=(result.report.drafts or {}).get("turns", []) if result.report else [])
                 runs[method].append(row)
                 if floor and method == "reset" and len(floors) < rounds:
                     floors.append(compute_floor(engine, base, runtime, boundary).to_json())
@@ -124,6 +125,7 @@ def measure_episode(engine: KVEngine, episode: Episode, methods: Sequence[str], 
             out["floor"]["cpu_s"] = [f["cpu_s"] for f in floors]
             out["floor"]["changed_turns"] = len(floors[0]["changed_turns"])
             for row in out["methods"].values():
+                row["excess"] = get_excess(row["draft_turns"], floors[0]) if row["draft_turns"] else []
                 row["x_floor_wall"] = row["wall_p50_s"] / out["floor"]["wall_p50_s"]
                 row["x_floor_cpu"] = row["cpu_p50_s"] / out["floor"]["cpu_p50_s"]
                 row["x_floor_recomputed"] = row["recomputed_tokens"] / max(out["floor"]["recomputed"], 1)
@@ -140,7 +142,7 @@ def summarise(rows: list[dict], reset_digest: str | None) -> dict:
     for row in rows[1:]:
         if any(row[k] != first[k] for k in COST_FIELDS + OPTIONAL_FIELDS):
             raise AssertionError(f"token counts differ between rounds: {first} vs {row}")
-    out = {k: first[k] for k in COST_FIELDS + OPTIONAL_FIELDS + ("boundary",)}
+    out = {k: first[k] for k in COST_FIELDS + OPTIONAL_FIELDS + ("boundary", "draft_turns")}
     walls = [r["wall_s"] for r in rows]
     out.update(wall_p50_s=statistics.median(walls), wall_s=walls)
     cpus = [r["cpu_s"] for r in rows]
@@ -303,6 +305,16 @@ def render_markdown(result: dict, command: str) -> str:
             lines.append(f"| {r['ratio']} | {r['decoded_tokens']:.2f}x | {r['recomputed_tokens']:.2f}x | "
                          f"{r['paper']:.1f}x |")
         lines.append("")
+        excess = t["methods"].get("replay", {}).get("excess")
+        if excess:
+            lines += ["Where B7 (ours) spends above the floor, turn by turn (`bench.floor.get_excess`): what a "
+                      "replay cannot know before it verifies a draft.", "",
+                      "| reason | turns | prefilled beyond the canonical chunk | decoded beyond the floor | "
+                      "probe steps |", "|---|---|---|---|---|"]
+            for e in excess:
+                lines.append(f"| {e['why']} | {len(e['turns'])} ({', '.join(e['turns'])}) | {e['prefilled']} | "
+                             f"{e['decoded']} | {e['forwards']} |")
+            lines.append("")
     if "tau" in tables:
         t = tables["tau"]
         lines += ["### Tau sweep: transitions T - tau + 1", "",

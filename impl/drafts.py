@@ -137,11 +137,19 @@ class TurnCost:
     fallback: bool  # re-decoded from the header at an unstable decision
     trusted: bool = False
     probed: bool = False  # a one-token probe came before the verification
+    generated: int = 0  # tokens the turn committed (its canonical chunk)
 
     @property
     def is_early_miss(self) -> bool:
         """Right at its first token and wrong at its second: the case a probe saves."""
         return self.accepted == 1 and self.rejected > 0 and not self.fallback
+
+    @property
+    def excess_prefilled(self) -> int:
+        """Tokens prefilled beyond the turn's canonical chunk: a verification
+        forward whose chunk was not kept (the draft went wrong in it, or an
+        unstable decision sent the turn back to its header)."""
+        return self.prefilled - self.generated
 
 
 #: Probe when the estimated chance that a draft which passed its first token

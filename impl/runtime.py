@@ -298,7 +298,8 @@ class AgentRuntime:
         self.engine.prefill(list(header))
         draft = self.drafts.get(block_id) if self.drafts is not None else None
         if draft is not None and draft.trusted:
-            self.drafts.turns.append(TurnCost(block_id, len(draft.tokens), 0, 0, 0, len(draft.tokens), False, True))
+            self.drafts.turns.append(TurnCost(block_id, len(draft.tokens), 0, 0, 0, len(draft.tokens), False, True,
+                                              generated=len(draft.tokens)))
             # B7-oracle: an attribution oracle vouched for this turn; its old
             # tokens are re-materialised by prefill, unverified (not exact if
             # the label is wrong)
@@ -316,7 +317,7 @@ class AgentRuntime:
                 self.drafts.turns.append(TurnCost(
                     block_id, len(draft.tokens) if draft else 0, spent.draft_accepted_tokens,
                     spent.draft_rejected_tokens, spent.decoded_tokens, spent.prefilled_tokens,
-                    bool(spent.draft_fallbacks), probed=bool(spent.draft_probes)))
+                    bool(spent.draft_fallbacks), probed=bool(spent.draft_probes), generated=len(generated)))
         body = [i for i in generated if i not in self.engine.lm.eos_ids]
         text = self.engine.lm.decode(body).strip()
         tokens = header + tuple(generated)

@@ -7,9 +7,9 @@ import functools
 import json
 
 import pytest
-from hypothesis import example, given
+from hypothesis import event, example, given
 
-from unsee.bench.floor import compute_floor
+from unsee.bench.floor import EXCESS_REASONS, compute_floor, get_excess
 from unsee.bench.paper import main as paper_main
 from unsee.impl.baselines import METHODS
 from unsee.impl.episode import parse_episode
@@ -140,6 +140,42 @@ def test_floor_is_below_forget_and_reset(ep):
         assert floor.recomputed <= reset_report.prefilled_tokens + reset_report.decoded_tokens
         unchanged = all(dict(base.generated_tokens()).get(b) == t for b, t in reset.generated_tokens())
         assert (floor.decoded == 0) == (unchanged or not floor.changed_turns)
+
+
+#: Found by a search for an episode whose forget shows a draft wrong later and
+#: an early miss on the tiny model (the shrunk one): both reasons run in ci.
+WRONG_LATER_AND_EARLY_MISS = parse_episode({
+    "format": "unsee.episode", "version": 2, "system": "You are a helpful agent.",
+    "settings": {"max_new_tokens": 4, "checkpoint_policy": "every_turn"},
+    "steps": [{"id": "t1", "kind": "user", "text": "4417 Elm", "source": "secret"},
+              {"id": "t2", "kind": "user", "text": "tea"}],
+    "target": {"source": "secret", "value": "4417 Elm"}})
+
+
+@given(ep=episodes(max_steps=6, max_new_tokens=(2, 8)))
+@example(ep=AFTER_COMPACTION)
+@example(ep=WRONG_LATER_AND_EARLY_MISS)
+@scaled(10)
+def test_excess_accounts_for_every_token_above_the_floor(ep):
+    """The forget's prefilled and decoded tokens are the floor's plus what
+    ``get_excess`` attributes to a reason, exactly: nothing above the floor
+    goes unexplained, and nothing is explained twice."""
+    engine = tiny_engine()
+    with engine_scope(engine):
+        base, reset, forget_report, _ = forget_and_reset(engine, ep)
+        floor = compute_floor(engine, base, reset, forget_report.boundary).to_json()
+        turns = (forget_report.drafts or {}).get("turns", [])
+        excess = get_excess(turns, floor)
+        assert {e["reason"] for e in excess} <= set(EXCESS_REASONS)
+        assert forget_report.prefilled_tokens == floor["prefilled"] + sum(e["prefilled"] for e in excess)
+        assert forget_report.decoded_tokens == floor["decoded"] + sum(e["decoded"] for e in excess)
+        listed = [b for e in excess for b in e["turns"]]
+        assert len(listed) == len(set(listed))
+        assert sum(e["forwards"] for e in excess) <= sum(t["probed"] for t in turns)
+        for e in excess:
+            event(f"excess: {e['reason']}")
+        if ep is WRONG_LATER_AND_EARLY_MISS:
+            assert {"wrong_later", "early_miss"} <= {e["reason"] for e in excess}
 
 
 def test_paper_tables_end_to_end(tmp_path, capsys):
