@@ -210,7 +210,139 @@ class KVMemory:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
-class KVEngine:
+class LineageBook:
+    """The bookkeeping every engine shares, whatever holds its KV: string
+    handles to lineages, the current one, pins, the handles the budget
+    evicted, and an LRU clock. An engine subclasses it and provides
+    ``new_lineage``, ``prefill``, ``length``, ``drop``, ``enforce_budget``
+    and ``_lineage_storages`` (its own idea of what a lineage holds); its
+    lineage objects need ``tokens`` and ``last_used``."""
+
+    def _init_book(self) -> None:
+        self._lineages: dict = {}
+        self._current: str | None = None
+        self._next_id = 0
+        self._evicted: set[str] = set()
+        self._pins: weakref.WeakSet[LineagePin] = weakref.WeakSet()
+        self._clock = 0
+        self.kv_budget: int | None = None
+        self.peak_unpinned_bytes = 0  # the most unpinned bytes held when a verb returned
+        self.evictions = 0
+
+    def rebuild(self, chunks: Iterable[Sequence[int]]) -> str:
+        """A new lineage (made current) holding ``chunks``, one prefill each:
+        re-creating a cache that was evicted or never in memory (a reopened
+        session). Counted as prefilled and as ``rebuilt_tokens``."""
+        handle = self.new_lineage()
+        for chunk in chunks:
+            before = self.counters.prefilled_tokens
+            self.prefill(chunk)
+            self.counters.rebuilt_tokens += self.counters.prefilled_tokens - before
+        return handle
+
+    @property
+    def current(self) -> str | None:
+        return self._current
+
+    @property
+    def lineages(self) -> tuple[str, ...]:
+        return tuple(self._lineages)
+
+    @property
+    def evicted(self) -> tuple[str, ...]:
+        """Handles the KV budget evicted (their caches are gone)."""
+        return tuple(sorted(self._evicted))
+
+    def is_evicted(self, lineage: str) -> bool:
+        return lineage in self._evicted
+
+    def use(self, lineage: str) -> None:
+        self._get(lineage)
+        self._current = lineage
+
+    def tokens(self, lineage: str | None = None) -> list[int]:
+        """The token ids the lineage's cache holds (a copy)."""
+        return list(self._get(lineage).tokens)
+
+    def pin(self, lineage: str) -> LineagePin:
+        """Mark ``lineage`` live for as long as the returned pin is referenced
+        (see :class:`LineagePin`); the KV budget never evicts it."""
+        self._get(lineage)
+        pin = LineagePin(lineage)
+        self._pins.add(pin)
+        return pin
+
+    def live_lineages(self) -> set[str]:
+        """The pinned lineages and the current one: never evicted."""
+        live = {p.lineage for p in list(self._pins)}
+        if self._current is not None:
+            live.add(self._current)
+        return live & set(self._lineages)
+
+    def set_kv_budget(self, kv_budget: int | None) -> None:
+        """Bound the bytes held by lineages that are neither pinned nor current
+        (None: no bound; 0: keep only those), and enforce it now."""
+        if kv_budget is not None:
+            b = _as_int(kv_budget)
+            if b is None or b < 0:
+                raise ValueError(f"kv_budget={kv_budget!r} must be a number of bytes >= 0, or None for no bound")
+            kv_budget = b
+        self.kv_budget = kv_budget
+        self.enforce_budget()
+
+    def memory(self) -> KVMemory:
+        """What the engine holds now (bytes of distinct storages)."""
+        live = self.live_lineages()
+        held: dict = {}
+        live_st: dict = {}
+        for handle in self._lineages:
+            st = self._lineage_storages(handle)
+            held.update(st)
+            if handle in live:
+                live_st.update(st)
+        return KVMemory(held_bytes=sum(held.values()), live_bytes=sum(live_st.values()),
+                        unpinned_bytes=sum(held.values()) - sum(live_st.values()), lineages=len(self._lineages),
+                        live_lineages=len(live), evicted_lineages=len(self._evicted),
+                        cached_tokens=sum(len(lin.tokens) for lin in self._lineages.values()), budget=self.kv_budget)
+
+    def _fresh_handle(self) -> str:
+        handle = f"L{self._next_id}"
+        self._next_id += 1
+        return handle
+
+    def _need_current(self) -> str:
+        if self._current is None:
+            raise RuntimeError("no current lineage: call new_lineage() or use(lineage)")
+        return self._current
+
+    def _get(self, lineage: str | None):
+        handle = self._need_current() if lineage is None else lineage
+        if handle not in self._lineages:
+            if handle in self._evicted:
+                raise EvictedLineageError(
+                    f"lineage {handle!r} was evicted by the KV budget ({self.kv_budget} bytes); "
+                    "rebuild it by prefill from a checkpoint's manifest")
+            raise KeyError(f"unknown lineage {handle!r}; live: {sorted(self._lineages)}")
+        self._touch(handle)
+        return self._lineages[handle]
+
+    def _touch(self, handle: str) -> None:
+        self._clock += 1
+        self._lineages[handle].last_used = self._clock
+
+    def _check_ids(self, token_ids: Iterable[int], allow_empty: bool = False) -> list[int]:
+        # Checked on the host: an out-of-range id on CUDA is a device assert
+        # that kills the process instead of an error we can report.
+        ids = [operator.index(t) for t in token_ids]  # ints only, no floats
+        if not ids and not allow_empty:
+            raise ValueError("prefill: token_ids is empty; a forward needs at least one token")
+        bad = [t for t in ids if not 0 <= t < self.lm.vocab_size]
+        if bad:
+            raise ValueError(f"prefill: token ids {bad[:5]} outside [0, {self.lm.vocab_size})")
+        return ids
+
+
+class KVEngine(LineageBook):
     """Lineages (string handles -> caches) over one LoadedModel: the
     transformers implementation of :class:`unsee.impl.engine.Engine`.
 
@@ -227,9 +359,7 @@ class KVEngine:
     def __init__(self, lm: LoadedModel, kv_budget: int | None = None):
         self.lm = lm
         self.counters = Counters()
-        self._lineages: dict[str, _Lineage] = {}
-        self._current: str | None = None
-        self._next_id = 0
+        self._init_book()
         #: ceiling on |prefill - decode| logits for draft verification, or None:
         #: drafts off (impl/drafts.py; a test may set it, e.g. 0 = no guard)
         self.draft_bound = get_draft_bound(lm.name, lm.device, lm.dtype)
@@ -239,14 +369,8 @@ class KVEngine:
         self.determinism = Determinism(same_chunking_repeats=True, crop_continue_is_fresh=True,
                                        chunk_invariant=False, decode_is_prefill=False, thread_invariant=False,
                                        statement=lm.determinism)
-        self._evicted: set[str] = set()
-        self._pins: weakref.WeakSet[LineagePin] = weakref.WeakSet()
-        self._clock = 0
         self._serving = False  # inside `prefix_cache()`
         self._cache_sources: tuple[set[str], int] | None = None  # (handles, first new id); None: all
-        self.kv_budget: int | None = None
-        self.peak_unpinned_bytes = 0  # the most unpinned bytes held when a verb returned
-        self.evictions = 0
         self.set_kv_budget(kv_budget)
 
     # ------------------------------------------------------------ lineages
@@ -281,37 +405,6 @@ class KVEngine:
         self._touch(handle)
         return handle
 
-    def rebuild(self, chunks: Iterable[Sequence[int]]) -> str:
-        """A new lineage (made current) holding ``chunks``, one prefill each:
-        re-creating a cache that was evicted or never in memory (a reopened
-        session). Counted as prefilled and as ``rebuilt_tokens``."""
-        handle = self.new_lineage()
-        for chunk in chunks:
-            before = self.counters.prefilled_tokens
-            self.prefill(chunk)
-            self.counters.rebuilt_tokens += self.counters.prefilled_tokens - before
-        return handle
-
-    @property
-    def current(self) -> str | None:
-        return self._current
-
-    @property
-    def lineages(self) -> tuple[str, ...]:
-        return tuple(self._lineages)
-
-    @property
-    def evicted(self) -> tuple[str, ...]:
-        """Handles the KV budget evicted (their caches are gone)."""
-        return tuple(sorted(self._evicted))
-
-    def is_evicted(self, lineage: str) -> bool:
-        return lineage in self._evicted
-
-    def use(self, lineage: str) -> None:
-        self._get(lineage)
-        self._current = lineage
-
     def clone(self, lineage: str | None = None) -> str:
         """Deep copy (cache, tokens, last logits) as a new lineage, e.g. for a
         baseline branching from the same base state. The current lineage is
@@ -340,10 +433,6 @@ class KVEngine:
 
     def length(self, lineage: str | None = None) -> int:
         return adapter.cache_length(self._get(lineage).cache)
-
-    def tokens(self, lineage: str | None = None) -> list[int]:
-        """The token ids the lineage's cache holds (a copy)."""
-        return list(self._get(lineage).tokens)
 
     # --------------------------------------------------------------- verbs
 
@@ -615,45 +704,8 @@ class KVEngine:
 
     # ------------------------------------------------------ budget and pins
 
-    def pin(self, lineage: str) -> LineagePin:
-        """Mark ``lineage`` live for as long as the returned pin is referenced
-        (see :class:`LineagePin`); the KV budget never evicts it."""
-        self._get(lineage)
-        pin = LineagePin(lineage)
-        self._pins.add(pin)
-        return pin
-
-    def live_lineages(self) -> set[str]:
-        """The pinned lineages and the current one: never evicted."""
-        live = {p.lineage for p in list(self._pins)}
-        if self._current is not None:
-            live.add(self._current)
-        return live & set(self._lineages)
-
-    def set_kv_budget(self, kv_budget: int | None) -> None:
-        """Bound the bytes held by lineages that are neither pinned nor current
-        (None: no bound; 0: keep only those), and enforce it now."""
-        if kv_budget is not None:
-            b = _as_int(kv_budget)
-            if b is None or b < 0:
-                raise ValueError(f"kv_budget={kv_budget!r} must be a number of bytes >= 0, or None for no bound")
-            kv_budget = b
-        self.kv_budget = kv_budget
-        self.enforce_budget()
-
-    def memory(self) -> KVMemory:
-        """What the engine holds now (bytes of distinct storages)."""
-        live = self.live_lineages()
-        held: dict = {}
-        live_st: dict = {}
-        for handle, lin in self._lineages.items():
-            held.update(lin.storages())
-            if handle in live:
-                live_st.update(lin.storages())
-        return KVMemory(held_bytes=sum(held.values()), live_bytes=sum(live_st.values()),
-                        unpinned_bytes=sum(held.values()) - sum(live_st.values()), lineages=len(self._lineages),
-                        live_lineages=len(live), evicted_lineages=len(self._evicted),
-                        cached_tokens=sum(len(lin.tokens) for lin in self._lineages.values()), budget=self.kv_budget)
+    def _lineage_storages(self, handle: str) -> dict:
+        return self._lineages[handle].storages()
 
     def enforce_budget(self) -> None:
         """Evict least-recently-used unpinned lineages until the storages that
@@ -775,41 +827,3 @@ class KVEngine:
         lin._storages = None
         self.counters.forward_calls += 1
         self.counters.prefilled_tokens += len(ids)
-
-    # ------------------------------------------------------------ helpers
-
-    def _fresh_handle(self) -> str:
-        handle = f"L{self._next_id}"
-        self._next_id += 1
-        return handle
-
-    def _need_current(self) -> str:
-        if self._current is None:
-            raise RuntimeError("no current lineage: call new_lineage() or use(lineage)")
-        return self._current
-
-    def _get(self, lineage: str | None) -> _Lineage:
-        handle = self._need_current() if lineage is None else lineage
-        if handle not in self._lineages:
-            if handle in self._evicted:
-                raise EvictedLineageError(
-                    f"lineage {handle!r} was evicted by the KV budget ({self.kv_budget} bytes); "
-                    "rebuild it by prefill from a checkpoint's manifest")
-            raise KeyError(f"unknown lineage {handle!r}; live: {sorted(self._lineages)}")
-        self._touch(handle)
-        return self._lineages[handle]
-
-    def _touch(self, handle: str) -> None:
-        self._clock += 1
-        self._lineages[handle].last_used = self._clock
-
-    def _check_ids(self, token_ids: Iterable[int], allow_empty: bool = False) -> list[int]:
-        # Checked on the host: an out-of-range id on CUDA is a device assert
-        # that kills the process instead of an error we can report.
-        ids = [operator.index(t) for t in token_ids]  # ints only, no floats
-        if not ids and not allow_empty:
-            raise ValueError("prefill: token_ids is empty; a forward needs at least one token")
-        bad = [t for t in ids if not 0 <= t < self.lm.vocab_size]
-        if bad:
-            raise ValueError(f"prefill: token ids {bad[:5]} outside [0, {self.lm.vocab_size})")
-        return ids

@@ -47,10 +47,8 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import hashlib
-import operator
 import os
 import struct
-import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator, Sequence
@@ -60,7 +58,7 @@ import torch
 
 from unsee.impl.drafts import get_scores, pick
 from unsee.impl.engine import Determinism
-from unsee.impl.kv import Counters, EvictedLineageError, KVMemory, LineagePin
+from unsee.impl.kv import Counters, LineageBook, _as_int
 
 INSTALL_HINT = ("the llama.cpp engine needs llama-cpp-python, an optional extra: "
                 "CMAKE_ARGS=-DGGML_NATIVE=OFF pip install 'unsee[llamacpp]' "
@@ -416,15 +414,6 @@ def load_llamacpp(name_or_path: str | os.PathLike = "smollm2", threads: int | No
 # ----------------------------------------------------------------- engine
 
 
-def _as_int(x) -> int | None:
-    if isinstance(x, bool):
-        return None
-    try:
-        return operator.index(x)
-    except TypeError:
-        return None
-
-
 class _Lineage:
     __slots__ = ("tokens", "kv", "last_logits", "last_used")
 
@@ -435,7 +424,7 @@ class _Lineage:
         self.last_used = 0
 
 
-class LlamaCppEngine:
+class LlamaCppEngine(LineageBook):
     """Lineages over one :class:`LlamaCppModel`; see the module docstring for
     the mapping. Implements :class:`unsee.impl.engine.Engine`."""
 
@@ -450,18 +439,10 @@ class LlamaCppEngine:
         self.determinism = Determinism(same_chunking_repeats=True, crop_continue_is_fresh=True,
                                        chunk_invariant=False, decode_is_prefill=False, thread_invariant=False,
                                        statement=lm.determinism)
-        self._lineages: dict[str, _Lineage] = {}
-        self._evicted: set[str] = set()
-        self._pins: weakref.WeakSet[LineagePin] = weakref.WeakSet()
-        self._current: str | None = None
+        self._init_book()
         self._resident: str | None = None  # the lineage sequence 0 holds
-        self._next_id = 0
-        self._clock = 0
         self._batch = lc.llama_batch_init(lm.n_ctx, 0, 1)
         self._v_trans = not lm.flash_attn  # llama.cpp stores V transposed without flash attention
-        self.kv_budget: int | None = None
-        self.evictions = 0
-        self.peak_unpinned_bytes = 0
         lc.llama_memory_clear(self._mem, True)
         self.set_kv_budget(kv_budget)
 
@@ -500,33 +481,6 @@ class LlamaCppEngine:
         rows, which nothing ever writes to: independent both ways."""
         return self.share_prefix(lineage)
 
-    def rebuild(self, chunks: Iterable[Sequence[int]]) -> str:
-        handle = self.new_lineage()
-        for chunk in chunks:
-            before = self.counters.prefilled_tokens
-            self.prefill(chunk)
-            self.counters.rebuilt_tokens += self.counters.prefilled_tokens - before
-        return handle
-
-    @property
-    def current(self) -> str | None:
-        return self._current
-
-    @property
-    def lineages(self) -> tuple[str, ...]:
-        return tuple(self._lineages)
-
-    @property
-    def evicted(self) -> tuple[str, ...]:
-        return tuple(sorted(self._evicted))
-
-    def is_evicted(self, lineage: str) -> bool:
-        return lineage in self._evicted
-
-    def use(self, lineage: str) -> None:
-        self._get(lineage)
-        self._current = lineage
-
     def drop(self, lineage: str) -> None:
         if lineage in self._evicted:
             self._evicted.discard(lineage)
@@ -541,9 +495,6 @@ class LlamaCppEngine:
 
     def length(self, lineage: str | None = None) -> int:
         return len(self._get(lineage).tokens)
-
-    def tokens(self, lineage: str | None = None) -> list[int]:
-        return list(self._get(lineage).tokens)
 
     # --------------------------------------------------------------- verbs
 
@@ -643,27 +594,6 @@ class LlamaCppEngine:
 
     # ------------------------------------------------------------ memory
 
-    def pin(self, lineage: str) -> LineagePin:
-        self._get(lineage)
-        pin = LineagePin(lineage)
-        self._pins.add(pin)
-        return pin
-
-    def live_lineages(self) -> set[str]:
-        live = {p.lineage for p in list(self._pins)}
-        if self._current is not None:
-            live.add(self._current)
-        return live & set(self._lineages)
-
-    def set_kv_budget(self, kv_budget: int | None) -> None:
-        if kv_budget is not None:
-            b = _as_int(kv_budget)
-            if b is None or b < 0:
-                raise ValueError(f"kv_budget={kv_budget!r} must be a number of bytes >= 0, or None for no bound")
-            kv_budget = b
-        self.kv_budget = kv_budget
-        self.enforce_budget()
-
     def _storages(self, handle: str, park: bool = False) -> dict:
         """Distinct host buffers a lineage holds: ``{key: bytes}``. The
         resident lineage, changed since it was parked, holds none outside the
@@ -677,22 +607,10 @@ class LlamaCppEngine:
             out[id(lin.last_logits)] = lin.last_logits.nbytes
         return out
 
-    def memory(self) -> KVMemory:
-        """What the engine holds: every lineage's K/V rows (the resident one
-        read out of the context) and kept logits, by distinct buffer. The
-        context's own allocation (n_ctx cells, fixed) is not counted."""
-        live = self.live_lineages()
-        held: dict = {}
-        live_st: dict = {}
-        for handle in self._lineages:
-            st = self._storages(handle, park=True)
-            held.update(st)
-            if handle in live:
-                live_st.update(st)
-        return KVMemory(held_bytes=sum(held.values()), live_bytes=sum(live_st.values()),
-                        unpinned_bytes=sum(held.values()) - sum(live_st.values()), lineages=len(self._lineages),
-                        live_lineages=len(live), evicted_lineages=len(self._evicted),
-                        cached_tokens=sum(len(lin.tokens) for lin in self._lineages.values()), budget=self.kv_budget)
+    def _lineage_storages(self, handle: str) -> dict:
+        # the resident lineage read out of the context; the context's own
+        # allocation (n_ctx cells, fixed) is not counted
+        return self._storages(handle, park=True)
 
     def enforce_budget(self) -> None:
         """As :meth:`KVEngine.enforce_budget`, over the parked rows' buffers."""
@@ -806,40 +724,6 @@ class LlamaCppEngine:
         elif lin.kv is not None:
             lin.kv = lin.kv.head(n)
         del lin.tokens[n:]
-
-    def _fresh_handle(self) -> str:
-        handle = f"L{self._next_id}"
-        self._next_id += 1
-        return handle
-
-    def _need_current(self) -> str:
-        if self._current is None:
-            raise RuntimeError("no current lineage: call new_lineage() or use(lineage)")
-        return self._current
-
-    def _get(self, lineage: str | None) -> _Lineage:
-        handle = self._need_current() if lineage is None else lineage
-        if handle not in self._lineages:
-            if handle in self._evicted:
-                raise EvictedLineageError(
-                    f"lineage {handle!r} was evicted by the KV budget ({self.kv_budget} bytes); "
-                    "rebuild it by prefill from a checkpoint's manifest")
-            raise KeyError(f"unknown lineage {handle!r}; live: {sorted(self._lineages)}")
-        self._touch(handle)
-        return self._lineages[handle]
-
-    def _touch(self, handle: str) -> None:
-        self._clock += 1
-        self._lineages[handle].last_used = self._clock
-
-    def _check_ids(self, token_ids: Iterable[int]) -> list[int]:
-        ids = [operator.index(t) for t in token_ids]
-        if not ids:
-            raise ValueError("prefill: token_ids is empty; a forward needs at least one token")
-        bad = [t for t in ids if not 0 <= t < self.lm.vocab_size]
-        if bad:
-            raise ValueError(f"prefill: token ids {bad[:5]} outside [0, {self.lm.vocab_size})")
-        return ids
 
 
 __all__ = ["INSTALL_HINT", "LlamaCppEngine", "LlamaCppMissingError", "LlamaCppModel", "SeqKV", "available",
