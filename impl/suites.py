@@ -34,6 +34,7 @@ holds the labels; the episode files stay runnable by any implementation.
 
 from __future__ import annotations
 
+import functools
 import json
 import random
 import re
@@ -244,6 +245,11 @@ def _rng(suite: str, seed: int, i: int) -> random.Random:
     return random.Random(f"unsee-suite:{suite}:{seed}:{i}")
 
 
+def _add_step(steps: list[dict], step: dict) -> None:
+    """Append ``step`` with the next id (s1, s2, ...): ids follow the order."""
+    steps.append({"id": f"s{len(steps) + 1}", **step})
+
+
 def _episode(system: str, steps: list[dict], target_source: str, target_value: str, probes: Sequence[str] = (),
              max_new_tokens: int = 24) -> Episode:
     """Build through the format's own parser, so every case is a valid file."""
@@ -275,12 +281,7 @@ def make_memory_case(seed: int, i: int) -> EvalCase:
     for j, kind in enumerate(rng.sample(kinds, len(kinds))):
         batches[j % len(batches) if j < len(batches) else rng.randrange(len(batches))].append(kind)
     steps: list[dict] = []
-    n = 0
-
-    def add(step: dict) -> None:
-        nonlocal n
-        n += 1
-        steps.append({"id": f"s{n}", **step})
+    add = functools.partial(_add_step, steps)
 
     others = [k for k in kinds if k != target_kind]
     for session, batch in enumerate(batches):
@@ -335,12 +336,7 @@ def make_tool_case(seed: int, i: int) -> EvalCase:
     contact, last = rng.choice(_CONTACTS), rng.choice(_LAST)
     scenario = ("message", "pay", "book")[rng.randrange(3)]
     steps: list[dict] = []
-    n = 0
-
-    def add(step: dict) -> None:
-        nonlocal n
-        n += 1
-        steps.append({"id": f"s{n}", **step})
+    add = functools.partial(_add_step, steps)
 
     for _ in range(rng.randint(0, 2)):
         add({"kind": "user", "text": rng.choice(_FILLER)})

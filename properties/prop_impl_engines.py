@@ -32,27 +32,16 @@ from hypothesis import example, given, settings
 
 from unsee.properties.differential import (compare_forget_with_counterfactual, compare_forget_with_reset,
                                            compare_prefix_with_counterfactual, compare_replay_cost, engine_scope,
-                                           run_episode, torch_threads)
+                                           run_episode)
 from unsee.properties.engines import make_engine, other_engine_names
 from unsee.properties.episodes import episodes, get_tau, scaled
 from unsee.properties.prop_impl import (ACROSS_SESSIONS, AFTER_COMPACTION, SpliceEqualsCounterfactualMachine,
-                                        note_coverage)
+                                        engine_for, note_coverage, single_thread)  # noqa: F401 (a fixture)
 
 ENGINES = other_engine_names()
 pytestmark = pytest.mark.skipif(not ENGINES, reason="no other engine: llama-cpp-python is not installed "
                                                     "(pip install 'unsee[llamacpp]')")
 per_engine = pytest.mark.parametrize("engine_name", ENGINES)
-
-
-@functools.cache
-def engine_for(name: str):
-    return make_engine(name)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def single_thread():
-    with torch_threads(1):
-        yield
 
 
 @per_engine
