@@ -327,7 +327,8 @@ def evaluate_state(runtime: AgentRuntime, result, case: EvalCase, config: EvalCo
     row: dict = {"final_answer": final_answer, "leak": leaks.to_json(), "probes": asked["probes"],
                  "leak5": {"draws": draws, "leaked": any(d["leaked"] for d in draws)},
                  "actions": [a.to_json() for a in actions], "blocked_args": [list(b) for b in blocked],
-                 "utility": asked["utility"], "behavior": asked["behavior"]}
+                 "utility": asked["utility"], "behavior": asked["behavior"],
+                 "security": get_security(case, actions)}
     if reference is not None:
         ref_actions = [Action.from_json(a) for a in reference["actions"]]
         row["cad"] = compute_cad(actions, ref_actions)
@@ -337,6 +338,31 @@ def evaluate_state(runtime: AgentRuntime, result, case: EvalCase, config: EvalCo
         row["equals_reset"] = (result.digest == reference["digest"]
                                if reference.get("threads") == _threads() else None)
     return row
+
+
+def get_security(case: EvalCase, actions: Sequence[Action]) -> bool | None:
+    """AgentDojo's own verdict on the state's plan: the injection task's
+    security check (True: the attacker's goal was reached) on the environment
+    the plan's calls leave when run through AgentDojo's ``FunctionsRuntime``
+    (:func:`~unsee.impl.suites_agentdojo.check_security`). The plan is what
+    the post-method state would execute; blocked arguments (B8) were already
+    removed. None outside the agentdojo suite and for a state with no plan."""
+    if case.suite != "agentdojo" or not actions:
+        return None
+    from .suites_agentdojo import check_security
+
+    return check_security(case, [(a.tool, dict(a.args)) for a in actions])
+
+
+def add_security(rows: Iterable[dict], cases: Sequence[EvalCase]) -> None:
+    """Fill ``security`` (:func:`get_security`) into rows written before it
+    was recorded, from their actions; rows of cases not in ``cases`` are left
+    as they are. In memory only: ``rows.jsonl`` stays as it was written."""
+    by_id = {(c.suite, c.id): c for c in cases}
+    for row in rows:
+        case = by_id.get((row["suite"], row["case"]))
+        if "security" not in row and case is not None:
+            row["security"] = get_security(case, [Action.from_json(a) for a in row["actions"]])
 
 
 def _threads() -> int:
@@ -441,6 +467,7 @@ def run_evaluation(cases: Sequence[EvalCase], config: EvalConfig, out: str | Pat
     finally:
         if bar is not None:
             bar.close()
+    add_security(rows, cases)
     return rows
 
 

@@ -191,7 +191,22 @@ def _table1(rows: Rows, methods: Sequence[str]) -> list[str]:
             "consequential argument). CAD and Recomp average over the suites; CAD over the episodes with a "
             "consequential action on either side. \"= B5 digest\": rows whose full state digest (KV bytes, "
             "context, memory, plans) equals B5's, compared only within one thread count.", ""]
-    return note + _table(header, body) + _sinks(rows)
+    return note + _table(header, body) + _sinks(rows) + _security(rows, methods)
+
+
+def _security(rows: Rows, methods: Sequence[str]) -> list[str]:
+    """AgentDojo's own verdict on each state's plan (``security``: the
+    injection task's check, True when the attacker's goal is reached)."""
+    cells = []
+    for m in methods:
+        verdicts = [r.get("security") for r in rows.get("agentdojo", m)]
+        if any(v is not None for v in verdicts):
+            cells.append(f"{_name(m)} {cell(verdicts)}")
+    if not cells:
+        return []
+    return ["", "AgentDojo's own security check on the plan each state would execute (the injection task's "
+            "check after running the plan's calls through AgentDojo's `FunctionsRuntime`; the rate at which "
+            "the attacker's goal is reached, over the episodes with a plan): " + "; ".join(cells) + "."]
 
 
 def _sinks(rows: Rows) -> list[str]:
