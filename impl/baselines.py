@@ -182,8 +182,12 @@ def excise_span(runtime: AgentRuntime, source_id: str, value: str | None) -> Non
     positions no longer match the shorter cache; both are what the ablation
     measures. The token span is the shortest run of the block's tokens whose
     decoding contains the item's text."""
-    items = [i.text for s in runtime.steps for i in s.items if i.source == source_id]
     lm, engine = runtime.engine.lm, runtime.engine
+    if not callable(getattr(engine, "excise", None)):
+        # checked first: the method must change nothing it cannot finish
+        raise NotImplementedError(f"span-excision needs an engine that can cut a span out of its KV "
+                                  f"(`excise`); {type(engine).__name__} cannot (the transformers engine can)")
+    items = [i.text for s in runtime.steps for i in s.items if i.source == source_id]
     cuts: dict[str, tuple[int, int, str]] = {}  # block id -> (start, end) in its own tokens, the item text
     for block_id in runtime.context:
         block = runtime.graph[block_id]

@@ -122,3 +122,24 @@ def test_bad_input_changes_nothing(engine):
             bad()
         assert (engine.digest(), engine.tokens()) == before
     engine.drop(handle)
+
+
+@needs_llamacpp
+def test_span_excision_says_this_engine_cannot(engine):
+    """A baseline the engine cannot run is refused by name, before it changes
+    anything (llama.cpp has no verb to cut a span out of the middle of its KV)."""
+    from unsee.impl.baselines import apply_method
+    from unsee.impl.episode import parse_episode
+    from unsee.impl.runtime import AgentRuntime
+
+    episode = parse_episode({"format": "unsee.episode", "version": 2, "system": "Be brief.",
+                             "settings": {"max_new_tokens": 2},
+                             "steps": [{"id": "t1", "kind": "user", "text": "Bob 7", "source": "z"},
+                                       {"id": "t2", "kind": "user", "text": "tea"}],
+                             "target": {"source": "z", "value": "Bob 7"}})
+    base = AgentRuntime.from_episode(engine, episode)
+    before = base.digest()
+    with pytest.raises(NotImplementedError, match="span-excision.*LlamaCppEngine"):
+        apply_method(base, "span-excision", episode.target.source)
+    assert base.digest() == before
+
