@@ -458,7 +458,7 @@ def run_evaluation(cases: Sequence[EvalCase], config: EvalConfig, out: str | Pat
 
             if config.workers > 1 and engine is None and len(todo) > 1:
                 _run_workers(todo, config, done, emit)
-            else:
+            elif todo:  # a finished run re-run (to re-render its report) loads no model
                 if engine is None:
                     engine = load_engine(config)
                 for case in todo:

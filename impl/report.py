@@ -141,6 +141,12 @@ def _name(method: str) -> str:
     return PAPER_NAMES.get(method, method)
 
 
+def _short_name(method: str) -> str:
+    """A plot label: the paper's code (B0-B9), with what tells two B7s apart."""
+    code = _name(method).split(" ")[0]
+    return f"{code}\n(no drafts)" if method == "replay-decode" else code
+
+
 # --- the report ---------------------------------------------------------------------------
 
 
@@ -418,7 +424,7 @@ def make_plots(rows_in: Iterable[dict], out: Path) -> dict[str, str]:
             values = [mean([key(r) for r in rows.get(s, m)]) or 0.0 for m in methods]
             ax.bar([j + i * width for j in range(len(methods))], values, width, label=s)
         ax.set_xticks([j + 0.4 - width / 2 for j in range(len(methods))])
-        ax.set_xticklabels([_name(m).split(" ")[0] for m in methods], rotation=0)
+        ax.set_xticklabels([_short_name(m) for m in methods], rotation=0)
         ax.set_ylabel(ylabel)
         ax.legend(fontsize=8)
         fig.tight_layout()
