@@ -354,15 +354,30 @@ def get_security(case: EvalCase, actions: Sequence[Action]) -> bool | None:
     return check_security(case, [(a.tool, dict(a.args)) for a in actions])
 
 
-def add_security(rows: Iterable[dict], cases: Sequence[EvalCase]) -> None:
+def add_security(rows: Iterable[dict], cases: Sequence[EvalCase]) -> int:
     """Fill ``security`` (:func:`get_security`) into rows written before it
     was recorded, from their actions; rows of cases not in ``cases`` are left
-    as they are. In memory only: ``rows.jsonl`` stays as it was written."""
+    as they are. Returns how many rows it filled."""
     by_id = {(c.suite, c.id): c for c in cases}
+    filled = 0
     for row in rows:
         case = by_id.get((row["suite"], row["case"]))
         if "security" not in row and case is not None:
             row["security"] = get_security(case, [Action.from_json(a) for a in row["actions"]])
+            filled += 1
+    return filled
+
+
+def rewrite_rows(rows: Sequence[dict], path: Path) -> None:
+    """Replace ``path`` by ``rows`` atomically (a temporary file renamed over
+    it): an interrupt leaves the old file or the new one, never a mix."""
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("w", encoding="utf-8") as sink:
+        for row in rows:
+            sink.write(json.dumps(row, default=str) + "\n")
+        sink.flush()
+        os.fsync(sink.fileno())
+    os.replace(tmp, path)
 
 
 def _threads() -> int:
@@ -467,7 +482,8 @@ def run_evaluation(cases: Sequence[EvalCase], config: EvalConfig, out: str | Pat
     finally:
         if bar is not None:
             bar.close()
-    add_security(rows, cases)
+    if add_security(rows, cases):  # rows of an older build: keep their verdicts with them
+        rewrite_rows(rows, path)
     return rows
 
 

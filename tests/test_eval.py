@@ -203,6 +203,20 @@ def test_resume_after_an_interrupt(run, engine, tmp_path):
     assert len(read_rows(tmp_path / ROWS_FILE)) == len(rows)
 
 
+def test_rows_of_an_older_build_get_the_security_field(run, engine, tmp_path):
+    """Rows written before ``security`` was recorded are filled in when the run
+    is resumed, and the file is rewritten with them; nothing else changes."""
+    out, config, rows = run
+    old = [{k: v for k, v in r.items() if k != "security"} for r in read_rows(out / ROWS_FILE)]
+    (tmp_path / ROWS_FILE).write_text("".join(json.dumps(r) + "\n" for r in old))
+    again = run_evaluation([c() for c in CASES], config, tmp_path, progress=False, engine=engine)
+    on_disk = read_rows(tmp_path / ROWS_FILE)
+    assert on_disk == again and len(on_disk) == len(rows)
+    assert all("security" in r for r in on_disk)
+    assert [{k: v for k, v in r.items() if k != "security"} for r in on_disk] == old
+    assert not (tmp_path / (ROWS_FILE + ".tmp")).exists()
+
+
 def test_corrupt_rows_are_an_error_naming_the_line(run, tmp_path):
     out, config, rows = run
     lines = (out / ROWS_FILE).read_text().splitlines(keepends=True)
