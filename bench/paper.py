@@ -33,6 +33,7 @@ from unsee.impl.baselines import METHODS, PAPER_NAMES, apply_method
 from unsee.impl.episode import CHECKPOINT_POLICIES, Episode
 from unsee.impl.kv import KVEngine
 from unsee.impl.models import load_model
+from unsee.impl.report import fmt
 from unsee.impl.runtime import AgentRuntime
 
 from .episodes import make_bench_episode, make_indep_episode
@@ -262,11 +263,7 @@ def _floats(text: str) -> list[float]:
 # --- the report ------------------------------------------------------------------------------
 
 def _fmt(x, digits: int = 2) -> str:
-    if x is None:
-        return "-"
-    if isinstance(x, float):
-        return f"{x:.{digits}f}"
-    return str(x)
+    return fmt(x, digits, missing="-")
 
 
 def _method_row(method: str, m: dict, paper: str = "") -> str:

@@ -330,6 +330,29 @@ class LineageBook:
         self._clock += 1
         self._lineages[handle].last_used = self._clock
 
+    def _check_prefix_length(self, verb: str, n_tokens, length: int) -> int:
+        """``n_tokens`` as an int in ``[0, length]`` (a lineage's length), or a
+        ValueError naming ``verb`` before anything changes."""
+        n = _as_int(n_tokens)
+        if n is None or not 0 <= n <= length:
+            raise ValueError(f"{verb}: n_tokens={n_tokens!r} is outside [0, {length}] (the lineage's length)")
+        return n
+
+    def _check_generate(self, max_new_tokens, temperature: float, seed: int | None, draft) -> int:
+        """Check ``generate``'s arguments before anything changes; returns
+        ``max_new_tokens`` as an int. A draft needs the engine's measured
+        prefill-versus-decode bound (``draft_bound``; None: drafts off)."""
+        if _as_int(max_new_tokens) is None or max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens={max_new_tokens!r} must be an int >= 0")
+        if temperature < 0:
+            raise ValueError(f"temperature={temperature!r} must be >= 0")
+        if temperature > 0 and seed is None:
+            raise ValueError(f"temperature={temperature!r} > 0 needs a seed for repeatable sampling")
+        if draft is not None and self.draft_bound is None:
+            raise ValueError(f"generate: a draft needs a measured discrepancy bound, and none is known for "
+                             f"{self.lm.name} on {self.lm.device} {self.lm.dtype} (drafts are off there)")
+        return int(max_new_tokens)
+
     def _check_ids(self, token_ids: Iterable[int], allow_empty: bool = False) -> list[int]:
         # Checked on the host: an out-of-range id on CUDA is a device assert
         # that kills the process instead of an error we can report.
@@ -393,9 +416,7 @@ class KVEngine(LineageBook):
         current lineage is not changed."""
         src = self._get(lineage)
         length = len(src.tokens)
-        n = length if n_tokens is None else _as_int(n_tokens)
-        if n is None or not 0 <= n <= length:
-            raise ValueError(f"share_prefix: n_tokens={n_tokens!r} is outside [0, {length}] (the lineage's length)")
+        n = length if n_tokens is None else self._check_prefix_length("share_prefix", n_tokens, length)
         handle = self._fresh_handle()
         lin = _Lineage(adapter.share_cache_prefix(self.lm.model, src.cache, n), src.tokens[:n],
                        src.last_logits if n == length else None)
@@ -491,16 +512,7 @@ class KVEngine(LineageBook):
         from the reference's own state, with no verification forward spent on
         it; one right there costs that step (see `Drafts.should_probe`).
         """
-        if _as_int(max_new_tokens) is None or max_new_tokens < 0:
-            raise ValueError(f"max_new_tokens={max_new_tokens!r} must be an int >= 0")
-        max_new_tokens = int(max_new_tokens)
-        if temperature < 0:
-            raise ValueError(f"temperature={temperature!r} must be >= 0")
-        if temperature > 0 and seed is None:
-            raise ValueError(f"temperature={temperature!r} > 0 needs a seed for repeatable sampling")
-        if draft is not None and self.draft_bound is None:
-            raise ValueError(f"generate: a draft needs a measured discrepancy bound, and none is known for "
-                             f"{self.lm.name} on {self.lm.device} {self.lm.dtype} (drafts are off there)")
+        max_new_tokens = self._check_generate(max_new_tokens, temperature, seed, draft)
         handle = self._need_current()
         lin = self._lineages[handle]
         if lin.last_logits is None and lin.served_last:
@@ -652,10 +664,7 @@ class KVEngine(LineageBook):
         belonged to the removed suffix, so a prefill must come next."""
         lin = self._get(lineage)
         length = adapter.cache_length(lin.cache)
-        n = _as_int(n_tokens)
-        if n is None or not 0 <= n <= length:
-            raise ValueError(f"crop: n_tokens={n_tokens!r} is outside [0, {length}] (the lineage's length)")
-        n_tokens = n
+        n_tokens = self._check_prefix_length("crop", n_tokens, length)
         adapter.crop_cache(lin.cache, n_tokens)
         del lin.tokens[n_tokens:]
         lin.last_logits = None

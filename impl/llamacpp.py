@@ -58,7 +58,7 @@ import torch
 
 from unsee.impl.drafts import get_scores, pick
 from unsee.impl.engine import Determinism
-from unsee.impl.kv import Counters, LineageBook, _as_int
+from unsee.impl.kv import Counters, LineageBook
 
 INSTALL_HINT = ("the llama.cpp engine needs llama-cpp-python, an optional extra: "
                 "CMAKE_ARGS=-DGGML_NATIVE=OFF pip install 'unsee[llamacpp]' "
@@ -465,9 +465,7 @@ class LlamaCppEngine(LineageBook):
     def share_prefix(self, lineage: str | None = None, n_tokens: int | None = None) -> str:
         src = self._get(lineage)
         length = len(src.tokens)
-        n = length if n_tokens is None else _as_int(n_tokens)
-        if n is None or not 0 <= n <= length:
-            raise ValueError(f"share_prefix: n_tokens={n_tokens!r} is outside [0, {length}] (the lineage's length)")
+        n = length if n_tokens is None else self._check_prefix_length("share_prefix", n_tokens, length)
         kv = self._parked(lineage or self._current)
         handle = self._fresh_handle()
         self._lineages[handle] = _Lineage(src.tokens[:n], kv.head(n),
@@ -520,16 +518,7 @@ class LlamaCppEngine(LineageBook):
         only acts on a draft, does nothing here): decode by the rule of
         impl/drafts.py on llama.cpp's logits, then replace the decode steps by
         one prefill of the turn (the canonical chunk a replay redoes)."""
-        if _as_int(max_new_tokens) is None or max_new_tokens < 0:
-            raise ValueError(f"max_new_tokens={max_new_tokens!r} must be an int >= 0")
-        max_new_tokens = int(max_new_tokens)
-        if temperature < 0:
-            raise ValueError(f"temperature={temperature!r} must be >= 0")
-        if temperature > 0 and seed is None:
-            raise ValueError(f"temperature={temperature!r} > 0 needs a seed for repeatable sampling")
-        if draft is not None:
-            raise ValueError(f"generate: a draft needs a measured discrepancy bound, and none is known for "
-                             f"{self.lm.name} on llama.cpp (drafts are off there)")
+        max_new_tokens = self._check_generate(max_new_tokens, temperature, seed, draft)  # drafts: off here
         handle = self._need_current()
         lin = self._get(handle)
         if lin.last_logits is None:
@@ -569,9 +558,7 @@ class LlamaCppEngine(LineageBook):
         handle = lineage or self._need_current()
         lin = self._get(handle)
         length = len(lin.tokens)
-        n = _as_int(n_tokens)
-        if n is None or not 0 <= n <= length:
-            raise ValueError(f"crop: n_tokens={n_tokens!r} is outside [0, {length}] (the lineage's length)")
+        n = self._check_prefix_length("crop", n_tokens, length)
         self._truncate(lin, n, handle)
         lin.last_logits = None
 

@@ -107,9 +107,10 @@ def leak_at_probes(row: dict, kept: Sequence[str]) -> bool | None:
 # --- formatting ------------------------------------------------------------------------
 
 
-def fmt(value, digits: int = 2) -> str:
+def fmt(value, digits: int = 2, missing: str = "–") -> str:
+    """A table cell: floats to ``digits`` places, None as ``missing``."""
     if value is None:
-        return "–"
+        return missing
     if isinstance(value, float):
         return f"{value:.{digits}f}"
     return str(value)
@@ -174,6 +175,14 @@ def _suite_cols(rows: Rows) -> list[str]:
     return [s for s in SUITE_COLUMNS if s in rows.suites]
 
 
+def _suite_cells(rows: Rows, method: str, suites: Sequence[str], order: Sequence[str], paper,
+                 value: Callable[[dict], object]) -> list[str]:
+    """One cell per suite: ``value`` over the method's rows there, beside the
+    paper's figure for that suite (``paper`` lists them in ``order``)."""
+    return [cell([value(r) for r in rows.get(s, method)], paper[order.index(s)] if paper else None)
+            for s in suites]
+
+
 def _table1(rows: Rows, methods: Sequence[str]) -> list[str]:
     suites = _suite_cols(rows)
     header = ["Method"] + [f"Any-leak {s} ({SUITE_COLUMNS[s]})" for s in suites] + [
@@ -182,9 +191,7 @@ def _table1(rows: Rows, methods: Sequence[str]) -> list[str]:
     for m in methods:
         paper = PAPER["table1"].get(m)
         cells = [_name(m)]
-        for s in suites:
-            i = ("memory", "tool", "agentdojo").index(s)
-            cells.append(cell([get_any_leak(r) for r in rows.get(s, m)], paper[i] if paper else None))
+        cells += _suite_cells(rows, m, suites, ("memory", "tool", "agentdojo"), paper, get_any_leak)
         all_rows = [r for s in suites for r in rows.get(s, m)]
         cells.append(cell([r.get("cad") for r in all_rows], paper[3] if paper else None))
         cells.append(cell([r["efficiency"]["recomputed_tokens"] for r in all_rows], paper[4] if paper else None, 0))
@@ -244,9 +251,8 @@ def _table2(rows: Rows, methods: Sequence[str]) -> list[str]:
     for m in methods:
         paper = PAPER["table2"].get(m)
         cells = [_name(m)]
-        for s in suites:
-            i = ("agentdojo", "memory", "tool").index(s)
-            cells.append(cell([leak_at_probes(r, kept_by[s]) for r in rows.get(s, m)], paper[i] if paper else None))
+        cells += [cell([leak_at_probes(r, kept_by[s]) for r in rows.get(s, m)],
+                       paper[("agentdojo", "memory", "tool").index(s)] if paper else None) for s in suites]
         for s in suites:
             cells.append(cell([r["leak5"]["leaked"] for r in rows.get(s, m)],
                               paper[3] if paper and s == "tool" else None))
@@ -301,9 +307,7 @@ def _table4(rows: Rows) -> list[str]:
             continue
         paper = PAPER["table4"][m]
         cells = [_name(m)]
-        for s in suites:
-            i = ("agentdojo", "memory", "tool").index(s)
-            cells.append(cell([get_any_leak(r) for r in rows.get(s, m)], paper[i]))
+        cells += _suite_cells(rows, m, suites, ("agentdojo", "memory", "tool"), paper, get_any_leak)
         cells.append(cell([r.get("cad") for s in suites for r in rows.get(s, m)], paper[3]))
         body.append(cells)
     return lines + [""] + _table(["Invalidation reach"] + [f"Any-leak {s}" for s in suites] + ["CAD (avg)"], body)
