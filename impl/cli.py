@@ -215,7 +215,8 @@ def describe_drafts(drafts: dict) -> str:
         return f"off ({drafts.get('why', 'no drafts')})"
     return (f"{drafts['mode']}: {totals['accepted']} of {totals['draft']} draft tokens accepted, "
             f"{totals['fully_accepted_turns']} of {totals['turns']} turns without a decode step, "
-            f"{totals['fallbacks']} fallback(s)")
+            f"{totals['fallbacks']} fallback(s), {totals['probes']} probe(s), "
+            f"{totals.get('quoting', 0)} draft(s) quoting a forgotten item")
 
 
 STORABLE_METHODS = ("none", "replay", "replay-decode", "reset")

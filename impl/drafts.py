@@ -42,7 +42,8 @@ reference's own first step, and check the second token on those logits. A
 draft wrong there is decoded on from the reference's own state (no guard, no
 verification forward); a draft right there is verified as before, and the
 probe step is spent. ``Drafts.should_probe`` decides per turn from what the
-earlier turns of the same replay did (see ``PROBE_ABOVE``).
+earlier turns of the same replay did, counting drafts that quote a forgotten
+item (``QUOTE_WORDS``) apart from those that do not (see ``PROBE_ABOVE``).
 
 What is guaranteed: forget-with-drafts equals the full reset bit for bit
 whenever the prefill-versus-decode discrepancy of the configuration stays
@@ -54,6 +55,7 @@ exact by construction. ``python -m unsee.bench.discrepancy`` re-measures.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 
 import attrs
@@ -122,6 +124,7 @@ class Draft:
 
     tokens: tuple[int, ...]
     trusted: bool = False
+    quotes: bool = False  # repeats words of a forgotten item (``is_quoting``)
 
 
 @attrs.define
@@ -138,6 +141,7 @@ class TurnCost:
     trusted: bool = False
     probed: bool = False  # a one-token probe came before the verification
     generated: int = 0  # tokens the turn committed (its canonical chunk)
+    quotes: bool = False  # the draft quoted a forgotten item (probes are estimated apart)
 
     @property
     def is_early_miss(self) -> bool:
@@ -158,11 +162,54 @@ class TurnCost:
 #: wastes one verification forward (cost v). Probing pays when p * v > (1 - p) * d,
 #: i.e. p > d / (d + v). On CPU a 20-token forward with logits at every
 #: position costs about two one-token forwards (both stream every weight once;
-#: the longer one adds its LM head over 20 positions), so v ~ 2d and the
-#: threshold is 1/3. The estimate is (misses + 1) / (turns + 2) over this
-#: replay's earlier turns whose draft passed its first token, so a replay
-#: starts by probing.
+#: the longer one adds its LM head over 20 positions; SmolLM2, one thread, 600
+#: tokens of context: 94 ms against 200-230 ms), so v ~ 2d and the threshold
+#: is 1/3.
 PROBE_ABOVE = 1 / 3
+
+#: A draft that repeats this many consecutive words of a forgotten item (or
+#: the whole item, when it is shorter) *quotes* it. The counterfactual never
+#: saw those words, so such a draft is wrong somewhere, and turns that quote
+#: what a forget removes mostly keep their opening word and change right after
+#: it: on SmolLM2 (Table 1 of docs/bench.md and a 4-turn variant of it), 8 of
+#: the 11 quoting drafts that passed their first token were wrong at their
+#: second, against 0 of 5 drafts that quote nothing. The signal decides cost
+#: only: a probe is exact either way.
+QUOTE_WORDS = 3
+
+#: The estimate of ``PROBE_ABOVE``'s chance is (misses + a) / (turns + a + b)
+#: over this replay's earlier turns of the same kind (quoting or not) whose
+#: draft passed its first token: a Beta(a, b) prior updated by what the replay
+#: saw. Plain drafts start at 1/2 (a replay starts by probing; one plain draft
+#: that holds past its second token stops it until a miss), quoting drafts at
+#: 2/3 (probed until three of them hold with no miss among them).
+PROBE_PRIORS = {False: (1, 1), True: (2, 1)}
+
+
+def get_words(text: str) -> list[str]:
+    """Lower-cased word tokens: the unit in which drafts and items are compared
+    (token ids would not do: the same words tokenise differently mid-sentence)."""
+    return re.findall(r"\w+", text.lower())
+
+
+def get_quote_ngrams(texts: Iterable[str], n: int = QUOTE_WORDS) -> frozenset[tuple[str, ...]]:
+    """Every run of ``n`` consecutive words of the forgotten items ``texts``
+    (an item shorter than ``n`` words is one run of its own length)."""
+    runs = set()
+    for text in texts:
+        words = get_words(text)
+        size = min(n, len(words))
+        runs.update(tuple(words[i:i + size]) for i in range(len(words) - size + 1) if size)
+    return frozenset(runs)
+
+
+def is_quoting(text: str, ngrams: frozenset[tuple[str, ...]]) -> bool:
+    """Whether ``text`` contains one of the word runs ``ngrams`` (``get_quote_ngrams``)."""
+    words = get_words(text)
+    for size in {len(g) for g in ngrams}:
+        if any(tuple(words[i:i + size]) in ngrams for i in range(len(words) - size + 1)):
+            return True
+    return False
 
 
 class Drafts:
@@ -177,25 +224,39 @@ class Drafts:
     def get(self, block_id: str) -> Draft | None:
         return self._drafts.get(block_id)
 
-    def should_probe(self) -> bool:
-        """Whether the next verified turn should probe first (``PROBE_ABOVE``)."""
-        seen = [t for t in self.turns if t.draft > 0 and t.accepted >= 1 and not t.trusted and not t.fallback]
+    def should_probe(self, draft: Draft) -> bool:
+        """Whether the turn with ``draft`` should probe before verifying: when
+        the estimated chance that it is wrong at its second token exceeds
+        ``PROBE_ABOVE``, estimated over the earlier turns that quote a forgotten
+        item as it does, or that quote none as it does (``PROBE_PRIORS``)."""
+        return self.get_miss_estimate(draft.quotes) > PROBE_ABOVE
+
+    def get_miss_estimate(self, quotes: bool) -> float:
+        """The estimated chance that a draft (quoting or not) which passed its
+        first token is wrong at its second (``PROBE_PRIORS``)."""
+        seen = [t for t in self.turns
+                if t.draft > 0 and t.accepted >= 1 and not t.trusted and not t.fallback and t.quotes == quotes]
         misses = sum(t.is_early_miss for t in seen)
-        return (misses + 1) / (len(seen) + 2) > PROBE_ABOVE
+        a, b = PROBE_PRIORS[quotes]
+        return (misses + a) / (len(seen) + a + b)
 
     def __len__(self) -> int:
         return len(self._drafts)
 
     @classmethod
-    def from_blocks(cls, blocks: Iterable, bound: float | None, trusted: Iterable[str] = ()) -> Drafts:
+    def from_blocks(cls, blocks: Iterable, bound: float | None, trusted: Iterable[str] = (),
+                    forgotten: Iterable[str] = ()) -> Drafts:
         """Drafts from the pre-forget model turns: each block's tokens after
-        its header chunk (``chunks == (header, turn)``)."""
+        its header chunk (``chunks == (header, turn)``); ``forgotten`` are the
+        texts of the items the forget removes, which mark quoting drafts."""
         trusted = set(trusted)
+        ngrams = get_quote_ngrams(forgotten)
         drafts = {}
         for block in blocks:
             if len(block.chunks) == 2:
                 header = block.chunks[0]
-                drafts[block.id] = Draft(tuple(block.tokens[header:]), block.id in trusted)
+                drafts[block.id] = Draft(tuple(block.tokens[header:]), block.id in trusted,
+                                         bool(ngrams) and is_quoting(block.text, ngrams))
         return cls(drafts, bound)
 
     def get_totals(self) -> dict:
@@ -206,4 +267,5 @@ class Drafts:
         totals["fully_accepted_turns"] = sum(t.draft > 0 and t.accepted == t.draft and not t.fallback
                                              for t in self.turns)
         totals["probes"] = sum(t.probed for t in self.turns)
+        totals["quoting"] = sum(t.quotes for t in self.turns)
         return totals

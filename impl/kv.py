@@ -52,7 +52,7 @@ import torch
 from unsee.impl import adapter
 from unsee.impl.drafts import get_draft_bound, get_scores, get_threshold, pick
 from unsee.impl.engine import Determinism
-from unsee.impl.models import LoadedModel
+from unsee.impl.models import LoadedModel, retain_freed_host_memory
 
 
 @dataclass
@@ -392,6 +392,9 @@ class KVEngine(LineageBook):
         self.determinism = Determinism(same_chunking_repeats=True, crop_continue_is_fresh=True,
                                        chunk_invariant=False, decode_is_prefill=False, thread_invariant=False,
                                        statement=lm.determinism)
+        #: freed KV buffers stay in the process for reuse on the host
+        #: (models.retain_freed_host_memory): a restore then costs the same at any length
+        self.host_memory_retained = retain_freed_host_memory() if lm.device == "cpu" else False
         self._serving = False  # inside `prefix_cache()`
         self._cache_sources: tuple[set[str], int] | None = None  # (handles, first new id); None: all
         self.set_kv_budget(kv_budget)

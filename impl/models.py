@@ -19,6 +19,7 @@ All transformers calls go through `adapter`.
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import importlib.util
 import os
@@ -191,6 +192,44 @@ def _set_determinism(device: str, dtype: str) -> str:
         "machine, torch build and thread count; different chunkings of the same "
         "tokens (40 vs 20+20, decode vs prefill) may differ in the last bits"
     )
+
+
+#: glibc's mallopt parameters (malloc.h): the size above which an allocation
+#: is its own mmap (released to the OS on free), and how much free memory at
+#: the top of the heap is kept before it is trimmed back to the OS.
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+_MMAP_THRESHOLD_MAX = 32 * 1024 * 1024  # glibc refuses more on 64-bit
+_retained_host_memory: bool | None = None
+
+
+def retain_freed_host_memory() -> bool:
+    """Keep freed host memory in the process for reuse, as PyTorch's CUDA
+    caching allocator does on a GPU; return whether it is in effect.
+
+    Why: HF caches append with ``torch.cat``, so the first forward after a
+    restore writes the kept prefix into a new buffer. With glibc's defaults a
+    dropped lineage's KV goes back to the OS, and that new buffer is then
+    page-faulted in, about one fault per 4 KiB of the prefix: SmolLM2 at 7k
+    tokens took ~78,000 faults and ~90 ms more per restored prefill than on a
+    lineage never restored (docs/bench.md, restore cost). Keeping freed
+    buffers (tensors up to 32 MiB come from the heap, and the heap is never
+    trimmed) removes that term, so a restore costs the same at any length.
+    The price is that the process's resident memory stays at its peak; the KV
+    budget still bounds what lineages hold. Process-wide, set once; a no-op
+    (False) where the C library is not glibc or ``UNSEE_RETAIN_HOST_MEMORY=0``.
+    """
+    global _retained_host_memory
+    if _retained_host_memory is None:
+        _retained_host_memory = False
+        if os.environ.get("UNSEE_RETAIN_HOST_MEMORY", "1") != "0":
+            try:
+                libc = ctypes.CDLL(None)
+                if libc.gnu_get_libc_version:  # glibc only: AttributeError elsewhere
+                    _retained_host_memory = bool(libc.mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_MAX)
+                                                 and libc.mallopt(_M_TRIM_THRESHOLD, 2**31 - 1))
+            except (OSError, AttributeError):
+                pass
+    return _retained_host_memory
 
 
 # ---------------------------------------------------------------- GGUF cache

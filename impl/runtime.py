@@ -311,13 +311,14 @@ class AgentRuntime:
                                              temperature=self.settings.temperature,
                                              seed=self._seed() if self.settings.temperature > 0 else None,
                                              draft=draft.tokens if draft is not None else None,
-                                             probe=draft is not None and self.drafts.should_probe())
+                                             probe=draft is not None and self.drafts.should_probe(draft))
             if self.drafts is not None:
                 spent = self.engine.counters.snapshot() - before
                 self.drafts.turns.append(TurnCost(
                     block_id, len(draft.tokens) if draft else 0, spent.draft_accepted_tokens,
                     spent.draft_rejected_tokens, spent.decoded_tokens, spent.prefilled_tokens,
-                    bool(spent.draft_fallbacks), probed=bool(spent.draft_probes), generated=len(generated)))
+                    bool(spent.draft_fallbacks), probed=bool(spent.draft_probes), generated=len(generated),
+                    quotes=draft is not None and draft.quotes))
         body = [i for i in generated if i not in self.engine.lm.eos_ids]
         text = self.engine.lm.decode(body).strip()
         tokens = header + tuple(generated)
@@ -474,7 +475,7 @@ class AgentRuntime:
             suffix = [self._sanitize(s, pending) for s in self.steps[checkpoint.boundary:]]  # line 7
             transitions_before = replay.transitions
             replay.forgotten = self.forgotten + list(pending)
-            replay.drafts, draft_info = self._get_drafts(checkpoint.boundary, drafts, oracle)
+            replay.drafts, draft_info = self._get_drafts(checkpoint.boundary, drafts, oracle, pending)
             replay.run(suffix, progress)  # lines 6-10
             if replay.drafts is not None:
                 draft_info["totals"] = replay.drafts.get_totals()
@@ -484,9 +485,11 @@ class AgentRuntime:
             return self._report("replay-oracle" if oracle else "replay", source_ids, tau, checkpoint, closure,
                                 self.transitions - transitions_before, started, before, drafts=draft_info)
 
-    def _get_drafts(self, boundary: int, wanted: bool | None, oracle: bool) -> tuple[Drafts | None, dict]:
+    def _get_drafts(self, boundary: int, wanted: bool | None, oracle: bool,
+                    pending: Sequence[str] = ()) -> tuple[Drafts | None, dict]:
         """The drafts of a replay from ``boundary``: the model turns written
-        after it, before the forget; whether they are used and why."""
+        after it, before the forget; whether they are used and why. The items
+        of the ``pending`` sources mark the drafts that quote them (probed)."""
         bound = self.engine.draft_bound
         suffix_blocks = [b for b in self.graph.blocks() if b.turn > boundary]
         if oracle:
@@ -506,7 +509,9 @@ class AgentRuntime:
             return None, {"mode": "off", "bound": None,
                           "why": f"no prefill-versus-decode bound measured for {self.engine.lm.name} on "
                                  f"{self.engine.lm.device} {self.engine.lm.dtype}: every turn re-decoded"}
-        return Drafts.from_blocks(suffix_blocks, bound), {
+        pending = set(pending)
+        forgotten = [i.text for s in self.steps for i in s.items if i.source in pending]
+        return Drafts.from_blocks(suffix_blocks, bound, forgotten=forgotten), {
             "mode": "verify", "bound": bound,
             "why": f"verified drafts, decisions accepted above a margin of 2 x {bound:g}"}
 

