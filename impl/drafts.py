@@ -198,8 +198,9 @@ def get_quote_ngrams(texts: Iterable[str], n: int = QUOTE_WORDS) -> frozenset[tu
     runs = set()
     for text in texts:
         words = get_words(text)
-        size = min(n, len(words))
-        runs.update(tuple(words[i:i + size]) for i in range(len(words) - size + 1) if size)
+        if words:
+            size = min(n, len(words))
+            runs.update(tuple(words[i:i + size]) for i in range(len(words) - size + 1))
     return frozenset(runs)
 
 

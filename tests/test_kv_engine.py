@@ -236,7 +236,7 @@ def test_decode_after_a_served_chunk(eng, lm):
 #: Allocates and frees 64 MiB of host tensors (like dropping a lineage), then
 #: allocates them again and prints the page faults of that second allocation.
 _REUSE_CHILD = """
-import resource, sys, torch
+import resource, torch
 from unsee.impl.kv import KVEngine
 from unsee.impl.models import load_model
 engine = KVEngine(load_model("tiny"))
