@@ -45,6 +45,23 @@ probe step is spent. ``Drafts.should_probe`` decides per turn from what the
 earlier turns of the same replay did, counting drafts that quote a forgotten
 item (``QUOTE_WORDS``) apart from those that do not (see ``PROBE_ABOVE``).
 
+Guessing from the context after a draft fails
+---------------------------------------------
+A turn that changed keeps changing after its first new token, but what it
+writes next is often already in the lineage: SmolLM2 copies names and
+phrases from the conversation, and answers to similar questions repeat one
+another. So after a draft has failed (or when it was wrong from the start),
+each decided token ``t`` is not fed alone: the engine looks for the last
+earlier occurrence of the turn's last few tokens, ``t`` included, in the
+lineage (``get_lookup``: prompt lookup, ``LOOKUP_NGRAMS``), and feeds ``t``
+plus up to ``LOOKUP_TOKENS`` tokens that followed that occurrence in one
+forward. The guess's longest agreeing prefix is accepted, decision by
+decision, under the same guard; the first disagreement is itself decided on
+that forward's logits. A guess costs no extra forward, only a wider one (the
+forward feeding ``t`` had to run anyway), and from the first such forward on
+every decision of the turn is guarded, since the KV is no longer the
+reference's. An unstable decision falls back as above.
+
 What is guaranteed: forget-with-drafts equals the full reset bit for bit
 whenever the prefill-versus-decode discrepancy of the configuration stays
 within its bound. The bounds below are measurements with a safety factor, not
@@ -56,7 +73,7 @@ exact by construction. ``python -m unsee.bench.discrepancy`` re-measures.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 import attrs
 import torch
@@ -142,6 +159,9 @@ class TurnCost:
     probed: bool = False  # a one-token probe came before the verification
     generated: int = 0  # tokens the turn committed (its canonical chunk)
     quotes: bool = False  # the draft quoted a forgotten item (probes are estimated apart)
+    lookups: int = 0  # forwards that also verified a guess from the context (``get_lookup``)
+    looked_up: int = 0  # guessed tokens those forwards verified (counted in ``prefilled``)
+    lookup_accepted: int = 0  # of them, accepted instead of decoded
 
     @property
     def is_early_miss(self) -> bool:
@@ -150,10 +170,11 @@ class TurnCost:
 
     @property
     def excess_prefilled(self) -> int:
-        """Tokens prefilled beyond the turn's canonical chunk: a verification
-        forward whose chunk was not kept (the draft went wrong in it, or an
-        unstable decision sent the turn back to its header)."""
-        return self.prefilled - self.generated
+        """Tokens prefilled beyond the turn's canonical chunk and its context
+        guesses: a verification forward whose chunk was not kept (the draft
+        went wrong in it, or an unstable decision sent the turn back to its
+        header)."""
+        return self.prefilled - self.generated - self.looked_up
 
 
 #: Probe when the estimated chance that a draft which passed its first token
@@ -184,6 +205,39 @@ QUOTE_WORDS = 3
 #: that holds past its second token stops it until a miss), quoting drafts at
 #: 2/3 (probed until three of them hold with no miss among them).
 PROBE_PRIORS = {False: (1, 1), True: (2, 1)}
+
+
+#: Context lookup (after a draft fails): the n-gram lengths matched against
+#: the lineage, longest first, and the most tokens guessed per forward. On
+#: the token streams of Table 1's counterfactual (docs/bench.md), simulated
+#: offline: n-grams of 3 then 2 and guesses of 8 tokens cut the changed
+#: turns' decoded tokens from 80 to 48 with 3 wasted guesses; adding 1-grams
+#: cut them to 42 but wasted 19 guesses (a 1-token match is weak evidence),
+#: and guesses of 16 gained nothing over 8.
+LOOKUP_NGRAMS = (3, 2)
+LOOKUP_TOKENS = 8
+
+
+def get_lookup(history: Sequence[int], limit: int, ngrams: Sequence[int] = LOOKUP_NGRAMS,
+               max_tokens: int = LOOKUP_TOKENS) -> list[int]:
+    """A guess at what follows ``history`` (a lineage's tokens, the newly
+    decided token last): the tokens that followed the most recent earlier
+    occurrence of its last ``n`` tokens, for the first ``n`` of ``ngrams``
+    that occurs; at most ``min(limit, max_tokens)`` of them; [] if none."""
+    size = min(limit, max_tokens)
+    end = len(history)
+    if size <= 0:
+        return []
+    for n in ngrams:
+        if end <= n:
+            continue
+        pattern = list(history[end - n:])
+        last = pattern[-1]
+        # candidate occurrences end at i (inclusive), strictly before the suffix itself
+        for i in range(end - 2, n - 2, -1):
+            if history[i] == last and list(history[i - n + 1:i + 1]) == pattern:
+                return list(history[i + 1:i + 1 + size])
+    return []
 
 
 def get_words(text: str) -> list[str]:
@@ -217,9 +271,11 @@ class Drafts:
     """The drafts of one replay, by model-turn block id (a component the
     runtime owns while it replays; None outside a forget)."""
 
-    def __init__(self, drafts: Mapping[str, Draft], bound: float | None):
+    def __init__(self, drafts: Mapping[str, Draft], bound: float | None, lookup: bool = True):
         self._drafts = dict(drafts)
         self.bound = bound
+        #: guess from the context once a turn's draft has failed (``get_lookup``)
+        self.lookup = lookup
         self.turns: list[TurnCost] = []
 
     def get(self, block_id: str) -> Draft | None:
@@ -246,7 +302,7 @@ class Drafts:
 
     @classmethod
     def from_blocks(cls, blocks: Iterable, bound: float | None, trusted: Iterable[str] = (),
-                    forgotten: Iterable[str] = ()) -> Drafts:
+                    forgotten: Iterable[str] = (), lookup: bool = True) -> Drafts:
         """Drafts from the pre-forget model turns: each block's tokens after
         its header chunk (``chunks == (header, turn)``); ``forgotten`` are the
         texts of the items the forget removes, which mark quoting drafts."""
@@ -258,10 +314,10 @@ class Drafts:
                 header = block.chunks[0]
                 drafts[block.id] = Draft(tuple(block.tokens[header:]), block.id in trusted,
                                          bool(ngrams) and is_quoting(block.text, ngrams))
-        return cls(drafts, bound)
+        return cls(drafts, bound, lookup)
 
     def get_totals(self) -> dict:
-        keys = ("draft", "accepted", "rejected", "decoded", "prefilled")
+        keys = ("draft", "accepted", "rejected", "decoded", "prefilled", "lookups", "looked_up", "lookup_accepted")
         totals = {k: sum(getattr(t, k) for t in self.turns) for k in keys}
         totals["turns"] = len(self.turns)
         totals["fallbacks"] = sum(t.fallback for t in self.turns)

@@ -151,7 +151,7 @@ class Engine(Protocol):
 
     def generate(self, max_new_tokens: int, stop_ids: Iterable[int] | None = None, temperature: float = 0.0,
                  seed: int | None = None, draft: Sequence[int] | None = None,
-                 probe: bool = False) -> list[int]:
+                 probe: bool = False, lookup: bool = False) -> list[int]:
         """Decode up to ``max_new_tokens`` on the current lineage by the
         decoding rule of :mod:`unsee.impl.drafts` (greedy at temperature 0,
         else the exponential race seeded by (seed, position in the turn))
@@ -159,7 +159,9 @@ class Engine(Protocol):
         canonical chunk. Stops after a stop id (included). A ``draft`` needs
         a ``draft_bound``; ``probe`` (with a draft) checks the draft's second
         token on the reference's own first decode step before verifying
-        (docs/drafts.md). Neither changes the tokens returned."""
+        (docs/drafts.md); ``lookup`` (also needs the bound) verifies guesses
+        from the lineage's own tokens where the turn is decoded. None of them
+        changes the tokens returned."""
 
     def crop(self, n_tokens: int, lineage: str | None = None) -> None:
         """Keep the first ``n_tokens``: afterwards the lineage is what

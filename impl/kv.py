@@ -50,7 +50,7 @@ from typing import Iterable, Iterator, Sequence
 import torch
 
 from unsee.impl import adapter
-from unsee.impl.drafts import get_draft_bound, get_scores, get_threshold, pick
+from unsee.impl.drafts import get_draft_bound, get_lookup, get_scores, get_threshold, pick
 from unsee.impl.engine import Determinism
 from unsee.impl.models import LoadedModel, retain_freed_host_memory
 
@@ -74,6 +74,13 @@ class Counters:
                            reference's own first decode step, impl/drafts.py);
                            a probe that finds the draft wrong is the start of
                            the turn's decode, one that finds it right is spent
+    lookup_forwards        forwards that fed a decided token together with a guess
+                           from the lineage's own tokens (impl/drafts.py,
+                           `get_lookup`); each replaces the one-token forward
+                           that token needed anyway
+    lookup_accepted_tokens guessed tokens verified and kept (not in decoded_tokens)
+    lookup_rejected_tokens guessed tokens verified and thrown away (the guessed
+                           tokens are counted in prefilled_tokens either way)
     rebuilt_tokens         the part of prefilled_tokens spent by `rebuild`, i.e.
                            re-creating a lineage that was evicted or not in memory
     reused_tokens          tokens the prefix cache served instead of prefilling
@@ -87,6 +94,9 @@ class Counters:
     draft_rejected_tokens: int = 0
     draft_fallbacks: int = 0
     draft_probes: int = 0
+    lookup_forwards: int = 0
+    lookup_accepted_tokens: int = 0
+    lookup_rejected_tokens: int = 0
     rebuilt_tokens: int = 0
     reused_tokens: int = 0
 
@@ -338,18 +348,21 @@ class LineageBook:
             raise ValueError(f"{verb}: n_tokens={n_tokens!r} is outside [0, {length}] (the lineage's length)")
         return n
 
-    def _check_generate(self, max_new_tokens, temperature: float, seed: int | None, draft) -> int:
+    def _check_generate(self, max_new_tokens, temperature: float, seed: int | None, draft,
+                        lookup: bool = False) -> int:
         """Check ``generate``'s arguments before anything changes; returns
-        ``max_new_tokens`` as an int. A draft needs the engine's measured
-        prefill-versus-decode bound (``draft_bound``; None: drafts off)."""
+        ``max_new_tokens`` as an int. A draft or a context lookup needs the
+        engine's measured prefill-versus-decode bound (``draft_bound``; None:
+        drafts off)."""
         if _as_int(max_new_tokens) is None or max_new_tokens < 0:
             raise ValueError(f"max_new_tokens={max_new_tokens!r} must be an int >= 0")
         if temperature < 0:
             raise ValueError(f"temperature={temperature!r} must be >= 0")
         if temperature > 0 and seed is None:
             raise ValueError(f"temperature={temperature!r} > 0 needs a seed for repeatable sampling")
-        if draft is not None and self.draft_bound is None:
-            raise ValueError(f"generate: a draft needs a measured discrepancy bound, and none is known for "
+        if (draft is not None or lookup) and self.draft_bound is None:
+            what = "a draft" if draft is not None else "lookup=True"
+            raise ValueError(f"generate: {what} needs a measured discrepancy bound, and none is known for "
                              f"{self.lm.name} on {self.lm.device} {self.lm.dtype} (drafts are off there)")
         return int(max_new_tokens)
 
@@ -491,6 +504,7 @@ class KVEngine(LineageBook):
         seed: int | None = None,
         draft: Sequence[int] | None = None,
         probe: bool = False,
+        lookup: bool = False,
     ) -> list[int]:
         """Decode up to `max_new_tokens` ids on the current lineage and commit
         them canonically (as one prefilled chunk). Returns the ids.
@@ -514,8 +528,15 @@ class KVEngine(LineageBook):
         draft's second token on those logits. A draft wrong there is decoded on
         from the reference's own state, with no verification forward spent on
         it; one right there costs that step (see `Drafts.should_probe`).
+
+        `lookup` (a forget's replay): where the turn is decoded (no draft, or
+        after the draft's first disagreement), each decided token is fed
+        together with a guess from the lineage's own tokens
+        (`drafts.get_lookup`), verified under the same guard; needs
+        `draft_bound`. It changes no token, and adds no forward: a guess
+        widens the forward that feeds the decided token.
         """
-        max_new_tokens = self._check_generate(max_new_tokens, temperature, seed, draft)
+        max_new_tokens = self._check_generate(max_new_tokens, temperature, seed, draft, lookup)
         handle = self._need_current()
         lin = self._lineages[handle]
         if lin.last_logits is None and lin.served_last:
@@ -539,8 +560,13 @@ class KVEngine(LineageBook):
                 draft = []
             if draft:
                 out, committed = self._decode_with_draft(lin, draft, max_new_tokens, stops, temperature, seed,
-                                                         probe)
-            if out is None:  # no draft, or an unstable decision: the reference procedure
+                                                         probe, lookup)
+            elif lookup:
+                # decided on the header's own logits until the first guess; guarded from there
+                out = self._decode(lin, [], header_logits, 0, max_new_tokens, stops, temperature, seed, None,
+                                   lookup=True)
+                self.counters.draft_fallbacks += int(out is None)
+            if out is None:  # no draft or lookup, or an unstable decision: the reference procedure
                 self._truncate(lin, start)
                 lin.last_logits = header_logits
                 out = self._decode(lin, [], header_logits, 0, max_new_tokens, stops, temperature, seed, None)
@@ -568,10 +594,18 @@ class KVEngine(LineageBook):
         return out
 
     def _decode(self, lin: _Lineage, out: list[int], logits: torch.Tensor, position: int, max_new_tokens: int,
-                stops: set[int], temperature: float, seed: int | None, threshold: float | None) -> list[int] | None:
+                stops: set[int], temperature: float, seed: int | None, threshold: float | None,
+                lookup: bool = False) -> list[int] | None:
         """Decode one token at a time from `logits` at `position` of the turn.
         With a threshold (decoding on KV a verification prefill built), a
-        decision whose margin does not clear it returns None: unstable."""
+        decision whose margin does not clear it returns None: unstable.
+
+        With `lookup`, a decided token is fed together with a guess at what
+        follows it (`drafts.get_lookup` over the lineage's tokens) in one
+        forward, and the guess's longest stable agreeing prefix is accepted;
+        the first disagreement is decided on that forward's logits. From the
+        first such forward on the KV is not the reference's, so every later
+        decision of the turn is guarded."""
         while len(out) < max_new_tokens:
             tok, margin = pick(get_scores(logits, temperature, seed, position))
             if threshold is not None and margin <= threshold:
@@ -581,14 +615,50 @@ class KVEngine(LineageBook):
             self.counters.decoded_tokens += 1
             if tok in stops or len(out) == max_new_tokens:
                 break  # the last token is not fed: the canonical prefill does it
-            logits = adapter.forward_last_logits(self.lm.model, [tok], lin.cache)
+            guess = get_lookup(lin.tokens + [tok], max_new_tokens - len(out)) if lookup else []
+            ends = [i for i, g in enumerate(guess) if g in stops]
+            if ends:  # a guess that ends the turn needs nothing after its stop id
+                del guess[ends[0] + 1:]
+            if not guess:
+                logits = adapter.forward_last_logits(self.lm.model, [tok], lin.cache)
+                lin.tokens.append(tok)
+                self.counters.forward_calls += 1
+                continue
+            threshold = get_threshold(self.draft_bound, temperature)
+            fed = len(lin.tokens) + 1  # the lineage's length with `tok` fed
+            verify = adapter.forward_all_logits(self.lm.model, [tok] + guess, lin.cache)
             lin.tokens.append(tok)
+            lin.tokens.extend(guess)
             self.counters.forward_calls += 1
+            self.counters.lookup_forwards += 1
+            self.counters.prefilled_tokens += len(guess)
+            accepted = 0
+            for proposed, row in zip(guess, verify):
+                guessed, margin = pick(get_scores(row, temperature, seed, position))
+                if margin <= threshold:
+                    self._count_lookup(len(guess), 0)
+                    return None
+                if guessed != proposed:
+                    break  # decided on these logits at the top of the loop
+                out.append(guessed)
+                position += 1
+                accepted += 1
+                if guessed in stops or len(out) == max_new_tokens:
+                    break
+            self._count_lookup(len(guess), accepted)
+            if out[-1] in stops or len(out) == max_new_tokens:
+                break  # the canonical prefill replaces what the verification fed
+            self._truncate(lin, fed + accepted)
+            logits = verify[accepted]
         return out
 
+    def _count_lookup(self, offered: int, accepted: int) -> None:
+        self.counters.lookup_accepted_tokens += accepted
+        self.counters.lookup_rejected_tokens += offered - accepted
+
     def _decode_with_draft(self, lin: _Lineage, draft: list[int], max_new_tokens: int, stops: set[int],
-                           temperature: float, seed: int | None,
-                           probe: bool = False) -> tuple[list[int] | None, bool]:
+                           temperature: float, seed: int | None, probe: bool = False,
+                           lookup: bool = False) -> tuple[list[int] | None, bool]:
         """Verify `draft` with one forward; accept its longest stable agreeing
         prefix, then decode on. Returns (tokens, committed): tokens None means
         an unstable decision (the caller falls back to the reference);
@@ -605,9 +675,11 @@ class KVEngine(LineageBook):
             if pick(get_scores(probed, temperature, seed, 1))[0] != draft[1]:
                 # Wrong at position 1, decided on the reference's own logits on
                 # the reference's own KV (header prefill + one decode step): the
-                # rest of the turn is the reference's decode, with no guard.
-                out = self._decode(lin, [draft[0]], probed, 1, max_new_tokens, stops, temperature, seed, None)
-                self._count_draft(len(draft), 1, fallback=False)
+                # rest of the turn is the reference's decode, with no guard
+                # until a context guess (lookup) is fed.
+                out = self._decode(lin, [draft[0]], probed, 1, max_new_tokens, stops, temperature, seed, None,
+                                   lookup)
+                self._count_draft(len(draft), 1 if out is not None else 0, fallback=out is None)
                 return out, False
             # Right there: the verification forward below recomputes position 0
             # as part of the turn's chunk (a canonical chunk must be one forward).
@@ -648,7 +720,7 @@ class KVEngine(LineageBook):
             self._truncate(lin, start + accepted)
             logits = header_logits if accepted == 0 else verify[accepted - 1]
             result = self._decode(lin, out, logits, accepted, max_new_tokens, stops, temperature, seed,
-                                  None if accepted == 0 else threshold)
+                                  None if accepted == 0 else threshold, lookup)
         self._count_draft(len(draft), accepted if stable and result is not None else 0,
                           fallback=not stable or result is None)
         return (result if stable else None), False

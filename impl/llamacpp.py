@@ -513,12 +513,13 @@ class LlamaCppEngine(LineageBook):
 
     def generate(self, max_new_tokens: int, stop_ids: Iterable[int] | None = None, temperature: float = 0.0,
                  seed: int | None = None, draft: Sequence[int] | None = None,
-                 probe: bool = False) -> list[int]:
+                 probe: bool = False, lookup: bool = False) -> list[int]:
         """As :meth:`KVEngine.generate` without drafts (so ``probe``, which
-        only acts on a draft, does nothing here): decode by the rule of
+        only acts on a draft, does nothing here, and ``lookup``, which needs
+        a bound as a draft does, is refused): decode by the rule of
         impl/drafts.py on llama.cpp's logits, then replace the decode steps by
         one prefill of the turn (the canonical chunk a replay redoes)."""
-        max_new_tokens = self._check_generate(max_new_tokens, temperature, seed, draft)  # drafts: off here
+        max_new_tokens = self._check_generate(max_new_tokens, temperature, seed, draft, lookup)  # drafts: off here
         handle = self._need_current()
         lin = self._get(handle)
         if lin.last_logits is None:

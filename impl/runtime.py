@@ -311,14 +311,17 @@ class AgentRuntime:
                                              temperature=self.settings.temperature,
                                              seed=self._seed() if self.settings.temperature > 0 else None,
                                              draft=draft.tokens if draft is not None else None,
-                                             probe=draft is not None and self.drafts.should_probe(draft))
+                                             probe=draft is not None and self.drafts.should_probe(draft),
+                                             lookup=self.drafts is not None and self.drafts.lookup)
             if self.drafts is not None:
                 spent = self.engine.counters.snapshot() - before
                 self.drafts.turns.append(TurnCost(
                     block_id, len(draft.tokens) if draft else 0, spent.draft_accepted_tokens,
                     spent.draft_rejected_tokens, spent.decoded_tokens, spent.prefilled_tokens,
                     bool(spent.draft_fallbacks), probed=bool(spent.draft_probes), generated=len(generated),
-                    quotes=draft is not None and draft.quotes))
+                    quotes=draft is not None and draft.quotes, lookups=spent.lookup_forwards,
+                    looked_up=spent.lookup_accepted_tokens + spent.lookup_rejected_tokens,
+                    lookup_accepted=spent.lookup_accepted_tokens))
         body = [i for i in generated if i not in self.engine.lm.eos_ids]
         text = self.engine.lm.decode(body).strip()
         tokens = header + tuple(generated)
@@ -441,7 +444,7 @@ class AgentRuntime:
     # --- Algorithm 1 ---------------------------------------------------------
 
     def forget(self, source_id: str, progress: Progress | None = None, wait: bool = True,
-               drafts: bool | None = None, oracle: bool = False) -> ForgetReport:
+               drafts: bool | None = None, oracle: bool = False, lookup: bool = True) -> ForgetReport:
         """Provenance-Guided Selective Replay (Algorithm 1): after it, the state
         equals that of a twin that never observed ``source_id``.
 
@@ -454,12 +457,15 @@ class AgentRuntime:
         None means on wherever the engine has a measured discrepancy bound.
         ``oracle``: B7-oracle, the paper's variant: turns whose step is
         labelled independent of the target are re-prefilled unverified (a
-        baseline; not exact when a label is wrong).
+        baseline; not exact when a label is wrong). ``lookup``: with drafts,
+        also guess from the context where a turn is decoded (impl/drafts.py);
+        False measures drafts alone.
         """
-        return self.forget_many([source_id], progress, wait, drafts, oracle)
+        return self.forget_many([source_id], progress, wait, drafts, oracle, lookup)
 
     def forget_many(self, source_ids: Sequence[str], progress: Progress | None = None,
-                    wait: bool = True, drafts: bool | None = None, oracle: bool = False) -> ForgetReport:
+                    wait: bool = True, drafts: bool | None = None, oracle: bool = False,
+                    lookup: bool = True) -> ForgetReport:
         """Forget several sources in one replay: the twin never observed any of them."""
         with self._exclusive(wait, "forget"):
             started, before = time.perf_counter(), self.engine.counters.snapshot()
@@ -475,7 +481,7 @@ class AgentRuntime:
             suffix = [self._sanitize(s, pending) for s in self.steps[checkpoint.boundary:]]  # line 7
             transitions_before = replay.transitions
             replay.forgotten = self.forgotten + list(pending)
-            replay.drafts, draft_info = self._get_drafts(checkpoint.boundary, drafts, oracle, pending)
+            replay.drafts, draft_info = self._get_drafts(checkpoint.boundary, drafts, oracle, pending, lookup)
             replay.run(suffix, progress)  # lines 6-10
             if replay.drafts is not None:
                 draft_info["totals"] = replay.drafts.get_totals()
@@ -486,10 +492,11 @@ class AgentRuntime:
                                 self.transitions - transitions_before, started, before, drafts=draft_info)
 
     def _get_drafts(self, boundary: int, wanted: bool | None, oracle: bool,
-                    pending: Sequence[str] = ()) -> tuple[Drafts | None, dict]:
+                    pending: Sequence[str] = (), lookup: bool = True) -> tuple[Drafts | None, dict]:
         """The drafts of a replay from ``boundary``: the model turns written
         after it, before the forget; whether they are used and why. The items
-        of the ``pending`` sources mark the drafts that quote them (probed)."""
+        of the ``pending`` sources mark the drafts that quote them (probed);
+        ``lookup`` adds guesses from the context where a turn is decoded."""
         bound = self.engine.draft_bound
         suffix_blocks = [b for b in self.graph.blocks() if b.turn > boundary]
         if oracle:
@@ -497,7 +504,7 @@ class AgentRuntime:
             trusted = [b.id for b in suffix_blocks if b.id.rsplit("/", 1)[0] in labelled]
             # the oracle trusts its labels; unlabelled turns are decoded as B7 without drafts would
             chosen = [b for b in suffix_blocks if b.id in set(trusted)]
-            return Drafts.from_blocks(chosen, bound, trusted), {
+            return Drafts.from_blocks(chosen, bound, trusted, lookup=False), {
                 "mode": "oracle", "bound": bound, "labelled_steps": sorted(labelled),
                 "why": "B7-oracle: turns labelled independent re-prefilled unverified"}
         if wanted is False:
@@ -511,9 +518,10 @@ class AgentRuntime:
                                  f"{self.engine.lm.device} {self.engine.lm.dtype}: every turn re-decoded"}
         pending = set(pending)
         forgotten = [i.text for s in self.steps for i in s.items if i.source in pending]
-        return Drafts.from_blocks(suffix_blocks, bound, forgotten=forgotten), {
-            "mode": "verify", "bound": bound,
-            "why": f"verified drafts, decisions accepted above a margin of 2 x {bound:g}"}
+        return Drafts.from_blocks(suffix_blocks, bound, forgotten=forgotten, lookup=lookup), {
+            "mode": "verify", "bound": bound, "lookup": lookup,
+            "why": f"verified drafts{' and context guesses' if lookup else ''}, decisions accepted above a "
+                   f"margin of 2 x {bound:g}"}
 
     def full_reset(self, source_id: str | Sequence[str], progress: Progress | None = None,
                    wait: bool = True) -> ForgetReport:

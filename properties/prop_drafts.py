@@ -18,6 +18,12 @@ oracle_is_exact_exactly_when_its_labels_are_right      B7-oracle's tokens == res
 wrong_draft_costs_one_prefill                           an entirely wrong draft: same tokens and KV as no draft, the
                                                         same decoded tokens, at most one extra forward (a prefill
                                                         of the draft) per turn
+lookup_changes_no_token                                 guesses from the context (``lookup``), with or without a
+                                                        draft, on ``tiny`` and ``tiny-ties``: the reference's
+                                                        tokens and KV; without a fallback, no forward and no
+                                                        decoded token more than the same call without lookup
+lookup_guard_is_needed                                  on ``tiny-ties`` with the guard removed, a search finds a
+                                                        context where a lookup's verification changes a token
 ======================================================  ===========================================================
 
 ``nightly`` runs ``max_examples`` (2,000) of the first property.
@@ -242,3 +248,89 @@ def test_oracle_is_exact_exactly_when_its_labels_are_right(episode):
         if not wrong:
             assert report.digest == reference.digest, describe_episode(episode)
         event(f"wrong label visible in the digest: {report.digest != reference.digest}" if wrong else "labels right")
+
+
+# --- context lookup (guesses from the lineage's own tokens, impl/drafts.py) -------
+
+#: Contexts that repeat themselves (a segment 1-3 times), so that the
+#: lineage's n-grams recur and guesses are offered; the tiny models also
+#: repeat their own output in long turns.
+repeating_contexts = st.builds(lambda segment, times: segment * times,
+                               st.lists(st.integers(0, 255), min_size=1, max_size=12), st.integers(1, 3))
+
+
+def get_draft(kind: str, expected: list[int], at: int) -> list[int] | None:
+    """No draft, the reference's tokens wrong from position ``at`` on, or wrong throughout."""
+    if kind == "none":
+        return None
+    start = 0 if kind == "wrong" else min(at, len(expected))
+    return expected[:start] + [(t + 1) % 256 for t in expected[start:]]
+
+
+def run_generate(engine: KVEngine, context: list[int], n: int, **kw) -> tuple[str, list[int], object]:
+    handle = engine.new_lineage()
+    engine.prefill(context)
+    before = engine.counters.snapshot()
+    out = engine.generate(n, stop_ids=(), **kw)
+    return engine.digest(handle), out, engine.counters.snapshot() - before
+
+
+#: "<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n" in the tiny
+#: models' ids: the tiny model loops in a long turn after it, so guesses are
+#: offered and accepted.
+LOOPING_CONTEXT = [257, 117, 115, 101, 114, 10, 104, 101, 108, 108, 111, 258, 10, 257, 97, 115, 115, 105, 115, 116,
+                   97, 110, 116, 10]
+
+
+@given(model=st.sampled_from(("tiny", "tiny-ties")), context=repeating_contexts, max_new_tokens=st.integers(1, 80),
+       draft_kind=st.sampled_from(("none", "right_then_wrong", "wrong")), at=st.integers(1, 12),
+       temperature=st.sampled_from((0.0, 0.7)), seed=st.integers(0, 99), probe=st.booleans())
+@example(model="tiny", context=LOOPING_CONTEXT, max_new_tokens=80, draft_kind="none", at=1, temperature=0.0, seed=0,
+         probe=False)
+@example(model="tiny", context=LOOPING_CONTEXT, max_new_tokens=80, draft_kind="right_then_wrong", at=3,
+         temperature=0.0, seed=0, probe=True)
+@scaled(1)
+def test_lookup_changes_no_token(model, context, max_new_tokens, draft_kind, at, temperature, seed, probe):
+    engine = get_engine(model)
+    kw = {"temperature": temperature, "seed": seed}
+    with engine_scope(engine):
+        digest, expected, _ = run_generate(engine, context, max_new_tokens, **kw)
+        draft = get_draft(draft_kind, expected, at)
+        runs = {lookup: run_generate(engine, context, max_new_tokens, draft=draft, probe=probe and draft is not None,
+                                     lookup=lookup, **kw) for lookup in (False, True)}
+        for lookup, (got_digest, got, spent) in runs.items():
+            assert got == expected, (model, context, draft, lookup)
+            assert got_digest == digest, (model, context, draft, lookup)
+        looked, plain = runs[True][2], runs[False][2]
+        event(f"{model}: guesses offered: {looked.lookup_forwards > 0}, accepted: {looked.lookup_accepted_tokens > 0}, "
+              f"fallback: {looked.draft_fallbacks > 0}")
+        if not looked.draft_fallbacks:
+            assert looked.forward_calls <= plain.forward_calls
+            assert looked.decoded_tokens <= plain.decoded_tokens
+            assert looked.decoded_tokens + looked.lookup_accepted_tokens <= plain.decoded_tokens
+
+
+def is_lookup_different(engine: KVEngine, context: list[int]) -> bool:
+    with engine_scope(engine):
+        expected = run_generate(engine, context, 40)[:2]
+        return run_generate(engine, context, 40, lookup=True)[:2] != expected
+
+
+def test_lookup_guard_is_needed():
+    """A lookup's verification forward decides tokens on multi-token logits;
+    on the near-tie family, with the guard removed, some of those decisions
+    differ from the reference's decode steps (no noise injected)."""
+    engine = get_engine("tiny-ties")
+    saved = engine.draft_bound
+    engine.draft_bound = 0.0
+    try:
+        found = find(repeating_contexts, lambda c: is_lookup_different(engine, c),
+                     settings=settings(max_examples=100, database=None, derandomize=True, deadline=None,
+                                       phases=(Phase.generate,)))
+    except NoSuchExample:
+        pytest.fail("no context where an unguarded lookup changes a token: the near-tie family no longer "
+                    "exercises the guard")
+    finally:
+        engine.draft_bound = saved
+    print("context where an unguarded lookup differs:", found)
+    assert not is_lookup_different(engine, found)  # the guard, put back, keeps the reference's tokens

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from unsee.impl import adapter
-from unsee.impl.drafts import get_draft_bound, get_scores, pick
+from unsee.impl.drafts import get_draft_bound, get_lookup, get_scores, pick
 from unsee.impl.episode import parse_episode
 from unsee.impl.kv import KVEngine
 from unsee.impl.models import load_model
@@ -278,3 +278,74 @@ def test_drafts_that_quote_the_forgotten_item_are_flagged_and_probed_smollm2():
             assert any(t["quotes"] for t in turns) and not all(t["quotes"] for t in turns)
             assert all(t["probed"] for t in turns if t["quotes"] and t["accepted"] >= 1)
             assert report.drafts["totals"]["quoting"] == sum(t["quotes"] for t in turns)
+
+
+# --- context lookup: guesses from the lineage's own tokens -----------------------
+
+@pytest.mark.parametrize("history,limit,expected", [
+    ([5, 1, 2, 8, 1, 2, 9, 0, 1, 2], 8, [9, 0, 1, 2]),  # the most recent earlier (1, 2), up to the end
+    ([7, 1, 2, 3, 1, 2, 4, 7, 1, 2], 8, [3, 1, 2, 4, 7, 1, 2]),  # (7, 1, 2) beats a more recent (1, 2)
+    ([7, 1, 2, 3, 1, 2, 4, 7, 1, 2], 2, [3, 1]),  # at most `limit` tokens
+    ([1, 2, 1, 2], 8, [1, 2]),
+    ([1, 2], 8, []),  # the suffix itself is no earlier occurrence
+    ([3, 4, 5, 6], 8, []),  # nothing repeats
+    ([1, 2, 9, 1, 2], 0, []),
+])
+def test_lookup_guesses_what_followed_the_last_occurrence_of_the_longest_ngram(history, limit, expected):
+    assert get_lookup(history, limit) == expected
+
+
+def test_lookup_guesses_at_most_lookup_tokens():
+    from unsee.impl.drafts import LOOKUP_TOKENS
+    history = list(range(30)) + [0, 1, 2]
+    assert get_lookup(history, 100) == list(range(3, 3 + LOOKUP_TOKENS))
+
+
+def lookup_run(eng, prompt, n, **kw):
+    h = eng.new_lineage()
+    eng.prefill(eng.lm.encode(prompt))
+    before = eng.counters.snapshot()
+    out = eng.generate(n, stop_ids=(), **kw)
+    return h, out, eng.counters.snapshot() - before
+
+
+def test_lookup_keeps_every_token_and_bit_and_saves_decode_steps(eng):
+    """The tiny model falls into loops in a long turn; guesses from its own
+    earlier tokens are accepted there, and the turn is the reference's."""
+    prompt = "<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n"
+    ref, tokens, cost = lookup_run(eng, prompt, 120)
+    h, out, spent = lookup_run(eng, prompt, 120, lookup=True)
+    assert out == tokens and eng.digest(h) == eng.digest(ref)
+    assert spent.lookup_forwards > 0 and spent.lookup_accepted_tokens > 0 and spent.draft_fallbacks == 0
+    # every accepted guess is a decode step saved, and no forward was added
+    assert spent.decoded_tokens == cost.decoded_tokens - spent.lookup_accepted_tokens
+    assert spent.forward_calls == cost.forward_calls - spent.lookup_accepted_tokens
+    # the canonical chunk plus every guessed token verified
+    assert spent.prefilled_tokens == cost.prefilled_tokens + spent.lookup_accepted_tokens + \
+        spent.lookup_rejected_tokens
+
+
+def test_lookup_is_refused_without_a_bound_and_changes_nothing(eng):
+    eng.new_lineage()
+    eng.prefill(eng.lm.encode(PROMPT))
+    before = (eng.digest(), eng.tokens(), eng.counters.snapshot())
+    saved, eng.draft_bound = eng.draft_bound, None
+    try:
+        with pytest.raises(ValueError, match="lookup=True needs a measured discrepancy bound"):
+            eng.generate(4, lookup=True)
+    finally:
+        eng.draft_bound = saved
+    assert (eng.digest(), eng.tokens(), eng.counters.snapshot()) == before
+
+
+def test_forget_report_counts_lookups_per_turn_and_lookup_can_be_turned_off(eng):
+    runtime = AgentRuntime.from_episode(eng, EPISODE)
+    twin, plain = runtime.fork(), runtime.fork()
+    report = runtime.forget("secret")
+    without = plain.forget("secret", lookup=False)
+    assert report.digest == without.digest == twin.full_reset("secret").digest
+    assert report.drafts["lookup"] is True and without.drafts["lookup"] is False
+    totals = report.drafts["totals"]
+    assert totals["lookups"] == sum(t["lookups"] for t in report.drafts["turns"])
+    assert totals["lookup_accepted"] <= totals["looked_up"]
+    assert without.drafts["totals"]["lookups"] == 0
