@@ -46,7 +46,7 @@ bench: $(VENV)/.installed paper
 	UNSEE_BENCH_MODEL=smollm2 UNSEE_BENCH_ROUNDS=3 $(PY) -m pytest bench -q -m bench --benchmark-enable --benchmark-json=out/bench.json
 	$(PY) -m unsee.bench.sweep --model smollm2 --device $(DEVICE) --dtype $(DTYPE) --out out/sweep
 	$(PY) -m unsee.bench.discrepancy --model smollm2 --device $(DEVICE) --dtype $(DTYPE) --out out/discrepancy
-	$(PY) -m unsee.bench.restore --model smollm2 --lengths 1024 7168 --repeats 31 --out out/restore.json
+	$(PY) -m unsee.bench.restore --model smollm2 --device $(DEVICE) --dtype $(DTYPE) --lengths 1024 7168 --chunks 32 1 --repeats 31 --out out/restore.json
 	$(PY) -m unsee.bench.memory --model tiny --steps 200 --every 5 --out out/memory.json --plot out/memory.png
 
 # The paper's efficiency tables (docs/bench.md).

@@ -17,7 +17,7 @@ import os
 import pytest
 
 from unsee.bench.memory import make_compaction_episode, run_memory_bench
-from unsee.bench.restore import build, get_tokens, restore
+from unsee.bench.restore import build, get_median_interval, get_ratios, get_tokens, measure_restore_overhead, restore
 from unsee.impl.kv import KVEngine
 from unsee.impl.models import load_model
 from unsee.properties.differential import torch_threads
@@ -62,3 +62,44 @@ def test_share_restore_copies_nothing(n):
         cloned = restore(engine, "clone", source, n)
         assert engine.memory().held_bytes > 1.9 * held  # the old restore copied the whole lineage
         assert engine.digest(shared) == engine.digest(cloned)
+
+
+def test_restore_bench_rows_count_copies_and_bracket_their_medians():
+    with torch_threads(1):
+        engine = KVEngine(load_model("tiny"))
+        rows = [row for n in (64, 256) for row in
+                measure_restore_overhead(engine, n, repeats=3, chunks=(1, 4), tail=32, build_chunk=32, warmup=1)]
+    assert [(r["n"], r["chunk"], r["method"]) for r in rows] == [
+        (n, c, m) for n in (64, 256) for c in (1, 4) for m in ("share", "clone")]
+    by = {(r["n"], r["chunk"], r["method"]): r for r in rows}
+    for n in (64, 256):
+        assert by[n, 1, "share"]["copied_bytes"] == 0  # copy-on-write: nothing, at any length
+        # the old restore copied the whole lineage (n + tail tokens), so its copy grows with n
+        assert by[n, 1, "clone"]["copied_bytes"] > 0
+    assert by[256, 1, "clone"]["copied_bytes"] > 2 * by[64, 1, "clone"]["copied_bytes"]
+    for r in rows:
+        lo, hi = r["overhead_ci_s"]
+        assert lo <= r["overhead_s"] <= hi
+        assert min(r["faults_restored"], r["faults_never_restored"], r["faults_warmup"]) >= 0
+    assert engine.lineages == ()  # every lineage the bench built is dropped
+    ratios = get_ratios(rows, "overhead_s")
+    assert set(ratios) == {"share", "clone"} and set(ratios["share"]) == {"1", "4"}
+
+
+def test_median_interval_brackets_the_median_and_repeats():
+    values = [0.3, -0.1, 0.2, 0.25, 0.9, 0.1, 0.15]
+    lo, hi = get_median_interval(values)
+    assert lo <= 0.2 <= hi and min(values) <= lo and hi <= max(values)
+    assert get_median_interval(values) == [lo, hi]  # seeded
+    assert get_median_interval([0.5] * 5) == [0.5, 0.5]
+    with pytest.raises(ValueError, match="no values"):
+        get_median_interval([])
+
+
+def test_restore_bench_names_a_bad_setting():
+    engine = KVEngine(load_model("tiny"))
+    with pytest.raises(ValueError, match="multiple of build_chunk"):
+        measure_restore_overhead(engine, 100, build_chunk=32)
+    with pytest.raises(ValueError, match="chunks=\\[0\\]"):
+        measure_restore_overhead(engine, 64, chunks=(0,), build_chunk=32)
+    assert engine.lineages == ()  # refused before building anything

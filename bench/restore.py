@@ -16,15 +16,25 @@ are compared:
 
 The checkpoint's lineage holds ``n + tail`` tokens (the session went on
 after the checkpoint), built in ``build_chunk``-token prefill chunks; the
-first prefill after the restore is one ``chunk``-token block. Each repeat
-times the restored case and the never-restored case back to back
-(alternating which goes first), so slow drifts of a shared machine hit both;
-the overhead is the median of the paired differences.
+first prefill after the restore is one block of each of ``chunks`` tokens
+(32: a short turn; 1: a decode step). Each repeat times the restored case
+and the never-restored case back to back (alternating which goes first), so
+slow drifts of a shared machine hit both; the overhead is the median of the
+paired differences, with a 95% bootstrap interval, since a prefill's own
+spread on a shared machine is larger than what a restore adds.
+
+Beside the times, two counts that no noise moves:
+
+* ``copied_bytes``: KV bytes the restore itself allocated (the engine's
+  held bytes after it minus before it): 0 for ``share`` at any length;
+* page faults (``faults_*``): minor faults while the restored and the
+  never-restored prefill ran. ``warmup`` pairs run first and their faults are
+  reported apart: the first restores at a new size grow the heap once.
 
 Run quietly, one thread (the lead's command)::
 
     .venv/bin/python -m unsee.bench.restore --model smollm2 --lengths 1024 7168 \\
-        --repeats 21 --out bench/results/restore.json
+        --chunks 32 1 --repeats 31 --out bench/results/restore.json
 
 It prints a table and writes JSON; the goal is overhead(7k) <= 1.5 x overhead(1k).
 """
@@ -33,6 +43,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
+import resource
 import statistics
 import time
 from pathlib import Path
@@ -43,6 +55,7 @@ from unsee.impl.kv import KVEngine
 from unsee.impl.models import load_model
 
 METHODS = ("share", "clone")
+BOOTSTRAP_RESAMPLES = 2000
 
 
 def get_tokens(engine: KVEngine, n: int) -> list[int]:
@@ -72,111 +85,169 @@ def restore(engine: KVEngine, method: str, lineage: str, n: int) -> str:
     raise ValueError(f"restore method {method!r}: expected one of {METHODS}")
 
 
-def measure_restore_overhead(engine: KVEngine, n: int, methods=METHODS, repeats: int = 15, chunk: int = 32,
-                             tail: int = 256, build_chunk: int = 256) -> list[dict]:
-    """The restore overhead at ``n`` tokens for each method (see the module
-    docstring), in seconds. The checkpoint's lineage and the never-restored
-    one are built once and serve every method."""
+def get_minor_faults() -> int:
+    """Minor page faults of this process so far (the model work runs in this
+    thread, so a difference around one step is that step's)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
+def get_median_interval(values: list[float], resamples: int = BOOTSTRAP_RESAMPLES, seed: int = 0) -> list[float]:
+    """A 95% percentile-bootstrap interval of the median of ``values``
+    (seeded, so a report repeats)."""
+    if not values:
+        raise ValueError("get_median_interval: no values")
+    rng = random.Random(seed)
+    medians = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(resamples))
+    return [medians[int(0.025 * resamples)], medians[int(0.975 * resamples) - 1]]
+
+
+def wait(engine: KVEngine) -> None:
+    """Let the device finish queued work, so a timer around a step times the
+    step (a no-op on the CPU)."""
+    if engine.lm.device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def measure_restore_overhead(engine: KVEngine, n: int, methods=METHODS, repeats: int = 15, chunks=(32,),
+                             tail: int = 256, build_chunk: int = 256, warmup: int = 5) -> list[dict]:
+    """The restore overhead at ``n`` tokens for each method and first-prefill
+    size (see the module docstring), in seconds. The checkpoint's lineage and
+    the never-restored one are built once and serve every row."""
     if n % build_chunk:
         raise ValueError(f"n={n} must be a multiple of build_chunk={build_chunk} (checkpoints sit on chunk ends)")
-    tokens = get_tokens(engine, n + tail + chunk)
+    if repeats < 1 or warmup < 0 or not chunks or min(chunks) < 1:
+        raise ValueError(f"repeats={repeats}, warmup={warmup}, chunks={list(chunks)}: need repeats >= 1, "
+                         "warmup >= 0 and chunks of at least one token")
+    tokens = get_tokens(engine, n + tail + max(chunks))
     source = build(engine, tokens[:n + tail], build_chunk)  # the checkpoint's lineage, longer than n
     reference = build(engine, tokens[:n], build_chunk)  # never restored
-    block = tokens[n + tail:n + tail + chunk]  # the first block after the restore
 
-    def restored(method: str) -> tuple[float, float, float]:
+    def restored(method: str, block: list[int]) -> dict:
+        held = engine.memory().held_bytes
         t0, c0 = time.perf_counter(), time.thread_time()
         handle = restore(engine, method, source, n)
-        t1 = time.perf_counter()
-        engine.use(handle)
-        engine.prefill(block)
-        t2, c2 = time.perf_counter(), time.thread_time()
-        engine.drop(handle)
-        return t2 - t0, t1 - t0, c2 - c0
-
-    def never_restored() -> tuple[float, float]:
-        engine.use(reference)
-        t0, c0 = time.perf_counter(), time.thread_time()
-        engine.prefill(block)
+        wait(engine)
         t1, c1 = time.perf_counter(), time.thread_time()
+        copied = engine.memory().held_bytes - held  # outside the timed spans
+        engine.use(handle)
+        f2, t2, c2 = get_minor_faults(), time.perf_counter(), time.thread_time()
+        engine.prefill(block)
+        wait(engine)
+        t3, c3, f3 = time.perf_counter(), time.thread_time(), get_minor_faults()
+        engine.drop(handle)
+        return {"wall": (t1 - t0) + (t3 - t2), "restore": t1 - t0, "cpu": (c1 - c0) + (c3 - c2),
+                "faults": f3 - f2, "copied": copied}
+
+    def never_restored(block: list[int]) -> dict:
+        engine.use(reference)
+        f0, t0, c0 = get_minor_faults(), time.perf_counter(), time.thread_time()
+        engine.prefill(block)
+        wait(engine)
+        t1, c1, f1 = time.perf_counter(), time.thread_time(), get_minor_faults()
         engine.crop(n, reference)
-        return t1 - t0, c1 - c0
+        return {"wall": t1 - t0, "cpu": c1 - c0, "faults": f1 - f0}
 
     rows = []
-    for method in methods:
-        restored(method), never_restored()  # warm-up: allocator and kernels
-        with_restore, restore_only, without, paired, paired_cpu = [], [], [], [], []
-        for i in range(repeats):
-            if i % 2:
-                b, b_cpu = never_restored()
-                a, r, a_cpu = restored(method)
-            else:
-                a, r, a_cpu = restored(method)
-                b, b_cpu = never_restored()
-            with_restore.append(a)
-            restore_only.append(r)
-            without.append(b)
-            paired.append(a - b)
-            paired_cpu.append(a_cpu - b_cpu)
-        rows.append({"n": n, "method": method, "repeats": repeats, "chunk": chunk, "tail": tail,
-                     "overhead_s": statistics.median(paired),
-                     # the calling thread's CPU time (one torch thread does the model work in it):
-                     # time the machine gives to other work does not count, page faults do
-                     "overhead_cpu_s": statistics.median(paired_cpu),
-                     "restore_only_s": statistics.median(restore_only),
-                     "with_restore_s": statistics.median(with_restore),
-                     "never_restored_s": statistics.median(without)})
+    for chunk in chunks:
+        block = tokens[n + tail:n + tail + chunk]  # the first block after the restore
+        for method in methods:
+            warm_faults = 0
+            for _ in range(warmup):  # allocator and kernels reach their steady state
+                warm_faults += restored(method, block)["faults"] + never_restored(block)["faults"]
+            pairs = []
+            for i in range(repeats):
+                if i % 2:
+                    b = never_restored(block)
+                    a = restored(method, block)
+                else:
+                    a = restored(method, block)
+                    b = never_restored(block)
+                pairs.append((a, b))
+            paired = [a["wall"] - b["wall"] for a, b in pairs]
+            paired_cpu = [a["cpu"] - b["cpu"] for a, b in pairs]
+            rows.append({"n": n, "method": method, "chunk": chunk, "repeats": repeats, "warmup": warmup,
+                         "tail": tail,
+                         "overhead_s": statistics.median(paired),
+                         "overhead_ci_s": get_median_interval(paired),
+                         # the calling thread's CPU time (one torch thread does the model work in it):
+                         # time the machine gives to other work does not count, page faults do
+                         "overhead_cpu_s": statistics.median(paired_cpu),
+                         "overhead_cpu_ci_s": get_median_interval(paired_cpu),
+                         "restore_only_s": statistics.median(a["restore"] for a, _ in pairs),
+                         "with_restore_s": statistics.median(a["wall"] for a, _ in pairs),
+                         "never_restored_s": statistics.median(b["wall"] for _, b in pairs),
+                         "copied_bytes": max(a["copied"] for a, _ in pairs),
+                         "faults_restored": sum(a["faults"] for a, _ in pairs),
+                         "faults_never_restored": sum(b["faults"] for _, b in pairs),
+                         "faults_warmup": warm_faults})
     engine.drop(source)
     engine.drop(reference)
     return rows
 
 
-def run(model: str = "smollm2", lengths=(1024, 7168), methods=METHODS, repeats: int = 15, threads: int = 1,
-        chunk: int = 32, tail: int = 256) -> dict:
-    torch.set_num_threads(threads)
-    engine = KVEngine(load_model(model))
-    rows = [row for n in lengths for row in measure_restore_overhead(engine, n, methods, repeats, chunk, tail)]
-    out = {"model": engine.lm.name, "threads": threads, "lengths": list(lengths), "rows": rows,
-           "command": None, "ratio": {}}
-    out["ratio_cpu"] = {}
-    for method in methods:
-        for key, ratios in (("overhead_s", out["ratio"]), ("overhead_cpu_s", out["ratio_cpu"])):
-            by_n = {r["n"]: r[key] for r in rows if r["method"] == method}
-            lo, hi = by_n[min(lengths)], by_n[max(lengths)]
-            ratios[method] = hi / lo if lo > 0 and hi > 0 else None  # a median <= 0 is noise around zero
+def get_ratios(rows: list[dict], key: str) -> dict:
+    """``{method: {chunk: overhead(longest) / overhead(shortest)}}``; None
+    where either median is at or below zero (noise around no overhead)."""
+    out: dict = {}
+    for r in rows:
+        out.setdefault(r["method"], {}).setdefault(str(r["chunk"]), {})[r["n"]] = r[key]
+    for method, by_chunk in out.items():
+        for chunk, by_n in by_chunk.items():
+            lo, hi = by_n[min(by_n)], by_n[max(by_n)]
+            by_chunk[chunk] = hi / lo if lo > 0 and hi > 0 else None
     return out
 
 
+def run(model: str = "smollm2", lengths=(1024, 7168), methods=METHODS, repeats: int = 15, threads: int = 1,
+        chunks=(32,), tail: int = 256, warmup: int = 5, device: str = "cpu", dtype: str = "float32") -> dict:
+    torch.set_num_threads(threads)
+    engine = KVEngine(load_model(model, device=device, dtype=dtype))
+    rows = [row for n in lengths
+            for row in measure_restore_overhead(engine, n, methods, repeats, chunks, tail, warmup=warmup)]
+    return {"model": engine.lm.name, "device": engine.lm.device, "dtype": engine.lm.dtype, "threads": threads,
+            "lengths": list(lengths), "chunks": list(chunks), "rows": rows, "command": None,
+            "ratio": get_ratios(rows, "overhead_s"), "ratio_cpu": get_ratios(rows, "overhead_cpu_s")}
+
+
 def format_table(result: dict) -> str:
-    lines = [f"restore overhead on {result['model']} ({result['threads']} thread(s)), median of paired "
-             "differences:",
-             f"{'method':<8}{'tokens':>8}{'overhead ms':>14}{'cpu ms':>10}{'restore ms':>12}{'with ms':>10}"
-             f"{'without ms':>12}"]
+    lines = [f"restore overhead on {result['model']} ({result['device']} {result['dtype']}, {result['threads']} "
+             "thread(s)), median of paired differences [95% bootstrap interval]:",
+             f"{'method':<8}{'tokens':>8}{'chunk':>7}{'overhead ms':>13}{'interval ms':>18}{'cpu ms':>9}"
+             f"{'restore ms':>12}{'with ms':>10}{'without ms':>12}{'copied MB':>11}{'faults r/n/warm':>18}"]
     for r in result["rows"]:
-        lines.append(f"{r['method']:<8}{r['n']:>8}{r['overhead_s'] * 1e3:>14.3f}{r['overhead_cpu_s'] * 1e3:>10.3f}"
-                     f"{r['restore_only_s'] * 1e3:>12.3f}{r['with_restore_s'] * 1e3:>10.2f}"
-                     f"{r['never_restored_s'] * 1e3:>12.2f}")
+        lo, hi = (x * 1e3 for x in r["overhead_ci_s"])
+        faults = f"{r['faults_restored']}/{r['faults_never_restored']}/{r['faults_warmup']}"
+        lines.append(f"{r['method']:<8}{r['n']:>8}{r['chunk']:>7}{r['overhead_s'] * 1e3:>13.2f}"
+                     f"{f'[{lo:.1f}, {hi:.1f}]':>18}{r['overhead_cpu_s'] * 1e3:>9.2f}{r['restore_only_s'] * 1e3:>12.3f}"
+                     f"{r['with_restore_s'] * 1e3:>10.1f}{r['never_restored_s'] * 1e3:>12.1f}"
+                     f"{r['copied_bytes'] / 2**20:>11.1f}{faults:>18}")
     lo, hi = min(result["lengths"]), max(result["lengths"])
-    for method in result["ratio"]:
-        shown = ["n/a (a median overhead <= 0: below the noise)" if r is None else f"{r:.2f}x"
-                 for r in (result["ratio"][method], result["ratio_cpu"][method])]
-        lines.append(f"{method}: overhead({hi}) / overhead({lo}) = {shown[0]} (wall), {shown[1]} (cpu)")
+    for method, by_chunk in result["ratio"].items():
+        for chunk, ratio in by_chunk.items():
+            shown = ["n/a (a median overhead <= 0: below the noise)" if r is None else f"{r:.2f}x"
+                     for r in (ratio, result["ratio_cpu"][method][chunk])]
+            lines.append(f"{method}, {chunk}-token first prefill: overhead({hi}) / overhead({lo}) = {shown[0]} "
+                         f"(wall), {shown[1]} (cpu)")
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m unsee.bench.restore", description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="smollm2")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="float32")
     parser.add_argument("--lengths", type=int, nargs="+", default=[1024, 7168])
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
     parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--warmup", type=int, default=5, help="untimed restore/prefill pairs before each row")
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--chunk", type=int, default=32, help="tokens of the first prefill after the restore")
+    parser.add_argument("--chunks", type=int, nargs="+", default=[32],
+                        help="sizes of the first prefill after the restore (one row each)")
     parser.add_argument("--tail", type=int, default=256, help="tokens the checkpoint's lineage holds past n")
     parser.add_argument("--out", default=None, help="write the JSON here")
     args = parser.parse_args(argv)
-    result = run(args.model, tuple(args.lengths), tuple(args.methods), args.repeats, args.threads, args.chunk,
-                 args.tail)
+    result = run(args.model, tuple(args.lengths), tuple(args.methods), args.repeats, args.threads,
+                 tuple(args.chunks), args.tail, args.warmup, args.device, args.dtype)
     result["command"] = "python -m unsee.bench.restore " + " ".join(argv if argv is not None else [])
     print(format_table(result))
     if args.out:
