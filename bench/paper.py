@@ -314,8 +314,9 @@ def render_markdown(result: dict, command: str) -> str:
         lines.append("")
         excess = t["methods"].get("replay", {}).get("excess")
         if excess:
-            lines += ["Where B7 (ours) spends above the floor, turn by turn (`bench.floor.get_excess`): what a "
-                      "replay cannot know before it verifies a draft.", "",
+            lines += ["Where B7 (ours) differs from the floor, turn by turn (`bench.floor.get_excess`): what a "
+                      "replay cannot know before it verifies a draft, and (negative decoded) the decode steps "
+                      "that context guesses saved.", "",
                       "| reason | turns | prefilled beyond the canonical chunk | decoded beyond the floor | "
                       "probe steps |", "|---|---|---|---|---|"]
             for e in excess:

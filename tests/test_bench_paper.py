@@ -134,9 +134,11 @@ def test_floor_is_below_forget_and_reset(ep):
     with engine_scope(engine):
         base, reset, forget_report, reset_report = forget_and_reset(engine, ep)
         floor = compute_floor(engine, base, reset, forget_report.boundary)
+        # each context guess the forget accepted is a decode step (one forward) the floor spends
+        saved = ((forget_report.drafts or {}).get("totals") or {}).get("lookup_accepted", 0)
         assert floor.prefilled <= forget_report.prefilled_tokens <= reset_report.prefilled_tokens
-        assert floor.decoded <= forget_report.decoded_tokens
-        assert floor.forwards <= forget_report.forward_calls
+        assert floor.decoded <= forget_report.decoded_tokens + saved
+        assert floor.forwards <= forget_report.forward_calls + saved
         assert floor.recomputed <= reset_report.prefilled_tokens + reset_report.decoded_tokens
         unchanged = all(dict(base.generated_tokens()).get(b) == t for b, t in reset.generated_tokens())
         assert (floor.decoded == 0) == (unchanged or not floor.changed_turns)
@@ -152,9 +154,20 @@ WRONG_LATER_AND_EARLY_MISS = parse_episode({
     "target": {"source": "secret", "value": "4417 Elm"}})
 
 
+#: Found by a search for an episode whose forget accepts context guesses
+#: (``lookup``) beside a draft reason on the tiny model (the shrunk one).
+LOOKUP_BESIDE_A_DRAFT_REASON = parse_episode({
+    "format": "unsee.episode", "version": 2, "system": "You are a helpful agent.",
+    "settings": {"max_new_tokens": 8, "checkpoint_policy": "every_turn"},
+    "steps": [{"id": "t1", "kind": "user", "text": "4417 Elm", "source": "secret"},
+              {"id": "t2", "kind": "user", "text": "tea"}, {"id": "t3", "kind": "user", "text": "tea"}],
+    "target": {"source": "secret", "value": "4417 Elm"}})
+
+
 @given(ep=episodes(max_steps=6, max_new_tokens=(2, 8)))
 @example(ep=AFTER_COMPACTION)
 @example(ep=WRONG_LATER_AND_EARLY_MISS)
+@example(ep=LOOKUP_BESIDE_A_DRAFT_REASON)
 @scaled(10)
 def test_excess_accounts_for_every_token_above_the_floor(ep):
     """The forget's prefilled and decoded tokens are the floor's plus what
@@ -169,13 +182,17 @@ def test_excess_accounts_for_every_token_above_the_floor(ep):
         assert {e["reason"] for e in excess} <= set(EXCESS_REASONS)
         assert forget_report.prefilled_tokens == floor["prefilled"] + sum(e["prefilled"] for e in excess)
         assert forget_report.decoded_tokens == floor["decoded"] + sum(e["decoded"] for e in excess)
-        listed = [b for e in excess for b in e["turns"]]
-        assert len(listed) == len(set(listed))
+        listed = [b for e in excess if e["reason"] != "lookup" for b in e["turns"]]
+        assert len(listed) == len(set(listed))  # one draft reason a turn
         assert sum(e["forwards"] for e in excess) <= sum(t["probed"] for t in turns)
         for e in excess:
             event(f"excess: {e['reason']}")
         if ep is WRONG_LATER_AND_EARLY_MISS:
             assert {"wrong_later", "early_miss"} <= {e["reason"] for e in excess}
+        if ep is LOOKUP_BESIDE_A_DRAFT_REASON:
+            lookup = [e for e in excess if e["reason"] == "lookup"]
+            assert lookup and lookup[0]["decoded"] < 0  # accepted guesses: decode steps below the floor's
+            assert len(excess) >= 2
 
 
 def test_paper_tables_end_to_end(tmp_path, capsys):
