@@ -50,6 +50,7 @@ import time
 from pathlib import Path
 
 import torch
+from tqdm import tqdm
 
 from unsee.impl.kv import KVEngine
 from unsee.impl.models import load_model
@@ -109,7 +110,8 @@ def wait(engine: KVEngine) -> None:
 
 
 def measure_restore_overhead(engine: KVEngine, n: int, methods=METHODS, repeats: int = 15, chunks=(32,),
-                             tail: int = 256, build_chunk: int = 256, warmup: int = 5) -> list[dict]:
+                             tail: int = 256, build_chunk: int = 256, warmup: int = 5,
+                             progress: bool = False) -> list[dict]:
     """The restore overhead at ``n`` tokens for each method and first-prefill
     size (see the module docstring), in seconds. The checkpoint's lineage and
     the never-restored one are built once and serve every row."""
@@ -148,38 +150,38 @@ def measure_restore_overhead(engine: KVEngine, n: int, methods=METHODS, repeats:
         return {"wall": t1 - t0, "cpu": c1 - c0, "faults": f1 - f0}
 
     rows = []
-    for chunk in chunks:
+    cells = [(chunk, method) for chunk in chunks for method in methods]
+    for chunk, method in tqdm(cells, desc=f"restore at {n} tokens", unit="row", disable=not progress):
         block = tokens[n + tail:n + tail + chunk]  # the first block after the restore
-        for method in methods:
-            warm_faults = 0
-            for _ in range(warmup):  # allocator and kernels reach their steady state
-                warm_faults += restored(method, block)["faults"] + never_restored(block)["faults"]
-            pairs = []
-            for i in range(repeats):
-                if i % 2:
-                    b = never_restored(block)
-                    a = restored(method, block)
-                else:
-                    a = restored(method, block)
-                    b = never_restored(block)
-                pairs.append((a, b))
-            paired = [a["wall"] - b["wall"] for a, b in pairs]
-            paired_cpu = [a["cpu"] - b["cpu"] for a, b in pairs]
-            rows.append({"n": n, "method": method, "chunk": chunk, "repeats": repeats, "warmup": warmup,
-                         "tail": tail,
-                         "overhead_s": statistics.median(paired),
-                         "overhead_ci_s": get_median_interval(paired),
-                         # the calling thread's CPU time (one torch thread does the model work in it):
-                         # time the machine gives to other work does not count, page faults do
-                         "overhead_cpu_s": statistics.median(paired_cpu),
-                         "overhead_cpu_ci_s": get_median_interval(paired_cpu),
-                         "restore_only_s": statistics.median(a["restore"] for a, _ in pairs),
-                         "with_restore_s": statistics.median(a["wall"] for a, _ in pairs),
-                         "never_restored_s": statistics.median(b["wall"] for _, b in pairs),
-                         "copied_bytes": max(a["copied"] for a, _ in pairs),
-                         "faults_restored": sum(a["faults"] for a, _ in pairs),
-                         "faults_never_restored": sum(b["faults"] for _, b in pairs),
-                         "faults_warmup": warm_faults})
+        warm_faults = 0
+        for _ in range(warmup):  # allocator and kernels reach their steady state
+            warm_faults += restored(method, block)["faults"] + never_restored(block)["faults"]
+        pairs = []
+        for i in range(repeats):
+            if i % 2:
+                b = never_restored(block)
+                a = restored(method, block)
+            else:
+                a = restored(method, block)
+                b = never_restored(block)
+            pairs.append((a, b))
+        paired = [a["wall"] - b["wall"] for a, b in pairs]
+        paired_cpu = [a["cpu"] - b["cpu"] for a, b in pairs]
+        rows.append({"n": n, "method": method, "chunk": chunk, "repeats": repeats, "warmup": warmup,
+                     "tail": tail,
+                     "overhead_s": statistics.median(paired),
+                     "overhead_ci_s": get_median_interval(paired),
+                     # the calling thread's CPU time (one torch thread does the model work in it):
+                     # time the machine gives to other work does not count, page faults do
+                     "overhead_cpu_s": statistics.median(paired_cpu),
+                     "overhead_cpu_ci_s": get_median_interval(paired_cpu),
+                     "restore_only_s": statistics.median(a["restore"] for a, _ in pairs),
+                     "with_restore_s": statistics.median(a["wall"] for a, _ in pairs),
+                     "never_restored_s": statistics.median(b["wall"] for _, b in pairs),
+                     "copied_bytes": max(a["copied"] for a, _ in pairs),
+                     "faults_restored": sum(a["faults"] for a, _ in pairs),
+                     "faults_never_restored": sum(b["faults"] for _, b in pairs),
+                     "faults_warmup": warm_faults})
     engine.drop(source)
     engine.drop(reference)
     return rows
@@ -203,7 +205,8 @@ def run(model: str = "smollm2", lengths=(1024, 7168), methods=METHODS, repeats: 
     torch.set_num_threads(threads)
     engine = KVEngine(load_model(model, device=device, dtype=dtype))
     rows = [row for n in lengths
-            for row in measure_restore_overhead(engine, n, methods, repeats, chunks, tail, warmup=warmup)]
+            for row in measure_restore_overhead(engine, n, methods, repeats, chunks, tail, warmup=warmup,
+                                                progress=True)]
     return {"model": engine.lm.name, "device": engine.lm.device, "dtype": engine.lm.dtype, "threads": threads,
             "lengths": list(lengths), "chunks": list(chunks), "rows": rows, "command": None,
             "ratio": get_ratios(rows, "overhead_s"), "ratio_cpu": get_ratios(rows, "overhead_cpu_s")}

@@ -216,7 +216,9 @@ def describe_drafts(drafts: dict) -> str:
     return (f"{drafts['mode']}: {totals['accepted']} of {totals['draft']} draft tokens accepted, "
             f"{totals['fully_accepted_turns']} of {totals['turns']} turns without a decode step, "
             f"{totals['fallbacks']} fallback(s), {totals['probes']} probe(s), "
-            f"{totals.get('quoting', 0)} draft(s) quoting a forgotten item")
+            f"{totals.get('quoting', 0)} draft(s) quoting a forgotten item, "
+            f"{totals.get('lookup_accepted', 0)} of {totals.get('looked_up', 0)} guessed token(s) from the context "
+            "accepted")
 
 
 STORABLE_METHODS = ("none", "replay", "replay-decode", "reset")

@@ -71,6 +71,7 @@ def test_splice_equals_counterfactual_with_drafts(episode):
     with engine_scope(engine):
         report = compare_forget_with_reset(engine, episode, drafts=True)
         assert report.drafts["mode"] == "verify"
+        event(f"context guesses accepted: {report.drafts['totals']['lookup_accepted'] > 0}")
 
 
 #: The smallest episode a full (shrinking) search found where forget with the

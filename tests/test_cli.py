@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from unsee.impl.cli import main
+from unsee.impl.cli import describe_drafts, main
 from unsee.impl.demo import DEMO_EPISODE, run_demo
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -39,6 +39,16 @@ def test_run_text_report(capsys):
     assert main(["run", str(EXAMPLE), "--model", "tiny", "--probe", "Where?"]) == 0
     out = capsys.readouterr().out
     assert "tau      3" in out and "B7 Selective-Replay" in out and "probe" in out
+
+
+def test_describe_drafts_names_every_count():
+    totals = {"accepted": 5, "draft": 9, "fully_accepted_turns": 1, "turns": 3, "fallbacks": 0, "probes": 2,
+              "quoting": 1, "lookup_accepted": 4, "looked_up": 7}
+    line = describe_drafts({"mode": "verify", "totals": totals})
+    assert line == ("verify: 5 of 9 draft tokens accepted, 1 of 3 turns without a decode step, 0 fallback(s), "
+                    "2 probe(s), 1 draft(s) quoting a forgotten item, 4 of 7 guessed token(s) from the context "
+                    "accepted")
+    assert describe_drafts({"mode": "off", "why": "no bound"}) == "off (no bound)"
 
 
 @pytest.mark.parametrize("argv, needle", [
