@@ -615,19 +615,18 @@ class KVEngine(LineageBook):
             self.counters.decoded_tokens += 1
             if tok in stops or len(out) == max_new_tokens:
                 break  # the last token is not fed: the canonical prefill does it
-            guess = get_lookup(lin.tokens + [tok], max_new_tokens - len(out)) if lookup else []
+            lin.tokens.append(tok)  # fed just below, alone or with a guess
+            guess = get_lookup(lin.tokens, max_new_tokens - len(out)) if lookup else []
             ends = [i for i, g in enumerate(guess) if g in stops]
             if ends:  # a guess that ends the turn needs nothing after its stop id
                 del guess[ends[0] + 1:]
             if not guess:
                 logits = adapter.forward_last_logits(self.lm.model, [tok], lin.cache)
-                lin.tokens.append(tok)
                 self.counters.forward_calls += 1
                 continue
             threshold = get_threshold(self.draft_bound, temperature)
-            fed = len(lin.tokens) + 1  # the lineage's length with `tok` fed
+            fed = len(lin.tokens)  # the lineage's length with `tok` fed
             verify = adapter.forward_all_logits(self.lm.model, [tok] + guess, lin.cache)
-            lin.tokens.append(tok)
             lin.tokens.extend(guess)
             self.counters.forward_calls += 1
             self.counters.lookup_forwards += 1
