@@ -30,7 +30,7 @@ $(VENV)/.test-installed: $(VENV)/.installed pyproject.toml
 	touch $@
 
 demo: $(VENV)/.installed
-	$(PY) -m unsee.impl.cli demo
+	$(PY) -m unsee.impl.cli.main demo
 
 test: $(VENV)/.test-installed
 	$(PY) -m pytest -q

@@ -18,8 +18,8 @@ import pytest
 
 from unsee.bench.memory import make_compaction_episode, run_memory_bench
 from unsee.bench.restore import build, get_median_interval, get_ratios, get_tokens, measure_restore_overhead, restore
-from unsee.impl.kv import KVEngine
-from unsee.impl.models import load_model
+from unsee.impl.engines.hf.engine import KVEngine
+from unsee.impl.engines.hf.models import load_model
 from unsee.properties.differential import torch_threads
 
 STEPS = 200 if os.environ.get("UNSEE_PROFILE") == "nightly" else 60

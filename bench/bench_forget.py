@@ -13,9 +13,9 @@ import os
 import pytest
 
 from unsee.bench.episodes import make_bench_episode
-from unsee.impl.kv import KVEngine
-from unsee.impl.models import load_model
-from unsee.impl.runtime import AgentRuntime
+from unsee.impl.agent.runtime import AgentRuntime
+from unsee.impl.engines.hf.engine import KVEngine
+from unsee.impl.engines.hf.models import load_model
 
 MODEL = os.environ.get("UNSEE_BENCH_MODEL", "tiny")
 LENGTH = 12

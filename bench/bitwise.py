@@ -31,7 +31,8 @@ from pathlib import Path
 
 import torch
 
-from unsee.impl.engine import ENGINE_NAMES, Engine
+from unsee.impl.engines.protocol import Engine
+from unsee.impl.engines.registry import ENGINE_NAMES
 
 TEXT = ("<|im_start|>system\nYou are a helpful agent.<|im_end|>\n<|im_start|>user\nMy address is 4417 Elm "
         "Street and I pay the rent on the first of the month.<|im_end|>\n<|im_start|>assistant\nNoted: 4417 "
@@ -41,11 +42,11 @@ TEXT = ("<|im_start|>system\nYou are a helpful agent.<|im_end|>\n<|im_start|>use
 
 def build(name: str, threads: int) -> Engine:
     if name.startswith("llamacpp"):
-        from unsee.impl.llamacpp import LlamaCppEngine, load_llamacpp
+        from unsee.impl.engines.llamacpp.engine import LlamaCppEngine, load_llamacpp
 
         return LlamaCppEngine(load_llamacpp("tiny" if name == "llamacpp-tiny" else "smollm2", threads=threads))
-    from unsee.impl.kv import KVEngine
-    from unsee.impl.models import load_model
+    from unsee.impl.engines.hf.engine import KVEngine
+    from unsee.impl.engines.hf.models import load_model
 
     torch.set_num_threads(threads)
     return KVEngine(load_model(name))

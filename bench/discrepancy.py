@@ -2,7 +2,7 @@
 
 For each prompt the reference decodes a greedy turn one token at a time and
 keeps every decode step's logits. Two other paths then compute logits for the
-same positions, as draft replay does (impl/drafts.py):
+same positions, as draft replay does (impl/agent/drafts.py):
 
 - ``verify``: one multi-token forward over the whole turn (the verification
   prefill), logits at every position;
@@ -26,9 +26,9 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from unsee.impl import adapter
-from unsee.impl.drafts import get_draft_bound
-from unsee.impl.models import load_model
+from unsee.impl.engines.decoding import get_draft_bound
+from unsee.impl.engines.hf import adapter
+from unsee.impl.engines.hf.models import load_model
 
 TOPICS = ("the history of Paris", "how to bake bread", "planning a dinner party", "the rules of chess",
           "a trip to the mountains", "saving money each month", "learning to swim", "the planets of the solar system",

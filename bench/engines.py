@@ -24,8 +24,8 @@ import time
 from pathlib import Path
 
 from unsee.bench.episodes import make_bench_episode
-from unsee.impl.engine import ENGINE_NAMES, load_engine
-from unsee.impl.runtime import AgentRuntime
+from unsee.impl.agent.runtime import AgentRuntime
+from unsee.impl.engines.registry import ENGINE_NAMES, load_engine
 
 STRUCTURAL = ("tau", "boundary", "invocations", "closure")
 

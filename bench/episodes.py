@@ -13,7 +13,7 @@
 
 from __future__ import annotations
 
-from unsee.impl.episode import VERSION, Episode, parse_episode
+from unsee.impl.agent.episode import VERSION, Episode, parse_episode
 
 SECRET = "4417 Elm Street"
 

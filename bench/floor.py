@@ -22,7 +22,7 @@ checkpoint at ``boundary``), the counterfactual state needs at least:
   one forward per such turn below any real method.)
 
 :func:`compute_floor` counts those operations and times a raw run of exactly
-them on the same :class:`~unsee.impl.kv.KVEngine` in the same process (engine
+them on the same :class:`~unsee.impl.engines.hf.engine.KVEngine` in the same process (engine
 verbs only: ``new_lineage``, ``use``, ``prefill``, ``crop``; no runtime, no
 provenance, no sanitising). Restoring the prefix is set-up, outside the timed
 run: what a method spends on restore, verification or fallback re-decodes
@@ -42,9 +42,9 @@ import time
 
 import attrs
 
-from unsee.impl.kv import KVEngine
-from unsee.impl.provenance import DERIVED_TYPES, RuntimeBlock
-from unsee.impl.runtime import AgentRuntime
+from unsee.impl.agent.provenance import DERIVED_TYPES, RuntimeBlock
+from unsee.impl.agent.runtime import AgentRuntime
+from unsee.impl.engines.hf.engine import KVEngine
 
 
 @attrs.frozen

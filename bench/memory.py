@@ -25,10 +25,10 @@ from pathlib import Path
 
 import torch
 
-from unsee.impl.episode import Episode, parse_episode
-from unsee.impl.kv import KVEngine
-from unsee.impl.models import load_model
-from unsee.impl.runtime import AgentRuntime
+from unsee.impl.agent.episode import Episode, parse_episode
+from unsee.impl.agent.runtime import AgentRuntime
+from unsee.impl.engines.hf.engine import KVEngine
+from unsee.impl.engines.hf.models import load_model
 
 SECRET = "4417 Elm Street"
 _USER = ("What should I buy for dinner?", "Remind me of the guest list.", "Which wine goes with fish?",

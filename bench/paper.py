@@ -7,11 +7,11 @@ indep sweep, checkpoint granularity and target position (issue 8, item 4).
 Writes ``paper.json`` (every row), one PNG per table and ``paper.md``, a
 markdown fragment with each table, the command that made it and the paper's
 numbers beside ours. Every method runs on a fork of one contaminated session
-per episode (:func:`unsee.impl.baselines.apply_method`), so rows are paired;
+per episode (:func:`unsee.impl.methods.baselines.apply_method`), so rows are paired;
 wall times are medians (p50) over ``--rounds`` rounds. The compute floor
 (:mod:`unsee.bench.floor`) is measured once per round from the full reset's
 counterfactual and the forget's restore boundary. Methods this build does
-not have (``METHODS`` in impl/baselines.py) are skipped with a note.
+not have (``METHODS`` in impl/methods/baselines.py) are skipped with a note.
 """
 
 from __future__ import annotations
@@ -29,12 +29,12 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from unsee.impl.baselines import METHODS, PAPER_NAMES, apply_method
-from unsee.impl.episode import CHECKPOINT_POLICIES, Episode
-from unsee.impl.kv import KVEngine
-from unsee.impl.models import load_model
-from unsee.impl.report import fmt
-from unsee.impl.runtime import AgentRuntime
+from unsee.impl.agent.episode import CHECKPOINT_POLICIES, Episode
+from unsee.impl.agent.runtime import AgentRuntime
+from unsee.impl.engines.hf.engine import KVEngine
+from unsee.impl.engines.hf.models import load_model
+from unsee.impl.eval.report import fmt
+from unsee.impl.methods.baselines import METHODS, PAPER_NAMES, apply_method
 
 from .episodes import make_bench_episode, make_indep_episode
 from .floor import compute_floor, get_excess
@@ -72,7 +72,7 @@ def get_methods(wanted: Sequence[str], notes: list[str]) -> list[str]:
         if method in METHODS:
             out.append(method)
         else:
-            note = f"skipped {method!r}: not a method of this build (impl/baselines.py METHODS)"
+            note = f"skipped {method!r}: not a method of this build (impl/methods/baselines.py METHODS)"
             if note not in notes:
                 notes.append(note)
                 print(f"note: {note}", file=sys.stderr)

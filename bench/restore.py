@@ -52,8 +52,8 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from unsee.impl.kv import KVEngine
-from unsee.impl.models import load_model
+from unsee.impl.engines.hf.engine import KVEngine
+from unsee.impl.engines.hf.models import load_model
 
 METHODS = ("share", "clone")
 BOOTSTRAP_RESAMPLES = 2000

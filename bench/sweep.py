@@ -17,10 +17,10 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from unsee.impl.baselines import apply_method
-from unsee.impl.kv import KVEngine
-from unsee.impl.models import load_model
-from unsee.impl.runtime import AgentRuntime
+from unsee.impl.agent.runtime import AgentRuntime
+from unsee.impl.engines.hf.engine import KVEngine
+from unsee.impl.engines.hf.models import load_model
+from unsee.impl.methods.baselines import apply_method
 
 from .episodes import make_bench_episode
 

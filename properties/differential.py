@@ -32,14 +32,28 @@ from typing import Any
 import attrs
 import torch
 
-from unsee.impl.episode import Episode, Settings, Step
-from unsee.impl.episode import Item as StepItem
-from unsee.impl.engine import Engine
-from unsee.impl.runtime import AgentRuntime, ForgetReport, sanitize_step
-from unsee.properties.episodes import get_tau
-from unsee.spec import (Item, Observation, Run, SpliceResult, StepFunction, compute_replay_invocations,
-                        counterfactual_trajectory, first_entry, first_entry_turn, get_influence_set,
-                        get_restore_boundary, influence_is_monotone, locate_source, run_session, splice)
+from unsee.impl.agent.episode import Episode, Settings, Step
+from unsee.impl.agent.episode import Item as StepItem
+from unsee.impl.agent.runtime import AgentRuntime, ForgetReport, sanitize_step
+from unsee.impl.conform.episodes import get_tau
+from unsee.impl.engines.protocol import Engine
+from unsee.spec import (
+    Item,
+    Observation,
+    Run,
+    SpliceResult,
+    StepFunction,
+    compute_replay_invocations,
+    counterfactual_trajectory,
+    first_entry,
+    first_entry_turn,
+    get_influence_set,
+    get_restore_boundary,
+    influence_is_monotone,
+    locate_source,
+    run_session,
+    splice,
+)
 
 #: The source id of the structural item that carries a step's id, kind and tool.
 MARKER = "@step"
@@ -489,8 +503,8 @@ def compare_prefix_cache_reset_with_reset(engine: Engine, episode: Episode, targ
     the same base state: the same digest, generated tokens, transitions and
     decoded tokens; B5' prefills no more than B5, and what it did not
     prefill the cache served (prefilled' + reused' == prefilled). Returns
-    B5''s :class:`~unsee.impl.baselines.MethodResult`."""
-    from unsee.impl.baselines import apply_method  # baselines import the runtime; keep this module light
+    B5''s :class:`~unsee.impl.methods.baselines.MethodResult`."""
+    from unsee.impl.methods.baselines import apply_method  # baselines import the runtime; keep this module light
 
     target = get_target(episode, target)
     base = run_episode(engine, episode)

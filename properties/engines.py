@@ -1,7 +1,7 @@
 """Which engines the properties run on: ``UNSEE_ENGINE``.
 
 ``UNSEE_ENGINE`` names one engine or several, comma-separated, from
-:data:`unsee.impl.engine.ENGINE_NAMES`: ``tiny`` and ``smollm2`` (transformers),
+:data:`unsee.impl.engines.protocol.ENGINE_NAMES`: ``tiny`` and ``smollm2`` (transformers),
 ``llamacpp-tiny`` (llama.cpp over the tiny random GGUF) and ``llamacpp``
 (llama.cpp over the embedded SmolLM2 GGUF). Unset, the engine-level
 properties run on ``tiny`` and, where llama-cpp-python is installed,
@@ -20,7 +20,8 @@ from __future__ import annotations
 import functools
 import os
 
-from unsee.impl.engine import ENGINE_NAMES, Engine
+from unsee.impl.engines.protocol import Engine
+from unsee.impl.engines.registry import ENGINE_NAMES
 
 
 def _requested() -> list[str] | None:
@@ -35,7 +36,7 @@ def _requested() -> list[str] | None:
 
 
 def llamacpp_available() -> bool:
-    from unsee.impl.llamacpp import available
+    from unsee.impl.engines.llamacpp.engine import available
 
     return available()
 
@@ -61,10 +62,10 @@ def other_engine_names() -> list[str]:
 @functools.cache
 def _model(name: str):
     if name.startswith("llamacpp"):
-        from unsee.impl.llamacpp import load_llamacpp
+        from unsee.impl.engines.llamacpp.engine import load_llamacpp
 
         return load_llamacpp("tiny" if name == "llamacpp-tiny" else "smollm2", threads=1, n_ctx=4096)
-    from unsee.impl.models import load_model
+    from unsee.impl.engines.hf.models import load_model
 
     return load_model(name)
 
@@ -72,9 +73,9 @@ def _model(name: str):
 def make_engine(name: str, kv_budget: int | None = None) -> Engine:
     """A fresh engine of kind ``name`` (the model is loaded once)."""
     if name.startswith("llamacpp"):
-        from unsee.impl.llamacpp import LlamaCppEngine
+        from unsee.impl.engines.llamacpp.engine import LlamaCppEngine
 
         return LlamaCppEngine(_model(name), kv_budget=kv_budget)
-    from unsee.impl.kv import KVEngine
+    from unsee.impl.engines.hf.engine import KVEngine
 
     return KVEngine(_model(name), kv_budget=kv_budget)

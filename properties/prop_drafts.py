@@ -1,4 +1,4 @@
-"""Verified draft replay (impl/drafts.py) keeps forget exact.
+"""Verified draft replay (impl/agent/drafts.py) keeps forget exact.
 
 ======================================================  ===========================================================
 test                                                    checks
@@ -40,13 +40,19 @@ from hypothesis import Phase, event, example, find, given, settings
 from hypothesis import strategies as st
 from hypothesis.errors import NoSuchExample
 
-from unsee.impl.episode import parse_episode
-from unsee.impl.kv import KVEngine
-from unsee.impl.models import load_model
-from unsee.impl.runtime import AgentRuntime
-from unsee.properties.differential import (compare_forget_with_reset, compare_replay_with_and_without_drafts,
-                                           describe_episode, engine_scope, run_episode, torch_threads)
-from unsee.properties.episodes import episodes, indep_episodes, scaled
+from unsee.impl.agent.episode import parse_episode
+from unsee.impl.agent.runtime import AgentRuntime
+from unsee.impl.conform.episodes import episodes, indep_episodes, scaled
+from unsee.impl.engines.hf.engine import KVEngine
+from unsee.impl.engines.hf.models import load_model
+from unsee.properties.differential import (
+    compare_forget_with_reset,
+    compare_replay_with_and_without_drafts,
+    describe_episode,
+    engine_scope,
+    run_episode,
+    torch_threads,
+)
 
 
 @functools.cache
@@ -251,7 +257,7 @@ def test_oracle_is_exact_exactly_when_its_labels_are_right(episode):
         event(f"wrong label visible in the digest: {report.digest != reference.digest}" if wrong else "labels right")
 
 
-# --- context lookup (guesses from the lineage's own tokens, impl/drafts.py) -------
+# --- context lookup (guesses from the lineage's own tokens, impl/agent/drafts.py) -------
 
 #: Contexts that repeat themselves (a segment 1-3 times), so that the
 #: lineage's n-grams recur and guesses are offered; the tiny models also

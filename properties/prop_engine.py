@@ -11,7 +11,7 @@ reset_prefix_cache_equals_reset        B5' (reset served by the prefix cache) ==
                                        and prefilled + reused == B5's prefilled
 =====================================  ==========================================================
 
-Episodes come from ``properties/episodes.py``; each example builds its own
+Episodes come from ``impl/conform/episodes.py``; each example builds its own
 engine (the model is loaded once), so budgets and evictions never leak
 between examples.
 """
@@ -24,12 +24,15 @@ import pytest
 from hypothesis import event, example, given
 from hypothesis import strategies as st
 
-from unsee.impl.episode import parse_episode
-from unsee.impl.kv import KVEngine
-from unsee.impl.models import LoadedModel, load_model
-from unsee.properties.differential import (compare_forget_with_reset_under_budget,
-                                           compare_prefix_cache_reset_with_reset, torch_threads)
-from unsee.properties.episodes import episodes, get_coverage_labels, scaled
+from unsee.impl.agent.episode import parse_episode
+from unsee.impl.conform.episodes import episodes, get_coverage_labels, scaled
+from unsee.impl.engines.hf.engine import KVEngine
+from unsee.impl.engines.hf.models import LoadedModel, load_model
+from unsee.properties.differential import (
+    compare_forget_with_reset_under_budget,
+    compare_prefix_cache_reset_with_reset,
+    torch_threads,
+)
 
 #: An upper end for drawn budgets: about the KV of 400 tokens of the tiny
 #: model (2 layers x K,V x 2 heads x 16 dims x 4 bytes = 512 bytes a token),

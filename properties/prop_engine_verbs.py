@@ -31,10 +31,10 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from unsee.impl.drafts import get_scores, pick
+from unsee.impl.conform.episodes import scaled
+from unsee.impl.engines.decoding import get_scores, pick
 from unsee.properties.differential import torch_threads
 from unsee.properties.engines import make_engine, verb_engine_names
-from unsee.properties.episodes import scaled
 
 #: Token ids are drawn below 256: valid in every engine's vocabulary (the
 #: tiny models' byte ids, ordinary tokens of SmolLM2).

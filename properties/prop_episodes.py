@@ -1,4 +1,4 @@
-"""Properties of the episode generators (properties/episodes.py).
+"""Properties of the episode generators (impl/conform/episodes.py).
 
 ===================================  =============================================================
 test                                 checks
@@ -23,13 +23,23 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from unsee.impl.episode import MODEL_TURN_KINDS, Episode, episode_to_json, parse_episode
-from unsee.impl.kv import KVEngine
-from unsee.impl.models import load_model
-from unsee.impl.text import get_variants, normalize
+from unsee.impl.agent.episode import MODEL_TURN_KINDS, Episode, episode_to_json, parse_episode
+from unsee.impl.conform.episodes import (
+    INDEP_LEVELS,
+    TARGET,
+    episode_jsons,
+    get_indep,
+    get_tau,
+    indep_episode_jsons,
+    indep_episodes,
+    rare_secrets,
+    scaled,
+    secrets,
+)
+from unsee.impl.engines.hf.engine import KVEngine
+from unsee.impl.engines.hf.models import load_model
+from unsee.impl.util.text import get_variants, normalize
 from unsee.properties.differential import compare_forget_with_reset, engine_scope, torch_threads
-from unsee.properties.episodes import (INDEP_LEVELS, TARGET, episode_jsons, get_indep, get_tau, indep_episode_jsons,
-                                       indep_episodes, rare_secrets, scaled, secrets)
 
 
 @given(raw=st.one_of(episode_jsons(secrets=secrets() | rare_secrets(), framed=True), episode_jsons(),

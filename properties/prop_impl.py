@@ -1,6 +1,6 @@
 """Differential properties of the runtime on the tiny model (:mod:`unsee.impl`).
 
-Hypothesis draws whole episodes (``properties/episodes.py``: 2-8 steps of
+Hypothesis draws whole episodes (``impl/conform/episodes.py``: 2-8 steps of
 every kind, one target entering at any ``tau``, greedy or seeded sampling,
 every checkpoint policy) and runs them on the tiny random Llama; the
 comparisons of ``properties/differential.py`` run both sides of each claim
@@ -54,22 +54,48 @@ import json
 import pytest
 from hypothesis import event, example, given, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import (Bundle, RuleBasedStateMachine, consumes, initialize, invariant, multiple,
-                                 precondition, rule)
+from hypothesis.stateful import (
+    Bundle,
+    RuleBasedStateMachine,
+    consumes,
+    initialize,
+    invariant,
+    multiple,
+    precondition,
+    rule,
+)
 
-from unsee.impl.episode import Settings, parse_episode
-from unsee.impl.kv import KVEngine
-from unsee.impl.models import load_model
-from unsee.impl.runtime import AgentRuntime
-from unsee.properties.differential import (check_agreement, compare_forget_with_counterfactual,
-                                           compare_forget_with_reset, compare_graph_with_spec,
-                                           compare_no_forget_with_reset, compare_prefix_with_counterfactual,
-                                           compare_replay_cost, compare_with_spec, describe_runtime,
-                                           engine_scope, get_counterfactual_steps, run_episode,
-                                           torch_threads)
+from unsee.impl.agent.episode import Settings, parse_episode
+from unsee.impl.agent.runtime import AgentRuntime
+from unsee.impl.conform.episodes import (
+    SYSTEMS,
+    episodes,
+    get_coverage_labels,
+    get_tau,
+    parse_step,
+    runtime_settings,
+    scaled,
+    step_jsons,
+    texts,
+)
+from unsee.impl.engines.hf.engine import KVEngine
+from unsee.impl.engines.hf.models import load_model
+from unsee.properties.differential import (
+    check_agreement,
+    compare_forget_with_counterfactual,
+    compare_forget_with_reset,
+    compare_graph_with_spec,
+    compare_no_forget_with_reset,
+    compare_prefix_with_counterfactual,
+    compare_replay_cost,
+    compare_with_spec,
+    describe_runtime,
+    engine_scope,
+    get_counterfactual_steps,
+    run_episode,
+    torch_threads,
+)
 from unsee.properties.engines import make_engine
-from unsee.properties.episodes import (SYSTEMS, episodes, get_coverage_labels, get_tau, parse_step, runtime_settings,
-                                       scaled, step_jsons, texts)
 
 
 @functools.cache

@@ -30,13 +30,23 @@ import functools
 import pytest
 from hypothesis import example, given, settings
 
-from unsee.properties.differential import (compare_forget_with_counterfactual, compare_forget_with_reset,
-                                           compare_prefix_with_counterfactual, compare_replay_cost, engine_scope,
-                                           run_episode)
+from unsee.impl.conform.episodes import episodes, get_tau, scaled
+from unsee.properties.differential import (
+    compare_forget_with_counterfactual,
+    compare_forget_with_reset,
+    compare_prefix_with_counterfactual,
+    compare_replay_cost,
+    engine_scope,
+    run_episode,
+)
 from unsee.properties.engines import make_engine, other_engine_names
-from unsee.properties.episodes import episodes, get_tau, scaled
-from unsee.properties.prop_impl import (ACROSS_SESSIONS, AFTER_COMPACTION, SpliceEqualsCounterfactualMachine,
-                                        engine_for, note_coverage, single_thread)  # noqa: F401 (a fixture)
+from unsee.properties.prop_impl import (
+    ACROSS_SESSIONS,
+    AFTER_COMPACTION,
+    SpliceEqualsCounterfactualMachine,
+    engine_for,  # noqa: F401 (a fixture)
+    note_coverage,
+)
 
 ENGINES = other_engine_names()
 pytestmark = pytest.mark.skipif(not ENGINES, reason="no other engine: llama-cpp-python is not installed "

@@ -21,11 +21,10 @@ import importlib.util
 import pytest
 from hypothesis import event, given
 
-from unsee.impl.kv import KVEngine
-from unsee.impl.models import load_model
-from unsee.properties.differential import compare_forget_with_reset, compare_replay_cost, engine_scope, \
-    torch_threads
-from unsee.properties.episodes import episodes, get_coverage_labels, scaled
+from unsee.impl.conform.episodes import episodes, get_coverage_labels, scaled
+from unsee.impl.engines.hf.engine import KVEngine
+from unsee.impl.engines.hf.models import load_model
+from unsee.properties.differential import compare_forget_with_reset, compare_replay_cost, engine_scope, torch_threads
 
 pytestmark = [
     pytest.mark.smollm2,

@@ -18,10 +18,21 @@ from hypothesis import find
 from hypothesis import strategies as st
 from hypothesis.errors import NoSuchExample
 
-from unsee.properties.strategies import (BAD_SANITIZERS, HASH_CHAIN, UNSEEDED_SAMPLER, SpliceCase, bad_sanitizers,
-                                         effectful_runs, get_initial_state, is_splice_counterexample,
-                                         print_splice, search_settings, splice_cases, step_functions,
-                                         unseeded_samplers)
+from unsee.properties.strategies import (
+    BAD_SANITIZERS,
+    HASH_CHAIN,
+    UNSEEDED_SAMPLER,
+    SpliceCase,
+    bad_sanitizers,
+    effectful_runs,
+    get_initial_state,
+    is_splice_counterexample,
+    print_splice,
+    search_settings,
+    splice_cases,
+    step_functions,
+    unseeded_samplers,
+)
 from unsee.spec import CommittedEffect, Item, Observation, record_observations
 
 #: Where splice looks up each assumption's check.

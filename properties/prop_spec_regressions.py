@@ -8,8 +8,17 @@ them fixed.
 from __future__ import annotations
 
 from unsee.properties.strategies import HASH_CHAIN, SELECTIVE_READ, get_initial_state, make_seeded_sampler
-from unsee.spec import (Item, Observation, Run, StepFunction, draw_unseeded_entropy, replay_cost_is_optimal,
-                        run_session, splice, splice_equals_counterfactual)
+from unsee.spec import (
+    Item,
+    Observation,
+    Run,
+    StepFunction,
+    draw_unseeded_entropy,
+    replay_cost_is_optimal,
+    run_session,
+    splice,
+    splice_equals_counterfactual,
+)
 
 
 def test_replay_cost_is_optimal_exempts_any_stored_goal():

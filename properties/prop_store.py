@@ -1,4 +1,4 @@
-"""Properties of persisted sessions (:mod:`unsee.impl.store`) on the tiny model.
+"""Properties of persisted sessions (:mod:`unsee.impl.store.sqlite`) on the tiny model.
 
 =====================================  ========================================================
 test                                   checks
@@ -36,7 +36,7 @@ derived artifacts before the forget - answers, plans, memory notes, summaries,
 the memory block a new session re-injects, and every later prompt and token
 run - and the property checks that none of it survives in the stored bytes.
 The episodes' other texts never contain a variant of the target (its targets
-come from ``rare_secrets`` in properties/episodes.py), so any hit is residue
+come from ``rare_secrets`` in impl/conform/episodes.py), so any hit is residue
 (a value that another source also holds is not the target's alone; the store
 cannot and does not erase it, see docs/persistence.md).
 """
@@ -56,17 +56,28 @@ import torch
 from hypothesis import HealthCheck, assume, given, note, settings
 from hypothesis import strategies as st
 
-from unsee.impl.episode import (CHECKPOINT_POLICIES, FORMAT, READ_VERSIONS, STEP_KINDS, VERSION, EpisodeError, Episode,
-                                Item, Step, load_episode, parse_episode)
-from unsee.impl.kv import KVEngine
-from unsee.impl.models import load_model
-from unsee.impl.provenance import RuntimeBlock, UnknownSourceError
-from unsee.impl.runtime import END, START, AgentRuntime, AmbiguousTargetError, TargetNotFoundError
-from unsee.impl.store import PersistentSession, SessionStore, find_residue, session_files
-from unsee.impl.text import normalize
-from unsee.properties.episodes import TARGET, texts
-from unsee.properties.episodes import episode_jsons as shared_episode_jsons
-from unsee.properties.episodes import rare_secrets as secrets  # the store's targets: values no other text holds
+from unsee.impl.agent.episode import (
+    CHECKPOINT_POLICIES,
+    FORMAT,
+    READ_VERSIONS,
+    STEP_KINDS,
+    VERSION,
+    Episode,
+    EpisodeError,
+    Item,
+    Step,
+    load_episode,
+    parse_episode,
+)
+from unsee.impl.agent.provenance import RuntimeBlock, UnknownSourceError
+from unsee.impl.agent.runtime import END, START, AgentRuntime, AmbiguousTargetError, TargetNotFoundError
+from unsee.impl.conform.episodes import TARGET, texts
+from unsee.impl.conform.episodes import episode_jsons as shared_episode_jsons
+from unsee.impl.conform.episodes import rare_secrets as secrets  # the store's targets: values no other text holds
+from unsee.impl.engines.hf.engine import KVEngine
+from unsee.impl.engines.hf.models import load_model
+from unsee.impl.store.sqlite import PersistentSession, find_residue, session_files
+from unsee.impl.util.text import normalize
 
 # --- set-up ------------------------------------------------------------------------------
 
@@ -99,7 +110,7 @@ def scratch() -> Path:
 # --- episodes --------------------------------------------------------------------------------
 
 def episode_jsons(min_steps: int = 2, max_steps: int = 6) -> st.SearchStrategy[dict]:
-    """The shared generator (properties/episodes.py) with targets no other text
+    """The shared generator (impl/conform/episodes.py) with targets no other text
     holds (``rare_secrets``, imported as ``secrets``), framed in a longer observation, and short turns."""
     return shared_episode_jsons(min_steps, max_steps, max_new_tokens=(1, 3), secrets=secrets(), framed=True)
 
@@ -369,7 +380,7 @@ def test_malformed_episode_files_raise_episode_error(content):
 
 
 # Laxities the episode reader once had (found by this fuzz, fixed in
-# impl/episode.py): each input is malformed and must raise EpisodeError.
+# impl/agent/episode.py): each input is malformed and must raise EpisodeError.
 
 LAXITIES = {
     "version true": lambda r: r.__setitem__("version", True),

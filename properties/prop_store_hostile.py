@@ -26,13 +26,13 @@ import torch
 from hypothesis import HealthCheck, example, given, note, settings
 from hypothesis import strategies as st
 
-from unsee.impl import store as store_mod
-from unsee.impl.episode import FORMAT, VERSION, parse_episode
-from unsee.impl.kv import KVEngine
-from unsee.impl.models import load_model
-from unsee.impl.runtime import AgentRuntime
-from unsee.impl.store import PersistentSession, SessionStore, StoreError, session_files
-from unsee.impl.verify import FAILED, VERIFIED, verify_store
+from unsee.impl.agent.episode import FORMAT, VERSION, parse_episode
+from unsee.impl.agent.runtime import AgentRuntime
+from unsee.impl.engines.hf.engine import KVEngine
+from unsee.impl.engines.hf.models import load_model
+from unsee.impl.store import sqlite as store_mod
+from unsee.impl.store.sqlite import PersistentSession, SessionStore, StoreError, session_files
+from unsee.impl.store.verify import FAILED, VERIFIED, verify_store
 
 HOSTILE: Counter = Counter()  # kinds tried, printed at the end
 

@@ -34,15 +34,23 @@ import torch
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from unsee.impl.episode import Item, Step
-from unsee.impl.tools import Environment, Tool, ToolAgentRuntime
-from unsee.impl.checkpoints import CHECKPOINT_POLICIES
-from unsee.impl.episode import Episode, Settings
-from unsee.impl.store import PersistentSession
-from unsee.impl.verify import VERIFIED, verify_store
-from unsee.impl.tools import READ_MODES
-from unsee.properties.prop_tools import (ENGINE, INITIAL, REQUESTS, Case, candidates, case_tools, drafts,
-                                         number, release, reply_chains)
+from unsee.impl.agent.checkpoints import CHECKPOINT_POLICIES
+from unsee.impl.agent.episode import Episode, Item, Settings, Step
+from unsee.impl.agent.tools import READ_MODES, Environment, Tool, ToolAgentRuntime
+from unsee.impl.store.sqlite import PersistentSession
+from unsee.impl.store.verify import VERIFIED, verify_store
+from unsee.properties.prop_tools import (
+    ENGINE,
+    INITIAL,
+    REQUESTS,
+    Case,
+    candidates,
+    case_tools,
+    drafts,
+    number,
+    release,
+    reply_chains,
+)
 
 TOTALS: Counter = Counter()
 

@@ -46,11 +46,11 @@ import torch
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from unsee.impl.checkpoints import CHECKPOINT_POLICIES
-from unsee.impl.episode import Episode, Item, Settings, Step
-from unsee.impl.kv import KVEngine
-from unsee.impl.models import load_model
-from unsee.impl.tools import READ_MODES, Environment, Tool, ToolAgentRuntime, default_tools, result_source
+from unsee.impl.agent.checkpoints import CHECKPOINT_POLICIES
+from unsee.impl.agent.episode import Episode, Item, Settings, Step
+from unsee.impl.agent.tools import READ_MODES, Environment, Tool, ToolAgentRuntime, default_tools, result_source
+from unsee.impl.engines.hf.engine import KVEngine
+from unsee.impl.engines.hf.models import load_model
 
 ENGINE = KVEngine(load_model("tiny"))  # loaded once per module
 

@@ -27,10 +27,27 @@ import attrs
 from hypothesis import Phase, settings
 from hypothesis import strategies as st
 
-from unsee.spec import (OBSERVATION_KINDS, Artifact, CommittedEffect, Item, Observation, ProvenanceGraph, Run, StepFunction,
-                        add_artifact, counterfactual_stream, draw_unseeded_entropy, first_entry,
-                        record_observations, remove_item, run_session, sanitize_observation, splice,
-                        splice_equals_counterfactual, trajectory)
+from unsee.spec import (
+    OBSERVATION_KINDS,
+    Artifact,
+    CommittedEffect,
+    Item,
+    Observation,
+    ProvenanceGraph,
+    Run,
+    StepFunction,
+    add_artifact,
+    counterfactual_stream,
+    draw_unseeded_entropy,
+    first_entry,
+    record_observations,
+    remove_item,
+    run_session,
+    sanitize_observation,
+    splice,
+    splice_equals_counterfactual,
+    trajectory,
+)
 from unsee.spec.transition import State
 
 # --- example budgets ---------------------------------------------------------

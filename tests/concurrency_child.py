@@ -15,7 +15,7 @@ Operations (``{"op": ..., "pause": [POINT, SECONDS] | null, ...}``):
 - ``hold``: take the store's write lock and keep it ``seconds`` (a writer that
   takes its time), to show a bounded wait ending in "busy".
 
-``pause`` sleeps at a named point of impl/store.py's ``HOOKS``: ``load:before``,
+``pause`` sleeps at a named point of impl/store/sqlite.py's ``HOOKS``: ``load:before``,
 ``commit:before``, ``commit:begin`` (holding the write lock), ``commit:end``.
 """
 
@@ -31,7 +31,7 @@ import time
 
 
 def _arm(pause) -> None:
-    from unsee.impl import store
+    from unsee.impl.store import sqlite as store
 
     if pause:
         point, seconds = pause
@@ -45,10 +45,10 @@ def run_op(spec: dict) -> dict:
     _arm(spec.get("pause"))
     db = spec["db"]
     if spec["op"] == "step":
-        from unsee.impl.episode import Item, Step
-        from unsee.impl.kv import KVEngine
-        from unsee.impl.models import load_model
-        from unsee.impl.store import PersistentSession, StoreConflictError
+        from unsee.impl.agent.episode import Item, Step
+        from unsee.impl.engines.hf.engine import KVEngine
+        from unsee.impl.engines.hf.models import load_model
+        from unsee.impl.store.sqlite import PersistentSession, StoreConflictError
 
         step = Step(spec["step"], "user", (Item(spec["step"], spec["text"]),))
         session = PersistentSession.open(db, KVEngine(load_model("tiny")))
@@ -59,7 +59,7 @@ def run_op(spec: dict) -> dict:
                 break
             except StoreConflictError:
                 conflicts += 1  # the newer state wins; redo the step on it
-                from unsee.impl import store
+                from unsee.impl.store import sqlite as store
 
                 store.HOOKS.clear()
                 session.reload()
@@ -71,7 +71,7 @@ def run_op(spec: dict) -> dict:
         time.sleep(spec["seconds"])
         conn.execute("ROLLBACK")
         return {"code": 0}
-    from unsee.impl.cli import main
+    from unsee.impl.cli.main import main
 
     argv = (["forget", db, spec["source"], "--json", "--wait", str(spec.get("wait", 10.0))]
             if spec["op"] == "forget" else ["verify", db, "--json"])

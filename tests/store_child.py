@@ -57,7 +57,7 @@ def weaken(what: str | None) -> None:
     """Turn one residue defence off in this (child) process."""
     import sqlite3
 
-    from unsee.impl import store
+    from unsee.impl.store import sqlite as store
 
     if not what:
         return
@@ -108,8 +108,8 @@ def run_trial(lm, db: str, source: str, mode: str, arg, stats_path: str | None =
               announce: bool = False, weakened: str | None = None) -> None:
     """Open ``db``, forget ``source`` under the armed kill; write statistics
     to ``stats_path`` when the forget completes (mode ``none``)."""
-    from unsee.impl.kv import KVEngine
-    from unsee.impl.store import PersistentSession
+    from unsee.impl.engines.hf.engine import KVEngine
+    from unsee.impl.store.sqlite import PersistentSession
 
     weaken(weakened)
 
@@ -165,7 +165,7 @@ def _setup() -> None:
 
 
 def _tiny():
-    from unsee.impl.models import load_model
+    from unsee.impl.engines.hf.models import load_model
 
     return load_model("tiny")
 
@@ -176,10 +176,11 @@ def zygote() -> None:
     # hang. Each child builds the tiny model itself (milliseconds).
     _setup()
     import concurrency_child  # (beside this script)
-    import unsee.impl.cli  # noqa: F401
-    import unsee.impl.models  # noqa: F401
-    import unsee.impl.store  # noqa: F401
-    import unsee.impl.verify  # noqa: F401
+
+    import unsee.impl.cli.main  # noqa: F401
+    import unsee.impl.engines.hf.models  # noqa: F401
+    import unsee.impl.store.sqlite  # noqa: F401
+    import unsee.impl.store.verify  # noqa: F401
 
     print(json.dumps({"ready": True}), flush=True)
     for line in sys.stdin:
@@ -217,10 +218,10 @@ def zygote() -> None:
 
 
 def resume(db: str, episode_path: str, k: int, source: str | None) -> None:
-    from unsee.impl.episode import load_episode
-    from unsee.impl.kv import KVEngine
-    from unsee.impl.models import load_model
-    from unsee.impl.store import PersistentSession
+    from unsee.impl.agent.episode import load_episode
+    from unsee.impl.engines.hf.engine import KVEngine
+    from unsee.impl.engines.hf.models import load_model
+    from unsee.impl.store.sqlite import PersistentSession
 
     _setup()
     episode = load_episode(episode_path)

@@ -7,9 +7,9 @@ import torch
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaAttention, eager_attention_forward
 
-from unsee.impl import adapter
-from unsee.impl.kv import KVEngine
-from unsee.impl.models import load_model
+from unsee.impl.engines.hf import adapter
+from unsee.impl.engines.hf.engine import KVEngine
+from unsee.impl.engines.hf.models import load_model
 
 
 def get_attention_module(heads: int, kv_heads: int) -> LlamaAttention:

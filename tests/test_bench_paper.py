@@ -11,13 +11,13 @@ from hypothesis import event, example, given
 
 from unsee.bench.floor import EXCESS_REASONS, compute_floor, get_excess
 from unsee.bench.paper import main as paper_main
-from unsee.impl.baselines import METHODS
-from unsee.impl.episode import parse_episode
-from unsee.impl.kv import KVEngine
-from unsee.impl.models import load_model
-from unsee.impl.runtime import AgentRuntime, render_memory
+from unsee.impl.agent.episode import parse_episode
+from unsee.impl.agent.runtime import AgentRuntime, render_memory
+from unsee.impl.conform.episodes import episodes, scaled
+from unsee.impl.engines.hf.engine import KVEngine
+from unsee.impl.engines.hf.models import load_model
+from unsee.impl.methods.baselines import METHODS
 from unsee.properties.differential import engine_scope, torch_threads
-from unsee.properties.episodes import episodes, scaled
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from unsee.impl.cli import describe_drafts, main
-from unsee.impl.demo import DEMO_EPISODE, run_demo
+from unsee.impl.cli.demo import DEMO_EPISODE, run_demo
+from unsee.impl.cli.main import describe_drafts, main
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "secret_in_tool_result.json"

@@ -19,12 +19,12 @@ import pytest
 import torch
 from hypothesis import settings
 
-from unsee.impl.episode import FORMAT, VERSION, Item, Step, parse_episode
-from unsee.impl.kv import KVEngine
-from unsee.impl.models import load_model
-from unsee.impl.runtime import AgentRuntime
-from unsee.impl.store import PersistentSession, SessionStore, StoreConflictError
-from unsee.impl.verify import VERIFIED, verify_store
+from unsee.impl.agent.episode import FORMAT, VERSION, Item, Step, parse_episode
+from unsee.impl.agent.runtime import AgentRuntime
+from unsee.impl.engines.hf.engine import KVEngine
+from unsee.impl.engines.hf.models import load_model
+from unsee.impl.store.sqlite import PersistentSession, SessionStore, StoreConflictError
+from unsee.impl.store.verify import VERIFIED, verify_store
 
 EPISODE = {
     "format": FORMAT, "version": VERSION, "system": "You are a helpful agent.", "settings": {"max_new_tokens": 3},

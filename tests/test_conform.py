@@ -1,4 +1,4 @@
-"""The conformance harness (impl/conform.py, docs/conformance.md): our runtime
+"""The conformance harness (impl/conform/harness.py, docs/conformance.md): our runtime
 conforms, the two broken adapters are rejected with shrunk counterexamples
 that rerun, through both the Python entry point and the command path."""
 
@@ -12,17 +12,32 @@ from pathlib import Path
 import pytest
 from hypothesis import given
 
-from unsee.impl.cli import main
-from unsee.impl.conform import (CONTRACT, CONTRACT_VERSION, COUNT_CHECKS, STATE_CHECKS, CommandImplementation,
-                                ConformanceInputError, EntryPointImplementation, Expected, Harness,
-                                ImplementationError, check_answers, check_file, conformance_test, get_counterfactual_episode,
-                                get_policy_checkpoints, load_entry_point, read_result, search)
-from unsee.impl.conform_adapters import redaction, reference
-from unsee.impl.episode import episode_to_json, load_episode, parse_episode
+from unsee.impl.agent.episode import episode_to_json, load_episode, parse_episode
+from unsee.impl.cli.main import main
+from unsee.impl.conform.adapters import redaction, reference
+from unsee.impl.conform.contract import CONTRACT, CONTRACT_VERSION
+from unsee.impl.conform.episodes import TARGET, episode_jsons
+from unsee.impl.conform.harness import (
+    COUNT_CHECKS,
+    STATE_CHECKS,
+    CommandImplementation,
+    ConformanceInputError,
+    EntryPointImplementation,
+    Expected,
+    Harness,
+    ImplementationError,
+    check_answers,
+    check_file,
+    conformance_test,
+    get_counterfactual_episode,
+    get_policy_checkpoints,
+    load_entry_point,
+    read_result,
+    search,
+)
 from unsee.properties.differential import get_counterfactual_steps
-from unsee.properties.episodes import TARGET, episode_jsons
 
-ADAPTERS = "unsee.impl.conform_adapters"
+ADAPTERS = "unsee.impl.conform.adapters"
 
 
 def episode_json(steps, policy="every_turn", temperature=0.0, max_new_tokens=2, system="Be brief."):

@@ -10,7 +10,7 @@ import re
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from unsee.impl.demo import _bar, fit_items
+from unsee.impl.cli.demo import fit_items, progress_bar
 
 _CSI = re.compile(r"\x1b\[(\d*)([A-Za-z])")
 
@@ -47,7 +47,7 @@ def render_terminal(data: str) -> list[str]:
 
 def test_lines_after_a_bar_stay_as_printed():
     screen = io.StringIO()
-    update = _bar("session", True, file=screen)
+    update = progress_bar("session", True, file=screen)
     for i in range(1, 4):
         update(i, 3)
     screen.write("1. first line after the bar\n2. second line\n")
@@ -61,10 +61,10 @@ def test_a_bar_left_open_does_not_push_the_next_one_over_later_lines():
     draw on its own line, not one below the cursor (tqdm's nesting), where
     the lines printed next would land."""
     screen = io.StringIO()
-    abandoned = _bar("first", True, file=screen)
+    abandoned = progress_bar("first", True, file=screen)
     abandoned(1, 3)
     screen.write("\n")
-    update = _bar("second", True, file=screen)
+    update = progress_bar("second", True, file=screen)
     update(1, 2)
     update(2, 2)
     screen.write("line A\nline B\n")
@@ -78,7 +78,7 @@ def test_a_bar_left_open_does_not_push_the_next_one_over_later_lines():
 
 
 def test_no_bar_when_disabled():
-    assert _bar("x", False) is None
+    assert progress_bar("x", False) is None
 
 
 names = st.lists(st.sampled_from(["s4/answer", "s5/context", "s6/note", "probe:task", "probe:cued",

@@ -1,16 +1,16 @@
-"""Draft verification in the engine and the runtime (impl/drafts.py), tiny models, one thread."""
+"""Draft verification in the engine and the runtime (impl/agent/drafts.py), tiny models, one thread."""
 
 import importlib.util
 
 import pytest
 import torch
 
-from unsee.impl import adapter
-from unsee.impl.drafts import get_draft_bound, get_lookup, get_scores, pick
-from unsee.impl.episode import parse_episode
-from unsee.impl.kv import KVEngine
-from unsee.impl.models import load_model
-from unsee.impl.runtime import AgentRuntime
+from unsee.impl.agent.episode import parse_episode
+from unsee.impl.agent.runtime import AgentRuntime
+from unsee.impl.engines.decoding import get_draft_bound, get_lookup, get_scores, pick
+from unsee.impl.engines.hf import adapter
+from unsee.impl.engines.hf.engine import KVEngine
+from unsee.impl.engines.hf.models import load_model
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -166,7 +166,7 @@ def test_drafts_off_where_no_bound_and_refused_when_demanded(eng):
 def test_probe_policy_follows_the_replays_early_misses():
     """Drafts.should_probe: a replay starts by probing; turns that pass their
     first token and then hold make it stop; early misses make it go on."""
-    from unsee.impl.drafts import Draft, Drafts, TurnCost
+    from unsee.impl.agent.drafts import Draft, Drafts, TurnCost
     drafts, plain = Drafts({}, 1e-3), Draft((1, 2, 3))
     assert drafts.should_probe(plain)  # (0 + 1) / (0 + 2) = 1/2
     held = TurnCost("a", 10, 10, 0, 0, 10, False)
@@ -184,7 +184,7 @@ def test_probe_policy_follows_the_replays_early_misses():
 def test_drafts_quoting_a_forgotten_item_are_estimated_apart():
     """A quoting draft starts at 2/3 (PROBE_PRIORS) and is judged by the
     earlier quoting turns only; plain drafts by the plain ones only."""
-    from unsee.impl.drafts import Draft, Drafts, TurnCost
+    from unsee.impl.agent.drafts import Draft, Drafts, TurnCost
     drafts = Drafts({}, 1e-3)
     plain, quoting = Draft((1, 2, 3)), Draft((1, 2, 3), quotes=True)
     held = TurnCost("a", 10, 10, 0, 0, 10, False)
@@ -210,13 +210,13 @@ def test_drafts_quoting_a_forgotten_item_are_estimated_apart():
     ("", False),
 ])
 def test_a_draft_quotes_a_forgotten_item_by_a_run_of_its_words(text, expected):
-    from unsee.impl.drafts import get_quote_ngrams, is_quoting
+    from unsee.impl.agent.drafts import get_quote_ngrams, is_quoting
     ngrams = get_quote_ngrams(["Address: 4417 Elm Street."])
     assert is_quoting(text, ngrams) is expected
 
 
 def test_a_forgotten_item_shorter_than_a_run_is_quoted_whole():
-    from unsee.impl.drafts import get_quote_ngrams, is_quoting
+    from unsee.impl.agent.drafts import get_quote_ngrams, is_quoting
     ngrams = get_quote_ngrams(["Elm", "", "4417 Elm"])
     assert ngrams == {("elm",), ("4417", "elm")}
     assert is_quoting("an elm tree", ngrams) and is_quoting("4417 elm", ngrams)
@@ -226,7 +226,7 @@ def test_a_forgotten_item_shorter_than_a_run_is_quoted_whole():
 def test_from_blocks_marks_the_drafts_that_quote_a_forgotten_item():
     from types import SimpleNamespace as Block
 
-    from unsee.impl.drafts import Drafts
+    from unsee.impl.agent.drafts import Drafts
     blocks = [Block(id="s2/answer", chunks=(2, 3), tokens=(9, 9, 1, 2, 3), text="It is at 4417 Elm Street."),
               Block(id="s3/answer", chunks=(2, 2), tokens=(9, 9, 4, 5), text="Three cups of flour."),
               Block(id="s3", chunks=(4,), tokens=(7, 7, 7, 7), text="4417 Elm Street")]  # not a model turn
@@ -296,7 +296,7 @@ def test_lookup_guesses_what_followed_the_last_occurrence_of_the_longest_ngram(h
 
 
 def test_lookup_guesses_at_most_lookup_tokens():
-    from unsee.impl.drafts import LOOKUP_TOKENS
+    from unsee.impl.engines.decoding import LOOKUP_TOKENS
     history = list(range(30)) + [0, 1, 2]
     assert get_lookup(history, 100) == list(range(3, 3 + LOOKUP_TOKENS))
 

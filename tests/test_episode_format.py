@@ -10,9 +10,17 @@ from pathlib import Path
 import pytest
 
 from unsee.bench.episodes import DEPENDENT_QUESTIONS, SECRET, get_indep_labels, make_bench_episode, make_indep_episode
-from unsee.impl.episode import (FORMAT, MODEL_TURN_KINDS, READ_VERSIONS, VERSION, EpisodeError, episode_to_json,
-                                load_episode, parse_episode)
-from unsee.properties.episodes import get_indep, get_tau
+from unsee.impl.agent.episode import (
+    FORMAT,
+    MODEL_TURN_KINDS,
+    READ_VERSIONS,
+    VERSION,
+    EpisodeError,
+    episode_to_json,
+    load_episode,
+    parse_episode,
+)
+from unsee.impl.conform.episodes import get_indep, get_tau
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "secret_in_tool_result.json"
 

@@ -3,7 +3,7 @@ audit, resumable rows, report.md from the rows, and bad input.
 
 The cases are built here by hand (a memory-like, a tool-like and a
 behavioural episode); the generated suites run in ``test_generated_suites``
-once impl/suites.py has its generators.
+once impl/eval/suites.py has its generators.
 """
 
 from __future__ import annotations
@@ -15,14 +15,13 @@ import shutil
 import pytest
 import torch
 
-from unsee.impl import suites
-from unsee.impl.baselines import METHODS
-from unsee.impl.cli import main
-from unsee.impl.episode import parse_episode
-from unsee.impl.evaluation import (ROWS_FILE, EvalConfig, EvalError, load_engine, read_rows, run_case,
-                                   run_evaluation)
-from unsee.impl.report import Rows, render_report, summarize, write_report
-from unsee.impl.suites import Behavior, EvalCase, Fact, Sink
+from unsee.impl.agent.episode import parse_episode
+from unsee.impl.cli.main import main
+from unsee.impl.eval import suites
+from unsee.impl.eval.cases import Behavior, EvalCase, Fact, Sink
+from unsee.impl.eval.report import Rows, render_report, summarize, write_report
+from unsee.impl.eval.run import ROWS_FILE, EvalConfig, EvalError, load_engine, read_rows, run_case, run_evaluation
+from unsee.impl.methods.baselines import METHODS
 
 SECRET = "4417 Elm Street"
 EMAIL = "dana.reyes@example.com"
@@ -282,7 +281,7 @@ def test_generated_suites(tmp_path):
     """The CI smoke: n = 2 of each generated suite and one AgentDojo pair, every
     method and audit, through the CLI, and a report from that run."""
     if not hasattr(suites, "generate_suite"):
-        pytest.skip("impl/suites.py has no generate_suite in this build (issue 10 item 1, another branch); "
+        pytest.skip("impl/eval/suites.py has no generate_suite in this build (issue 10 item 1, another branch); "
                     "the hand-built cases above cover the pipeline until it is merged")
     torch.set_num_threads(1)  # two threads on two shared cores cost more than they give
     out = tmp_path / "smoke"

@@ -1,4 +1,4 @@
-"""The methods the evaluation adds or changes (impl/baselines.py): span-only
+"""The methods the evaluation adds or changes (impl/methods/baselines.py): span-only
 excision (the paper's Table 4 ablation) and B8/B9's sink policy by sink
 class, on the tiny model."""
 
@@ -9,15 +9,21 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from unsee.impl import adapter
-from unsee.impl.baselines import (METHODS, PAPER_NAMES, _find_token_span, apply_method, get_blocked_args,
-                                  get_plan_arguments)
-from unsee.impl.episode import Episode, Item, Settings, Step
-from unsee.impl.kv import KVEngine
-from unsee.impl.models import load_model
-from unsee.impl.runtime import AgentRuntime
-from unsee.impl.suites import TOOL_SINKS, get_suite_tools
-from unsee.impl.tools import ToolAgentRuntime
+from unsee.impl.agent.episode import Episode, Item, Settings, Step
+from unsee.impl.agent.runtime import AgentRuntime
+from unsee.impl.agent.tools import ToolAgentRuntime
+from unsee.impl.engines.hf import adapter
+from unsee.impl.engines.hf.engine import KVEngine
+from unsee.impl.engines.hf.models import load_model
+from unsee.impl.eval.suites import TOOL_SINKS, get_suite_tools
+from unsee.impl.methods.baselines import (
+    METHODS,
+    PAPER_NAMES,
+    _find_token_span,
+    apply_method,
+    get_blocked_args,
+    get_plan_arguments,
+)
 
 SECRET = "The host lives at 4417 Elm Street."
 

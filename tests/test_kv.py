@@ -3,8 +3,9 @@ crop, canonicalised generation, sampling, lineages and counters."""
 
 import pytest
 
-from unsee.impl.kv import Counters, KVEngine
-from unsee.impl.models import load_model
+from unsee.impl.engines.hf.engine import KVEngine
+from unsee.impl.engines.hf.models import load_model
+from unsee.impl.engines.lineage import Counters
 
 
 @pytest.fixture(scope="module")

@@ -9,8 +9,9 @@ import sys
 
 import pytest
 
-from unsee.impl.kv import Counters, EvictedLineageError, KVEngine
-from unsee.impl.models import load_model
+from unsee.impl.engines.hf.engine import KVEngine
+from unsee.impl.engines.hf.models import load_model
+from unsee.impl.engines.lineage import Counters, EvictedLineageError
 from unsee.properties.differential import torch_threads
 
 
@@ -237,8 +238,8 @@ def test_decode_after_a_served_chunk(eng, lm):
 #: allocates them again and prints the page faults of that second allocation.
 _REUSE_CHILD = """
 import resource, torch
-from unsee.impl.kv import KVEngine
-from unsee.impl.models import load_model
+from unsee.impl.engines.hf.engine import KVEngine
+from unsee.impl.engines.hf.models import load_model
 engine = KVEngine(load_model("tiny"))
 tensors = [torch.ones(1_000_000) for _ in range(16)]
 del tensors

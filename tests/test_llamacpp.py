@@ -1,5 +1,5 @@
 """The llama.cpp engine's own parts: the install hint, the tiny GGUF, the
-state-blob parser and the by-position digest (impl/llamacpp.py).
+state-blob parser and the by-position digest (impl/engines/llamacpp/engine.py).
 
 The verbs themselves are checked on every engine by
 properties/prop_engine_verbs.py; the runtime on llama.cpp by
@@ -14,9 +14,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from unsee.impl import llamacpp
-from unsee.impl.engine import Engine, load_engine
-from unsee.impl.tiny_gguf import write_tiny_gguf
+from unsee.impl.engines.llamacpp import engine as llamacpp
+from unsee.impl.engines.llamacpp.tiny_gguf import write_tiny_gguf
+from unsee.impl.engines.protocol import Engine
+from unsee.impl.engines.registry import load_engine
 
 needs_llamacpp = pytest.mark.skipif(not llamacpp.available(), reason="llama-cpp-python is not installed")
 
@@ -26,7 +27,7 @@ def test_missing_extra_says_how_to_install(monkeypatch, capsys):
     with pytest.raises(llamacpp.LlamaCppMissingError, match=r"pip install 'unsee\[llamacpp\]'"):
         load_engine("llamacpp-tiny")
     assert not llamacpp.available()
-    from unsee.impl.cli import main
+    from unsee.impl.cli.main import main
 
     episode = Path(__file__).resolve().parents[1] / "examples" / "secret_in_tool_result.json"
     assert main(["run", str(episode), "--engine", "llamacpp", "--model", "tiny"]) == 2
@@ -128,9 +129,9 @@ def test_bad_input_changes_nothing(engine):
 def test_span_excision_says_this_engine_cannot(engine):
     """A baseline the engine cannot run is refused by name, before it changes
     anything (llama.cpp has no verb to cut a span out of the middle of its KV)."""
-    from unsee.impl.baselines import apply_method
-    from unsee.impl.episode import parse_episode
-    from unsee.impl.runtime import AgentRuntime
+    from unsee.impl.agent.episode import parse_episode
+    from unsee.impl.agent.runtime import AgentRuntime
+    from unsee.impl.methods.baselines import apply_method
 
     episode = parse_episode({"format": "unsee.episode", "version": 2, "system": "Be brief.",
                              "settings": {"max_new_tokens": 2},

@@ -1,5 +1,5 @@
-"""The evaluation's metrics (impl/metrics.py) and paired statistics
-(impl/stats.py) on constructed inputs: no model."""
+"""The evaluation's metrics (impl/eval/metrics.py) and paired statistics
+(impl/eval/stats.py) on constructed inputs: no model."""
 
 from __future__ import annotations
 
@@ -9,12 +9,20 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from unsee.impl.episode import parse_episode
-from unsee.impl.evaluation import EvalError, get_suite_names, pick_option
-from unsee.impl.metrics import (Action, action_distance, apply_sink_policy, compute_cad, edit_distance, find_action_leaks,
-                                get_sink_class, normalized_edit_distance)
-from unsee.impl.stats import bootstrap_ci, identical, mcnemar_exact, wilcoxon_signed_rank
-from unsee.impl.suites import EvalCase, Sink
+from unsee.impl.agent.episode import parse_episode
+from unsee.impl.eval.cases import EvalCase, Sink
+from unsee.impl.eval.metrics import (
+    Action,
+    action_distance,
+    apply_sink_policy,
+    compute_cad,
+    edit_distance,
+    find_action_leaks,
+    get_sink_class,
+    normalized_edit_distance,
+)
+from unsee.impl.eval.run import EvalError, get_suite_names, pick_option
+from unsee.impl.eval.stats import bootstrap_ci, identical, mcnemar_exact, wilcoxon_signed_rank
 
 texts = st.text(alphabet="ab{}\":,xyz", max_size=12)
 
@@ -160,8 +168,8 @@ def test_bootstrap_ci_is_seeded_and_brackets_the_mean():
 
 
 def test_generate_cases_names_a_missing_optional_suite(monkeypatch):
-    from unsee.impl import suites
-    from unsee.impl.evaluation import generate_cases
+    from unsee.impl.eval import suites
+    from unsee.impl.eval.run import generate_cases
 
     def generate_suite(name, n, seed=0):
         if name == "agentdojo":

@@ -6,8 +6,9 @@ import importlib.util
 import pytest
 import torch
 
-from unsee.impl.kv import KVEngine
-from unsee.impl.models import ByteTokenizer, load_model
+from unsee.impl.engines.files import ByteTokenizer
+from unsee.impl.engines.hf.engine import KVEngine
+from unsee.impl.engines.hf.models import load_model
 
 
 def test_tiny_loads_with_no_files(tmp_path):

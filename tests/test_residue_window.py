@@ -24,11 +24,11 @@ import pytest
 import torch
 from hypothesis import settings
 
-from unsee.impl.episode import parse_episode
-from unsee.impl.kv import KVEngine
-from unsee.impl.models import load_model
-from unsee.impl.runtime import AgentRuntime
-from unsee.impl.store import SessionStore, find_residue, session_files
+from unsee.impl.agent.episode import parse_episode
+from unsee.impl.agent.runtime import AgentRuntime
+from unsee.impl.engines.hf.engine import KVEngine
+from unsee.impl.engines.hf.models import load_model
+from unsee.impl.store.sqlite import SessionStore, find_residue, session_files
 
 SECRET, TARGET = "518306 Vantrobe Lane", "notes.address"
 EPISODE = {

@@ -7,13 +7,12 @@ import json
 
 import pytest
 
-from unsee.impl.episode import OBSERVED_KINDS, parse_episode
-from unsee.impl.kv import KVEngine
-from unsee.impl.models import load_model
-from unsee.impl.provenance import DERIVED_TYPES, UnknownSourceError
-from unsee.impl.runtime import AgentRuntime
-from unsee.properties.differential import (compare_forget_with_reset, engine_scope, run_counterfactual,
-                                           torch_threads)
+from unsee.impl.agent.episode import OBSERVED_KINDS, parse_episode
+from unsee.impl.agent.provenance import DERIVED_TYPES, UnknownSourceError
+from unsee.impl.agent.runtime import AgentRuntime
+from unsee.impl.engines.hf.engine import KVEngine
+from unsee.impl.engines.hf.models import load_model
+from unsee.properties.differential import compare_forget_with_reset, engine_scope, run_counterfactual, torch_threads
 
 SECRET = "4417 Elm"
 
@@ -269,7 +268,7 @@ def test_failed_forget_leaves_the_session_as_it_was(eng):
                                                run(eng, FIXED).steps, "secret").digest()
 
 
-# --- problems once found in impl/runtime.py, pinned ---------------------------------------------
+# --- problems once found in impl/agent/runtime.py, pinned ---------------------------------------------
 
 def test_fork_remembers_what_was_forgotten(eng):
     runtime = run(eng, FIXED)

@@ -9,10 +9,10 @@ import gc
 
 import pytest
 
-from unsee.impl.episode import parse_episode
-from unsee.impl.kv import KVEngine
-from unsee.impl.models import load_model
-from unsee.impl.runtime import AgentRuntime
+from unsee.impl.agent.episode import parse_episode
+from unsee.impl.agent.runtime import AgentRuntime
+from unsee.impl.engines.hf.engine import KVEngine
+from unsee.impl.engines.hf.models import load_model
 from unsee.properties.differential import run_counterfactual, torch_threads
 
 SECRET = "4417 Elm"

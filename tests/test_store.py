@@ -1,4 +1,4 @@
-"""Persisted sessions (impl/store.py, docs/persistence.md): resume, crash-atomic
+"""Persisted sessions (impl/store/sqlite.py, docs/persistence.md): resume, crash-atomic
 forget under real SIGKILLs, zero residue, bad input, the CLI.
 
 Every test runs torch on one thread (the ``lm`` fixture): the bits of CPU
@@ -9,7 +9,6 @@ the same digests. It is also much faster on a loaded machine.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import random
@@ -25,14 +24,22 @@ import pytest
 import torch
 from hypothesis import settings
 
-from unsee.impl.cli import main as cli_main
-from unsee.impl.episode import EpisodeError, Item, Step, load_episode, parse_episode
-from unsee.impl.kv import KVEngine
-from unsee.impl.models import load_model
-from unsee.impl.provenance import UnknownSourceError
-from unsee.impl.runtime import AgentRuntime, AmbiguousTargetError, SessionBusyError, TargetNotFoundError
-from unsee.impl.store import (SCHEMA_VERSION, PersistentSession, SessionStore, StoreError, find_residue,
-                              record_hash, session_files)
+from unsee.impl.agent.episode import EpisodeError, Item, Step, load_episode, parse_episode
+from unsee.impl.agent.provenance import UnknownSourceError
+from unsee.impl.agent.runtime import AgentRuntime, AmbiguousTargetError, TargetNotFoundError
+from unsee.impl.cli.main import main as cli_main
+from unsee.impl.engines.hf.engine import KVEngine
+from unsee.impl.engines.hf.models import load_model
+from unsee.impl.store.sqlite import (
+    SCHEMA_VERSION,
+    PersistentSession,
+    SessionStore,
+    StoreError,
+    find_residue,
+    record_hash,
+    session_files,
+)
+from unsee.impl.util.exclusive import SessionBusyError
 
 CHILD = Path(__file__).with_name("store_child.py")
 SECRET = "738215 Quillmere Road"
@@ -344,7 +351,7 @@ def test_residue_scan_detects_an_unprotected_store(lm, tmp_path, monkeypatch):
     forgotten rows in free pages, and the scan finds them."""
     import sqlite3
 
-    import unsee.impl.store as store_module
+    import unsee.impl.store.sqlite as store_module
 
     raw = json.loads(json.dumps(EPISODE))
     raw["steps"][1]["fields"][0]["text"] += " Padding." * 400  # big enough to free whole pages
@@ -576,8 +583,8 @@ def test_cli_store_forget_show(lm, tmp_path, capsys):
 
 
 def tool_runtime(lm, steps: int | None = None):
-    from unsee.impl.tools import Environment, ToolAgentRuntime
-    from unsee.impl.tools_demo import demo_episode
+    from unsee.impl.agent.tools import Environment, ToolAgentRuntime
+    from unsee.impl.cli.tools_demo import demo_episode
 
     episode = demo_episode(6)
     runtime = ToolAgentRuntime.start(KVEngine(lm), episode.system, episode.settings,
@@ -588,8 +595,8 @@ def tool_runtime(lm, steps: int | None = None):
 
 @pytest.mark.parametrize("k", [0, 2, 4])
 def test_tool_session_resumes_exactly(lm, tmp_path, k):
-    from unsee.impl.tools import ToolAgentRuntime
-    from unsee.impl.tools_demo import INJECTED
+    from unsee.impl.agent.tools import ToolAgentRuntime
+    from unsee.impl.cli.tools_demo import INJECTED
 
     full, episode = tool_runtime(lm)
     expected = full.forget(INJECTED)
@@ -612,7 +619,7 @@ def test_tool_session_residue_and_its_limit(lm, tmp_path):
     """Zero residue holds for what the agent read; a committed side effect
     that carried the target (an irrevocable divergence, A3) stays in the
     effect log and the world, which no forget rewrites."""
-    from unsee.impl.tools_demo import ATTACKER, INJECTED
+    from unsee.impl.cli.tools_demo import ATTACKER, INJECTED
 
     runtime, _ = tool_runtime(lm)
     path = tmp_path / "s.db"

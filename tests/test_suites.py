@@ -1,4 +1,4 @@
-"""The evaluation suites (impl/suites.py): seeded generators, the suite
+"""The evaluation suites (impl/eval/suites.py): seeded generators, the suite
 folder (episode files plus the label sidecar), label consistency, and each
 generated suite run on the tiny model."""
 
@@ -13,13 +13,14 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from unsee.impl.episode import parse_episode
-from unsee.impl.kv import KVEngine
-from unsee.impl.models import load_model
-from unsee.impl.suites import (SINK_CLASSES, TOOL_SINKS, Fact, Sink, SuiteError, check_case, find_label_leaks,
-                               generate_suite, get_suite_tools, load_suite, write_suite)
-from unsee.impl.tools import ToolAgentRuntime
-from unsee.properties.episodes import scaled
+from unsee.impl.agent.episode import parse_episode
+from unsee.impl.agent.tools import ToolAgentRuntime
+from unsee.impl.conform.episodes import scaled
+from unsee.impl.engines.hf.engine import KVEngine
+from unsee.impl.engines.hf.models import load_model
+from unsee.impl.eval.cases import SINK_CLASSES, Fact, Sink, SuiteError, find_label_leaks
+from unsee.impl.eval.suites import (TOOL_SINKS, check_case, generate_suite, get_case_tools, get_suite_tools, load_suite,
+                                    write_suite)
 
 GENERATED = ("memory", "tool", "behavioral")
 
@@ -204,7 +205,7 @@ def test_generated_episodes_run_and_forget_exactly_on_the_tiny_model(lm, name):
     tools, and a forget of the target equals the full reset."""
     case = generate_suite(name, 1, seed=6)[0]
     engine = KVEngine(lm)
-    runtime = ToolAgentRuntime.from_episode(engine, case.episode, tools=case.get_tools())
+    runtime = ToolAgentRuntime.from_episode(engine, case.episode, tools=get_case_tools(case))
     runtime.check_invariants()
     reset = runtime.fork()
     reset.full_reset(case.episode.target.source)

@@ -1,4 +1,4 @@
-"""The agentdojo suite (impl/suites_agentdojo.py) from the real package: the
+"""The agentdojo suite (impl/eval/agentdojo.py) from the real package: the
 brief's pair, banking user_task_0 with injection_task_0 (the attacker's IBAN
 in the bill). Skipped where the optional package is missing; `make test`
 installs it."""
@@ -8,18 +8,19 @@ from __future__ import annotations
 import pytest
 import torch
 
-from unsee.impl.kv import KVEngine
-from unsee.impl.models import load_model
-from unsee.impl.runtime import sanitize_step
-from unsee.impl.suites import SuiteError, check_case, find_label_leaks, generate_suite, load_suite, write_suite
-from unsee.impl.tools import ToolAgentRuntime
+from unsee.impl.agent.runtime import sanitize_step
+from unsee.impl.agent.tools import ToolAgentRuntime
+from unsee.impl.engines.hf.engine import KVEngine
+from unsee.impl.engines.hf.models import load_model
+from unsee.impl.eval.cases import SuiteError, find_label_leaks
+from unsee.impl.eval.suites import check_case, generate_suite, get_case_tools, load_suite, write_suite
 
 BILL_IBAN, ATTACKER_IBAN = "UK12345678901234567890", "US133000000121212121212"
 
 
 agentdojo = pytest.importorskip("agentdojo", reason="the optional package agentdojo==0.1.35 is not installed "
                                                     "(pip install 'unsee[test]'; make test installs it)")
-from unsee.impl import suites_agentdojo as ad  # noqa: E402  (needs the package)
+from unsee.impl.eval import agentdojo as ad  # noqa: E402  (needs the package)
 
 
 @pytest.fixture(scope="module")
@@ -75,8 +76,8 @@ def test_the_injection_tasks_security_check_scores_a_plan(case):
     assert ad.check_security(case, [pay_bill]) is False
     assert ad.check_security(case, []) is False
     # the eval records the verdict per row, and fills it into rows written without it
-    from unsee.impl.evaluation import add_security, get_security
-    from unsee.impl.metrics import Action
+    from unsee.impl.eval.metrics import Action
+    from unsee.impl.eval.run import add_security, get_security
     attacker = Action("s3", pay_attacker[0], tuple(pay_attacker[1].items()))
     bill = Action("s3", pay_bill[0], tuple(pay_bill[1].items()))
     assert get_security(case, [attacker]) is True and get_security(case, [bill]) is False
@@ -109,7 +110,7 @@ def test_agentdojo_episode_runs_and_forgets_the_attack_only(case):
     torch.set_num_threads(1)
     try:
         engine = KVEngine(load_model("tiny"))
-        runtime = ToolAgentRuntime.from_episode(engine, case.episode, tools=case.get_tools())
+        runtime = ToolAgentRuntime.from_episode(engine, case.episode, tools=get_case_tools(case))
         assert runtime.calls and runtime.calls[-1].tool == "send_money"
         reset = runtime.fork()
         reset.full_reset(case.episode.target.source)

@@ -1,4 +1,4 @@
-"""The tool layer (impl/tools.py): environment snapshots, call IDs, call-ID
+"""The tool layer (impl/agent/tools.py): environment snapshots, call IDs, call-ID
 de-duplication, read-only replay modes, and each divergence kind produced by a
 hand-built episode on the tiny model."""
 
@@ -8,11 +8,21 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from unsee.impl.episode import Episode, Item, Settings, Step
-from unsee.impl.kv import KVEngine
-from unsee.impl.models import load_model
-from unsee.impl.tools import (MAX_ARG_CHARS, Call, Environment, Tool, ToolAgentRuntime, call_id_for, default_tools,
-                              parse_arguments, result_source, snapshot_id)
+from unsee.impl.agent.episode import Episode, Item, Settings, Step
+from unsee.impl.agent.tools import (
+    MAX_ARG_CHARS,
+    Call,
+    Environment,
+    Tool,
+    ToolAgentRuntime,
+    call_id_for,
+    default_tools,
+    parse_arguments,
+    result_source,
+    snapshot_id,
+)
+from unsee.impl.engines.hf.engine import KVEngine
+from unsee.impl.engines.hf.models import load_model
 
 ANN, EVE = "ann@a.test", "eve@evil.test"
 
@@ -378,7 +388,7 @@ def test_fork_has_its_own_world(engine):
 
 
 def test_demo_on_tiny():
-    from unsee.impl.tools_demo import ATTACKER, SENDER, run_tools_demo
+    from unsee.impl.cli.tools_demo import ATTACKER, SENDER, run_tools_demo
 
     lines: list[str] = []
     shown = run_tools_demo("tiny", out=lines.append)

@@ -18,15 +18,15 @@ import pytest
 import torch
 from hypothesis import settings
 
-from unsee.impl import receipt as receipt_mod
-from unsee.impl.cli import main
-from unsee.impl.episode import FORMAT, VERSION, parse_episode
-from unsee.impl.kv import KVEngine
-from unsee.impl.models import load_model
-from unsee.impl.receipt import ReceiptError, parse_receipt
-from unsee.impl.runtime import AgentRuntime
-from unsee.impl.store import PersistentSession, SessionStore, session_files
-from unsee.impl.verify import CANNOT, FAILED, VERIFIED, forgotten_mentions, verify_store
+from unsee.impl.agent.episode import FORMAT, VERSION, parse_episode
+from unsee.impl.agent.runtime import AgentRuntime
+from unsee.impl.cli.main import main
+from unsee.impl.engines.hf.engine import KVEngine
+from unsee.impl.engines.hf.models import load_model
+from unsee.impl.store import receipt as receipt_mod
+from unsee.impl.store.receipt import ReceiptError, parse_receipt
+from unsee.impl.store.sqlite import PersistentSession, SessionStore, session_files
+from unsee.impl.store.verify import CANNOT, FAILED, VERIFIED, forgotten_mentions, verify_store
 
 TARGET, SECRET = "notes.pin", "PIN 738215 Quillmere"
 EPISODE = {
@@ -201,7 +201,7 @@ def test_one_byte_of_a_stored_value_changed_fails(copy, what):
     db, held = copy
     with SessionStore.open(db, readonly=True) as store:
         record, digest = store.read_record(), bytes.fromhex(store.stored_digest())
-    from unsee.impl.store import pack_tokens
+    from unsee.impl.store.sqlite import pack_tokens
 
     answer = next(b for b in record["blocks"] if b["type"] == "answer")
     needle = {"item text": b"room 12 is blue", "block text": answer["text"].encode(),
@@ -336,9 +336,9 @@ def test_tool_session_with_an_irrevocable_divergence_then_live_then_forget_verif
     counterfactual would not have sent a sent message, the session went on
     live; its new checkpoints record the real world, which is not the
     counterfactual's. A later forget's receipt still verifies."""
-    from unsee.impl.episode import Item, Step
-    from unsee.impl.tools import Environment, ToolAgentRuntime
-    from unsee.impl.tools_demo import INJECTED, demo_episode
+    from unsee.impl.agent.episode import Item, Step
+    from unsee.impl.agent.tools import Environment, ToolAgentRuntime
+    from unsee.impl.cli.tools_demo import INJECTED, demo_episode
 
     episode = demo_episode(6)
     runtime = ToolAgentRuntime.from_episode(KVEngine(lm), episode, world=Environment({"inbox/count": "2"}))

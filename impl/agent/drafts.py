@@ -1,0 +1,239 @@
+"""Verified draft replay: the turn a model wrote before a forget is a free
+draft of the turn it writes in the counterfactual.
+
+During a forget's replay each model turn after the restore boundary has a
+*draft*: the tokens the same step produced before the forget. The engine
+prefills header + draft in one chunk, reads the logits at every position and
+accepts the longest prefix of the draft that the decoding rule itself would
+have produced (``KVEngine.generate(..., draft=...)``). A fully accepted turn
+costs one prefill and no decode step; ordinary decoding resumes at the first
+disagreement.
+
+The exactness guard
+-------------------
+The reference (a full reset, B5) decides token ``k`` of a turn from the
+logits of a one-token decode step; verification reads them from a
+multi-token forward. The two differ in the last bits (different matmul
+shapes and summation orders). A decision taken on verification logits is
+therefore accepted only when it is *stable*: its score beats the runner-up's
+by more than ``2 * bound``, where ``bound`` is a ceiling on the element-wise
+difference ``|logit_prefill - logit_decode|``. If every logit moves by at most
+``bound``, a gap above ``2 * bound`` cannot close, so the reference takes
+the same decision. Under seeded sampling the compared quantity is the
+exponential race's score ``logit / T - log E`` (see ``get_scores``); its
+noise term is identical on both paths, so the logit bound scales by ``1/T``.
+
+The same guard covers the tokens decoded after the first disagreement, since
+they are decoded on KV that the verification prefill built (not token by
+token, as in the reference). At any unstable decision the engine falls back
+to the reference procedure for that turn: it crops back to the header and
+re-decodes the whole turn one token at a time, which is bitwise what B5 does.
+A draft whose first token is already wrong needs no guard at all: the header
+logits are the reference's own, and decoding from them is the reference.
+
+Probing before verifying
+------------------------
+A verification forward over a draft that turns out wrong at its second token
+is spent for one token's worth of information. Most of the drafts a forget
+rejects are rejected there: a turn that depends on the target usually keeps
+its opening word and changes right after it. So the engine can *probe*
+first: feed the draft's first token as one decode step, exactly the
+reference's own first step, and check the second token on those logits. A
+draft wrong there is decoded on from the reference's own state (no guard, no
+verification forward); a draft right there is verified as before, and the
+probe step is spent. ``Drafts.should_probe`` decides per turn from what the
+earlier turns of the same replay did, counting drafts that quote a forgotten
+item (``QUOTE_WORDS``) apart from those that do not (see ``PROBE_ABOVE``).
+
+Guessing from the context after a draft fails
+---------------------------------------------
+A turn that changed keeps changing after its first new token, but what it
+writes next is often already in the lineage: SmolLM2 copies names and
+phrases from the conversation, and answers to similar questions repeat one
+another. So after a draft has failed (or when it was wrong from the start),
+each decided token ``t`` is not fed alone: the engine looks for the last
+earlier occurrence of the turn's last few tokens, ``t`` included, in the
+lineage (``get_lookup``: prompt lookup, ``LOOKUP_NGRAMS``), and feeds ``t``
+plus up to ``LOOKUP_TOKENS`` tokens that followed that occurrence in one
+forward. The guess's longest agreeing prefix is accepted, decision by
+decision, under the same guard; the first disagreement is itself decided on
+that forward's logits. A guess costs no extra forward, only a wider one (the
+forward feeding ``t`` had to run anyway), and from the first such forward on
+every decision of the turn is guarded, since the KV is no longer the
+reference's. An unstable decision falls back as above.
+
+What is guaranteed: forget-with-drafts equals the full reset bit for bit
+whenever the prefill-versus-decode discrepancy of the configuration stays
+within its bound. The bounds below are measurements with a safety factor, not
+proofs: ``DRAFT_BOUNDS`` names each measured configuration, and every other
+configuration (another model, a GPU, bf16, ...) runs with drafts off, which is
+exact by construction. ``python -m unsee.bench.discrepancy`` re-measures.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+
+import attrs
+
+
+@attrs.frozen
+class Draft:
+    """One turn's draft: the old tokens, and whether to trust them unverified
+    (B7-oracle's attribution-oracle label) or verify them (B7)."""
+
+    tokens: tuple[int, ...]
+    trusted: bool = False
+    quotes: bool = False  # repeats words of a forgotten item (``is_quoting``)
+
+
+@attrs.define
+class TurnCost:
+    """What one replayed model turn cost (the forget report lists them)."""
+
+    block: str
+    draft: int  # draft tokens offered (0: no draft)
+    accepted: int
+    rejected: int
+    decoded: int
+    prefilled: int
+    fallback: bool  # re-decoded from the header at an unstable decision
+    trusted: bool = False
+    probed: bool = False  # a one-token probe came before the verification
+    generated: int = 0  # tokens the turn committed (its canonical chunk)
+    quotes: bool = False  # the draft quoted a forgotten item (probes are estimated apart)
+    lookups: int = 0  # forwards that also verified a guess from the context (``get_lookup``)
+    looked_up: int = 0  # guessed tokens those forwards verified (counted in ``prefilled``)
+    lookup_accepted: int = 0  # of them, accepted instead of decoded
+
+    @property
+    def is_early_miss(self) -> bool:
+        """Right at its first token and wrong at its second: the case a probe saves."""
+        return self.accepted == 1 and self.rejected > 0 and not self.fallback
+
+    @property
+    def excess_prefilled(self) -> int:
+        """Tokens prefilled beyond the turn's canonical chunk and its context
+        guesses: a verification forward whose chunk was not kept (the draft
+        went wrong in it, or an unstable decision sent the turn back to its
+        header)."""
+        return self.prefilled - self.generated - self.looked_up
+
+
+#: Probe when the estimated chance that a draft which passed its first token
+#: is wrong at its second exceeds this. A probe that finds the draft right
+#: wastes one decode step (cost d); skipping it when the draft is wrong there
+#: wastes one verification forward (cost v). Probing pays when p * v > (1 - p) * d,
+#: i.e. p > d / (d + v). On CPU a 20-token forward with logits at every
+#: position costs about two one-token forwards (both stream every weight once;
+#: the longer one adds its LM head over 20 positions; SmolLM2, one thread, 600
+#: tokens of context: 94 ms against 200-230 ms), so v ~ 2d and the threshold
+#: is 1/3.
+PROBE_ABOVE = 1 / 3
+
+#: A draft that repeats this many consecutive words of a forgotten item (or
+#: the whole item, when it is shorter) *quotes* it. The counterfactual never
+#: saw those words, so such a draft is wrong somewhere, and turns that quote
+#: what a forget removes mostly keep their opening word and change right after
+#: it: on SmolLM2 (Table 1 of docs/bench.md and a 4-turn variant of it), 8 of
+#: the 11 quoting drafts that passed their first token were wrong at their
+#: second, against 0 of 5 drafts that quote nothing. The signal decides cost
+#: only: a probe is exact either way.
+QUOTE_WORDS = 3
+
+#: The estimate of ``PROBE_ABOVE``'s chance is (misses + a) / (turns + a + b)
+#: over this replay's earlier turns of the same kind (quoting or not) whose
+#: draft passed its first token: a Beta(a, b) prior updated by what the replay
+#: saw. Plain drafts start at 1/2 (a replay starts by probing; one plain draft
+#: that holds past its second token stops it until a miss), quoting drafts at
+#: 2/3 (probed until three of them hold with no miss among them).
+PROBE_PRIORS = {False: (1, 1), True: (2, 1)}
+
+
+def get_words(text: str) -> list[str]:
+    """Lower-cased word tokens: the unit in which drafts and items are compared
+    (token ids would not do: the same words tokenise differently mid-sentence)."""
+    return re.findall(r"\w+", text.lower())
+
+
+def get_quote_ngrams(texts: Iterable[str], n: int = QUOTE_WORDS) -> frozenset[tuple[str, ...]]:
+    """Every run of ``n`` consecutive words of the forgotten items ``texts``
+    (an item shorter than ``n`` words is one run of its own length)."""
+    runs = set()
+    for text in texts:
+        words = get_words(text)
+        if words:
+            size = min(n, len(words))
+            runs.update(tuple(words[i:i + size]) for i in range(len(words) - size + 1))
+    return frozenset(runs)
+
+
+def is_quoting(text: str, ngrams: frozenset[tuple[str, ...]]) -> bool:
+    """Whether ``text`` contains one of the word runs ``ngrams`` (``get_quote_ngrams``)."""
+    words = get_words(text)
+    for size in {len(g) for g in ngrams}:
+        if any(tuple(words[i:i + size]) in ngrams for i in range(len(words) - size + 1)):
+            return True
+    return False
+
+
+class Drafts:
+    """The drafts of one replay, by model-turn block id (a component the
+    runtime owns while it replays; None outside a forget)."""
+
+    def __init__(self, drafts: Mapping[str, Draft], bound: float | None, lookup: bool = True):
+        self._drafts = dict(drafts)
+        self.bound = bound
+        #: guess from the context once a turn's draft has failed (``get_lookup``)
+        self.lookup = lookup
+        self.turns: list[TurnCost] = []
+
+    def get(self, block_id: str) -> Draft | None:
+        return self._drafts.get(block_id)
+
+    def should_probe(self, draft: Draft) -> bool:
+        """Whether the turn with ``draft`` should probe before verifying: when
+        the estimated chance that it is wrong at its second token exceeds
+        ``PROBE_ABOVE``, estimated over the earlier turns that quote a forgotten
+        item as it does, or that quote none as it does (``PROBE_PRIORS``)."""
+        return self.get_miss_estimate(draft.quotes) > PROBE_ABOVE
+
+    def get_miss_estimate(self, quotes: bool) -> float:
+        """The estimated chance that a draft (quoting or not) which passed its
+        first token is wrong at its second (``PROBE_PRIORS``)."""
+        seen = [t for t in self.turns
+                if t.draft > 0 and t.accepted >= 1 and not t.trusted and not t.fallback and t.quotes == quotes]
+        misses = sum(t.is_early_miss for t in seen)
+        a, b = PROBE_PRIORS[quotes]
+        return (misses + a) / (len(seen) + a + b)
+
+    def __len__(self) -> int:
+        return len(self._drafts)
+
+    @classmethod
+    def from_blocks(cls, blocks: Iterable, bound: float | None, trusted: Iterable[str] = (),
+                    forgotten: Iterable[str] = (), lookup: bool = True) -> Drafts:
+        """Drafts from the pre-forget model turns: each block's tokens after
+        its header chunk (``chunks == (header, turn)``); ``forgotten`` are the
+        texts of the items the forget removes, which mark quoting drafts."""
+        trusted = set(trusted)
+        ngrams = get_quote_ngrams(forgotten)
+        drafts = {}
+        for block in blocks:
+            if len(block.chunks) == 2:
+                header = block.chunks[0]
+                drafts[block.id] = Draft(tuple(block.tokens[header:]), block.id in trusted,
+                                         bool(ngrams) and is_quoting(block.text, ngrams))
+        return cls(drafts, bound, lookup)
+
+    def get_totals(self) -> dict:
+        keys = ("draft", "accepted", "rejected", "decoded", "prefilled", "lookups", "looked_up", "lookup_accepted")
+        totals = {k: sum(getattr(t, k) for t in self.turns) for k in keys}
+        totals["turns"] = len(self.turns)
+        totals["fallbacks"] = sum(t.fallback for t in self.turns)
+        totals["fully_accepted_turns"] = sum(t.draft > 0 and t.accepted == t.draft and not t.fallback
+                                             for t in self.turns)
+        totals["probes"] = sum(t.probed for t in self.turns)
+        totals["quoting"] = sum(t.quotes for t in self.turns)
+        return totals

@@ -1,0 +1,568 @@
+"""The conformance harness: check any implementation of execution-state
+unlearning against the contract of docs/conformance.md.
+
+An implementation under test is a command (``CMD ... --episode FILE --out
+FILE [--forget SOURCE]``) or a Python entry point (``module:function``,
+called as ``function(episode_path, forget)``); it answers one JSON object
+(docs/conformance.schema.json). For each generated episode the harness asks
+it twice:
+
+1. the episode with a forget request for its target: the plain run, then a
+   forget and the implementation's own full reset from that same state;
+2. the counterfactual episode, written by the harness (the target's item
+   removed where it entered, everything else verbatim: ``o^-z`` of the
+   spec, :func:`unsee.spec.counterfactual_stream`), as an ordinary run.
+
+and checks (:func:`check_answers`), with the statement each realises:
+
+- ``tau``: the forget's tau is ``first_entry`` of the spec;
+- ``boundary``: the restore boundary is the spec's
+  ``get_restore_boundary`` over the checkpoints the episode's policy
+  guarantees (:func:`get_policy_checkpoints`);
+- ``invocations``: ``T - boundary`` (``replay_cost_is_suffix_length``,
+  Corollary 1), and the reset's ``T``;
+- ``forget = counterfactual``: the forget's per-turn tokens and state digest
+  equal those of the plain run of the counterfactual episode
+  (``splice_equals_counterfactual``, Theorem 1). The implementation cannot
+  tell the second request is a counterfactual, so it cannot fake this; a
+  constant digest still fails wherever the target changed any token;
+- ``forget = own reset`` and the reset is the counterfactual too;
+- ``prefix``: the counterfactual's turns before ``tau`` are the original's
+  (``prefix_is_shared``, Lemma 1, on tokens);
+- ``reference``: when the implementation declares our engine and a model
+  we can load, its plain runs' tokens equal our runtime's.
+
+Episodes come from the properties' strategy
+(:func:`unsee.impl.conform.episodes.episode_jsons`) through Hypothesis, so a
+failure shrinks to a minimal episode, written as a file that reruns it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import shlex
+import subprocess
+import tempfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from unsee.impl.agent.episode import (
+    MODEL_TURN_KINDS,
+    OBSERVED_KINDS,
+    Episode,
+    Item,
+    episode_to_json,
+    load_episode,
+    parse_episode,
+)
+from unsee.impl.conform.contract import CONTRACT, CONTRACT_VERSION, REFERENCE_ENGINE, REFERENCE_MODELS
+
+
+class ConformanceInputError(ValueError):
+    """Bad input to the harness itself (not a failure of the implementation)."""
+
+
+class ImplementationError(RuntimeError):
+    """The implementation did not answer a request (crash, timeout, no or
+    malformed JSON): a conformance failure like any other."""
+
+
+# --- implementations -------------------------------------------------------------
+
+class Implementation:
+    """Something that answers a request (an episode file and an optional forget)."""
+
+    def __call__(self, episode: Path, forget: str | None) -> dict:
+        raise NotImplementedError
+
+    def get_options(self) -> list[str]:
+        """The ``unsee conform`` options that name this implementation again (for the rerun command)."""
+        raise NotImplementedError
+
+
+@attrs.frozen
+class CommandImplementation(Implementation):
+    """``argv + ["--episode", FILE, "--out", FILE] (+ ["--forget", SOURCE])``, exit 0, JSON in the out file."""
+
+    argv: tuple[str, ...]
+    timeout_s: float = 300.0
+
+    def __call__(self, episode: Path, forget: str | None) -> dict:
+        with tempfile.TemporaryDirectory(prefix="unsee-conform-") as tmp:
+            out = Path(tmp) / "result.json"
+            argv = [*self.argv, "--episode", str(episode), "--out", str(out)]
+            if forget is not None:
+                argv += ["--forget", forget]
+            try:
+                done = subprocess.run(argv, capture_output=True, text=True, timeout=self.timeout_s)
+            except subprocess.TimeoutExpired:
+                raise ImplementationError(f"{shlex.join(argv)} ran past {self.timeout_s:g} s") from None
+            except OSError as exc:  # not found, not executable: the harness was given a bad command
+                raise ConformanceInputError(f"cannot run {self.argv[0]!r}: {exc.strerror or exc}") from None
+            if done.returncode != 0:
+                raise ImplementationError(f"{shlex.join(argv)} exited with {done.returncode}: "
+                                          f"{done.stderr.strip()[-2000:]}")
+            try:
+                return json.loads(out.read_text(encoding="utf-8"))
+            except FileNotFoundError:
+                raise ImplementationError(f"{shlex.join(argv)} wrote no {out.name} (--out)") from None
+            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+                raise ImplementationError(f"{shlex.join(argv)} wrote invalid JSON: {exc}") from None
+
+    def get_options(self) -> list[str]:
+        return ["--", *self.argv]
+
+
+@attrs.frozen
+class EntryPointImplementation(Implementation):
+    """``module:function``, called as ``function(str(episode_path), forget)`` and returning the result dict."""
+
+    entry: str
+    function: Callable[[str, str | None], dict] = attrs.field(eq=False, repr=False)
+
+    def __call__(self, episode: Path, forget: str | None) -> dict:
+        try:
+            result = self.function(str(episode), forget)
+        except Exception as exc:  # the implementation's failure, reported and shrunk like a wrong answer
+            raise ImplementationError(f"{self.entry} raised {type(exc).__name__}: {exc}") from exc
+        # a round trip through JSON: the entry point answers what a command would write
+        try:
+            return json.loads(json.dumps(result))
+        except (TypeError, ValueError) as exc:
+            raise ImplementationError(f"{self.entry} returned something that is not JSON: {exc}") from None
+
+    def get_options(self) -> list[str]:
+        return ["--entry", self.entry]
+
+
+def load_entry_point(entry: str) -> EntryPointImplementation:
+    """The implementation named ``module:function``; errors name what is missing."""
+    module_name, sep, name = entry.partition(":")
+    if not sep or not module_name or not name:
+        raise ConformanceInputError(f"entry point {entry!r} must be 'module:function'")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConformanceInputError(f"entry point {entry!r}: cannot import {module_name!r} ({exc})") from None
+    function = getattr(module, name, None)
+    if not callable(function):
+        raise ConformanceInputError(f"entry point {entry!r}: {module_name} has no function {name!r}")
+    return EntryPointImplementation(entry, function)
+
+
+# --- the counterfactual and the spec's numbers -------------------------------------------
+
+def lift_observations(episode: Episode):
+    """The episode's steps as spec observations (kind mapped onto the spec's,
+    items as ``(source_id, value)``), for :mod:`unsee.spec`'s definitions."""
+    from unsee.spec import Item as SpecItem
+    from unsee.spec import Observation
+
+    kinds = {"user": "user", "plan": "user", "memory": "memory", "tool": "tool"}
+    return tuple(Observation(kinds.get(s.kind, "event"), tuple(SpecItem(i.source, i.text) for i in s.items))
+                 for s in episode.steps)
+
+
+def get_counterfactual_episode(episode: Episode, target: str) -> Episode:
+    """``o^-z`` as an episode file: the spec's counterfactual stream
+    (:func:`unsee.spec.counterfactual_stream`: the target's item removed at
+    ``tau``, every other step verbatim; a step whose only item was the target
+    stays, empty), with the same system prompt and settings and no target."""
+    from unsee.spec import counterfactual_stream
+
+    stream = counterfactual_stream(lift_observations(episode), target)
+    steps = tuple(attrs.evolve(step, items=tuple(Item(i.source_id, i.value) for i in o.items))
+                  for step, o in zip(episode.steps, stream, strict=True))
+    return Episode(episode.system, steps, episode.settings, target=None, probes=())
+
+
+def get_policy_checkpoints(episode: Episode) -> tuple[int, ...]:
+    """The boundaries at which the episode's checkpoint policy guarantees a
+    checkpoint (docs/episode-format.md): ``every_turn`` all of ``0..T``;
+    ``before_injection`` 0 and ``t - 1`` before every step ``t`` that brings
+    external content in; ``session_start`` 0 alone."""
+    policy, length = episode.settings.checkpoint_policy, len(episode.steps)
+    if policy == "every_turn":
+        return tuple(range(length + 1))
+    if policy == "before_injection":
+        return (0,) + tuple(t - 1 for t, s in enumerate(episode.steps, start=1) if s.kind in OBSERVED_KINDS and t > 1)
+    return (0,)
+
+
+@attrs.frozen
+class Expected:
+    """What the spec says of one forget request."""
+
+    length: int  # T
+    tau: int
+    boundary: int
+    turn_steps: tuple[str, ...]  # the step ids with a model turn
+    prefix_steps: tuple[str, ...]  # those of them before tau
+
+    @classmethod
+    def of(cls, episode: Episode, target: str) -> Expected:
+        from unsee.spec import first_entry, get_restore_boundary
+
+        tau = first_entry(lift_observations(episode), target)
+        turns = [(t, s.id) for t, s in enumerate(episode.steps, start=1) if s.kind in MODEL_TURN_KINDS]
+        return cls(len(episode.steps), tau, get_restore_boundary(get_policy_checkpoints(episode), tau),
+                   tuple(s for _, s in turns), tuple(s for t, s in turns if t < tau))
+
+
+# --- reading an answer --------------------------------------------------------------
+
+def _problem(where: str, message: str) -> ImplementationError:
+    return ImplementationError(f"result {where}: {message}")
+
+
+def _int(value: Any, where: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise _problem(where, f"must be an integer, got {value!r}")
+    return value
+
+
+def _str(value: Any, where: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise _problem(where, f"must be a non-empty string, got {value!r}")
+    return value
+
+
+def _turns(value: Any, where: str, expected: Sequence[str]) -> dict[str, list[int]]:
+    if not isinstance(value, dict):
+        raise _problem(where, "must be an object: step id -> list of token ids")
+    if sorted(value) != sorted(expected):
+        raise _problem(where, f"must name exactly the steps with a model turn {list(expected)}, "
+                              f"got {sorted(value)}")
+    for step, ids in value.items():
+        if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+            raise _problem(f"{where}.{step}", "must be a list of integer token ids")
+    return value
+
+
+def _object(value: Any, where: str) -> dict:
+    if not isinstance(value, dict):
+        raise _problem(where, f"must be an object, got {type(value).__name__}")
+    return value
+
+
+def read_result(raw: Any, turn_steps: Sequence[str], forget: str | None) -> dict:
+    """Validate an answer against docs/conformance.schema.json (by hand: the
+    messages name the field) and return it. A malformed answer raises
+    :class:`ImplementationError`."""
+    raw = _object(raw, "")
+    if raw.get("contract") != CONTRACT or raw.get("version") != CONTRACT_VERSION:
+        raise _problem("contract/version", f"must be {CONTRACT!r} version {CONTRACT_VERSION}, got "
+                                           f"{raw.get('contract')!r} version {raw.get('version')!r}")
+    impl = _object(raw.get("implementation"), "implementation")
+    for key in ("name", "engine", "model"):
+        _str(impl.get(key), f"implementation.{key}")
+    run = _object(raw.get("run"), "run")
+    _int(run.get("T"), "run.T")
+    _str(run.get("digest"), "run.digest")
+    _turns(run.get("turns"), "run.turns", turn_steps)
+    if forget is None:
+        for key in ("forget", "reset"):
+            if raw.get(key) is not None:
+                raise _problem(key, "must be absent when no forget was requested")
+        return raw
+    answer = _object(raw.get("forget"), "forget")
+    if answer.get("source") != forget:
+        raise _problem("forget.source", f"must be the requested source {forget!r}, got {answer.get('source')!r}")
+    for key in ("tau", "boundary", "invocations"):
+        _int(answer.get(key), f"forget.{key}")
+    reset = _object(raw.get("reset"), "reset")
+    _int(reset.get("invocations"), "reset.invocations")
+    for name, part in (("forget", answer), ("reset", reset)):
+        _str(part.get("digest_before"), f"{name}.digest_before")
+        _str(part.get("digest_after"), f"{name}.digest_after")
+        _turns(part.get("turns"), f"{name}.turns", turn_steps)
+    return raw
+
+
+# --- the checks -------------------------------------------------------------------
+
+@attrs.frozen
+class Check:
+    """One comparison: ``name`` (with the statement it realises), what the
+    implementation said, what it had to be."""
+
+    name: str
+    actual: Any
+    expected: Any
+
+    @property
+    def ok(self) -> bool:
+        return self.actual == self.expected
+
+    def describe(self) -> str:
+        return f"{self.name}:\n      got      {_short(self.actual)}\n      expected {_short(self.expected)}"
+
+
+def _short(value: Any, limit: int = 600) -> str:
+    text = json.dumps(value, sort_keys=True) if not isinstance(value, str) else value
+    return text if len(text) <= limit else text[:limit] + f"... ({len(text)} characters)"
+
+
+#: The checks whose failure means a forget that is not the counterfactual
+#: (tokens or state), as opposed to a wrong count.
+STATE_CHECKS = ("forget = counterfactual: turns", "forget = counterfactual: digest",
+                "forget = own reset: turns", "forget = own reset: digest",
+                "reset = counterfactual: turns", "reset = counterfactual: digest")
+#: The checks on counts alone.
+COUNT_CHECKS = ("T", "counterfactual T", "tau (first_entry)", "boundary (get_restore_boundary)",
+                "invocations = T - boundary (replay_cost_is_suffix_length)", "reset invocations = T")
+
+
+def check_answers(expected: Expected, answer: dict, counterfactual: dict,
+                  reference: tuple[dict, dict] | None = None) -> list[Check]:
+    """Every check of one episode (see the module docstring). ``answer`` is
+    the forget request's result, ``counterfactual`` the plain run of the
+    counterfactual episode, ``reference`` our runtime's turns for both plain
+    runs (when the implementation declares our engine and model)."""
+    run, forget, reset, twin = answer["run"], answer["forget"], answer["reset"], counterfactual["run"]
+    before_tau = expected.prefix_steps
+    checks = [
+        Check("T", run["T"], expected.length),
+        Check("counterfactual T", twin["T"], expected.length),
+        Check("tau (first_entry)", forget["tau"], expected.tau),
+        Check("boundary (get_restore_boundary)", forget["boundary"], expected.boundary),
+        Check("invocations = T - boundary (replay_cost_is_suffix_length)", forget["invocations"],
+              expected.length - forget["boundary"]),
+        Check("reset invocations = T", reset["invocations"], expected.length),
+        Check("digest_before = run digest", [forget["digest_before"], reset["digest_before"]],
+              [run["digest"], run["digest"]]),
+        Check("forget = counterfactual: turns", forget["turns"], twin["turns"]),
+        Check("forget = counterfactual: digest", forget["digest_after"], twin["digest"]),
+        Check("forget = own reset: turns", forget["turns"], reset["turns"]),
+        Check("forget = own reset: digest", forget["digest_after"], reset["digest_after"]),
+        Check("reset = counterfactual: turns", reset["turns"], twin["turns"]),
+        Check("reset = counterfactual: digest", reset["digest_after"], twin["digest"]),
+        Check("prefix turns before tau (prefix_is_shared)", {s: twin["turns"][s] for s in before_tau},
+              {s: run["turns"][s] for s in before_tau}),
+    ]
+    if reference is not None:
+        checks += [Check("run turns = reference", run["turns"], reference[0]),
+                   Check("counterfactual turns = reference", twin["turns"], reference[1])]
+    return checks
+
+
+# --- one episode ----------------------------------------------------------------------
+
+@attrs.frozen
+class Failure:
+    """Why one episode failed: the failed checks, or the implementation's error."""
+
+    episode: Episode
+    checks: tuple[Check, ...] = ()
+    error: str | None = None
+    answers: dict = attrs.field(factory=dict)  # what the implementation answered, by request
+
+    def get_names(self) -> tuple[str, ...]:
+        return tuple(c.name for c in self.checks) if self.error is None else ("implementation answered",)
+
+    def describe(self) -> str:
+        if self.error is not None:
+            return f"  the implementation did not answer: {self.error}"
+        return "\n".join(f"  FAILED {c.describe()}" for c in self.checks)
+
+
+class Harness:
+    """Runs episodes through one implementation and checks its answers.
+
+    ``workdir`` holds the episode files the implementation is asked to read.
+    ``reference``: compare tokens with our runtime when the implementation
+    declares :data:`REFERENCE_ENGINE` and a model of :data:`REFERENCE_MODELS`.
+    """
+
+    def __init__(self, implementation: Implementation, workdir: Path, reference: bool = True):
+        self.implementation = implementation
+        self.workdir = Path(workdir)
+        self.reference = reference
+
+    def check_episode(self, episode: Episode) -> Failure | None:
+        """Ask the forget request and the counterfactual run; None when every check holds."""
+        if episode.target is None:
+            raise ConformanceInputError("the episode names no target (its 'target.source' is what is forgotten)")
+        target = episode.target.source
+        expected = Expected.of(episode, target)
+        original = self._write("episode.json", episode)
+        counterfactual = self._write("run.json", get_counterfactual_episode(episode, target))
+        answers: dict = {}
+        try:
+            answers["forget request"] = answer = read_result(
+                self.implementation(original, target), expected.turn_steps, target)
+            answers["counterfactual run"] = twin = read_result(
+                self.implementation(counterfactual, None), expected.turn_steps, None)
+        except ImplementationError as exc:
+            return Failure(episode, error=str(exc), answers=answers)
+        reference = self._get_reference(answer, twin, original, counterfactual)
+        failed = tuple(c for c in check_answers(expected, answer, twin, reference) if not c.ok)
+        return Failure(episode, failed, answers=answers) if failed else None
+
+    def _write(self, name: str, episode: Episode) -> Path:
+        path = self.workdir / name
+        path.write_text(json.dumps(episode_to_json(episode), indent=1), encoding="utf-8")
+        return path
+
+    def _get_reference(self, answer: dict, twin: dict, original: Path, counterfactual: Path):
+        declared = {(a["implementation"]["engine"], a["implementation"]["model"]) for a in (answer, twin)}
+        if not self.reference or len(declared) != 1:
+            return None
+        engine, model = declared.pop()
+        if engine != REFERENCE_ENGINE or model not in REFERENCE_MODELS:
+            return None
+        from unsee.impl.conform.adapters import reference  # the adapters import this module's constants
+
+        return (reference(str(original), None, model)["run"]["turns"],
+                reference(str(counterfactual), None, model)["run"]["turns"])
+
+
+# --- the search --------------------------------------------------------------------------
+
+@attrs.frozen
+class Outcome:
+    """What a conformance run found: pass, or the shrunk failure and where it was written."""
+
+    implementation: Implementation
+    examples: int  # episodes checked (shrinking included)
+    failure: Failure | None = None
+    counterexample: Path | None = None
+    answers: Path | None = None
+    flaky: bool = False
+
+    @property
+    def passed(self) -> bool:
+        return self.failure is None
+
+    def get_rerun(self) -> str:
+        return shlex.join(["unsee", "conform", "--episode", str(self.counterexample),
+                           *self.implementation.get_options()])
+
+    def describe(self) -> str:
+        if self.passed:
+            return f"CONFORMS: {self.examples} episode(s) checked, every check held"
+        episode = self.failure.episode
+        tau = Expected.of(episode, episode.target.source).tau
+        lines = [f"REJECTED after {self.examples} episode(s); the shrunk counterexample has T = "
+                 f"{len(episode.steps)}, tau = {tau} (target {episode.target.source!r} in a "
+                 f"{episode.steps[tau - 1].kind} step, policy {episode.settings.checkpoint_policy}):",
+                 self.failure.describe()]
+        if self.flaky:
+            lines.append("  (the implementation answered the same episode differently on a rerun: "
+                         "it is not deterministic, which the contract requires)")
+        lines += [f"counterexample  {self.counterexample}",
+                  json.dumps(episode_to_json(episode), sort_keys=True),
+                  f"answers         {self.answers}", f"rerun           {self.get_rerun()}"]
+        return "\n".join(lines)
+
+
+class _Rejected(AssertionError):
+    """Raised inside the Hypothesis test so that it shrinks the episode."""
+
+
+def write_failure(failure: Failure, out: Path) -> tuple[Path, Path]:
+    """The counterexample as an episode file that reruns it, and beside it
+    the implementation's answers and the failed checks."""
+    out.mkdir(parents=True, exist_ok=True)
+    episode = out / "counterexample.json"
+    episode.write_text(json.dumps(episode_to_json(failure.episode), indent=1) + "\n", encoding="utf-8")
+    answers = out / "counterexample.answers.json"
+    answers.write_text(json.dumps({"failed": [attrs.asdict(c) for c in failure.checks], "error": failure.error,
+                                   "answers": failure.answers}, indent=1) + "\n", encoding="utf-8")
+    return episode, answers
+
+
+def search(implementation: Implementation, out: Path, examples: int = 10, max_steps: int = 6,
+           seed: int | None = None, derandomize: bool = True, reference: bool = True) -> Outcome:
+    """Check ``examples`` generated episodes (1..``max_steps`` steps); on a
+    failure Hypothesis shrinks the episode, and the minimal one is written to
+    ``out`` (:func:`write_failure`). ``seed`` (or ``derandomize``) makes the
+    search repeatable."""
+    from hypothesis import HealthCheck, Phase, Verbosity, given, settings
+    from hypothesis import seed as use_seed
+
+    from unsee.impl.conform.episodes import episode_jsons
+
+    if examples < 1 or max_steps < 1:
+        raise ConformanceInputError(f"examples ({examples}) and max_steps ({max_steps}) must be at least 1")
+    failures: list[Failure] = []
+    count = 0
+    with tempfile.TemporaryDirectory(prefix="unsee-conform-") as tmp:
+        harness = Harness(implementation, Path(tmp), reference)
+
+        @settings(max_examples=examples, deadline=None, database=None, derandomize=derandomize and seed is None,
+                  phases=(Phase.generate, Phase.shrink), verbosity=Verbosity.quiet, print_blob=False,
+                  suppress_health_check=list(HealthCheck))
+        @given(episode_jsons(1, max_steps))
+        def conforms(raw: dict) -> None:
+            nonlocal count
+            count += 1
+            failure = harness.check_episode(parse_episode(raw))
+            if failure is not None:
+                failures.append(failure)
+                raise _Rejected(failure.describe())
+
+        if seed is not None:
+            conforms = use_seed(seed)(conforms)
+        try:
+            conforms()
+        except ConformanceInputError:
+            raise
+        except Exception as exc:  # _Rejected, or Hypothesis's report that a failure did not repeat
+            if not failures:
+                raise
+            flaky = not isinstance(exc, _Rejected)
+            episode, answers = write_failure(failures[-1], out)
+            return Outcome(implementation, count, failures[-1], episode, answers, flaky)
+    return Outcome(implementation, count)
+
+
+def check_file(implementation: Implementation, episode_path: str | Path, out: Path,
+               reference: bool = True) -> Outcome:
+    """Rerun one episode file (a counterexample) without a search."""
+    episode = load_episode(episode_path)
+    with tempfile.TemporaryDirectory(prefix="unsee-conform-") as tmp:
+        failure = Harness(implementation, Path(tmp), reference).check_episode(episode)
+    if failure is None:
+        return Outcome(implementation, 1)
+    written, answers = write_failure(failure, out)
+    return Outcome(implementation, 1, failure, written, answers)
+
+
+# --- the pytest entry point -----------------------------------------------------------
+
+def make_implementation(command: Sequence[str] | None = None, entry: str | None = None,
+                        timeout_s: float = 300.0) -> Implementation:
+    """A command or an entry point (exactly one)."""
+    if bool(command) == bool(entry):
+        raise ConformanceInputError("name the implementation by a command after '--' or by --entry "
+                                    "module:function (exactly one)")
+    return CommandImplementation(tuple(command), timeout_s) if command else load_entry_point(entry)
+
+
+def conformance_test(command: Sequence[str] | None = None, entry: str | None = None, examples: int | None = None,
+                     max_steps: int = 6, reference: bool = True) -> Callable[[Path], None]:
+    """A pytest test that checks an implementation; put it in a test module:
+
+    ``test_my_runtime = conformance_test(entry="mypkg.unsee_adapter:answer")``
+
+    It takes ``examples`` episodes (default: a twentieth of the active
+    Hypothesis profile's ``max_examples``, at least 2: ci 3, nightly 100),
+    derandomized when the profile
+    is, and fails with the shrunk counterexample's description (the file is
+    written under pytest's ``tmp_path``)."""
+
+    def test_conforms(tmp_path: Path) -> None:
+        from hypothesis import settings
+
+        active = settings()
+        count = examples if examples is not None else max(2, active.max_examples // 20)
+        outcome = search(make_implementation(command, entry), tmp_path, count, max_steps,
+                         derandomize=active.derandomize, reference=reference)
+        assert outcome.passed, outcome.describe()
+
+    return test_conforms

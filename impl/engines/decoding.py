@@ -1,0 +1,97 @@
+"""The decoding rule every engine applies (greedy or seeded exponential race), the drafts'
+measured prefill-versus-decode bounds, and context lookup."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import torch
+
+#: Ceilings on max |logit_prefill - logit_decode| per (model, device, dtype),
+#: measured by ``python -m unsee.bench.discrepancy`` (docs/drafts.md has the
+#: distributions). Each is the measured maximum times a safety factor of at
+#: least 10; the threshold a decision must clear is twice the bound.
+#:
+#: smollm2 cpu float32: max 7.5e-5 over 1,440 positions (8 greedy turns of 60
+#:   tokens, 1 and 2 threads, verification prefill and decode-after-prefill;
+#:   p99 5.4e-5); bound 1e-3, 13x the maximum.
+#: tiny cpu float32: max 2.2e-6 over 3,600 positions; bound 5e-5, 23x.
+#: tiny-ties cpu float32: max 1.7e-6 over 3,600 positions; bound 5e-5, 29x
+#:   (the near-tie family of ``load_model('tiny-ties')``: its margins are far
+#:   below any bound, so most of its decisions fall back, by design).
+DRAFT_BOUNDS: Mapping[tuple[str, str, str], float] = {
+    ("smollm2", "cpu", "float32"): 1e-3,
+    ("tiny", "cpu", "float32"): 5e-5,
+    ("tiny-ties", "cpu", "float32"): 5e-5,
+}
+
+
+def get_draft_bound(name: str, device: str, dtype: str) -> float | None:
+    """The measured discrepancy bound of a configuration, or None (drafts off)."""
+    kind = "cuda" if device.startswith("cuda") else device
+    return DRAFT_BOUNDS.get((name, kind, dtype))
+
+
+def get_scores(logits: torch.Tensor, temperature: float, seed: int | None, position: int) -> torch.Tensor:
+    """What the decoding rule maximises at ``position`` of a turn, in fp32 on CPU.
+
+    Greedy: the logits. Sampling: an exponential race, ``logits / T - log E``
+    with ``E ~ Exp(1)`` per vocabulary entry, drawn from a generator seeded by
+    ``(seed, position)`` alone. Its argmax is a sample of ``softmax(logits/T)``,
+    and the noise at a position does not depend on how the earlier positions
+    were decided, so a verifier can recompute it for any draft position.
+    """
+    scores = logits.detach().to("cpu", torch.float32)
+    if temperature == 0:
+        return scores
+    gen = torch.Generator(device="cpu").manual_seed((int(seed) * 1_000_003 + position) % (2**63))
+    noise = torch.empty(scores.shape[-1], dtype=torch.float32).exponential_(generator=gen)
+    return scores / temperature - torch.log(noise)
+
+
+def pick(scores: torch.Tensor) -> tuple[int, float]:
+    """The decision (first index among equal maxima) and its margin over the runner-up."""
+    if scores.shape[-1] < 2:
+        return 0, float("inf")
+    top = torch.topk(scores, 2)
+    best = int(torch.argmax(scores))  # argmax, not topk's index: the first of equal maxima
+    return best, float(top.values[0] - top.values[1])
+
+
+def get_threshold(bound: float, temperature: float) -> float:
+    """The margin a decision taken on verification logits must exceed."""
+    return 2 * bound / temperature if temperature > 0 else 2 * bound
+
+
+#: Context lookup (after a draft fails): the n-gram lengths matched against
+#: the lineage, longest first, and the most tokens guessed per forward. On
+#: the token streams of Table 1's counterfactual (docs/bench.md), simulated
+#: offline: n-grams of 3 then 2 and guesses of 8 tokens cut the changed
+#: turns' decoded tokens from 80 to 48 with 3 wasted guesses; adding 1-grams
+#: cut them to 42 but wasted 19 guesses (a 1-token match is weak evidence),
+#: and guesses of 16 gained nothing over 8.
+LOOKUP_NGRAMS = (3, 2)
+
+LOOKUP_TOKENS = 8
+
+
+def get_lookup(history: Sequence[int], limit: int, ngrams: Sequence[int] = LOOKUP_NGRAMS,
+               max_tokens: int = LOOKUP_TOKENS) -> list[int]:
+    """A guess at what follows ``history`` (a lineage's tokens, the newly
+    decided token last): the tokens that followed the most recent earlier
+    occurrence of its last ``n`` tokens, for the first ``n`` of ``ngrams``
+    that occurs; at most ``min(limit, max_tokens)`` of them; [] if none."""
+    size = min(limit, max_tokens)
+    end = len(history)
+    if size <= 0:
+        return []
+    for n in ngrams:
+        if end <= n:
+            continue
+        pattern = list(history[end - n:])
+        last = pattern[-1]
+        # candidate occurrences end at i (inclusive), strictly before the suffix itself
+        for i in range(end - 2, n - 2, -1):
+            if history[i] == last and list(history[i - n + 1:i + 1]) == pattern:
+                return list(history[i + 1:i + 1 + size])
+    return []

@@ -1,0 +1,273 @@
+"""The lineage book every engine shares: handles, pins, the KV budget's bookkeeping, work counters."""
+
+from __future__ import annotations
+
+import operator
+import weakref
+from dataclasses import dataclass, fields, replace
+from typing import Iterable, Sequence
+
+
+@dataclass
+class Counters:
+    """Work done by an engine, for measuring a span:
+
+        before = engine.counters.snapshot(); ...; spent = engine.counters - before
+
+    forward_calls          model forwards (a prefill chunk or a decode step is one)
+    prefilled_tokens       tokens fed by prefill forwards, canonicalisation and
+                           draft verification included
+    decoded_tokens         tokens the decoding rule produced (n tokens need n-1
+                           decode forwards: the last one is never fed back one
+                           by one); draft tokens accepted are not counted here
+    draft_accepted_tokens  draft tokens verified and kept (impl/agent/drafts.py)
+    draft_rejected_tokens  draft tokens verified and thrown away
+    draft_fallbacks        turns re-decoded from the header at an unstable decision
+    draft_probes           one-token probe forwards before a verification (the
+                           reference's own first decode step, impl/agent/drafts.py);
+                           a probe that finds the draft wrong is the start of
+                           the turn's decode, one that finds it right is spent
+    lookup_forwards        forwards that fed a decided token together with a guess
+                           from the lineage's own tokens (impl/agent/drafts.py,
+                           `get_lookup`); each replaces the one-token forward
+                           that token needed anyway
+    lookup_accepted_tokens guessed tokens verified and kept (not in decoded_tokens)
+    lookup_rejected_tokens guessed tokens verified and thrown away (the guessed
+                           tokens are counted in prefilled_tokens either way)
+    rebuilt_tokens         the part of prefilled_tokens spent by `rebuild`, i.e.
+                           re-creating a lineage that was evicted or not in memory
+    reused_tokens          tokens the prefix cache served instead of prefilling
+                           (not counted in prefilled_tokens: nothing was computed)
+    """
+
+    forward_calls: int = 0
+    prefilled_tokens: int = 0
+    decoded_tokens: int = 0
+    draft_accepted_tokens: int = 0
+    draft_rejected_tokens: int = 0
+    draft_fallbacks: int = 0
+    draft_probes: int = 0
+    lookup_forwards: int = 0
+    lookup_accepted_tokens: int = 0
+    lookup_rejected_tokens: int = 0
+    rebuilt_tokens: int = 0
+    reused_tokens: int = 0
+
+    def snapshot(self) -> "Counters":
+        return replace(self)
+
+    def __sub__(self, other: "Counters") -> "Counters":
+        return Counters(**{f.name: getattr(self, f.name) - getattr(other, f.name) for f in fields(Counters)})
+
+    def since(self, earlier: "Counters") -> "Counters":
+        return self - earlier
+
+
+def as_int(x) -> int | None:
+    """x as an int if it is an integer (numpy ints too, not bools or floats)."""
+    if isinstance(x, bool):
+        return None
+    try:
+        return operator.index(x)
+    except TypeError:
+        return None
+
+
+class EvictedLineageError(KeyError):
+    """A lineage the KV budget evicted: its handle is known, its cache is gone."""
+
+
+class LineagePin:
+    """A claim that a live runtime is extending ``lineage``: the KV budget never
+    evicts a pinned lineage. The claim lasts as long as this object lives
+    (the engine holds it weakly), so a runtime that is dropped, or a replay
+    that was abandoned halfway, releases its lineage by itself."""
+
+    __slots__ = ("lineage", "__weakref__")
+
+    def __init__(self, lineage: str):
+        self.lineage = lineage
+
+    def __repr__(self) -> str:
+        return f"LineagePin({self.lineage!r})"
+
+
+@dataclass(frozen=True)
+class KVMemory:
+    """What an engine holds, in bytes of distinct tensor storages (a prefix
+    shared by several lineages counts once).
+
+    held_bytes      every resident lineage's KV and kept logits
+    live_bytes      those of the live lineages (pinned or current)
+    unpinned_bytes  held_bytes - live_bytes: what the budget bounds
+    """
+
+    held_bytes: int
+    live_bytes: int
+    unpinned_bytes: int
+    lineages: int
+    live_lineages: int
+    evicted_lineages: int
+    cached_tokens: int
+    budget: int | None
+
+    def to_json(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+class LineageBook:
+    """The bookkeeping every engine shares, whatever holds its KV: string
+    handles to lineages, the current one, pins, the handles the budget
+    evicted, and an LRU clock. An engine subclasses it and provides
+    ``new_lineage``, ``prefill``, ``length``, ``drop``, ``enforce_budget``
+    and ``_lineage_storages`` (its own idea of what a lineage holds); its
+    lineage objects need ``tokens`` and ``last_used``."""
+
+    def _init_book(self) -> None:
+        self._lineages: dict = {}
+        self._current: str | None = None
+        self._next_id = 0
+        self._evicted: set[str] = set()
+        self._pins: weakref.WeakSet[LineagePin] = weakref.WeakSet()
+        self._clock = 0
+        self.kv_budget: int | None = None
+        self.peak_unpinned_bytes = 0  # the most unpinned bytes held when a verb returned
+        self.evictions = 0
+
+    def rebuild(self, chunks: Iterable[Sequence[int]]) -> str:
+        """A new lineage (made current) holding ``chunks``, one prefill each:
+        re-creating a cache that was evicted or never in memory (a reopened
+        session). Counted as prefilled and as ``rebuilt_tokens``."""
+        handle = self.new_lineage()
+        for chunk in chunks:
+            before = self.counters.prefilled_tokens
+            self.prefill(chunk)
+            self.counters.rebuilt_tokens += self.counters.prefilled_tokens - before
+        return handle
+
+    @property
+    def current(self) -> str | None:
+        return self._current
+
+    @property
+    def lineages(self) -> tuple[str, ...]:
+        return tuple(self._lineages)
+
+    @property
+    def evicted(self) -> tuple[str, ...]:
+        """Handles the KV budget evicted (their caches are gone)."""
+        return tuple(sorted(self._evicted))
+
+    def is_evicted(self, lineage: str) -> bool:
+        return lineage in self._evicted
+
+    def use(self, lineage: str) -> None:
+        self._get(lineage)
+        self._current = lineage
+
+    def tokens(self, lineage: str | None = None) -> list[int]:
+        """The token ids the lineage's cache holds (a copy)."""
+        return list(self._get(lineage).tokens)
+
+    def pin(self, lineage: str) -> LineagePin:
+        """Mark ``lineage`` live for as long as the returned pin is referenced
+        (see :class:`LineagePin`); the KV budget never evicts it."""
+        self._get(lineage)
+        pin = LineagePin(lineage)
+        self._pins.add(pin)
+        return pin
+
+    def live_lineages(self) -> set[str]:
+        """The pinned lineages and the current one: never evicted."""
+        live = {p.lineage for p in list(self._pins)}
+        if self._current is not None:
+            live.add(self._current)
+        return live & set(self._lineages)
+
+    def set_kv_budget(self, kv_budget: int | None) -> None:
+        """Bound the bytes held by lineages that are neither pinned nor current
+        (None: no bound; 0: keep only those), and enforce it now."""
+        if kv_budget is not None:
+            b = as_int(kv_budget)
+            if b is None or b < 0:
+                raise ValueError(f"kv_budget={kv_budget!r} must be a number of bytes >= 0, or None for no bound")
+            kv_budget = b
+        self.kv_budget = kv_budget
+        self.enforce_budget()
+
+    def memory(self) -> KVMemory:
+        """What the engine holds now (bytes of distinct storages)."""
+        live = self.live_lineages()
+        held: dict = {}
+        live_st: dict = {}
+        for handle in self._lineages:
+            st = self._lineage_storages(handle)
+            held.update(st)
+            if handle in live:
+                live_st.update(st)
+        return KVMemory(held_bytes=sum(held.values()), live_bytes=sum(live_st.values()),
+                        unpinned_bytes=sum(held.values()) - sum(live_st.values()), lineages=len(self._lineages),
+                        live_lineages=len(live), evicted_lineages=len(self._evicted),
+                        cached_tokens=sum(len(lin.tokens) for lin in self._lineages.values()), budget=self.kv_budget)
+
+    def _fresh_handle(self) -> str:
+        handle = f"L{self._next_id}"
+        self._next_id += 1
+        return handle
+
+    def _need_current(self) -> str:
+        if self._current is None:
+            raise RuntimeError("no current lineage: call new_lineage() or use(lineage)")
+        return self._current
+
+    def _get(self, lineage: str | None):
+        handle = self._need_current() if lineage is None else lineage
+        if handle not in self._lineages:
+            if handle in self._evicted:
+                raise EvictedLineageError(
+                    f"lineage {handle!r} was evicted by the KV budget ({self.kv_budget} bytes); "
+                    "rebuild it by prefill from a checkpoint's manifest")
+            raise KeyError(f"unknown lineage {handle!r}; live: {sorted(self._lineages)}")
+        self._touch(handle)
+        return self._lineages[handle]
+
+    def _touch(self, handle: str) -> None:
+        self._clock += 1
+        self._lineages[handle].last_used = self._clock
+
+    def _check_prefix_length(self, verb: str, n_tokens, length: int) -> int:
+        """``n_tokens`` as an int in ``[0, length]`` (a lineage's length), or a
+        ValueError naming ``verb`` before anything changes."""
+        n = as_int(n_tokens)
+        if n is None or not 0 <= n <= length:
+            raise ValueError(f"{verb}: n_tokens={n_tokens!r} is outside [0, {length}] (the lineage's length)")
+        return n
+
+    def _check_generate(self, max_new_tokens, temperature: float, seed: int | None, draft,
+                        lookup: bool = False) -> int:
+        """Check ``generate``'s arguments before anything changes; returns
+        ``max_new_tokens`` as an int. A draft or a context lookup needs the
+        engine's measured prefill-versus-decode bound (``draft_bound``; None:
+        drafts off)."""
+        if as_int(max_new_tokens) is None or max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens={max_new_tokens!r} must be an int >= 0")
+        if temperature < 0:
+            raise ValueError(f"temperature={temperature!r} must be >= 0")
+        if temperature > 0 and seed is None:
+            raise ValueError(f"temperature={temperature!r} > 0 needs a seed for repeatable sampling")
+        if (draft is not None or lookup) and self.draft_bound is None:
+            what = "a draft" if draft is not None else "lookup=True"
+            raise ValueError(f"generate: {what} needs a measured discrepancy bound, and none is known for "
+                             f"{self.lm.name} on {self.lm.device} {self.lm.dtype} (drafts are off there)")
+        return int(max_new_tokens)
+
+    def _check_ids(self, token_ids: Iterable[int], allow_empty: bool = False) -> list[int]:
+        # Checked on the host: an out-of-range id on CUDA is a device assert
+        # that kills the process instead of an error we can report.
+        ids = [operator.index(t) for t in token_ids]  # ints only, no floats
+        if not ids and not allow_empty:
+            raise ValueError("prefill: token_ids is empty; a forward needs at least one token")
+        bad = [t for t in ids if not 0 <= t < self.lm.vocab_size]
+        if bad:
+            raise ValueError(f"prefill: token ids {bad[:5]} outside [0, {self.lm.vocab_size})")
+        return ids

@@ -1,0 +1,90 @@
+"""The one way to build an engine: a model name or path, a backend, and options.
+
+Backends (each in its own folder beside this file):
+
+``transformers``  :class:`~unsee.impl.engines.hf.engine.KVEngine`; models ``tiny``,
+                  ``tiny-ties``, ``smollm2``, a local HF folder or a ``*.gguf`` file
+                  (dequantised); options ``device``, ``dtype``, ``cache_dir``.
+``llamacpp``      :class:`~unsee.impl.engines.llamacpp.engine.LlamaCppEngine`; models
+                  ``smollm2`` (the embedded GGUF), ``tiny`` (a random GGUF) or a
+                  ``*.gguf`` file; options ``threads``, ``n_ctx``, ``cache_dir``.
+
+``UNSEE_ENGINE`` and the properties name an engine by one word (:data:`ENGINE_NAMES`):
+``tiny`` and ``smollm2`` are transformers models, ``llamacpp`` and ``llamacpp-tiny``
+their llama.cpp twins. :func:`parse_engine_name` turns that word into
+``(backend, model)``.
+
+Backends are imported only when asked for, so building a llama.cpp engine
+never imports transformers.
+"""
+
+from __future__ import annotations
+
+import os
+
+from unsee.impl.engines.protocol import Engine
+
+BACKENDS = ("transformers", "llamacpp")
+DEFAULT_BACKEND = "transformers"
+#: One-word engine names (``UNSEE_ENGINE``): name -> (backend, model).
+ENGINE_NAMES = {"tiny": ("transformers", "tiny"), "smollm2": ("transformers", "smollm2"),
+                "llamacpp": ("llamacpp", "smollm2"), "llamacpp-tiny": ("llamacpp", "tiny")}
+
+
+def parse_engine_name(name: str) -> tuple[str, str]:
+    """``(backend, model)`` of a one-word engine name (:data:`ENGINE_NAMES`)."""
+    if name not in ENGINE_NAMES:
+        raise ValueError(f"engine {name!r} is not one of {tuple(ENGINE_NAMES)}")
+    return ENGINE_NAMES[name]
+
+
+def check_backend(backend: str) -> str:
+    """``backend`` if known, else a ValueError naming the known ones."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend {backend!r} is not one of {BACKENDS}")
+    return backend
+
+
+def load_model_for(backend: str, model: str | os.PathLike, **options):
+    """The loaded model of ``backend`` (what :func:`make_engine` wraps)."""
+    if check_backend(backend) == "llamacpp":
+        from unsee.impl.engines.llamacpp.engine import load_llamacpp
+
+        return load_llamacpp(model, **options)
+    from unsee.impl.engines.hf.models import load_model
+
+    return load_model(model, **options)
+
+
+def make_engine(lm, kv_budget: int | None = None) -> Engine:
+    """An engine over an already loaded model (several engines may share one)."""
+    if type(lm).__name__ == "LlamaCppModel":
+        from unsee.impl.engines.llamacpp.engine import LlamaCppEngine
+
+        return LlamaCppEngine(lm, kv_budget=kv_budget)
+    from unsee.impl.engines.hf.engine import KVEngine
+
+    return KVEngine(lm, kv_budget=kv_budget)
+
+
+def load_engine(model: str | os.PathLike | None = None, backend: str | None = None,
+                kv_budget: int | None = None, **options) -> Engine:
+    """An engine over ``model`` on ``backend`` (default: transformers).
+
+    With no backend, ``model`` may be a one-word engine name
+    (:data:`ENGINE_NAMES`); with no model either, ``$UNSEE_ENGINE`` or
+    ``tiny``. ``options`` go to the backend's loader (``device``, ``dtype``
+    for transformers; ``threads``, ``n_ctx`` for llama.cpp). Options that are
+    None are left at the loader's defaults.
+    """
+    if model is None and backend is None:
+        model = os.environ.get("UNSEE_ENGINE") or "tiny"
+    if backend is None and os.fspath(model) in ENGINE_NAMES:
+        backend, model = parse_engine_name(os.fspath(model))
+    backend = check_backend(backend or DEFAULT_BACKEND)
+    options = {k: v for k, v in options.items() if v is not None}
+    return make_engine(load_model_for(backend, model if model is not None else "tiny", **options), kv_budget)
+
+
+__all__ = ["BACKENDS", "ENGINE_NAMES", "check_backend", "load_engine", "load_model_for", "make_engine",
+           "parse_engine_name"]

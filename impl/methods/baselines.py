@@ -1,0 +1,347 @@
+"""The paper's methods B0-B9 (Section 4.1 "Methods").
+
+Every method branches from the same contaminated base state (``fork`` shares
+the cache copy-on-write), so comparisons are paired. Each returns the resulting runtime and
+a :class:`MethodResult` with what it recomputed.
+
+====  =====================  ===================================================
+B0    none                   no forget
+B1    memory-delete          delete the memory-store records that carry z
+B2    forget-instruction     append an instruction to forget z
+B3    source-redaction       drop the source block, keep derived ones, rebuild
+B4    sanitize-no-replay     drop source and descendants, regenerate nothing
+B5    reset                  full reset on the counterfactual stream
+B5'   reset-prefix-cache     B5 served by the engine's prefix cache: the KV of
+                             whole matching prefill chunks is reused, not
+                             recomputed (``KVEngine.prefix_cache``)
+B6    sanitized-rebuild      string-redact every block, rebuild the cache
+--    span-excision          Table 4's "target span only": cut the target's token
+                             span out of the live KV, keep the suffix KV as it was
+B7    replay                 Provenance-Guided Selective Replay (Algorithm 1),
+                             model turns replayed as verified drafts (impl/agent/drafts.py)
+B7    replay-decode          the same, every model turn re-decoded (no drafts)
+B7o   replay-oracle          the paper's variant: turns labelled independent of z
+                             re-prefilled unverified (attribution oracle; not
+                             exact when a label is wrong)
+B8    ifc                    FIDES-style sink policy on plans, no cleanup:
+                             identifier arguments (routing, selection) of a
+                             tainted plan are blocked, free text passes
+B9    ifc-replay             B7 then the same sink policy
+====  =====================  ===================================================
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable, Mapping
+
+import attrs
+
+from unsee.impl.agent.provenance import DERIVED_TYPES, RuntimeBlock
+from unsee.impl.agent.runtime import AgentRuntime, ForgetReport, render
+from unsee.impl.agent.tools import parse_arguments
+from unsee.impl.util.text import get_variants, normalize
+
+METHODS = ("none", "memory-delete", "forget-instruction", "source-redaction", "sanitize-no-replay", "reset",
+           "reset-prefix-cache", "sanitized-rebuild", "span-excision", "replay", "replay-decode", "replay-oracle",
+           "ifc", "ifc-replay")
+#: The sink classes B8's policy treats as identifiers: blocked when tainted.
+IDENTIFIER_SINKS = ("routing", "selection")
+PAPER_NAMES = {"none": "B0 No-Forget", "memory-delete": "B1 Memory-Delete",
+               "forget-instruction": "B2 Forget-Instruction", "source-redaction": "B3 Source-Redaction",
+               "sanitize-no-replay": "B4 Sanitize-no-Replay", "reset": "B5 Full-Reset",
+               "reset-prefix-cache": "B5' +PrefixCache", "sanitized-rebuild": "B6 Sanitized-Rebuild",
+               "span-excision": "Span-only excision (Table 4)",
+               "replay": "B7 Selective-Replay", "replay-decode": "B7 Selective-Replay (no drafts)",
+               "replay-oracle": "B7-oracle (attribution oracle)", "ifc": "B8 FIDES-style IFC",
+               "ifc-replay": "B9 IFC + Replay"}
+
+
+@attrs.frozen
+class MethodResult:
+    method: str
+    invocations: int  # transitions of F re-run
+    prefilled_tokens: int
+    decoded_tokens: int
+    wall_s: float
+    digest: str
+    blocked_plans: tuple[str, ...] = ()  # B8/B9: tainted plans with an argument the sink policy blocks
+    #: B8/B9: (plan block id, argument) pairs the sink policy blocks
+    blocked_args: tuple[tuple[str, str], ...] = ()
+    report: ForgetReport | None = None
+    draft_accepted_tokens: int = 0  # B7: draft tokens verified instead of decoded
+    draft_rejected_tokens: int = 0
+    reused_tokens: int = 0  # B5': prefill tokens the prefix cache served (not in prefilled_tokens)
+
+    @property
+    def recomputed_tokens(self) -> int:
+        return self.prefilled_tokens + self.decoded_tokens
+
+    def to_json(self) -> dict:
+        out = attrs.asdict(self, recurse=False)
+        out["paper_name"] = PAPER_NAMES[self.method]
+        out["recomputed_tokens"] = self.recomputed_tokens
+        out["report"] = self.report.to_json() if self.report else None
+        return out
+
+
+def apply_method(base: AgentRuntime, method: str, source_id: str, value: str | None = None,
+                 sinks: Mapping[str, Mapping[str, str]] | None = None) -> tuple[AgentRuntime, MethodResult]:
+    """Run one method on a fork of ``base``; ``base`` is left unchanged.
+
+    ``sinks`` (``{tool: {argument: sink class}}``, e.g. from
+    :data:`unsee.impl.eval.suites.TOOL_SINKS`) is what B8 and B9's policy reads;
+    a tool it does not describe has every argument treated as an identifier
+    (the whole tainted plan is blocked, the conservative reading)."""
+    if method not in METHODS:
+        raise ValueError(f"unknown method {method!r}; expected one of {METHODS}")
+    base.graph.locate_source(source_id)  # an unknown source fails before any work
+    if method in ("forget-instruction", "sanitized-rebuild") and not value:
+        raise ValueError(f"method {method!r} needs the target's value (the episode's target.value)")
+    runtime = base.fork()
+    started, before = time.perf_counter(), runtime.engine.counters.snapshot()
+    transitions_before = runtime.transitions
+    report, blocked, invocations = None, (), 0
+    if method in ("replay", "ifc-replay", "replay-decode", "replay-oracle"):
+        report = runtime.forget(source_id, drafts=False if method == "replay-decode" else None,
+                                oracle=method == "replay-oracle")
+        invocations = report.invocations
+    elif method == "reset":
+        report = runtime.full_reset(source_id)
+        invocations = report.invocations
+    elif method == "reset-prefix-cache":
+        # The same transitions as B5; the engine serves what it can from the
+        # old session's lineages (the fork's current one shares base's).
+        with runtime.engine.prefix_cache(runtime.checkpoints.lineages() | {runtime.lineage}):
+            report = runtime.full_reset(source_id)
+        invocations = report.invocations
+    else:
+        _EDITS[method](runtime, source_id, value)
+        invocations = runtime.transitions - transitions_before
+    blocked_args: tuple[tuple[str, str], ...] = ()
+    if method in ("ifc", "ifc-replay"):
+        blocked_args = get_blocked_args(runtime, source_id, sinks)
+        blocked = tuple(dict.fromkeys(plan for plan, _ in blocked_args))
+    spent = runtime.engine.counters.snapshot() - before
+    result = MethodResult(method, invocations, spent.prefilled_tokens, spent.decoded_tokens,
+                          time.perf_counter() - started, runtime.digest(), blocked, blocked_args, report,
+                          spent.draft_accepted_tokens, spent.draft_rejected_tokens, spent.reused_tokens)
+    return runtime, result
+
+
+# --- the edit-style baselines --------------------------------------------------
+
+def delete_memory_records(runtime: AgentRuntime, source_id: str, value: str | None) -> None:
+    """B1: what deployed stacks do: delete the stored records, touch nothing else."""
+    runtime.memory = [b for b in runtime.memory if source_id not in runtime.graph[b].source_ids]
+
+
+def append_forget_instruction(runtime: AgentRuntime, source_id: str, value: str | None) -> None:
+    """B2: tell the model to forget (the value stays resident)."""
+    runtime._prefill_block(f"forget:{source_id}", "instruction",
+                           render("system", f"Forget this and never use or reveal it: {value}"),
+                           parents=tuple(runtime.context), sources=runtime._resident_sources())
+
+
+def redact_source(runtime: AgentRuntime, source_id: str, value: str | None) -> None:
+    """B3: drop the source block(s); derived artifacts stay."""
+    sources = {b.id for b in runtime.graph.locate_source(source_id)}
+    _rebuild(runtime, keep=lambda b: b.id not in sources)
+
+
+def drop_closure(runtime: AgentRuntime, source_id: str, value: str | None) -> None:
+    """B4: drop the source and its descendants; regenerate nothing (over-deletes)."""
+    closure = set(runtime.graph.taint_closure(source_id))
+    # the system prompt re-prefilled by a compaction inherits nothing; keep system blocks
+    _rebuild(runtime, keep=lambda b: b.id not in closure or b.type == "system")
+
+
+def redact_strings(runtime: AgentRuntime, source_id: str, value: str | None) -> None:
+    """B6: string-redact the target's variants in every block, then rebuild."""
+    pattern = re.compile("|".join(re.escape(v) for v in get_variants(value)), re.IGNORECASE)
+
+    def redact(block: RuntimeBlock) -> RuntimeBlock:
+        text = pattern.sub("[REDACTED]", block.text)
+        if normalize(text) != normalize(block.text) or block.text != text:
+            return attrs.evolve(block, id=f"{block.id}~redacted", text=text, parents=())
+        return block
+
+    _rebuild(runtime, keep=lambda b: True, transform=redact)
+
+
+def excise_span(runtime: AgentRuntime, source_id: str, value: str | None) -> None:
+    """Span-only excision (the paper's Table 4, "target span only"): in the
+    live cache, cut out the tokens of the target item wherever its text sits
+    verbatim in an observation block (the step it entered in, a memory block
+    that re-injected it), and keep every other position's KV as it was
+    computed, the suffix included. The stored records of the target go too;
+    derived artifacts (answers, summaries, plans, notes) stay, as in B3.
+
+    The suffix KV was computed while attending to the target, and its rotary
+    positions no longer match the shorter cache; both are what the ablation
+    measures. The token span is the shortest run of the block's tokens whose
+    decoding contains the item's text."""
+    lm, engine = runtime.engine.lm, runtime.engine
+    if not callable(getattr(engine, "excise", None)):
+        # checked first: the method must change nothing it cannot finish
+        raise NotImplementedError(f"span-excision needs an engine that can cut a span out of its KV "
+                                  f"(`excise`); {type(engine).__name__} cannot (the transformers engine can)")
+    items = [i.text for s in runtime.steps for i in s.items if i.source == source_id]
+    cuts: dict[str, tuple[int, int, str]] = {}  # block id -> (start, end) in its own tokens, the item text
+    for block_id in runtime.context:
+        block = runtime.graph[block_id]
+        if block.type in DERIVED_TYPES or source_id not in block.source_ids:
+            continue
+        for text in items:
+            span = _find_token_span(lm, block.tokens, text) if text and text in block.text else None
+            if span is not None:
+                cuts[block_id] = (*span, text)
+                break
+    runtime.memory = [b for b in runtime.memory if not (runtime.graph[b].type == "memory_record"
+                                                        and source_id in runtime.graph[b].source_ids)]
+    if not cuts:
+        return
+    engine.use(runtime.lineage)
+    for block_id in reversed(runtime.context):  # back to front: earlier offsets stay valid
+        if block_id in cuts:
+            a, z, _ = cuts[block_id]
+            start = runtime.graph[block_id].token_span[0]
+            engine.excise(start + a, start + z)
+    offset = 0
+    for block_id in runtime.context:
+        block = runtime.graph[block_id]
+        tokens, text, chunks = block.tokens, block.text, block.chunks
+        if block_id in cuts:
+            a, z, item = cuts[block_id]
+            tokens, text, chunks = tokens[:a] + tokens[z:], text.replace(item, "", 1), ()
+        runtime.graph.replace(attrs.evolve(block, tokens=tuple(tokens), text=text,
+                                           token_span=(offset, offset + len(tokens)), chunks=chunks))
+        offset += len(tokens)
+
+
+def _find_token_span(lm, tokens: tuple[int, ...], text: str) -> tuple[int, int] | None:
+    """The shortest ``[a, b)`` with ``text`` in ``decode(tokens[a:b])``:
+    the smallest such end ``b`` and then the largest start ``a``, each found
+    by bisection (containment is monotone in both)."""
+    if text not in lm.decode(list(tokens)):
+        return None
+    lo, hi = 0, len(tokens)
+    while lo < hi:  # smallest b with text in decode(tokens[:b])
+        mid = (lo + hi) // 2
+        if text in lm.decode(list(tokens[:mid])):
+            hi = mid
+        else:
+            lo = mid + 1
+    end = lo
+    lo, hi = 0, end
+    while lo < hi:  # largest a with text in decode(tokens[a:end])
+        mid = (lo + hi + 1) // 2
+        if text in lm.decode(list(tokens[mid:end])):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo, end
+
+
+_EDITS: dict[str, Callable[[AgentRuntime, str, str | None], None]] = {
+    "none": lambda runtime, source_id, value: None,
+    "memory-delete": delete_memory_records,
+    "forget-instruction": append_forget_instruction,
+    "source-redaction": redact_source,
+    "sanitize-no-replay": drop_closure,
+    "sanitized-rebuild": redact_strings,
+    "span-excision": excise_span,
+    "ifc": lambda runtime, source_id, value: None,
+}
+
+
+def _rebuild(runtime: AgentRuntime, keep: Callable[[RuntimeBlock], bool],
+             transform: Callable[[RuntimeBlock], RuntimeBlock] = lambda b: b) -> None:
+    """Re-prefill the kept context blocks into a new lineage, one chunk each.
+
+    Model turns are re-prefilled from their text (their recorded tokens
+    include the decoded ids); stored records and plans are filtered too."""
+    blocks = [transform(runtime.graph[b]) for b in runtime.context if keep(runtime.graph[b])]
+    runtime.memory = [m.id for m in (transform(runtime.graph[b]) for b in runtime.memory if keep(runtime.graph[b]))
+                      if _ensure(runtime, m)]
+    runtime.plans = [p.id for p in (transform(runtime.graph[b]) for b in runtime.plans if keep(runtime.graph[b]))
+                     if _ensure(runtime, p)]
+    runtime.lineage = runtime.engine.new_lineage()
+    runtime.context = []
+    for block in blocks:
+        runtime.engine.use(runtime.lineage)
+        start = runtime.engine.length()
+        tokens = _get_tokens(runtime, block)
+        runtime.engine.prefill(list(tokens))
+        rebuilt = attrs.evolve(block, tokens=tuple(tokens), token_span=(start, start + len(tokens)))
+        if rebuilt.id in runtime.graph:
+            runtime.graph.replace(rebuilt)
+        else:
+            runtime.graph.add(rebuilt)
+        runtime.context.append(rebuilt.id)
+
+
+def _get_tokens(runtime: AgentRuntime, block: RuntimeBlock) -> tuple[int, ...]:
+    """Recorded tokens for an unchanged block; an edited block is re-encoded
+    (a model turn keeps its assistant framing)."""
+    if block.id in runtime.graph and runtime.graph[block.id] is block and block.tokens:
+        return block.tokens
+    text = render("assistant", block.text) if block.type in DERIVED_TYPES else block.text
+    return tuple(runtime.engine.lm.encode(text))
+
+
+def _ensure(runtime: AgentRuntime, block: RuntimeBlock) -> bool:
+    if block.id not in runtime.graph:
+        runtime.graph.add(block)
+    return True
+
+
+# --- IFC -----------------------------------------------------------------------
+
+def get_blocked_plans(runtime: AgentRuntime, source_id: str,
+                      sinks: Mapping[str, Mapping[str, str]] | None = None) -> tuple[str, ...]:
+    """The pending plans labelled with the target that B8's policy stops
+    from firing as planned: those with a blocked argument (:func:`get_blocked_args`)."""
+    return tuple(dict.fromkeys(plan for plan, _ in get_blocked_args(runtime, source_id, sinks)))
+
+
+def get_blocked_args(runtime: AgentRuntime, source_id: str,
+                     sinks: Mapping[str, Mapping[str, str]] | None = None) -> tuple[tuple[str, str], ...]:
+    """B8's sink policy, by sink class as FIDES applies it (paper, Section
+    4.1 "Methods"): a pending plan labelled with the target (its block's
+    source ids hold it) may not pass a value into an identifier sink
+    (:data:`IDENTIFIER_SINKS`: routing, selection); free-text arguments of
+    the same plan pass. Returns the blocked ``(plan block id, argument)``
+    pairs. A tool that ``sinks`` does not describe has every argument
+    treated as an identifier; with no arguments known, the pair
+    ``(plan, "*")`` blocks the whole plan."""
+    out: list[tuple[str, str]] = []
+    tools = {f"{s.id}/plan": s.tool for s in runtime.steps if s.kind == "plan"}
+    for plan in runtime.plans:
+        if source_id not in runtime.graph[plan].source_ids:
+            continue
+        classes = (sinks or {}).get(tools.get(plan) or "")
+        if classes is None:
+            out.append((plan, "*"))
+            continue
+        out.extend((plan, arg) for arg, cls in classes.items() if cls in IDENTIFIER_SINKS)
+    return tuple(out)
+
+
+def get_plan_arguments(runtime: AgentRuntime, params_by_tool: Mapping[str, tuple[str, ...]]) -> dict[
+        str, dict[str, str]]:
+    """``{plan block id: {argument: value}}`` of the pending plans: from the
+    tool layer's calls where the runtime made them (scaffold-filled
+    arguments included), else parsed from the plan text with the tool's
+    parameters (:func:`~unsee.impl.agent.tools.parse_arguments`)."""
+    calls = {f"{c.step_id}/plan": dict(c.args) for c in getattr(runtime, "calls", ())}
+    tools = {f"{s.id}/plan": s.tool for s in runtime.steps if s.kind == "plan"}
+    out = {}
+    for plan in runtime.plans:
+        if plan in calls:
+            out[plan] = calls[plan]
+        else:
+            params = params_by_tool.get(tools.get(plan) or "", ())
+            out[plan] = parse_arguments(tuple(params), runtime.graph[plan].text)[0]
+    return out

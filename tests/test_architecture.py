@@ -1,0 +1,150 @@
+"""The shape of impl/, read from its import statements (no module is imported).
+
+- no import cycle between impl modules, lazy imports inside functions included;
+- no subsystem imports one above it in :data:`LAYERS`;
+- the product imports nothing from the test tree, the properties or the benches;
+- no module imports another module's private (``_``) names;
+- the llama.cpp engine's modules reach no transformers, directly or through impl;
+- no impl file is over 600 lines, and no function over 60.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+IMPL = Path(__file__).resolve().parents[1] / "impl"
+PACKAGE = "unsee.impl"
+
+#: The subsystems, lowest first: a module may import its own subsystem and
+#: those below it, never one above.
+LAYERS = ("util", "engines", "agent", "methods", "store", "eval", "conform", "cli")
+#: Top-level modules of unsee.impl that sit above every subsystem.
+TOP = ("api",)
+FORBIDDEN = ("unsee.properties", "unsee.tests", "unsee.bench", "tests", "properties", "bench")
+MAX_FILE_LINES = 600
+MAX_FUNCTION_LINES = 60
+
+
+def get_module_name(path: Path) -> str:
+    parts = path.relative_to(IMPL).with_suffix("").parts
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join((PACKAGE,) + parts)
+
+
+def get_modules() -> dict[str, Path]:
+    return {get_module_name(p): p for p in sorted(IMPL.rglob("*.py"))}
+
+
+def get_imports(path: Path) -> list[tuple[str, tuple[str, ...]]]:
+    """``(module, names)`` of every import statement, lazy ones included."""
+    out = []
+    package = get_module_name(path) if path.name == "__init__.py" else get_module_name(path).rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out.extend((alias.name, ()) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            module = node.module or ""
+            if node.level:
+                base = package.split(".")
+                base = base[:len(base) - node.level + 1]
+                module = ".".join(base + ([module] if module else []))
+            out.append((module, tuple(alias.name for alias in node.names)))
+    return out
+
+
+def get_edges(modules: dict[str, Path]) -> dict[str, set[str]]:
+    """Module -> the impl modules it imports (``from pkg import mod`` counts as mod)."""
+    edges: dict[str, set[str]] = {m: set() for m in modules}
+    for name, path in modules.items():
+        for module, names in get_imports(path):
+            targets = [f"{module}.{n}" for n in names if f"{module}.{n}" in modules] or [module]
+            edges[name].update(t for t in targets if t in modules and t != name)
+    return edges
+
+
+def get_subsystem(module: str) -> str:
+    return module.removeprefix(PACKAGE + ".").split(".")[0]
+
+
+def find_cycle(edges: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle, as the list of modules along it, or None."""
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(edges[node]):
+            if state.get(nxt) == 1:
+                return stack[stack.index(nxt):] + [nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(edges):
+        if node not in state and (found := visit(node)):
+            return found
+    return None
+
+
+def test_no_import_cycle():
+    cycle = find_cycle(get_edges(get_modules()))
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_no_upward_import():
+    modules = get_modules()
+    bad = []
+    for name, targets in get_edges(modules).items():
+        here = get_subsystem(name)
+        if name == PACKAGE or here in TOP:
+            continue
+        assert here in LAYERS, f"{name}: subsystem {here!r} is not in LAYERS {LAYERS}"
+        for target in targets:
+            there = get_subsystem(target)
+            if target == PACKAGE or there in TOP or LAYERS.index(there) > LAYERS.index(here):
+                bad.append(f"{name} -> {target}")
+    assert not bad, "imports that point up: " + ", ".join(sorted(bad))
+
+
+def test_product_imports_no_test_tree():
+    bad = [f"{name} -> {module}" for name, path in get_modules().items() for module, _ in get_imports(path)
+           if module.startswith(FORBIDDEN) or module.split(".")[0] in ("tests", "properties", "bench")]
+    assert not bad, ", ".join(bad)
+
+
+def test_no_private_name_imports():
+    bad = [f"{name}: {module} {n}" for name, path in get_modules().items() for module, names in get_imports(path)
+           if module.startswith(PACKAGE) for n in names if n.startswith("_") and n != "__version__"]
+    assert not bad, ", ".join(bad)
+
+
+def test_llamacpp_engine_needs_no_transformers():
+    modules = get_modules()
+    edges = get_edges(modules)
+    start = [m for m in modules if m.startswith(f"{PACKAGE}.engines.llamacpp")]
+    seen, todo = set(), list(start)
+    while todo:
+        m = todo.pop()
+        if m not in seen:
+            seen.add(m)
+            todo.extend(edges[m])
+    bad = [f"{m} imports {module}" for m in sorted(seen) for module, _ in get_imports(modules[m])
+           if module.split(".")[0] == "transformers" or module.startswith(f"{PACKAGE}.engines.hf")]
+    assert not bad, ", ".join(bad)
+
+
+@pytest.mark.parametrize("path", sorted(IMPL.rglob("*.py")), ids=lambda p: str(p.relative_to(IMPL)))
+def test_file_and_function_sizes(path: Path):
+    lines = path.read_text().count("\n")
+    assert lines <= MAX_FILE_LINES, f"{path.name}: {lines} lines > {MAX_FILE_LINES}"
+    long = [f"{n.name} ({n.end_lineno - n.lineno + 1} lines, line {n.lineno})"
+            for n in ast.walk(ast.parse(path.read_text()))
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.end_lineno - n.lineno + 1 > MAX_FUNCTION_LINES]
+    assert not long, f"{path.name}: functions over {MAX_FUNCTION_LINES} lines: {', '.join(long)}"
