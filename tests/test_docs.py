@@ -19,6 +19,7 @@ import contextlib
 import importlib
 import io
 import re
+import shutil
 from functools import cache
 from pathlib import Path
 
@@ -80,6 +81,7 @@ def get_snippets() -> list:
 
 @pytest.mark.parametrize("code", get_snippets())
 def test_doc_snippet_runs(code, tmp_path, monkeypatch, request):
+    shutil.copytree(ROOT / "examples", tmp_path / "examples")  # the episode files snippets read
     monkeypatch.chdir(tmp_path)  # snippets write their files (stores, suites) here
     run_snippet(code, request.node.callspec.id)
 
