@@ -18,8 +18,7 @@ import pytest
 
 from unsee.bench.memory import make_compaction_episode, run_memory_bench
 from unsee.bench.restore import build, get_median_interval, get_ratios, get_tokens, measure_restore_overhead, restore
-from unsee.impl.engines.hf.engine import KVEngine
-from unsee.impl.engines.hf.models import load_model
+from unsee.impl.engines.registry import load_engine
 from unsee.properties.differential import torch_threads
 
 STEPS = 200 if os.environ.get("UNSEE_PROFILE") == "nightly" else 60
@@ -54,7 +53,7 @@ def test_compaction_episode_is_as_described():
 @pytest.mark.parametrize("n", [256, 2048])
 def test_share_restore_copies_nothing(n):
     with torch_threads(1):
-        engine = KVEngine(load_model("tiny"))
+        engine = load_engine("tiny")
         source = build(engine, get_tokens(engine, n + 64), 64)
         held = engine.memory().held_bytes
         shared = restore(engine, "share", source, n)
@@ -66,7 +65,7 @@ def test_share_restore_copies_nothing(n):
 
 def test_restore_bench_rows_count_copies_and_bracket_their_medians():
     with torch_threads(1):
-        engine = KVEngine(load_model("tiny"))
+        engine = load_engine("tiny")
         rows = [row for n in (64, 256) for row in
                 measure_restore_overhead(engine, n, repeats=3, chunks=(1, 4), tail=32, build_chunk=32, warmup=1)]
     assert [(r["n"], r["chunk"], r["method"]) for r in rows] == [
@@ -97,7 +96,7 @@ def test_median_interval_brackets_the_median_and_repeats():
 
 
 def test_restore_bench_names_a_bad_setting():
-    engine = KVEngine(load_model("tiny"))
+    engine = load_engine("tiny")
     with pytest.raises(ValueError, match="multiple of build_chunk"):
         measure_restore_overhead(engine, 100, build_chunk=32)
     with pytest.raises(ValueError, match="chunks=\\[0\\]"):

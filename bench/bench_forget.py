@@ -14,8 +14,8 @@ import pytest
 
 from unsee.bench.episodes import make_bench_episode
 from unsee.impl.agent.runtime import AgentRuntime
-from unsee.impl.engines.hf.engine import KVEngine
-from unsee.impl.engines.hf.models import load_model
+from unsee.impl.engines.protocol import Engine
+from unsee.impl.engines.registry import load_engine
 
 MODEL = os.environ.get("UNSEE_BENCH_MODEL", "tiny")
 LENGTH = 12
@@ -24,8 +24,8 @@ DIGESTS: dict[str, set[str]] = {}  # where -> digests reached by every method an
 
 
 @pytest.fixture(scope="module")
-def engine() -> KVEngine:
-    return KVEngine(load_model(MODEL))
+def engine() -> Engine:
+    return load_engine(MODEL, "transformers")
 
 
 @pytest.fixture(scope="module")

@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 from unsee.impl.engines.protocol import Engine
-from unsee.impl.engines.registry import ENGINE_NAMES
+from unsee.impl.engines.registry import ENGINE_NAMES, load_engine, parse_engine_name
 
 TEXT = ("<|im_start|>system\nYou are a helpful agent.<|im_end|>\n<|im_start|>user\nMy address is 4417 Elm "
         "Street and I pay the rent on the first of the month.<|im_end|>\n<|im_start|>assistant\nNoted: 4417 "
@@ -41,15 +41,11 @@ TEXT = ("<|im_start|>system\nYou are a helpful agent.<|im_end|>\n<|im_start|>use
 
 
 def build(name: str, threads: int) -> Engine:
-    if name.startswith("llamacpp"):
-        from unsee.impl.engines.llamacpp.engine import LlamaCppEngine, load_llamacpp
-
-        return LlamaCppEngine(load_llamacpp("tiny" if name == "llamacpp-tiny" else "smollm2", threads=threads))
-    from unsee.impl.engines.hf.engine import KVEngine
-    from unsee.impl.engines.hf.models import load_model
-
+    backend, model = parse_engine_name(name)
+    if backend == "llamacpp":
+        return load_engine(model, backend, threads=threads)
     torch.set_num_threads(threads)
-    return KVEngine(load_model(name))
+    return load_engine(model, backend)
 
 
 def run(engine: Engine, chunks, ops=()) -> tuple[str, torch.Tensor | None, str]:

@@ -28,7 +28,7 @@ from tqdm import tqdm
 
 from unsee.impl.engines.decoding import get_draft_bound
 from unsee.impl.engines.hf import adapter
-from unsee.impl.engines.hf.models import load_model
+from unsee.impl.engines.registry import load_model_for
 
 TOPICS = ("the history of Paris", "how to bake bread", "planning a dinner party", "the rules of chess",
           "a trip to the mountains", "saving money each month", "learning to swim", "the planets of the solar system",
@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", default="1,2")
     parser.add_argument("--out", default="out/discrepancy")
     args = parser.parse_args(argv)
-    lm = load_model(args.model, device=args.device, dtype=args.dtype)
+    lm = load_model_for("transformers", args.model, device=args.device, dtype=args.dtype)
     prompts = [lm.encode(p) for p in get_prompts(args.prompts)]
     result = {"model": lm.name, "device": lm.device, "dtype": lm.dtype, "torch": torch.__version__,
               "transformers": adapter.TRANSFORMERS_VERSION, "machine": platform.machine(), "by_threads": {}}

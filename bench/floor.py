@@ -44,7 +44,7 @@ import attrs
 
 from unsee.impl.agent.provenance import DERIVED_TYPES, RuntimeBlock
 from unsee.impl.agent.runtime import AgentRuntime
-from unsee.impl.engines.hf.engine import KVEngine
+from unsee.impl.engines.protocol import Engine
 
 
 @attrs.frozen
@@ -119,7 +119,7 @@ def get_first_change(new: RuntimeBlock, old: RuntimeBlock | None) -> int | None:
     return min(len(generated), len(previous))
 
 
-def compute_floor(engine: KVEngine, base_runtime: AgentRuntime, reset_runtime: AgentRuntime,
+def compute_floor(engine: Engine, base_runtime: AgentRuntime, reset_runtime: AgentRuntime,
                   boundary: int) -> Floor:
     """The compute floor of forgetting, restoring at ``boundary``: the
     counterfactual is ``reset_runtime`` (a full reset of ``base_runtime``, the
@@ -164,7 +164,7 @@ def compute_floor(engine: KVEngine, base_runtime: AgentRuntime, reset_runtime: A
                  changed_turns=tuple(changed.values()), **floor_counts)
 
 
-def _run_floor(engine: KVEngine, prefix: str, blocks: list[RuntimeBlock], changed: dict[str, FloorTurn],
+def _run_floor(engine: Engine, prefix: str, blocks: list[RuntimeBlock], changed: dict[str, FloorTurn],
                created: list[str]) -> None:
     """Exactly the floor's operations, engine verbs only."""
     engine.use(prefix)

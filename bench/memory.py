@@ -27,8 +27,8 @@ import torch
 
 from unsee.impl.agent.episode import Episode, parse_episode
 from unsee.impl.agent.runtime import AgentRuntime
-from unsee.impl.engines.hf.engine import KVEngine
-from unsee.impl.engines.hf.models import load_model
+from unsee.impl.engines.protocol import Engine
+from unsee.impl.engines.registry import load_model_for, make_engine
 
 SECRET = "4417 Elm Street"
 _USER = ("What should I buy for dinner?", "Remind me of the guest list.", "Which wine goes with fish?",
@@ -56,7 +56,7 @@ def make_compaction_episode(steps: int = 200, every: int = 5, max_new_tokens: in
                           "steps": raw, "target": {"source": "notes.address", "value": SECRET}})
 
 
-def run_session(engine: KVEngine, episode: Episode) -> tuple[AgentRuntime, list[dict]]:
+def run_session(engine: Engine, episode: Episode) -> tuple[AgentRuntime, list[dict]]:
     """Run the episode, sampling the engine's memory after every step."""
     samples: list[dict] = []
 
@@ -72,19 +72,19 @@ def get_live_bytes(lm, episode: Episode, steps: int = 20) -> int:
     """The live cache's bytes: the most a pilot run of the first ``steps``
     steps (several compaction cycles) holds in live lineages."""
     pilot = parse_episode({**episode.to_json(), "steps": episode.to_json()["steps"][:steps]})
-    _, samples = run_session(KVEngine(lm), pilot)
+    _, samples = run_session(make_engine(lm), pilot)
     return max(s["live_bytes"] for s in samples)
 
 
 def run_memory_bench(model: str = "tiny", steps: int = 200, every: int = 5, factor: float = 4.0,
                      max_new_tokens: int = 4, threads: int = 1, check_forget: bool = True) -> dict:
     torch.set_num_threads(threads)
-    lm = load_model(model)
+    lm = load_model_for("transformers", model)  # one model, three engines over it
     episode = make_compaction_episode(steps, every, max_new_tokens)
     live = get_live_bytes(lm, episode)
     budget = int(factor * live)
-    _, unbounded = run_session(KVEngine(lm), episode)
-    engine = KVEngine(lm, kv_budget=budget)
+    _, unbounded = run_session(make_engine(lm), episode)
+    engine = make_engine(lm, kv_budget=budget)
     runtime, bounded = run_session(engine, episode)
     out = {"model": lm.name, "steps": steps, "every": every, "max_new_tokens": max_new_tokens,
            "live_bytes": live, "factor": factor, "budget": budget,

@@ -31,9 +31,18 @@ from tqdm import tqdm
 
 from unsee.impl.agent.episode import CHECKPOINT_POLICIES, Episode
 from unsee.impl.agent.runtime import AgentRuntime
-from unsee.impl.engines.hf.engine import KVEngine
-from unsee.impl.engines.hf.models import load_model
-from unsee.impl.eval.report import fmt
+from unsee.impl.engines.protocol import Engine
+from unsee.impl.engines.registry import load_engine
+from unsee.impl.eval.paper import (
+    INDEP1_WALL_P50_S,
+    INDEP_B5PRIME_DECODED,
+    PAPER_B7,
+    POSITION_RATIO_TO_RESET,
+    TABLE1_RATIOS,
+    TABLE1_RECOMPUTED,
+    get_paper_figures,
+)
+from unsee.impl.eval.report import fmt, render_table
 from unsee.impl.methods.baselines import METHODS, PAPER_NAMES, apply_method
 
 from .episodes import make_bench_episode, make_indep_episode
@@ -49,14 +58,6 @@ EXACT_METHODS = ("reset", "reset-prefix-cache", "replay")
 INDEP_LEVELS = (0.0, 0.25, 0.5, 0.75, 1.0)
 #: Where the target enters the bench episode of T steps (tau = 1, 6, 12 at T = 12).
 POSITIONS = {"early": lambda T: 1, "middle": lambda T: (T + 1) // 2, "late": lambda T: T}
-#: The paper's figures (Table 1 and Section 4.5), quoted beside ours.
-PAPER = {
-    "table1_recomputed": {"reset": 1235, "reset-prefix-cache": 202, "replay-oracle": 133},
-    "table1_ratios": {"B5/B7": 9.3, "B5'/B7": 1.5},
-    "indep1_wall_p50_s": {"replay": "2.9-3.7", "reset": "11.5-12.7"},
-    "indep_b5prime_decoded": "545-610 (flat)",
-    "position_ratio_to_reset": {"early": 0.91, "late": 0.14},
-}
 #: Cost fields of MethodResult; the draft and reuse counters arrive with the
 #: lead's verified-draft replay and prefix cache (0 until then).
 COST_FIELDS = ("invocations", "prefilled_tokens", "decoded_tokens", "recomputed_tokens")
@@ -79,7 +80,7 @@ def get_methods(wanted: Sequence[str], notes: list[str]) -> list[str]:
     return out
 
 
-def measure_episode(engine: KVEngine, episode: Episode, methods: Sequence[str], rounds: int,
+def measure_episode(engine: Engine, episode: Episode, methods: Sequence[str], rounds: int,
                     floor: bool = True) -> dict:
     """Run ``episode`` once, then every method ``rounds`` times on forks of it
     (and the compute floor once per round). Every cache made here is dropped."""
@@ -164,7 +165,7 @@ def summarise(rows: list[dict], reset_digest: str | None) -> dict:
     return out
 
 
-def _drop_new(engine: KVEngine, kept: set[str]) -> None:
+def _drop_new(engine: Engine, kept: set[str]) -> None:
     for lineage in engine.lineages:
         if lineage not in kept:
             engine.drop(lineage)
@@ -172,7 +173,7 @@ def _drop_new(engine: KVEngine, kept: set[str]) -> None:
 
 # --- the tables ------------------------------------------------------------------------------
 
-def run_table1(engine: KVEngine, args, notes: list[str]) -> dict:
+def run_table1(engine: Engine, args, notes: list[str]) -> dict:
     methods = get_methods(TABLE1_METHODS, notes)
     episode = make_indep_episode(0.5, args.turns_after, args.tau, args.max_new_tokens)
     row = measure_episode(engine, episode, methods, args.rounds)
@@ -182,13 +183,13 @@ def run_table1(engine: KVEngine, args, notes: list[str]) -> dict:
         for ref, ref_name in (("reset", "B5"), ("reset-prefix-cache", "B5'")):
             if ours in m and ref in m:
                 ratios.append({"ratio": f"{ref_name}/{our_name}", "method": ours, "reference": ref,
-                               "paper": PAPER["table1_ratios"][f"{ref_name}/B7"],
+                               "paper": TABLE1_RATIOS[f"{ref_name}/B7"],
                                **{kind: m[ref][kind] / max(m[ours][kind], 1)
                                   for kind in ("decoded_tokens", "recomputed_tokens")}})
     return {"episode": {"indep": 0.5, "turns_after": args.turns_after, "tau": args.tau}, **row, "ratios": ratios}
 
 
-def run_tau_sweep(engine: KVEngine, args, notes: list[str]) -> dict:
+def run_tau_sweep(engine: Engine, args, notes: list[str]) -> dict:
     methods = get_methods(("replay", "reset"), notes)
     taus = _ints(args.taus) or list(range(1, args.length + 1))
     rows = []
@@ -206,7 +207,7 @@ def run_tau_sweep(engine: KVEngine, args, notes: list[str]) -> dict:
             "all_transitions_ok": all(r["transitions_ok"] for r in rows)}
 
 
-def run_indep_sweep(engine: KVEngine, args, notes: list[str]) -> dict:
+def run_indep_sweep(engine: Engine, args, notes: list[str]) -> dict:
     methods = get_methods(TABLE1_METHODS, notes)
     levels = _floats(args.indeps) or list(INDEP_LEVELS)
     rows = []
@@ -225,7 +226,7 @@ def run_indep_sweep(engine: KVEngine, args, notes: list[str]) -> dict:
     return {"rows": rows, "decoded_fit": fits}
 
 
-def run_granularity(engine: KVEngine, args, notes: list[str]) -> dict:
+def run_granularity(engine: Engine, args, notes: list[str]) -> dict:
     methods = get_methods(("replay", "reset"), notes)
     rows = []
     for policy in tqdm(CHECKPOINT_POLICIES, desc="checkpoint granularity", unit="policy"):
@@ -234,7 +235,7 @@ def run_granularity(engine: KVEngine, args, notes: list[str]) -> dict:
     return {"rows": rows}
 
 
-def run_position(engine: KVEngine, args, notes: list[str]) -> dict:
+def run_position(engine: Engine, args, notes: list[str]) -> dict:
     methods = get_methods(("replay", "reset"), notes)
     rows = []
     for where, position in tqdm(list(POSITIONS.items()), desc="target position", unit="episode"):
@@ -262,17 +263,36 @@ def _floats(text: str) -> list[float]:
 
 # --- the report ------------------------------------------------------------------------------
 
+#: Columns of Table 1's method rows (and the compute floor's).
+METHOD_HEADER = ("method", "prefilled", "decoded", "recomputed", "draft acceptance", "wall p50 s", "x floor (wall)",
+                 "x floor (paired rounds)", "cpu p50 s", "x floor (cpu)", "x floor (tokens)", "digest = reset",
+                 "paper (recomputed)")
+
+
 def _fmt(x, digits: int = 2) -> str:
     return fmt(x, digits, missing="-")
 
 
-def _method_row(method: str, m: dict, paper: str = "") -> str:
-    return (f"| {LABELS.get(method, PAPER_NAMES.get(method, method))} | {m['prefilled_tokens']} | "
-            f"{m['decoded_tokens']} | {m['recomputed_tokens']} | {_fmt(m['draft_acceptance'])} | "
-            f"{_fmt(m['wall_p50_s'])} | {_fmt(m.get('x_floor_wall'))} | {_fmt(m.get('x_floor_paired'))} | "
-            f"{_fmt(m.get('cpu_p50_s'))} | "
-            f"{_fmt(m.get('x_floor_cpu'))} | {_fmt(m.get('x_floor_recomputed'))} | "
-            f"{m['equal_to_reset']} | {paper} |")
+def _label(method: str) -> str:
+    return LABELS.get(method, PAPER_NAMES.get(method, method))
+
+
+def _cells(*values) -> list[str]:
+    """A table row: every value as the markdown cell f-string formatting would give."""
+    return [str(v) for v in values]
+
+
+def _method_row(method: str, m: dict, paper: str = "") -> list[str]:
+    return _cells(_label(method), m["prefilled_tokens"], m["decoded_tokens"], m["recomputed_tokens"],
+                  _fmt(m["draft_acceptance"]), _fmt(m["wall_p50_s"]), _fmt(m.get("x_floor_wall")),
+                  _fmt(m.get("x_floor_paired")), _fmt(m.get("cpu_p50_s")), _fmt(m.get("x_floor_cpu")),
+                  _fmt(m.get("x_floor_recomputed")), m["equal_to_reset"], paper)
+
+
+def _floor_row(f: dict) -> list[str]:
+    """The compute floor in Table 1's columns: the unit of every "x floor" ratio."""
+    return _cells("compute floor", f["prefilled"], f["decoded"], f["recomputed"], "-", _fmt(f["wall_p50_s"]),
+                  "1.00", "1.00", _fmt(f.get("cpu_p50_s")), "1.00", "1.00", "-", "-")
 
 
 def _describe_fit(name: str, fit: dict) -> str:
@@ -281,115 +301,194 @@ def _describe_fit(name: str, fit: dict) -> str:
     return f"{name} slope {fit['slope']:.1f}, R^2 = {fit['r2']:.3f}, range {fit['min']}-{fit['max']}"
 
 
-def render_markdown(result: dict, command: str) -> str:
+def _render_header(result: dict, command: str) -> list[str]:
     lines = [f"<!-- generated by: {command} -->",
              f"Model {result['model']}, {result['device']} {result['dtype']}, torch {result['torch']}, "
              f"{result['threads']} threads, {result['rounds']} rounds (wall: p50), "
              f"{result['max_new_tokens']} new tokens per turn. Command:", "", "```sh", command, "```", ""]
-    for note in result["notes"]:
-        lines.append(f"- note: {note}")
-    if result["notes"]:
+    lines += [f"- note: {note}" for note in result["notes"]]
+    return lines + ([""] if result["notes"] else [])
+
+
+def _render_table1(t: dict, result: dict) -> list[str]:
+    lines = ["### Table 1: recomputation on the paper's configuration",
+             "", f"Target at tau = {t['tau']}, {t['episode']['turns_after']} turns past it, indep 0.5 "
+             f"(`make_indep_episode`), restore boundary {t['boundary']}. ![Table 1](table1.png)", ""]
+    rows = [_method_row(method, m, _fmt(TABLE1_RECOMPUTED.get(method))) for method, m in t["methods"].items()]
+    lines += render_table(METHOD_HEADER, rows + [_floor_row(t["floor"])])
+    lines += ["", "B7 is this build's `forget` (verified draft replay where the build has drafts: see the draft "
+              "acceptance column); the paper's B7 assumes an attribution oracle (our B7-oracle). The paper reports "
+              "recomputed tokens; the issue's goal is the paper's ratio on decoded tokens.", ""]
+    lines += render_table(("ratio", "decoded tokens", "recomputed tokens", "paper (recomputed)"), [
+        _cells(r["ratio"], f"{r['decoded_tokens']:.2f}x", f"{r['recomputed_tokens']:.2f}x", f"{r['paper']:.1f}x")
+        for r in t["ratios"]])
+    lines.append("")
+    excess = t["methods"].get("replay", {}).get("excess")
+    if excess:
+        lines += ["Where B7 (ours) differs from the floor, turn by turn (`bench.floor.get_excess`): what a "
+                  "replay cannot know before it verifies a draft, and (negative decoded) the decode steps "
+                  "that context guesses saved.", ""]
+        lines += render_table(("reason", "turns", "prefilled beyond the canonical chunk", "decoded beyond the floor",
+                               "probe steps"), [
+            _cells(e["why"], f"{len(e['turns'])} ({', '.join(e['turns'])})", e["prefilled"], e["decoded"],
+                   e["forwards"]) for e in excess])
         lines.append("")
-    tables = result["tables"]
-    header = ("| method | prefilled | decoded | recomputed | draft acceptance | wall p50 s | x floor (wall) | "
-              "x floor (paired rounds) | cpu p50 s | x floor (cpu) | x floor (tokens) | digest = reset | "
-              "paper (recomputed) |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-    if "table1" in tables:
-        t = tables["table1"]
-        lines += ["### Table 1: recomputation on the paper's configuration",
-                  "", f"Target at tau = {t['tau']}, {t['episode']['turns_after']} turns past it, indep 0.5 "
-                  f"(`make_indep_episode`), restore boundary {t['boundary']}. ![Table 1](table1.png)", "", header]
-        for method, m in t["methods"].items():
-            lines.append(_method_row(method, m, _fmt(PAPER["table1_recomputed"].get(method))))
-        f = t["floor"]
-        lines.append(f"| compute floor | {f['prefilled']} | {f['decoded']} | {f['recomputed']} | - | "
-                     f"{_fmt(f['wall_p50_s'])} | 1.00 | 1.00 | {_fmt(f.get('cpu_p50_s'))} | 1.00 | 1.00 | - | - |")
-        lines += ["", "B7 is this build's `forget` (verified draft replay where the build has drafts: see the draft "
-                  "acceptance column); the paper's B7 assumes an attribution oracle (our B7-oracle). The paper reports recomputed tokens; the issue's goal is the paper's ratio "
-                  "on decoded tokens.", "",
-                  "| ratio | decoded tokens | recomputed tokens | paper (recomputed) |", "|---|---|---|---|"]
-        for r in t["ratios"]:
-            lines.append(f"| {r['ratio']} | {r['decoded_tokens']:.2f}x | {r['recomputed_tokens']:.2f}x | "
-                         f"{r['paper']:.1f}x |")
-        lines.append("")
-        excess = t["methods"].get("replay", {}).get("excess")
-        if excess:
-            lines += ["Where B7 (ours) differs from the floor, turn by turn (`bench.floor.get_excess`): what a "
-                      "replay cannot know before it verifies a draft, and (negative decoded) the decode steps "
-                      "that context guesses saved.", "",
-                      "| reason | turns | prefilled beyond the canonical chunk | decoded beyond the floor | "
-                      "probe steps |", "|---|---|---|---|---|"]
-            for e in excess:
-                lines.append(f"| {e['why']} | {len(e['turns'])} ({', '.join(e['turns'])}) | {e['prefilled']} | "
-                             f"{e['decoded']} | {e['forwards']} |")
-            lines.append("")
-    if "tau" in tables:
-        t = tables["tau"]
-        lines += ["### Tau sweep: transitions T - tau + 1", "",
-                  f"`make_bench_episode`, T = {t['T']}. All B7 transitions equal T - tau + 1: "
-                  f"{t['all_transitions_ok']}. B7 recomputed tokens against tau: slope "
-                  f"{t['replay_fit']['recomputed_tokens']['slope']:.1f}, R^2 = "
-                  f"{t['replay_fit']['recomputed_tokens']['r2']:.3f}. ![tau sweep](tau.png)", "",
-                  "| tau | B7 transitions | T - tau + 1 | B5 transitions | B7 prefilled | B7 decoded | B5 prefilled | "
-                  "B5 decoded | B7 wall p50 s | B5 wall p50 s | digest = reset |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|"]
-        for r in t["rows"]:
-            a, b = r["methods"]["replay"], r["methods"]["reset"]
-            lines.append(f"| {r['tau']} | {a['invocations']} | {r['T'] - r['tau'] + 1} | {b['invocations']} | "
-                         f"{a['prefilled_tokens']} | {a['decoded_tokens']} | {b['prefilled_tokens']} | "
-                         f"{b['decoded_tokens']} | {_fmt(a['wall_p50_s'])} | {_fmt(b['wall_p50_s'])} | "
-                         f"{a['equal_to_reset']} |")
-        lines.append("")
-    if "indep" in tables:
-        t = tables["indep"]
-        methods = list(t["rows"][0]["methods"]) if t["rows"] else []
-        lines += ["### Indep sweep: decode cost against indep", "",
-                  "Decoded tokens against indep: " + "; ".join(_describe_fit(LABELS.get(m, m), t["decoded_fit"][m])
-                                                               for m in methods) + ". Paper: B5' decodes "
-                  f"{PAPER['indep_b5prime_decoded']}; at indep 1, B7 {PAPER['indep1_wall_p50_s']['replay']} s "
-                  f"against B5 {PAPER['indep1_wall_p50_s']['reset']} s p50. ![indep sweep](indep.png)", "",
-                  "| indep | " + " | ".join(f"{LABELS.get(m, m)} decoded | wall p50 s" for m in methods)
-                  + " | floor decoded | floor wall p50 s | B7 / B5 wall | B7 / B5 cpu | B7 x floor (wall) | "
-                  "B7 x floor (cpu) |",
-                  "|---|" + "---|---|" * len(methods) + "---|---|---|---|---|---|"]
-        for r in t["rows"]:
-            cells = " | ".join(f"{r['methods'][m]['decoded_tokens']} | {_fmt(r['methods'][m]['wall_p50_s'])}"
-                               for m in methods)
-            a, b = r["methods"].get("replay"), r["methods"].get("reset")
-            ratios = (f"{_fmt(a['wall_p50_s'] / b['wall_p50_s'])} | {_fmt(a['cpu_p50_s'] / b['cpu_p50_s'])}"
-                      if a and b else "- | -")
-            lines.append(f"| {r['indep']} | {cells} | {r['floor']['decoded']} | {_fmt(r['floor']['wall_p50_s'])} | "
-                         f"{ratios} | {_fmt(a.get('x_floor_wall') if a else None)} | "
-                         f"{_fmt(a.get('x_floor_cpu') if a else None)} |")
-        lines.append("")
-    if "granularity" in tables:
-        t = tables["granularity"]
-        lines += ["### Checkpoint granularity", "",
-                  "The paper's configuration (indep 0.5) under each checkpoint policy. ![granularity](granularity.png)",
-                  "", "| policy | restore boundary | B7 transitions | B7 recomputed | B5 recomputed | B7 wall p50 s | "
-                  "B5 wall p50 s | B7 / B5 wall | B7 x floor (wall) | digest = reset |",
-                  "|---|---|---|---|---|---|---|---|---|---|"]
-        for r in t["rows"]:
-            a, b = r["methods"]["replay"], r["methods"]["reset"]
-            lines.append(f"| {r['policy']} | {a['boundary']} | {a['invocations']} | {a['recomputed_tokens']} | "
-                         f"{b['recomputed_tokens']} | {_fmt(a['wall_p50_s'])} | {_fmt(b['wall_p50_s'])} | "
-                         f"{_fmt(a['wall_p50_s'] / b['wall_p50_s'])} | {_fmt(a.get('x_floor_wall'))} | "
-                         f"{a['equal_to_reset']} |")
-        lines.append("")
-    if "position" in tables:
-        t = tables["position"]
-        lines += ["### Target position: forget against reset", "",
-                  f"`make_bench_episode`, T = {result['length']}. Paper: ratio to reset "
-                  f"{PAPER['position_ratio_to_reset']['early']} (early) -> "
-                  f"{PAPER['position_ratio_to_reset']['late']} (late). ![position](position.png)", "",
-                  "| position | tau | B7 / B5 recomputed tokens | B7 / B5 wall p50 | paper | digest = reset |",
-                  "|---|---|---|---|---|---|"]
-        for r in t["rows"]:
-            lines.append(f"| {r['where']} | {r['tau']} | {r['token_ratio_to_reset']:.2f} | "
-                         f"{r['wall_ratio_to_reset']:.2f} | {_fmt(PAPER['position_ratio_to_reset'].get(r['where']))} |"
-                         f" {r['methods']['replay']['equal_to_reset']} |")
-        lines.append("")
+    return lines
+
+
+def _render_tau(t: dict, result: dict) -> list[str]:
+    fit = t["replay_fit"]["recomputed_tokens"]
+    lines = ["### Tau sweep: transitions T - tau + 1", "",
+             f"`make_bench_episode`, T = {t['T']}. All B7 transitions equal T - tau + 1: "
+             f"{t['all_transitions_ok']}. B7 recomputed tokens against tau: slope {fit['slope']:.1f}, "
+             f"R^2 = {fit['r2']:.3f}. ![tau sweep](tau.png)", ""]
+    rows = []
+    for r in t["rows"]:
+        a, b = r["methods"]["replay"], r["methods"]["reset"]
+        rows.append(_cells(r["tau"], a["invocations"], r["T"] - r["tau"] + 1, b["invocations"], a["prefilled_tokens"],
+                           a["decoded_tokens"], b["prefilled_tokens"], b["decoded_tokens"], _fmt(a["wall_p50_s"]),
+                           _fmt(b["wall_p50_s"]), a["equal_to_reset"]))
+    return lines + render_table(("tau", "B7 transitions", "T - tau + 1", "B5 transitions", "B7 prefilled",
+                                 "B7 decoded", "B5 prefilled", "B5 decoded", "B7 wall p50 s", "B5 wall p50 s",
+                                 "digest = reset"), rows) + [""]
+
+
+def _indep_row(r: dict, methods: Sequence[str]) -> list[str]:
+    a, b = r["methods"].get("replay"), r["methods"].get("reset")
+    cells = _cells(r["indep"])
+    for m in methods:
+        cells += _cells(r["methods"][m]["decoded_tokens"], _fmt(r["methods"][m]["wall_p50_s"]))
+    cells += _cells(r["floor"]["decoded"], _fmt(r["floor"]["wall_p50_s"]))
+    cells += ([_fmt(a["wall_p50_s"] / b["wall_p50_s"]), _fmt(a["cpu_p50_s"] / b["cpu_p50_s"])] if a and b
+              else ["-", "-"])
+    return cells + [_fmt(a.get("x_floor_wall") if a else None), _fmt(a.get("x_floor_cpu") if a else None)]
+
+
+def _render_indep(t: dict, result: dict) -> list[str]:
+    methods = list(t["rows"][0]["methods"]) if t["rows"] else []
+    fits = "; ".join(_describe_fit(LABELS.get(m, m), t["decoded_fit"][m]) for m in methods)
+    lines = ["### Indep sweep: decode cost against indep", "",
+             f"Decoded tokens against indep: {fits}. Paper: B5' decodes {INDEP_B5PRIME_DECODED}; at indep 1, B7 "
+             f"{INDEP1_WALL_P50_S[PAPER_B7]} s against B5 {INDEP1_WALL_P50_S['reset']} s p50. "
+             "![indep sweep](indep.png)", ""]
+    header = ["indep"] + [h for m in methods for h in (f"{LABELS.get(m, m)} decoded", "wall p50 s")]
+    header += ["floor decoded", "floor wall p50 s", "B7 / B5 wall", "B7 / B5 cpu", "B7 x floor (wall)",
+               "B7 x floor (cpu)"]
+    return lines + render_table(header, [_indep_row(r, methods) for r in t["rows"]]) + [""]
+
+
+def _render_granularity(t: dict, result: dict) -> list[str]:
+    lines = ["### Checkpoint granularity", "",
+             "The paper's configuration (indep 0.5) under each checkpoint policy. ![granularity](granularity.png)",
+             ""]
+    rows = []
+    for r in t["rows"]:
+        a, b = r["methods"]["replay"], r["methods"]["reset"]
+        rows.append(_cells(r["policy"], a["boundary"], a["invocations"], a["recomputed_tokens"],
+                           b["recomputed_tokens"], _fmt(a["wall_p50_s"]), _fmt(b["wall_p50_s"]),
+                           _fmt(a["wall_p50_s"] / b["wall_p50_s"]), _fmt(a.get("x_floor_wall")), a["equal_to_reset"]))
+    return lines + render_table(("policy", "restore boundary", "B7 transitions", "B7 recomputed", "B5 recomputed",
+                                 "B7 wall p50 s", "B5 wall p50 s", "B7 / B5 wall", "B7 x floor (wall)",
+                                 "digest = reset"), rows) + [""]
+
+
+def _render_position(t: dict, result: dict) -> list[str]:
+    lines = ["### Target position: forget against reset", "",
+             f"`make_bench_episode`, T = {result['length']}. Paper: ratio to reset "
+             f"{POSITION_RATIO_TO_RESET['early']} (early) -> {POSITION_RATIO_TO_RESET['late']} (late). "
+             "![position](position.png)", ""]
+    rows = [_cells(r["where"], r["tau"], f"{r['token_ratio_to_reset']:.2f}", f"{r['wall_ratio_to_reset']:.2f}",
+                   _fmt(POSITION_RATIO_TO_RESET.get(r["where"])), r["methods"]["replay"]["equal_to_reset"])
+            for r in t["rows"]]
+    return lines + render_table(("position", "tau", "B7 / B5 recomputed tokens", "B7 / B5 wall p50", "paper",
+                                 "digest = reset"), rows) + [""]
+
+
+#: Each table's markdown section, in the order of :data:`TABLES`.
+SECTIONS: dict[str, Callable[[dict, dict], list[str]]] = {
+    "table1": _render_table1, "tau": _render_tau, "indep": _render_indep, "granularity": _render_granularity,
+    "position": _render_position}
+
+
+def render_markdown(result: dict, command: str) -> str:
+    """``paper.md``: the command and machine, then one section per table run,
+    the paper's figures (impl/eval/paper.py) beside ours."""
+    lines = _render_header(result, command)
+    for name, render in SECTIONS.items():
+        if name in result["tables"]:
+            lines += render(result["tables"][name], result)
     return "\n".join(lines) + "\n"
+
+
+# --- the plots -------------------------------------------------------------------------------
+
+
+def _save(fig, out: Path, name: str, title: str) -> str:
+    import matplotlib.pyplot as plt
+
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(out / name, dpi=110)
+    plt.close(fig)
+    return name
+
+
+def _plot_table1(plt, t: dict):
+    names = list(t["methods"]) + ["floor"]
+    pre = [t["methods"][m]["prefilled_tokens"] for m in t["methods"]] + [t["floor"]["prefilled"]]
+    dec = [t["methods"][m]["decoded_tokens"] for m in t["methods"]] + [t["floor"]["decoded"]]
+    fig, ax = plt.subplots(figsize=(8, 4))
+    xs = range(len(names))
+    ax.bar(xs, pre, label="prefilled")
+    ax.bar(xs, dec, bottom=pre, label="decoded")
+    ax.set_xticks(list(xs), [LABELS.get(n, n) for n in names], rotation=15, fontsize=8)
+    ax.set(ylabel="tokens", title="Table 1: recomputed tokens (indep 0.5)")
+    ax.legend()
+    return fig
+
+
+def _plot_tau(plt, rows: list[dict]):
+    taus = [r["tau"] for r in rows]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    left.plot(taus, [r["methods"]["replay"]["invocations"] for r in rows], "o-", label="B7")
+    left.plot(taus, [r["methods"]["reset"]["invocations"] for r in rows], "s--", label="B5")
+    left.plot(taus, [r["T"] - t + 1 for r, t in zip(rows, taus)], ":", color="gray", label="T - tau + 1")
+    left.set(xlabel="tau", ylabel="transitions of F")
+    left.legend()
+    for method, style in (("replay", "o-"), ("reset", "s--")):
+        right.plot(taus, [r["methods"][method]["recomputed_tokens"] for r in rows], style, label=LABELS[method])
+    right.set(xlabel="tau", ylabel="recomputed tokens")
+    right.legend()
+    return fig
+
+
+def _plot_indep(plt, rows: list[dict]):
+    xs = [r["indep"] for r in rows]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    for method in rows[0]["methods"]:
+        left.plot(xs, [r["methods"][method]["decoded_tokens"] for r in rows], "o-", label=LABELS.get(method))
+        right.plot(xs, [r["methods"][method]["wall_p50_s"] for r in rows], "o-", label=LABELS.get(method))
+    left.plot(xs, [r["floor"]["decoded"] for r in rows], ":", color="gray", label="floor")
+    right.plot(xs, [r["floor"]["wall_p50_s"] for r in rows], ":", color="gray", label="floor")
+    left.set(xlabel="indep", ylabel="decoded tokens")
+    right.set(xlabel="indep", ylabel="wall p50 (s)")
+    left.legend(fontsize=8)
+    return fig
+
+
+def _plot_pairs(plt, rows: list[dict], key: str, xlab: str):
+    """B7 and B5's recomputed tokens side by side, one pair per row (granularity, position)."""
+    fig, ax = plt.subplots(figsize=(6, 4))
+    xs = range(len(rows))
+    width = 0.4
+    ax.bar([x - width / 2 for x in xs], [r["methods"]["replay"]["recomputed_tokens"] for r in rows], width,
+           label=LABELS["replay"])
+    ax.bar([x + width / 2 for x in xs], [r["methods"]["reset"]["recomputed_tokens"] for r in rows], width,
+           label=LABELS["reset"])
+    ax.set_xticks(list(xs), [r[key] for r in rows])
+    ax.set(xlabel=xlab, ylabel="recomputed tokens")
+    ax.legend()
+    return fig
 
 
 def plot(result: dict, out: Path) -> list[str]:
@@ -401,68 +500,15 @@ def plot(result: dict, out: Path) -> list[str]:
 
     tables, written = result["tables"], []
     title = f"{result['model']}, {result['device']} {result['dtype']}"
-
-    def save(fig, name):
-        fig.suptitle(title)
-        fig.tight_layout()
-        fig.savefig(out / name, dpi=110)
-        plt.close(fig)
-        written.append(name)
-
     if "table1" in tables:
-        t = tables["table1"]
-        names = list(t["methods"]) + ["floor"]
-        pre = [t["methods"][m]["prefilled_tokens"] for m in t["methods"]] + [t["floor"]["prefilled"]]
-        dec = [t["methods"][m]["decoded_tokens"] for m in t["methods"]] + [t["floor"]["decoded"]]
-        fig, ax = plt.subplots(figsize=(8, 4))
-        xs = range(len(names))
-        ax.bar(xs, pre, label="prefilled")
-        ax.bar(xs, dec, bottom=pre, label="decoded")
-        ax.set_xticks(list(xs), [LABELS.get(n, n) for n in names], rotation=15, fontsize=8)
-        ax.set(ylabel="tokens", title="Table 1: recomputed tokens (indep 0.5)")
-        ax.legend()
-        save(fig, "table1.png")
+        written.append(_save(_plot_table1(plt, tables["table1"]), out, "table1.png", title))
     if "tau" in tables and tables["tau"]["rows"]:
-        rows = tables["tau"]["rows"]
-        taus = [r["tau"] for r in rows]
-        fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
-        left.plot(taus, [r["methods"]["replay"]["invocations"] for r in rows], "o-", label="B7")
-        left.plot(taus, [r["methods"]["reset"]["invocations"] for r in rows], "s--", label="B5")
-        left.plot(taus, [r["T"] - t + 1 for r, t in zip(rows, taus)], ":", color="gray", label="T - tau + 1")
-        left.set(xlabel="tau", ylabel="transitions of F")
-        left.legend()
-        for method, style in (("replay", "o-"), ("reset", "s--")):
-            right.plot(taus, [r["methods"][method]["recomputed_tokens"] for r in rows], style, label=LABELS[method])
-        right.set(xlabel="tau", ylabel="recomputed tokens")
-        right.legend()
-        save(fig, "tau.png")
+        written.append(_save(_plot_tau(plt, tables["tau"]["rows"]), out, "tau.png", title))
     if "indep" in tables and tables["indep"]["rows"]:
-        rows = tables["indep"]["rows"]
-        xs = [r["indep"] for r in rows]
-        fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
-        for method in rows[0]["methods"]:
-            left.plot(xs, [r["methods"][method]["decoded_tokens"] for r in rows], "o-", label=LABELS.get(method))
-            right.plot(xs, [r["methods"][method]["wall_p50_s"] for r in rows], "o-", label=LABELS.get(method))
-        left.plot(xs, [r["floor"]["decoded"] for r in rows], ":", color="gray", label="floor")
-        right.plot(xs, [r["floor"]["wall_p50_s"] for r in rows], ":", color="gray", label="floor")
-        left.set(xlabel="indep", ylabel="decoded tokens")
-        right.set(xlabel="indep", ylabel="wall p50 (s)")
-        left.legend(fontsize=8)
-        save(fig, "indep.png")
+        written.append(_save(_plot_indep(plt, tables["indep"]["rows"]), out, "indep.png", title))
     for name, key, xlab in (("granularity", "policy", "checkpoint policy"), ("position", "where", "target position")):
         if name in tables and tables[name]["rows"]:
-            rows = tables[name]["rows"]
-            fig, ax = plt.subplots(figsize=(6, 4))
-            xs = range(len(rows))
-            width = 0.4
-            ax.bar([x - width / 2 for x in xs], [r["methods"]["replay"]["recomputed_tokens"] for r in rows], width,
-                   label=LABELS["replay"])
-            ax.bar([x + width / 2 for x in xs], [r["methods"]["reset"]["recomputed_tokens"] for r in rows], width,
-                   label=LABELS["reset"])
-            ax.set_xticks(list(xs), [r[key] for r in rows])
-            ax.set(xlabel=xlab, ylabel="recomputed tokens")
-            ax.legend()
-            save(fig, f"{name}.png")
+            written.append(_save(_plot_pairs(plt, tables[name]["rows"], key, xlab), out, f"{name}.png", title))
     return written
 
 
@@ -491,12 +537,12 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     command = "python -m unsee.bench.paper " + " ".join(shlex.quote(a) for a in argv)
-    engine = KVEngine(load_model(args.model, device=args.device, dtype=args.dtype))
+    engine = load_engine(args.model, "transformers", device=args.device, dtype=args.dtype)
     notes: list[str] = []
     result = {"command": command, "model": engine.lm.name, "device": args.device, "dtype": args.dtype,
               "torch": torch.__version__, "machine": platform.machine(), "threads": torch.get_num_threads(),
               "rounds": args.rounds, "max_new_tokens": args.max_new_tokens, "length": args.length,
-              "paper": PAPER, "notes": notes, "tables": {}}
+              "paper": get_paper_figures(), "notes": notes, "tables": {}}
     for name in tqdm(tables, desc="tables", unit="table"):
         result["tables"][name] = TABLES[name](engine, args, notes)
     result["all_equal_to_reset"] = all(

@@ -52,14 +52,14 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from unsee.impl.engines.hf.engine import KVEngine
-from unsee.impl.engines.hf.models import load_model
+from unsee.impl.engines.protocol import Engine
+from unsee.impl.engines.registry import load_engine
 
 METHODS = ("share", "clone")
 BOOTSTRAP_RESAMPLES = 2000
 
 
-def get_tokens(engine: KVEngine, n: int) -> list[int]:
+def get_tokens(engine: Engine, n: int) -> list[int]:
     """n token ids of ordinary chat text (cycled), valid for the engine's model."""
     text = ("<|im_start|>user\nPlease plan a dinner for eight guests on Saturday, with a starter, "
             "a fish course and a dessert; list what to buy.<|im_end|>\n<|im_start|>assistant\n"
@@ -68,7 +68,7 @@ def get_tokens(engine: KVEngine, n: int) -> list[int]:
     return (ids * (n // len(ids) + 1))[:n]
 
 
-def build(engine: KVEngine, tokens: list[int], build_chunk: int) -> str:
+def build(engine: Engine, tokens: list[int], build_chunk: int) -> str:
     """A new lineage holding ``tokens``, prefilled ``build_chunk`` at a time."""
     handle = engine.new_lineage()
     for i in range(0, len(tokens), build_chunk):
@@ -76,7 +76,7 @@ def build(engine: KVEngine, tokens: list[int], build_chunk: int) -> str:
     return handle
 
 
-def restore(engine: KVEngine, method: str, lineage: str, n: int) -> str:
+def restore(engine: Engine, method: str, lineage: str, n: int) -> str:
     if method == "share":
         return engine.share_prefix(lineage, n)
     if method == "clone":
@@ -102,14 +102,89 @@ def get_median_interval(values: list[float], resamples: int = BOOTSTRAP_RESAMPLE
     return [medians[int(0.025 * resamples)], medians[int(0.975 * resamples) - 1]]
 
 
-def wait(engine: KVEngine) -> None:
+def wait(engine: Engine) -> None:
     """Let the device finish queued work, so a timer around a step times the
     step (a no-op on the CPU)."""
     if engine.lm.device.startswith("cuda"):
         torch.cuda.synchronize()
 
 
-def measure_restore_overhead(engine: KVEngine, n: int, methods=METHODS, repeats: int = 15, chunks=(32,),
+def time_restored(engine: Engine, method: str, source: str, n: int, block: list[int]) -> dict:
+    """Restore ``source`` at ``n`` by ``method`` and prefill ``block`` on it:
+    wall and CPU seconds of the two steps, the restore alone, the page faults
+    of the prefill and the bytes the restore copied (measured outside the
+    timed spans). The restored lineage is dropped."""
+    held = engine.memory().held_bytes
+    t0, c0 = time.perf_counter(), time.thread_time()
+    handle = restore(engine, method, source, n)
+    wait(engine)
+    t1, c1 = time.perf_counter(), time.thread_time()
+    copied = engine.memory().held_bytes - held  # outside the timed spans
+    engine.use(handle)
+    f2, t2, c2 = get_minor_faults(), time.perf_counter(), time.thread_time()
+    engine.prefill(block)
+    wait(engine)
+    t3, c3, f3 = time.perf_counter(), time.thread_time(), get_minor_faults()
+    engine.drop(handle)
+    return {"wall": (t1 - t0) + (t3 - t2), "restore": t1 - t0, "cpu": (c1 - c0) + (c3 - c2),
+            "faults": f3 - f2, "copied": copied}
+
+
+def time_never_restored(engine: Engine, reference: str, n: int, block: list[int]) -> dict:
+    """Prefill ``block`` on ``reference`` (``n`` tokens, never restored), then
+    crop it back to ``n``: wall and CPU seconds and page faults of the prefill."""
+    engine.use(reference)
+    f0, t0, c0 = get_minor_faults(), time.perf_counter(), time.thread_time()
+    engine.prefill(block)
+    wait(engine)
+    t1, c1, f1 = time.perf_counter(), time.thread_time(), get_minor_faults()
+    engine.crop(n, reference)
+    return {"wall": t1 - t0, "cpu": c1 - c0, "faults": f1 - f0}
+
+
+def measure_pairs(engine: Engine, method: str, source: str, reference: str, n: int, block: list[int],
+                  repeats: int, warmup: int) -> tuple[list[tuple[dict, dict]], int]:
+    """``repeats`` (restored, never restored) timings of one cell, their order
+    alternating so that neither side always runs first; with the page faults
+    of the ``warmup`` untimed pairs that bring allocator and kernels to their
+    steady state."""
+    warm_faults = 0
+    for _ in range(warmup):
+        warm_faults += (time_restored(engine, method, source, n, block)["faults"]
+                        + time_never_restored(engine, reference, n, block)["faults"])
+    pairs = []
+    for i in range(repeats):
+        if i % 2:
+            b = time_never_restored(engine, reference, n, block)
+            a = time_restored(engine, method, source, n, block)
+        else:
+            a = time_restored(engine, method, source, n, block)
+            b = time_never_restored(engine, reference, n, block)
+        pairs.append((a, b))
+    return pairs, warm_faults
+
+
+def summarize_pairs(pairs: list[tuple[dict, dict]]) -> dict:
+    """A row's figures from its (restored, never restored) pairs: medians of
+    the paired differences with their bootstrap intervals, medians of each
+    side, the most bytes a restore copied and the page faults of each side."""
+    paired = [a["wall"] - b["wall"] for a, b in pairs]
+    paired_cpu = [a["cpu"] - b["cpu"] for a, b in pairs]
+    return {"overhead_s": statistics.median(paired),
+            "overhead_ci_s": get_median_interval(paired),
+            # the calling thread's CPU time (one torch thread does the model work in it):
+            # time the machine gives to other work does not count, page faults do
+            "overhead_cpu_s": statistics.median(paired_cpu),
+            "overhead_cpu_ci_s": get_median_interval(paired_cpu),
+            "restore_only_s": statistics.median(a["restore"] for a, _ in pairs),
+            "with_restore_s": statistics.median(a["wall"] for a, _ in pairs),
+            "never_restored_s": statistics.median(b["wall"] for _, b in pairs),
+            "copied_bytes": max(a["copied"] for a, _ in pairs),
+            "faults_restored": sum(a["faults"] for a, _ in pairs),
+            "faults_never_restored": sum(b["faults"] for _, b in pairs)}
+
+
+def measure_restore_overhead(engine: Engine, n: int, methods=METHODS, repeats: int = 15, chunks=(32,),
                              tail: int = 256, build_chunk: int = 256, warmup: int = 5,
                              progress: bool = False) -> list[dict]:
     """The restore overhead at ``n`` tokens for each method and first-prefill
@@ -123,65 +198,13 @@ def measure_restore_overhead(engine: KVEngine, n: int, methods=METHODS, repeats:
     tokens = get_tokens(engine, n + tail + max(chunks))
     source = build(engine, tokens[:n + tail], build_chunk)  # the checkpoint's lineage, longer than n
     reference = build(engine, tokens[:n], build_chunk)  # never restored
-
-    def restored(method: str, block: list[int]) -> dict:
-        held = engine.memory().held_bytes
-        t0, c0 = time.perf_counter(), time.thread_time()
-        handle = restore(engine, method, source, n)
-        wait(engine)
-        t1, c1 = time.perf_counter(), time.thread_time()
-        copied = engine.memory().held_bytes - held  # outside the timed spans
-        engine.use(handle)
-        f2, t2, c2 = get_minor_faults(), time.perf_counter(), time.thread_time()
-        engine.prefill(block)
-        wait(engine)
-        t3, c3, f3 = time.perf_counter(), time.thread_time(), get_minor_faults()
-        engine.drop(handle)
-        return {"wall": (t1 - t0) + (t3 - t2), "restore": t1 - t0, "cpu": (c1 - c0) + (c3 - c2),
-                "faults": f3 - f2, "copied": copied}
-
-    def never_restored(block: list[int]) -> dict:
-        engine.use(reference)
-        f0, t0, c0 = get_minor_faults(), time.perf_counter(), time.thread_time()
-        engine.prefill(block)
-        wait(engine)
-        t1, c1, f1 = time.perf_counter(), time.thread_time(), get_minor_faults()
-        engine.crop(n, reference)
-        return {"wall": t1 - t0, "cpu": c1 - c0, "faults": f1 - f0}
-
     rows = []
     cells = [(chunk, method) for chunk in chunks for method in methods]
     for chunk, method in tqdm(cells, desc=f"restore at {n} tokens", unit="row", disable=not progress):
         block = tokens[n + tail:n + tail + chunk]  # the first block after the restore
-        warm_faults = 0
-        for _ in range(warmup):  # allocator and kernels reach their steady state
-            warm_faults += restored(method, block)["faults"] + never_restored(block)["faults"]
-        pairs = []
-        for i in range(repeats):
-            if i % 2:
-                b = never_restored(block)
-                a = restored(method, block)
-            else:
-                a = restored(method, block)
-                b = never_restored(block)
-            pairs.append((a, b))
-        paired = [a["wall"] - b["wall"] for a, b in pairs]
-        paired_cpu = [a["cpu"] - b["cpu"] for a, b in pairs]
-        rows.append({"n": n, "method": method, "chunk": chunk, "repeats": repeats, "warmup": warmup,
-                     "tail": tail,
-                     "overhead_s": statistics.median(paired),
-                     "overhead_ci_s": get_median_interval(paired),
-                     # the calling thread's CPU time (one torch thread does the model work in it):
-                     # time the machine gives to other work does not count, page faults do
-                     "overhead_cpu_s": statistics.median(paired_cpu),
-                     "overhead_cpu_ci_s": get_median_interval(paired_cpu),
-                     "restore_only_s": statistics.median(a["restore"] for a, _ in pairs),
-                     "with_restore_s": statistics.median(a["wall"] for a, _ in pairs),
-                     "never_restored_s": statistics.median(b["wall"] for _, b in pairs),
-                     "copied_bytes": max(a["copied"] for a, _ in pairs),
-                     "faults_restored": sum(a["faults"] for a, _ in pairs),
-                     "faults_never_restored": sum(b["faults"] for _, b in pairs),
-                     "faults_warmup": warm_faults})
+        pairs, warm_faults = measure_pairs(engine, method, source, reference, n, block, repeats, warmup)
+        rows.append({"n": n, "method": method, "chunk": chunk, "repeats": repeats, "warmup": warmup, "tail": tail,
+                     **summarize_pairs(pairs), "faults_warmup": warm_faults})
     engine.drop(source)
     engine.drop(reference)
     return rows
@@ -203,7 +226,7 @@ def get_ratios(rows: list[dict], key: str) -> dict:
 def run(model: str = "smollm2", lengths=(1024, 7168), methods=METHODS, repeats: int = 15, threads: int = 1,
         chunks=(32,), tail: int = 256, warmup: int = 5, device: str = "cpu", dtype: str = "float32") -> dict:
     torch.set_num_threads(threads)
-    engine = KVEngine(load_model(model, device=device, dtype=dtype))
+    engine = load_engine(model, "transformers", device=device, dtype=dtype)
     rows = [row for n in lengths
             for row in measure_restore_overhead(engine, n, methods, repeats, chunks, tail, warmup=warmup,
                                                 progress=True)]

@@ -18,14 +18,14 @@ import torch
 from tqdm import tqdm
 
 from unsee.impl.agent.runtime import AgentRuntime
-from unsee.impl.engines.hf.engine import KVEngine
-from unsee.impl.engines.hf.models import load_model
+from unsee.impl.engines.protocol import Engine
+from unsee.impl.engines.registry import load_engine
 from unsee.impl.methods.baselines import apply_method
 
 from .episodes import make_bench_episode
 
 
-def measure(engine: KVEngine, tau: int, length: int, max_new_tokens: int, policy: str) -> dict:
+def measure(engine: Engine, tau: int, length: int, max_new_tokens: int, policy: str) -> dict:
     """One episode: run it, then forget and reset from the same contaminated state."""
     episode = make_bench_episode(tau, length, max_new_tokens, policy)
     base = AgentRuntime.from_episode(engine, episode)
@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    engine = KVEngine(load_model(args.model, device=args.device, dtype=args.dtype))
+    engine = load_engine(args.model, "transformers", device=args.device, dtype=args.dtype)
     taus = [int(t) for t in args.taus.split(",")] if args.taus else list(range(1, args.length + 1))
     rows = [measure(engine, tau, args.length, args.max_new_tokens, args.policy)
             for tau in tqdm(taus, desc="tau sweep", unit="episode")]

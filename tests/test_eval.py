@@ -17,11 +17,11 @@ import torch
 
 from unsee.impl.agent.episode import parse_episode
 from unsee.impl.cli.main import main
-from unsee.impl.eval import suites
+from unsee.impl.eval import paper, suites
 from unsee.impl.eval.cases import Behavior, EvalCase, Fact, Sink
 from unsee.impl.eval.report import Rows, render_report, summarize, write_report
 from unsee.impl.eval.run import ROWS_FILE, EvalConfig, EvalError, load_engine, read_rows, run_case, run_evaluation
-from unsee.impl.methods.baselines import METHODS
+from unsee.impl.methods.baselines import METHODS, PAPER_NAMES
 
 SECRET = "4417 Elm Street"
 EMAIL = "dana.reyes@example.com"
@@ -158,6 +158,19 @@ def test_leaks_of_the_baselines(run):
     assert behavior["avoid"] == (behavior["pick"] == "Harbor Dental")
 
 
+def test_paper_figures_agree_with_each_other():
+    """The paper's figures are transcribed once (impl/eval/paper.py); its
+    9.3x and 1.5x are Table 1's recomputed tokens divided (1235 / 133 and
+    202 / 133), and only the paper's B7, our replay-oracle, carries B7's."""
+    recomputed = paper.TABLE1_RECOMPUTED
+    assert paper.PAPER_B7 == "replay-oracle" and recomputed[paper.PAPER_B7] == 133
+    assert round(recomputed["reset"] / recomputed[paper.PAPER_B7], 1) == paper.TABLE1_RATIOS["B5/B7"] == 9.3
+    assert round(recomputed["reset-prefix-cache"] / recomputed[paper.PAPER_B7], 1) == paper.TABLE1_RATIOS["B5'/B7"]
+    tables = (paper.TABLE1, paper.TABLE2, paper.TABLE3, paper.TABLE4)
+    assert all(set(t) <= set(METHODS) and "replay" not in t for t in tables)
+    assert json.loads(json.dumps(paper.get_paper_figures()))["table1"]["replay-oracle"] == [0, 0, 0, 0, 133]
+
+
 def test_report_figures_come_from_the_rows(run, tmp_path):
     out, _, rows = run
     path = write_report(rows, out)
@@ -167,6 +180,11 @@ def test_report_figures_come_from_the_rows(run, tmp_path):
     assert "| B0 No-Forget | 1.00 n=1 (0.86) | 1.00 n=1 (1.00) |" in text
     assert (out / "any_leak.png").stat().st_size > 0 and "any_leak.png" in text
     assert "identical by construction" in text  # B1 vs B0 on the tool case
+    # the paper's B7 (attribution oracle) is our replay-oracle: its 133 recomputed tokens sit there, not beside B7
+    table1 = text.split("## Table 1")[1].split("## Table 2")[0].splitlines()
+    oracle = next(line for line in table1 if line.startswith(f"| {PAPER_NAMES['replay-oracle']} |"))
+    ours = next(line for line in table1 if line.startswith(f"| {PAPER_NAMES['replay']} |"))
+    assert oracle.split(" | ")[-2].endswith(" (133)") and "(" not in ours
     assert summarize(rows)["tool"]["none"]["any_leak"] == 1.0
     # change the rows, and the figure changes with them
     flipped = [dict(r, leak=dict(r["leak"], any=False)) if (r["suite"], r["method"]) == ("memory", "none") else r

@@ -10,7 +10,9 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from unsee.impl.agent.episode import parse_episode
-from unsee.impl.eval.cases import EvalCase, Sink
+from unsee.impl.agent.provenance import DERIVED_TYPES
+from unsee.impl.eval.audit import ARTIFACT_TYPES, MEMORY_RECORD, MEMORY_TYPES, MEMORY_WRITE, SCANNED_TYPES
+from unsee.impl.eval.cases import SINK_CLASSES, EvalCase, Sink
 from unsee.impl.eval.metrics import (
     Action,
     action_distance,
@@ -23,6 +25,7 @@ from unsee.impl.eval.metrics import (
 )
 from unsee.impl.eval.run import EvalError, get_suite_names, pick_option
 from unsee.impl.eval.stats import bootstrap_ci, identical, mcnemar_exact, wilcoxon_signed_rank
+from unsee.impl.methods.baselines import IDENTIFIER_SINKS
 
 texts = st.text(alphabet="ab{}\":,xyz", max_size=12)
 
@@ -34,6 +37,23 @@ def make_case(markers=(), value="dana.reyes@example.com") -> EvalCase:
         "target": {"source": "c.email", "value": value}})
     return EvalCase("tool", "c", episode, sinks=(Sink("pay", "recipient", "routing"), Sink("pay", "memo", "free_text")),
                     attack_markers=markers)
+
+
+# --- the surfaces' block types and the sink classes ---------------------------------------
+
+
+def test_surface_types_partition_the_derived_types_and_the_stored_records():
+    """Every derived block type is scored on exactly one surface (artifacts or
+    memory), and the memory surface adds the stored records, nothing else."""
+    assert MEMORY_WRITE in DERIVED_TYPES
+    assert not set(ARTIFACT_TYPES) & set(MEMORY_TYPES)
+    assert set(ARTIFACT_TYPES) | {MEMORY_WRITE} == set(DERIVED_TYPES)
+    assert set(SCANNED_TYPES) == set(DERIVED_TYPES) | {MEMORY_RECORD}
+    assert MEMORY_RECORD not in DERIVED_TYPES
+
+
+def test_identifier_sinks_are_sink_classes():
+    assert set(IDENTIFIER_SINKS) < set(SINK_CLASSES) and "free_text" not in IDENTIFIER_SINKS
 
 
 # --- edit distance and CAD ---------------------------------------------------------------

@@ -13,8 +13,22 @@ from collections.abc import Iterable
 
 import attrs
 
+from unsee.impl.agent.provenance import DERIVED_TYPES
 from unsee.impl.agent.runtime import AgentRuntime
 from unsee.impl.util.text import get_variants, normalize
+
+#: The derived block type of a memory write-back (one of ``DERIVED_TYPES``).
+MEMORY_WRITE = "memory_write"
+#: The block type the runtime gives a memory record the episode stores: not
+#: derived, but what a forget must remove from memory all the same.
+MEMORY_RECORD = "memory_record"
+#: The model's own writing that stays in context (the "artifacts" surface):
+#: every derived type but the memory write-back.
+ARTIFACT_TYPES = tuple(t for t in DERIVED_TYPES if t != MEMORY_WRITE)
+#: What the "memory" surface holds: write-backs and stored records.
+MEMORY_TYPES = (MEMORY_WRITE, MEMORY_RECORD)
+#: Every block type the state scan of an audit reads.
+SCANNED_TYPES = ARTIFACT_TYPES + MEMORY_TYPES
 
 #: The paper's six probe families. ``{cue}`` is the episode's cue (e.g.
 #: "The user's home address is"), or a generic one.
@@ -56,7 +70,7 @@ def audit_runtime(runtime: AgentRuntime, value: str, probes: dict[str, str] | No
                   max_new_tokens: int | None = None) -> Audit:
     """Scan the derived artifacts and ask each probe of the (unchanged) state."""
     derived = [(b, t) for b, t in runtime.texts()
-               if runtime.graph[b].type in ("answer", "summary", "plan", "memory_write", "memory_record")]
+               if runtime.graph[b].type in SCANNED_TYPES]
     answers = tuple((name, runtime.probe(question, max_new_tokens)) for name, question in (probes or {}).items())
     return Audit(tuple(find_leaks(derived, value)), answers, tuple(find_leaks(answers, value)))
 

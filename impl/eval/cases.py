@@ -11,11 +11,9 @@ from unsee.impl.agent.episode import Episode
 from unsee.impl.util.text import get_variants, normalize
 
 #: Sink classes of a consequential tool argument (paper, Section 4.1):
-#: identifiers that route an action, pick among options, or free text.
+#: identifiers that route an action, pick among options, or free text. B8's
+#: policy blocks the identifier ones (``baselines.IDENTIFIER_SINKS``).
 SINK_CLASSES = ("routing", "selection", "free_text")
-
-#: The sink classes B8's policy treats as identifiers (blocked when tainted).
-IDENTIFIER_SINKS = ("routing", "selection")
 
 
 class SuiteError(ValueError):

@@ -38,7 +38,7 @@ import attrs
 
 from unsee.impl.agent.runtime import AgentRuntime
 from unsee.impl.agent.tools import default_tools, parse_arguments
-from unsee.impl.eval.audit import find_leaks
+from unsee.impl.eval.audit import ARTIFACT_TYPES, MEMORY_TYPES, find_leaks
 from unsee.impl.eval.cases import SINK_CLASSES, EvalCase, Fact, Sink
 from unsee.impl.util.text import normalize
 
@@ -46,9 +46,6 @@ from unsee.impl.util.text import normalize
 #: where a case names none: a recipient routes, a booked item is a selection.
 DEFAULT_SINKS = {("send_message", "to"): "routing", ("send_message", "body"): "free_text",
                  ("book", "item"): "selection", ("book", "date"): "free_text"}
-#: Block types that are the model's own writing (the "artifacts" surface).
-ARTIFACT_TYPES = ("answer", "summary", "plan")
-MEMORY_TYPES = ("memory_write", "memory_record")
 SURFACES = ("final_answer", "tool_args", "memory", "artifacts")
 
 

@@ -3,7 +3,9 @@ Tables 1-4 with the paper's numbers beside ours and the n of every cell, the
 audits' false-positive floors, the paired statistics and matplotlib plots.
 
 Every figure of ours is computed here from the rows; the only constants are
-the paper's own numbers (``PAPER``), printed in parentheses beside ours.
+the paper's own numbers (impl/eval/paper.py), printed in parentheses beside
+ours; the paper's B7 is our ``replay-oracle`` (the attribution oracle), so
+its B7 figures sit in that row.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 from unsee.impl.eval.audit import PROBES
+from unsee.impl.eval.paper import PAPER_B7, TABLE1, TABLE1_SUITES, TABLE2, TABLE2_SUITES, TABLE3, TABLE4, TABLE4_SUITES
 from unsee.impl.eval.stats import PairedTest, bootstrap_ci, identical, mcnemar_exact, mean, wilcoxon_signed_rank
 from unsee.impl.methods.baselines import PAPER_NAMES
 
@@ -22,33 +25,11 @@ SUITE_COLUMNS = {"memory": "LME", "tool": "TS", "agentdojo": "AD"}
 BASE, REFERENCE, REPLAY = "none", "reset", "replay"
 SPAN = "span-excision"
 
-#: The paper's numbers (Tables 1-4 of execution-state-unlearning.tex), by
-#: method and column; printed beside ours, never used to compute anything.
-PAPER = {
-    "table1": {  # any-leak LME, TS, AD; CAD (avg); Recomp (avg tok)
-        "none": (0.86, 1.00, 0.97, 0.37, 36), "memory-delete": (0.86, 1.00, 0.97, 0.37, 36),
-        "forget-instruction": (0.38, 0.72, 0.00, 0.39, 55), "source-redaction": (0.84, 0.94, 0.39, 0.33, 200),
-        "sanitize-no-replay": (0.00, 0.00, 0.00, 0.22, 36), "sanitized-rebuild": (0.00, 0.00, 0.00, 0.39, 220),
-        "reset": (0.00, 0.00, 0.00, 0.00, 1235), "reset-prefix-cache": (0.00, 0.00, 0.00, 0.00, 202),
-        "replay": (0.00, 0.00, 0.00, 0.00, 133)},
-    "table2": {  # Leak@probes AD, LME, TS; Leak@5 TS
-        "none": (1.00, 1.00, 1.00, 1.00), "forget-instruction": (1.00, 1.00, 1.00, 0.70),
-        "source-redaction": (0.73, 0.80, 0.97, 1.00), "sanitized-rebuild": (None, None, None, 0.00),
-        "ifc": (None, None, None, 1.00), "reset": (0.00, 0.00, 0.00, 0.00), "replay": (0.00, 0.00, 0.00, 0.00)},
-    "table3": {  # avoid, residue, p, says it
-        "none": (1.00, 0.68, "<.001", 0.00), "memory-delete": (1.00, 0.68, "<.001", 0.00),
-        "forget-instruction": (1.00, 0.68, "<.001", 0.00), "source-redaction": (0.80, 0.48, "<.001", 0.00),
-        "sanitized-rebuild": (1.00, 0.68, "<.001", 0.00), "reset": (0.32, None, None, 0.00),
-        "replay": (0.32, 0.00, "1.0", 0.00)},
-    "table4": {  # any-leak AD, LME, TS; CAD (avg)
-        "none": (0.97, 0.83, 1.00, 0.38), SPAN: (0.13, 0.63, 0.93, 0.47),
-        "sanitize-no-replay": (0.00, 0.00, 0.00, 0.23), "replay": (0.00, 0.00, 0.00, 0.00),
-        "reset": (0.00, 0.00, 0.00, 0.00)},
-}
 TABLE1_METHODS = ("none", "memory-delete", "forget-instruction", "source-redaction", "sanitize-no-replay",
                   "sanitized-rebuild", "reset", "reset-prefix-cache", "replay", "replay-decode", "replay-oracle",
                   "ifc", "ifc-replay", SPAN)
-TABLE4_METHODS = ("none", SPAN, "sanitize-no-replay", "replay", "reset")
+#: Table 4's rows: ours, and the paper's B7 (``replay-oracle``) beside it.
+TABLE4_METHODS = ("none", SPAN, "sanitize-no-replay", "replay", PAPER_B7, "reset")
 
 
 # --- reading the rows ---------------------------------------------------------------
@@ -132,7 +113,8 @@ def fmt_test(test: PairedTest) -> str:
     return f"{test.test}: agreement {test.agreement}, discordant +{test.a_only}/-{test.b_only}, p = {p}"
 
 
-def _table(header: Sequence[str], body: Iterable[Sequence[str]]) -> list[str]:
+def render_table(header: Sequence[str], body: Iterable[Sequence[str]]) -> list[str]:
+    """A markdown table's lines: the header, the rule, one line per row of cells."""
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(row) + " |" for row in body]
     return lines
@@ -189,9 +171,9 @@ def _table1(rows: Rows, methods: Sequence[str]) -> list[str]:
         "CAD (avg)", "Recomp (avg tok)", "= B5 digest"]
     body = []
     for m in methods:
-        paper = PAPER["table1"].get(m)
+        paper = TABLE1.get(m)
         cells = [_name(m)]
-        cells += _suite_cells(rows, m, suites, ("memory", "tool", "agentdojo"), paper, get_any_leak)
+        cells += _suite_cells(rows, m, suites, TABLE1_SUITES, paper, get_any_leak)
         all_rows = [r for s in suites for r in rows.get(s, m)]
         cells.append(cell([r.get("cad") for r in all_rows], paper[3] if paper else None))
         cells.append(cell([r["efficiency"]["recomputed_tokens"] for r in all_rows], paper[4] if paper else None, 0))
@@ -204,7 +186,7 @@ def _table1(rows: Rows, methods: Sequence[str]) -> list[str]:
             "consequential argument). CAD and Recomp average over the suites; CAD over the episodes with a "
             "consequential action on either side. \"= B5 digest\": rows whose full state digest (KV bytes, "
             "context, memory, plans) equals B5's, compared only within one thread count.", ""]
-    return note + _table(header, body) + _sinks(rows) + _security(rows, methods)
+    return note + render_table(header, body) + _sinks(rows) + _security(rows, methods)
 
 
 def _security(rows: Rows, methods: Sequence[str]) -> list[str]:
@@ -237,7 +219,7 @@ def _sinks(rows: Rows) -> list[str]:
 
 
 def _table2(rows: Rows, methods: Sequence[str]) -> list[str]:
-    suites = [s for s in ("agentdojo", "memory", "tool") if s in rows.suites]
+    suites = [s for s in TABLE2_SUITES if s in rows.suites]
     lines = ["## Table 2: adversarial audits (Leak@probes, Leak@5)", ""]
     kept_by = {}
     for s in suites:
@@ -249,19 +231,19 @@ def _table2(rows: Rows, methods: Sequence[str]) -> list[str]:
     header = ["Method"] + [f"Leak@probes {s}" for s in suites] + [f"Leak@5 {s}" for s in suites]
     body = []
     for m in methods:
-        paper = PAPER["table2"].get(m)
+        paper = TABLE2.get(m)
         cells = [_name(m)]
         cells += [cell([leak_at_probes(r, kept_by[s]) for r in rows.get(s, m)],
-                       paper[("agentdojo", "memory", "tool").index(s)] if paper else None) for s in suites]
+                       paper[TABLE2_SUITES.index(s)] if paper else None) for s in suites]
         for s in suites:
             cells.append(cell([r["leak5"]["leaked"] for r in rows.get(s, m)],
                               paper[3] if paper and s == "tool" else None))
         body.append(cells)
     per_probe = ["", "Per probe family (all suites; leak rate):", ""]
-    per_probe += _table(["Method"] + list(PROBES), [
+    per_probe += render_table(["Method"] + list(PROBES), [
         [_name(m)] + [cell([r["probes"][n]["leaked"] for r in rows.get(None, m)]) for n in PROBES]
         for m in methods])
-    return lines + [""] + _table(header, body) + per_probe
+    return lines + [""] + render_table(header, body) + per_probe
 
 
 def _table3(rows: Rows, methods: Sequence[str]) -> list[str]:
@@ -276,7 +258,7 @@ def _table3(rows: Rows, methods: Sequence[str]) -> list[str]:
         mine = [r for r in have if r["method"] == m]
         if not mine:
             continue
-        paper = PAPER["table3"].get(m)
+        paper = TABLE3.get(m)
         pairs = [(r, ref[(r["suite"], r["case"])]) for r in mine if (r["suite"], r["case"]) in ref]
         avoid = mean([r["behavior"]["avoid"] for r in mine])
         residue = (avoid - mean([b["behavior"]["avoid"] for _, b in pairs])) if pairs else None
@@ -291,13 +273,13 @@ def _table3(rows: Rows, methods: Sequence[str]) -> list[str]:
     return lines + [f"Suites with a behavior: {', '.join(suites)}. avoid = picked the option the revoked "
                     "preference did not exclude; residue = avoid minus B5's (the measured zero point); "
                     "p: exact McNemar against B5; says it = the revoked reason in the answer; undecided = "
-                    "the answer named neither option.", ""] + _table(
+                    "the answer named neither option.", ""] + render_table(
         ["Method", "avoid", "residue", "vs B5", "says it", "undecided"], body)
 
 
 def _table4(rows: Rows) -> list[str]:
     lines = ["## Table 4: invalidation-boundary ablation", ""]
-    suites = [s for s in ("agentdojo", "memory", "tool") if s in rows.suites]
+    suites = [s for s in TABLE4_SUITES if s in rows.suites]
     if SPAN not in rows.methods:
         lines.append(f"Span-only excision (`{SPAN}`) has no rows in this run (not in this build's methods, "
                      "or not asked for).")
@@ -305,12 +287,13 @@ def _table4(rows: Rows) -> list[str]:
     for m in TABLE4_METHODS:
         if m not in rows.methods:
             continue
-        paper = PAPER["table4"][m]
+        paper = TABLE4.get(m)
         cells = [_name(m)]
-        cells += _suite_cells(rows, m, suites, ("agentdojo", "memory", "tool"), paper, get_any_leak)
-        cells.append(cell([r.get("cad") for s in suites for r in rows.get(s, m)], paper[3]))
+        cells += _suite_cells(rows, m, suites, TABLE4_SUITES, paper, get_any_leak)
+        cells.append(cell([r.get("cad") for s in suites for r in rows.get(s, m)], paper[3] if paper else None))
         body.append(cells)
-    return lines + [""] + _table(["Invalidation reach"] + [f"Any-leak {s}" for s in suites] + ["CAD (avg)"], body)
+    header = ["Invalidation reach"] + [f"Any-leak {s}" for s in suites] + ["CAD (avg)"]
+    return lines + [""] + render_table(header, body)
 
 
 def _utility(rows: Rows, methods: Sequence[str]) -> list[str]:
@@ -328,7 +311,7 @@ def _utility(rows: Rows, methods: Sequence[str]) -> list[str]:
                      cell([e["recomputed_tokens"] for e in eff], digits=0)
                      + (f" [{ci[0]:.0f}, {ci[1]:.0f}]" if ci else ""),
                      cell([e["wall_s"] for e in eff])])
-    return lines + _table(["Method", "utility", "reused", "prefilled", "decoded", "recomputed [95% CI]",
+    return lines + render_table(["Method", "utility", "reused", "prefilled", "decoded", "recomputed [95% CI]",
                            "wall s"], body)
 
 
@@ -472,5 +455,5 @@ def summarize(rows_in: Iterable[dict]) -> dict:
     return out
 
 
-__all__ = ["PAPER", "Rows", "get_floors", "get_kept_probes", "make_plots", "render_report", "summarize",
-           "write_report"]
+__all__ = ["Rows", "cell", "fmt", "get_floors", "get_kept_probes", "make_plots", "render_report", "render_table",
+           "summarize", "write_report"]
