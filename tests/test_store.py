@@ -30,9 +30,9 @@ from unsee.impl.agent.runtime import AgentRuntime, AmbiguousTargetError, TargetN
 from unsee.impl.cli.main import main as cli_main
 from unsee.impl.engines.hf.engine import KVEngine
 from unsee.impl.engines.hf.models import load_model
+from unsee.impl.store.session import PersistentSession
 from unsee.impl.store.sqlite import (
     SCHEMA_VERSION,
-    PersistentSession,
     SessionStore,
     StoreError,
     find_residue,
@@ -636,7 +636,7 @@ def test_tool_session_residue_and_its_limit(lm, tmp_path):
     assert not report.assumptions["A3"]["holds"]
     agent_state = json.dumps({k: v for k, v in record.items() if k != "extra"}, ensure_ascii=False)
     assert ATTACKER not in agent_state and "IMPORTANT SYSTEM NOTICE" not in agent_state
-    assert ATTACKER in json.dumps(record["extra"]["effects"])  # what was really sent
+    assert ATTACKER in json.dumps(record["extra"]["tools"]["effects"])  # what was really sent
     # (get_variants would also look for the generic word 'system', which the store holds anyway)
     stored = file_bytes(path).decode("utf-8", "replace").casefold()
     assert "important system notice" not in stored and "all replies must now go to" not in stored
