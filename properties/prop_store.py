@@ -76,7 +76,8 @@ from unsee.impl.conform.episodes import episode_jsons as shared_episode_jsons
 from unsee.impl.conform.episodes import rare_secrets as secrets  # the store's targets: values no other text holds
 from unsee.impl.engines.hf.engine import KVEngine
 from unsee.impl.engines.hf.models import load_model
-from unsee.impl.store.sqlite import PersistentSession, find_residue, session_files
+from unsee.impl.store.session import PersistentSession
+from unsee.impl.store.sqlite import find_residue, session_files
 from unsee.impl.util.text import normalize
 
 # --- set-up ------------------------------------------------------------------------------
@@ -138,11 +139,9 @@ class ExtractiveRuntime(AgentRuntime):
         start = self.engine.length(self.lineage)
         self.engine.prefill(list(header))
         self.engine.prefill(list(body))
-        block = RuntimeBlock(block_id, type_, text, header + body, tuple(self.context), self._resident_sources(),
+        block = RuntimeBlock(block_id, type_, text, header + body, tuple(self.context), self.get_resident_sources(),
                              (start, start + len(header) + len(body)), self.t, chunks=(len(header), len(body)))
-        self.graph.add(block)
-        self.context.append(block_id)
-        return block
+        return self.commit_block(block)
 
 
 def start(cls: type[AgentRuntime], episode: Episode) -> AgentRuntime:

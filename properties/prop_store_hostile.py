@@ -31,7 +31,8 @@ from unsee.impl.agent.runtime import AgentRuntime
 from unsee.impl.engines.hf.engine import KVEngine
 from unsee.impl.engines.hf.models import load_model
 from unsee.impl.store import sqlite as store_mod
-from unsee.impl.store.sqlite import PersistentSession, SessionStore, StoreError, session_files
+from unsee.impl.store.session import PersistentSession
+from unsee.impl.store.sqlite import SessionStore, StoreError, session_files
 from unsee.impl.store.verify import FAILED, VERIFIED, verify_store
 
 HOSTILE: Counter = Counter()  # kinds tried, printed at the end

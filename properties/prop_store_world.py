@@ -37,7 +37,7 @@ from hypothesis import strategies as st
 from unsee.impl.agent.checkpoints import CHECKPOINT_POLICIES
 from unsee.impl.agent.episode import Episode, Item, Settings, Step
 from unsee.impl.agent.tools import READ_MODES, Environment, Tool, ToolAgentRuntime
-from unsee.impl.store.sqlite import PersistentSession
+from unsee.impl.store.session import PersistentSession
 from unsee.impl.store.verify import VERIFIED, verify_store
 from unsee.properties.prop_tools import (
     ENGINE,

@@ -48,7 +48,8 @@ def run_op(spec: dict) -> dict:
         from unsee.impl.agent.episode import Item, Step
         from unsee.impl.engines.hf.engine import KVEngine
         from unsee.impl.engines.hf.models import load_model
-        from unsee.impl.store.sqlite import PersistentSession, StoreConflictError
+        from unsee.impl.store.session import PersistentSession
+        from unsee.impl.store.sqlite import StoreConflictError
 
         step = Step(spec["step"], "user", (Item(spec["step"], spec["text"]),))
         session = PersistentSession.open(db, KVEngine(load_model("tiny")))

@@ -109,7 +109,7 @@ def run_trial(lm, db: str, source: str, mode: str, arg, stats_path: str | None =
     """Open ``db``, forget ``source`` under the armed kill; write statistics
     to ``stats_path`` when the forget completes (mode ``none``)."""
     from unsee.impl.engines.hf.engine import KVEngine
-    from unsee.impl.store.sqlite import PersistentSession
+    from unsee.impl.store.session import PersistentSession
 
     weaken(weakened)
 
@@ -221,7 +221,7 @@ def resume(db: str, episode_path: str, k: int, source: str | None) -> None:
     from unsee.impl.agent.episode import load_episode
     from unsee.impl.engines.hf.engine import KVEngine
     from unsee.impl.engines.hf.models import load_model
-    from unsee.impl.store.sqlite import PersistentSession
+    from unsee.impl.store.session import PersistentSession
 
     _setup()
     episode = load_episode(episode_path)

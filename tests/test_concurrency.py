@@ -23,7 +23,8 @@ from unsee.impl.agent.episode import FORMAT, VERSION, Item, Step, parse_episode
 from unsee.impl.agent.runtime import AgentRuntime
 from unsee.impl.engines.hf.engine import KVEngine
 from unsee.impl.engines.hf.models import load_model
-from unsee.impl.store.sqlite import PersistentSession, SessionStore, StoreConflictError
+from unsee.impl.store.session import PersistentSession
+from unsee.impl.store.sqlite import SessionStore, StoreConflictError
 from unsee.impl.store.verify import VERIFIED, verify_store
 
 EPISODE = {

@@ -1,4 +1,4 @@
-"""Persisted sessions (impl/store/sqlite.py, docs/persistence.md): resume, crash-atomic
+"""Persisted sessions (impl/store/, docs/persistence.md): resume, crash-atomic
 forget under real SIGKILLs, zero residue, bad input, the CLI.
 
 Every test runs torch on one thread (the ``lm`` fixture): the bits of CPU
@@ -30,9 +30,9 @@ from unsee.impl.agent.runtime import AgentRuntime, AmbiguousTargetError, TargetN
 from unsee.impl.cli.main import main as cli_main
 from unsee.impl.engines.hf.engine import KVEngine
 from unsee.impl.engines.hf.models import load_model
+from unsee.impl.store.session import PersistentSession
 from unsee.impl.store.sqlite import (
     SCHEMA_VERSION,
-    PersistentSession,
     SessionStore,
     StoreError,
     find_residue,
@@ -636,7 +636,40 @@ def test_tool_session_residue_and_its_limit(lm, tmp_path):
     assert not report.assumptions["A3"]["holds"]
     agent_state = json.dumps({k: v for k, v in record.items() if k != "extra"}, ensure_ascii=False)
     assert ATTACKER not in agent_state and "IMPORTANT SYSTEM NOTICE" not in agent_state
-    assert ATTACKER in json.dumps(record["extra"]["effects"])  # what was really sent
+    assert ATTACKER in json.dumps(record["extra"]["tools"]["effects"])  # what was really sent
     # (get_variants would also look for the generic word 'system', which the store holds anyway)
     stored = file_bytes(path).decode("utf-8", "replace").casefold()
     assert "important system notice" not in stored and "all replies must now go to" not in stored
+
+
+def test_tool_layer_is_stored_under_its_name(lm, tmp_path):
+    """The ``extra`` table holds one row per extension, keyed by its name; a
+    store written before that (the tool layer's keys as rows) still opens and
+    rebuilds the same session; a name no loader knows is refused by name."""
+    import sqlite3
+
+    from unsee.impl.agent.tools import ToolAgentRuntime
+
+    runtime, _ = tool_runtime(lm, 3)
+    path = tmp_path / "s.db"
+    PersistentSession.create(path, runtime).close()
+    with sqlite3.connect(path) as conn:
+        rows = dict(conn.execute("SELECT key, value FROM extra"))
+    assert list(rows) == ["tools"]
+    legacy = tmp_path / "legacy.db"
+    shutil.copy(path, legacy)
+    with sqlite3.connect(legacy) as conn:  # the layout of stores written before extensions had names
+        conn.execute("DELETE FROM extra")
+        conn.executemany("INSERT INTO extra (key, value) VALUES (?, ?)",
+                         [(k, json.dumps(v)) for k, v in json.loads(rows["tools"]).items()])
+    with PersistentSession.open(legacy, KVEngine(lm)) as session:
+        assert isinstance(session.runtime, ToolAgentRuntime) and session.digest() == runtime.digest()
+        assert record_hash(session.runtime.get_session_record()) == record_hash(runtime.get_session_record())
+    renamed = tmp_path / "renamed.db"
+    shutil.copy(path, renamed)
+    with sqlite3.connect(renamed) as conn:
+        conn.execute("UPDATE extra SET key = 'toolbox'")
+    before = file_bytes(renamed)
+    with SessionStore.open(renamed) as store, pytest.raises(StoreError, match=r"extension\(s\) \['toolbox'\]"):
+        store.load(KVEngine(lm))
+    assert file_bytes(renamed) == before

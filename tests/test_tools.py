@@ -1,4 +1,4 @@
-"""The tool layer (impl/agent/tools.py): environment snapshots, call IDs, call-ID
+"""The tool layer (impl/agent/tools/): environment snapshots, call IDs, call-ID
 de-duplication, read-only replay modes, and each divergence kind produced by a
 hand-built episode on the tiny model."""
 

@@ -25,7 +25,8 @@ from unsee.impl.engines.hf.engine import KVEngine
 from unsee.impl.engines.hf.models import load_model
 from unsee.impl.store import receipt as receipt_mod
 from unsee.impl.store.receipt import ReceiptError, parse_receipt
-from unsee.impl.store.sqlite import PersistentSession, SessionStore, session_files
+from unsee.impl.store.session import PersistentSession
+from unsee.impl.store.sqlite import SessionStore, session_files
 from unsee.impl.store.verify import CANNOT, FAILED, VERIFIED, forgotten_mentions, verify_store
 
 TARGET, SECRET = "notes.pin", "PIN 738215 Quillmere"

@@ -37,7 +37,9 @@ _EXPORTS = {
     "make_engine": "unsee.impl.engines.registry",
     # the agent runtime
     "AgentRuntime": "unsee.impl.agent.runtime",
-    "ForgetReport": "unsee.impl.agent.runtime",
+    "RuntimeState": "unsee.impl.agent.state",
+    "Extension": "unsee.impl.agent.extensions",
+    "ForgetReport": "unsee.impl.agent.report",
     "Episode": "unsee.impl.agent.episode",
     "EpisodeError": "unsee.impl.agent.episode",
     "Item": "unsee.impl.agent.episode",
@@ -49,6 +51,7 @@ _EXPORTS = {
     "SessionBusyError": "unsee.impl.util.exclusive",
     # tools
     "ToolAgentRuntime": "unsee.impl.agent.tools",
+    "ToolLayer": "unsee.impl.agent.tools",
     "Environment": "unsee.impl.agent.tools",
     "Tool": "unsee.impl.agent.tools",
     "default_tools": "unsee.impl.agent.tools",
@@ -56,24 +59,28 @@ _EXPORTS = {
     "METHODS": "unsee.impl.methods.baselines",
     "apply_method": "unsee.impl.methods.baselines",
     # persistence and verification
-    "PersistentSession": "unsee.impl.store.sqlite",
+    "PersistentSession": "unsee.impl.store.session",
     "SessionStore": "unsee.impl.store.sqlite",
-    "StoreError": "unsee.impl.store.sqlite",
+    "StoreError": "unsee.impl.store.schema",
     "verify_store": "unsee.impl.store.verify",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]
 
 if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ imports on demand
-    from unsee.impl.agent.episode import (Episode, EpisodeError, Item, Settings, Step, load_episode,
-                                          parse_episode)
+    from unsee.impl.agent.episode import Episode, EpisodeError, Item, Settings, Step, load_episode, parse_episode
+    from unsee.impl.agent.extensions import Extension
     from unsee.impl.agent.provenance import UnknownSourceError
-    from unsee.impl.agent.runtime import AgentRuntime, ForgetReport
-    from unsee.impl.agent.tools import Environment, Tool, ToolAgentRuntime, default_tools
+    from unsee.impl.agent.report import ForgetReport
+    from unsee.impl.agent.runtime import AgentRuntime
+    from unsee.impl.agent.state import RuntimeState
+    from unsee.impl.agent.tools import Environment, Tool, ToolAgentRuntime, ToolLayer, default_tools
     from unsee.impl.engines.protocol import Engine
     from unsee.impl.engines.registry import BACKENDS, load_engine, make_engine
     from unsee.impl.methods.baselines import METHODS, apply_method
-    from unsee.impl.store.sqlite import PersistentSession, SessionStore, StoreError
+    from unsee.impl.store.schema import StoreError
+    from unsee.impl.store.session import PersistentSession
+    from unsee.impl.store.sqlite import SessionStore
     from unsee.impl.store.verify import verify_store
     from unsee.impl.util.exclusive import SessionBusyError
 

@@ -73,7 +73,7 @@ exact by construction. ``python -m unsee.bench.discrepancy`` re-measures.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 import attrs
 
@@ -237,3 +237,37 @@ class Drafts:
         totals["probes"] = sum(t.probed for t in self.turns)
         totals["quoting"] = sum(t.quotes for t in self.turns)
         return totals
+
+
+def choose_drafts(lm, bound: float | None, blocks: Sequence, steps: Sequence, boundary: int, wanted: bool | None,
+                  oracle: bool, pending: Iterable[str] = (), lookup: bool = True) -> tuple[Drafts | None, dict]:
+    """The drafts of a replay from ``boundary``: the model turns written after
+    it, before the forget (of ``blocks``, the session's; ``steps``: its
+    observation log); returns the drafts (None: every turn decoded) and the
+    report's account of the choice. The items of the ``pending`` sources mark the drafts that
+    quote them (probed); ``lookup`` adds guesses from the context where a
+    turn is decoded. ``lm`` names the configuration whose ``bound`` it is."""
+    blocks = [b for b in blocks if b.turn > boundary]
+    if oracle:
+        labelled = {s.id for s in steps[boundary:] if getattr(s, "independent", False)}
+        trusted = [b.id for b in blocks if b.id.rsplit("/", 1)[0] in labelled]
+        # the oracle trusts its labels; unlabelled turns are decoded as B7 without drafts would
+        chosen = [b for b in blocks if b.id in set(trusted)]
+        return Drafts.from_blocks(chosen, bound, trusted, lookup=False), {
+            "mode": "oracle", "bound": bound, "labelled_steps": sorted(labelled),
+            "why": "B7-oracle: turns labelled independent re-prefilled unverified"}
+    if wanted is False:
+        return None, {"mode": "off", "bound": bound, "why": "drafts turned off by the caller"}
+    if bound is None:
+        if wanted:
+            raise ValueError(f"drafts were asked for, but no prefill-versus-decode bound was measured for "
+                             f"{lm.name} on {lm.device} {lm.dtype}")
+        return None, {"mode": "off", "bound": None,
+                      "why": f"no prefill-versus-decode bound measured for {lm.name} on "
+                             f"{lm.device} {lm.dtype}: every turn re-decoded"}
+    pending = set(pending)
+    forgotten = [i.text for s in steps for i in s.items if i.source in pending]
+    return Drafts.from_blocks(blocks, bound, forgotten=forgotten, lookup=lookup), {
+        "mode": "verify", "bound": bound, "lookup": lookup,
+        "why": f"verified drafts{' and context guesses' if lookup else ''}, decisions accepted above a "
+               f"margin of 2 x {bound:g}"}

@@ -288,7 +288,7 @@ def _run(args: argparse.Namespace) -> int:
                   f"({rep['checkpoint_bytes']} bytes of metadata)")
             print(f"closure  {len(rep['closure'])} blocks: {', '.join(rep['closure'][:8])}"
                   f"{' ...' if len(rep['closure']) > 8 else ''}")
-            print(f"A1-A3    " + "; ".join(f"{k}: {'holds' if v['holds'] else 'FAILS'}"
+            print("A1-A3    " + "; ".join(f"{k}: {'holds' if v['holds'] else 'FAILS'}"
                                            for k, v in rep["assumptions"].items()))
             print(f"drafts   {describe_drafts(rep['drafts'])}")
         print(f"cost     {r['invocations']} transitions, {r['prefilled_tokens']} prefilled + "
@@ -373,7 +373,8 @@ def _open_stored(args: argparse.Namespace):
 def _forget(args: argparse.Namespace) -> int:
     from unsee.impl.engines.hf.engine import KVEngine
     from unsee.impl.engines.hf.models import load_model
-    from unsee.impl.store.sqlite import PersistentSession, StoreConflictError
+    from unsee.impl.store.session import PersistentSession
+    from unsee.impl.store.sqlite import StoreConflictError
 
     store = _open_stored(args)
     meta = store.get_meta()

@@ -39,8 +39,10 @@ from collections.abc import Callable, Mapping
 import attrs
 
 from unsee.impl.agent.provenance import DERIVED_TYPES, RuntimeBlock
-from unsee.impl.agent.runtime import AgentRuntime, ForgetReport, render
-from unsee.impl.agent.tools import parse_arguments
+from unsee.impl.agent.render import render
+from unsee.impl.agent.report import ForgetReport
+from unsee.impl.agent.runtime import AgentRuntime
+from unsee.impl.agent.tools.calls import parse_arguments
 from unsee.impl.util.text import get_variants, normalize
 
 METHODS = ("none", "memory-delete", "forget-instruction", "source-redaction", "sanitize-no-replay", "reset",
@@ -134,27 +136,27 @@ def apply_method(base: AgentRuntime, method: str, source_id: str, value: str | N
 
 def delete_memory_records(runtime: AgentRuntime, source_id: str, value: str | None) -> None:
     """B1: what deployed stacks do: delete the stored records, touch nothing else."""
-    runtime.memory = [b for b in runtime.memory if source_id not in runtime.graph[b].source_ids]
+    runtime.keep_memory(lambda b: source_id not in b.source_ids)
 
 
 def append_forget_instruction(runtime: AgentRuntime, source_id: str, value: str | None) -> None:
     """B2: tell the model to forget (the value stays resident)."""
-    runtime._prefill_block(f"forget:{source_id}", "instruction",
-                           render("system", f"Forget this and never use or reveal it: {value}"),
-                           parents=tuple(runtime.context), sources=runtime._resident_sources())
+    runtime.append_block(f"forget:{source_id}", "instruction",
+                         render("system", f"Forget this and never use or reveal it: {value}"),
+                         parents=tuple(runtime.context), sources=runtime.get_resident_sources())
 
 
 def redact_source(runtime: AgentRuntime, source_id: str, value: str | None) -> None:
     """B3: drop the source block(s); derived artifacts stay."""
     sources = {b.id for b in runtime.graph.locate_source(source_id)}
-    _rebuild(runtime, keep=lambda b: b.id not in sources)
+    runtime.rebuild_context(keep=lambda b: b.id not in sources)
 
 
 def drop_closure(runtime: AgentRuntime, source_id: str, value: str | None) -> None:
     """B4: drop the source and its descendants; regenerate nothing (over-deletes)."""
     closure = set(runtime.graph.taint_closure(source_id))
     # the system prompt re-prefilled by a compaction inherits nothing; keep system blocks
-    _rebuild(runtime, keep=lambda b: b.id not in closure or b.type == "system")
+    runtime.rebuild_context(keep=lambda b: b.id not in closure or b.type == "system")
 
 
 def redact_strings(runtime: AgentRuntime, source_id: str, value: str | None) -> None:
@@ -167,7 +169,7 @@ def redact_strings(runtime: AgentRuntime, source_id: str, value: str | None) -> 
             return attrs.evolve(block, id=f"{block.id}~redacted", text=text, parents=())
         return block
 
-    _rebuild(runtime, keep=lambda b: True, transform=redact)
+    runtime.rebuild_context(keep=lambda b: True, transform=redact)
 
 
 def excise_span(runtime: AgentRuntime, source_id: str, value: str | None) -> None:
@@ -198,26 +200,9 @@ def excise_span(runtime: AgentRuntime, source_id: str, value: str | None) -> Non
             if span is not None:
                 cuts[block_id] = (*span, text)
                 break
-    runtime.memory = [b for b in runtime.memory if not (runtime.graph[b].type == "memory_record"
-                                                        and source_id in runtime.graph[b].source_ids)]
-    if not cuts:
-        return
-    engine.use(runtime.lineage)
-    for block_id in reversed(runtime.context):  # back to front: earlier offsets stay valid
-        if block_id in cuts:
-            a, z, _ = cuts[block_id]
-            start = runtime.graph[block_id].token_span[0]
-            engine.excise(start + a, start + z)
-    offset = 0
-    for block_id in runtime.context:
-        block = runtime.graph[block_id]
-        tokens, text, chunks = block.tokens, block.text, block.chunks
-        if block_id in cuts:
-            a, z, item = cuts[block_id]
-            tokens, text, chunks = tokens[:a] + tokens[z:], text.replace(item, "", 1), ()
-        runtime.graph.replace(attrs.evolve(block, tokens=tuple(tokens), text=text,
-                                           token_span=(offset, offset + len(tokens)), chunks=chunks))
-        offset += len(tokens)
+    runtime.keep_memory(lambda b: not (b.type == "memory_record" and source_id in b.source_ids))
+    if cuts:
+        runtime.excise_spans(cuts)
 
 
 def _find_token_span(lm, tokens: tuple[int, ...], text: str) -> tuple[int, int] | None:
@@ -254,47 +239,6 @@ _EDITS: dict[str, Callable[[AgentRuntime, str, str | None], None]] = {
     "span-excision": excise_span,
     "ifc": lambda runtime, source_id, value: None,
 }
-
-
-def _rebuild(runtime: AgentRuntime, keep: Callable[[RuntimeBlock], bool],
-             transform: Callable[[RuntimeBlock], RuntimeBlock] = lambda b: b) -> None:
-    """Re-prefill the kept context blocks into a new lineage, one chunk each.
-
-    Model turns are re-prefilled from their text (their recorded tokens
-    include the decoded ids); stored records and plans are filtered too."""
-    blocks = [transform(runtime.graph[b]) for b in runtime.context if keep(runtime.graph[b])]
-    runtime.memory = [m.id for m in (transform(runtime.graph[b]) for b in runtime.memory if keep(runtime.graph[b]))
-                      if _ensure(runtime, m)]
-    runtime.plans = [p.id for p in (transform(runtime.graph[b]) for b in runtime.plans if keep(runtime.graph[b]))
-                     if _ensure(runtime, p)]
-    runtime.lineage = runtime.engine.new_lineage()
-    runtime.context = []
-    for block in blocks:
-        runtime.engine.use(runtime.lineage)
-        start = runtime.engine.length()
-        tokens = _get_tokens(runtime, block)
-        runtime.engine.prefill(list(tokens))
-        rebuilt = attrs.evolve(block, tokens=tuple(tokens), token_span=(start, start + len(tokens)))
-        if rebuilt.id in runtime.graph:
-            runtime.graph.replace(rebuilt)
-        else:
-            runtime.graph.add(rebuilt)
-        runtime.context.append(rebuilt.id)
-
-
-def _get_tokens(runtime: AgentRuntime, block: RuntimeBlock) -> tuple[int, ...]:
-    """Recorded tokens for an unchanged block; an edited block is re-encoded
-    (a model turn keeps its assistant framing)."""
-    if block.id in runtime.graph and runtime.graph[block.id] is block and block.tokens:
-        return block.tokens
-    text = render("assistant", block.text) if block.type in DERIVED_TYPES else block.text
-    return tuple(runtime.engine.lm.encode(text))
-
-
-def _ensure(runtime: AgentRuntime, block: RuntimeBlock) -> bool:
-    if block.id not in runtime.graph:
-        runtime.graph.add(block)
-    return True
 
 
 # --- IFC -----------------------------------------------------------------------

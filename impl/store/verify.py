@@ -25,6 +25,7 @@ from typing import Any
 
 import attrs
 
+from unsee.impl.agent.loading import load_runtime
 from unsee.impl.engines.registry import make_engine
 from unsee.impl.store.receipt import (
     ReceiptError,
@@ -37,14 +38,9 @@ from unsee.impl.store.receipt import (
     receipt_summary,
     weights_hash,
 )
-from unsee.impl.store.sqlite import (
-    SessionStore,
-    StoreError,
-    _runtime_class,
-    find_residue,
-    record_hash,
-    session_files,
-)
+from unsee.impl.store.records import find_residue, record_hash, session_files
+from unsee.impl.store.schema import StoreError
+from unsee.impl.store.sqlite import SessionStore
 
 VERIFIED, FAILED, CANNOT = "verified", "failed", "cannot verify here"
 
@@ -88,7 +84,7 @@ class Verdict:
 #: by default, and a tool result block is named by its source id. Names are
 #: not content: what carries a source is an item's ``source`` (the
 #: observation) and a block's ``source_ids`` (what it was computed from).
-ALLOWED_PLACES = ("forgotten", "forget_log", "extra.tool_config.withheld", "step and block names")
+ALLOWED_PLACES = ("forgotten", "forget_log", "extra.tools.tool_config.withheld", "step and block names")
 
 
 def forgotten_mentions(record: dict, forgotten: Sequence[str]) -> list[str]:
@@ -132,14 +128,27 @@ def verify_store(path: str | Path, receipt_text: str | bytes | None = None, valu
 
 
 def _check_snapshot(verdict: Verdict, path: Path, snap: dict, receipt_text, value, device, load_model) -> Verdict:
-    meta, record = snap["meta"], snap["record"]
+    target = _check_receipts_and_log(verdict, snap, receipt_text)
+    if target is None:
+        return _scan(verdict, path, value, None)
+    lm, model_ok = _load_receipt_model(verdict, snap["meta"], target, device, load_model)
+    if model_ok:
+        with _threads(target["environment"].get("threads")):
+            _check_rebuild(verdict, snap, target, lm)
+    return _scan(verdict, path, value, lm)
 
+
+def _check_receipts_and_log(verdict: Verdict, snap: dict, receipt_text) -> dict | None:
+    """The stored receipts (and the held one) against the store, the
+    forgotten sources against the record and the sanitised log against the
+    receipt; the latest receipt, or None when the receipts fail."""
+    meta, record = snap["meta"], snap["record"]
     receipts = _stored_receipts(verdict, snap)
     if receipts is None:
-        return _scan(verdict, path, value, None)
+        return None
     target = receipts[-1]
     if receipt_text is not None and not _held_receipt(verdict, receipt_text, receipts, meta):
-        return _scan(verdict, path, value, None)
+        return None
     verdict.receipt = target
 
     mentions = forgotten_mentions(record, record["forgotten"])
@@ -155,67 +164,71 @@ def _check_snapshot(verdict: Verdict, path: Path, snap: dict, receipt_text, valu
     if record["t"] == T:
         verdict.add("stored digest is the receipt's", snap["digest"] == target["digest"],
                     f"store {snap['digest'][:16]}..., receipt {target['digest'][:16]}...")
+    return target
 
-    # --- the model -----------------------------------------------------------------------
+
+def _load_receipt_model(verdict: Verdict, meta: dict, target: dict, device: str, load_model) -> tuple[Any, bool]:
+    """The receipt's model, loaded here: ``(lm or None, whether its weights are the receipt's)``."""
     if meta.get("model") != target["model"]["name"] or meta.get("dtype") != target["environment"].get("dtype"):
         verdict.add("model", False, f"the store names model {meta.get('model')!r} ({meta.get('dtype')}), the "
                                     f"receipt {target['model']['name']!r} ({target['environment'].get('dtype')})")
-        return _scan(verdict, path, value, None)
+        return None, False
     if load_model is None:
         from unsee.impl.engines.hf.models import load_model
     try:
         lm = load_model(meta["model"], device=device, dtype=meta["dtype"])
     except (ValueError, OSError) as exc:
         verdict.add("model", False, f"model {meta['model']!r} cannot be loaded here ({exc})", cannot=True)
-        return _scan(verdict, path, value, None)
+        return None, False
     weights = weights_hash(lm)
-    if not verdict.add("model weights are the receipt's", weights == target["model"]["weights_sha256"],
-                       f"receipt {target['model']['weights_sha256'][:16]}..., {meta['model']!r} here "
-                       f"{weights[:16]}..."):
-        return _scan(verdict, path, value, lm)
+    return lm, verdict.add("model weights are the receipt's", weights == target["model"]["weights_sha256"],
+                           f"receipt {target['model']['weights_sha256'][:16]}..., {meta['model']!r} here "
+                           f"{weights[:16]}...")
 
-    # --- the rebuild ---------------------------------------------------------------------
-    with _threads(target["environment"].get("threads")):
 
-        engine = make_engine(lm)
-        differences = environment_differences(target["environment"], environment(engine))
-        why = f"; the environment differs: {', '.join(differences)}" if differences else ""
-        try:
-            cls = _runtime_class(meta["runtime"], path)
-            runtime = cls.from_session_record(engine, record)
-        except (StoreError, KeyError, TypeError, ValueError, LookupError) as exc:
-            verdict.add("stored state rebuilds", False, f"{type(exc).__name__}: {exc}")
-            return _scan(verdict, path, value, lm)
-        # the record round-trips: nothing in it that the runtime does not read back (a planted key, a
-        # value a loader would coerce)
-        verdict.add("the stored record round-trips through the runtime",
-                    record_hash(runtime.get_session_record()) == record_hash(record),
-                    "the record the rebuilt runtime writes differs from the stored one")
-        stored_ok = runtime.digest() == snap["digest"]
-        verdict.add("stored state rebuilds to its digest", stored_ok,
-                    f"rebuilt {runtime.digest()[:16]}..., stored {snap['digest'][:16]}...{why}",
-                    cannot=bool(differences))
-        # B5 from R_0 over the receipt's prefix of the stored log: no checkpoint,
-        # cache or draft of the forget is used
-        runtime.steps = runtime.steps[:T]
-        runtime.full_reset(list(record["forgotten"]))
-        rebuilt = runtime.digest()
-        verdict.add("full reset from R_0 reproduces the receipt's digest", rebuilt == target["digest"],
-                    f"rebuilt {rebuilt[:16]}..., receipt {target['digest'][:16]}...{why}", cannot=bool(differences))
-        generated = runtime.generated_tokens()
-        stored_generated = dict(generated_of(record, T))
-        differing = [b for b, toks in generated if stored_generated.get(b) != list(toks)]
-        differing += [b for b in stored_generated if b not in dict(generated)]
-        tokens_ok = (not differing and generated_hash(generated) == target["generated"]["sha256"]
-                     and len(generated) == target["generated"]["blocks"])
-        verdict.add("every generated token matches the receipt and the store", tokens_ok,
-                    (f"{len(generated)} model-written blocks" if tokens_ok else
-                     f"differing blocks: {differing[:5]}; {len(generated)} rebuilt vs receipt "
-                     f"{target['generated']['blocks']}") + why, cannot=bool(differences))
-        mismatches = _record_mismatches(runtime.get_session_record(), record, T)
-        verdict.add("every stored block, checkpoint and resident list is the rebuilt one", not mismatches,
-                    "; ".join(mismatches[:5]) + why, cannot=bool(differences and mismatches))
-    return _scan(verdict, path, value, lm)
+def _check_rebuild(verdict: Verdict, snap: dict, target: dict, lm) -> None:
+    """Rebuild the stored state on ``lm``, then the counterfactual as a full
+    reset from ``R_0`` over the receipt's prefix of the stored log (no
+    checkpoint, cache or draft of the forget is used), and compare."""
+    record, T = snap["record"], target["log"]["steps"]
+    engine = make_engine(lm)
+    differences = environment_differences(target["environment"], environment(engine))
+    why = f"; the environment differs: {', '.join(differences)}" if differences else ""
+    try:
+        runtime = load_runtime(engine, record)
+    except (StoreError, KeyError, TypeError, ValueError, LookupError) as exc:
+        verdict.add("stored state rebuilds", False, f"{type(exc).__name__}: {exc}")
+        return
+    # the record round-trips: nothing in it that the runtime does not read back (a planted key, a
+    # value a loader would coerce)
+    verdict.add("the stored record round-trips through the runtime",
+                record_hash(runtime.get_session_record()) == record_hash(record),
+                "the record the rebuilt runtime writes differs from the stored one")
+    stored_ok = runtime.digest() == snap["digest"]
+    verdict.add("stored state rebuilds to its digest", stored_ok,
+                f"rebuilt {runtime.digest()[:16]}..., stored {snap['digest'][:16]}...{why}",
+                cannot=bool(differences))
+    runtime.full_reset(list(record["forgotten"]), upto=T)
+    rebuilt = runtime.digest()
+    verdict.add("full reset from R_0 reproduces the receipt's digest", rebuilt == target["digest"],
+                f"rebuilt {rebuilt[:16]}..., receipt {target['digest'][:16]}...{why}", cannot=bool(differences))
+    _check_generated(verdict, runtime.generated_tokens(), record, target, why, bool(differences))
+    mismatches = _record_mismatches(runtime.get_session_record(), record, T)
+    verdict.add("every stored block, checkpoint and resident list is the rebuilt one", not mismatches,
+                "; ".join(mismatches[:5]) + why, cannot=bool(differences and mismatches))
+
+
+def _check_generated(verdict: Verdict, generated: list, record: dict, target: dict, why: str, cannot: bool) -> None:
+    """Every rebuilt model-written block's tokens against the store's and the receipt's."""
+    stored_generated = dict(generated_of(record, target["log"]["steps"]))
+    differing = [b for b, toks in generated if stored_generated.get(b) != list(toks)]
+    differing += [b for b in stored_generated if b not in dict(generated)]
+    tokens_ok = (not differing and generated_hash(generated) == target["generated"]["sha256"]
+                 and len(generated) == target["generated"]["blocks"])
+    verdict.add("every generated token matches the receipt and the store", tokens_ok,
+                (f"{len(generated)} model-written blocks" if tokens_ok else
+                 f"differing blocks: {differing[:5]}; {len(generated)} rebuilt vs receipt "
+                 f"{target['generated']['blocks']}") + why, cannot=cannot)
 
 
 def _record_mismatches(rebuilt: dict, stored: dict, T: int) -> list[str]:

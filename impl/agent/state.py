@@ -1,0 +1,91 @@
+"""The agent runtime's state ``R_t`` as one value (paper, Section 3.4).
+
+:class:`RuntimeState` holds what a transition changes: the observation log,
+the provenance graph, the checkpoints, the cache lineage the runtime extends,
+the resident context, memory store and pending plans, and the counters. The
+runtime replaces it whole (``attrs.evolve``) at every change, so a fork, a
+restore and the adoption of a replay's result are each one new value. The
+graph and the checkpoint store are mutable containers: :meth:`copy` and
+:meth:`at_checkpoint` copy them, so two runtimes never share one.
+
+The KV tensors are not part of it: ``lineage`` names them in the engine (the
+runtime pins it, see :class:`~unsee.impl.agent.runtime.AgentRuntime`).
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from unsee.impl.agent.checkpoints import Checkpoint, CheckpointStore
+from unsee.impl.agent.episode import Item, Step
+from unsee.impl.agent.provenance import ArtifactGraph, RuntimeBlock
+
+
+@attrs.frozen
+class RuntimeState:
+    """``R_t`` without its KV tensors. Sequences are tuples: a state is never
+    changed in place, except through its graph and checkpoint store."""
+
+    graph: ArtifactGraph = attrs.field(factory=ArtifactGraph)
+    checkpoints: CheckpointStore = attrs.field(factory=CheckpointStore)
+    steps: tuple[Step, ...] = attrs.field(default=(), converter=tuple)  # the observation log o_1..o_t
+    t: int = 0
+    lineage: str = ""  # the cache lineage ("" before R_0)
+    context: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    memory: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    plans: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    transitions: int = 0  # invocations of F
+    forgotten: tuple[str, ...] = attrs.field(default=(), converter=tuple)  # source ids (ids, never values)
+
+    def copy(self, lineage: str) -> RuntimeState:
+        """The same state on ``lineage``, sharing no mutable container."""
+        return attrs.evolve(self, graph=self.graph.copy(), checkpoints=self.checkpoints.copy(), lineage=lineage)
+
+    def at_checkpoint(self, checkpoint: Checkpoint, lineage: str) -> RuntimeState:
+        """``Restore(c*)`` (Algorithm 1 line 5): the state at the checkpoint's
+        boundary on ``lineage``, which holds the checkpoint's prefix. The
+        transition count and the forgotten sources carry on."""
+        graph = self.graph.copy()
+        graph.truncate(checkpoint.boundary)
+        checkpoints = self.checkpoints.copy()
+        checkpoints.drop_after(checkpoint.boundary)
+        # Checkpoints on the restored lineage now name the new one, whose
+        # prefix is the same; the original lineage then belongs to the old
+        # state alone.
+        for c in checkpoints.all():
+            if c.lineage == checkpoint.lineage:
+                checkpoints.add(attrs.evolve(c, lineage=lineage))
+        return attrs.evolve(self, graph=graph, checkpoints=checkpoints, steps=self.steps[:checkpoint.boundary],
+                            t=checkpoint.boundary, lineage=lineage, context=checkpoint.context,
+                            memory=checkpoint.memory, plans=checkpoint.plans)
+
+    def get_record(self) -> dict:
+        """The state as plain data, as the session record holds it (no
+        lineage: a reopened session rebuilds its caches from the blocks)."""
+        return {"t": self.t, "transitions": self.transitions,
+                "steps": [{"id": s.id, "kind": s.kind, "tool": s.tool,
+                           "items": [{"source": i.source, "text": i.text} for i in s.items]} for s in self.steps],
+                "blocks": [b.get_record() for b in self.graph.blocks()],
+                "checkpoints": [c.get_record() for c in self.checkpoints.all()],
+                "context": list(self.context), "memory": list(self.memory), "plans": list(self.plans),
+                "forgotten": list(self.forgotten)}
+
+    @classmethod
+    def from_record(cls, record: dict, policy: str) -> RuntimeState:
+        """The inverse of :meth:`get_record`, without a lineage. A recorded
+        checkpoint's cache handle named a cache of the process that wrote it:
+        it becomes ``stored:<handle>``, which names no cache here."""
+        graph, checkpoints = ArtifactGraph(), CheckpointStore(policy)
+        for block in record["blocks"]:
+            graph.add(RuntimeBlock.from_record(block))
+        for c in record["checkpoints"]:
+            checkpoints.add(Checkpoint(c["boundary"], f"stored:{c['lineage']}", c["token_offset"],
+                                       tuple(c["context"]), tuple(c["memory"]), tuple(c["plans"]),
+                                       c.get("env_snapshot")))
+        steps = [Step(s["id"], s["kind"], tuple(Item(i["source"], i["text"]) for i in s["items"]), s["tool"])
+                 for s in record["steps"]]
+        return cls(graph, checkpoints, steps, record["t"], "", record["context"], record["memory"], record["plans"],
+                   record["transitions"], record["forgotten"])
+
+
+__all__ = ["RuntimeState"]
