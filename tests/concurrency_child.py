@@ -10,7 +10,7 @@ Operations (``{"op": ..., "pause": [POINT, SECONDS] | null, ...}``):
 - ``step``: open the session as an agent process would, apply one user step
   and commit it; on a conflict, reload the newer state and apply the step
   again (the agent's retry policy, docs/persistence.md);
-- ``forget``: ``unsee forget DB SOURCE`` (which redoes the forget on a conflict);
+- ``forget``: ``unsee forget DB --forget SOURCE`` (which redoes the forget on a conflict);
 - ``verify``: ``unsee verify DB``;
 - ``hold``: take the store's write lock and keep it ``seconds`` (a writer that
   takes its time), to show a bounded wait ending in "busy".
@@ -74,7 +74,7 @@ def run_op(spec: dict) -> dict:
         return {"code": 0}
     from unsee.impl.cli.main import main
 
-    argv = (["forget", db, spec["source"], "--json", "--wait", str(spec.get("wait", 10.0))]
+    argv = (["forget", db, "--forget", spec["source"], "--json", "--wait", str(spec.get("wait", 10.0))]
             if spec["op"] == "forget" else ["verify", db, "--json"])
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):

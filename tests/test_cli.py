@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import json
 from pathlib import Path
@@ -9,7 +10,14 @@ from pathlib import Path
 import pytest
 
 from unsee.impl.cli.demo import DEMO_EPISODE, run_demo
-from unsee.impl.cli.main import describe_drafts, main
+from unsee.impl.cli.evaluate import get_eval_config
+from unsee.impl.cli.exits import MEANINGS, Exit, render_exit_table
+from unsee.impl.cli.main import COMMANDS, main
+from unsee.impl.cli.options import get_spelling, parse_method_list
+from unsee.impl.cli.parser import build_parser
+from unsee.impl.cli.run import describe_drafts
+from unsee.impl.cli.stored import get_forget_source
+from unsee.impl.methods.baselines import METHODS, PAPER_NAMES, get_method, get_method_names
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "secret_in_tool_result.json"
@@ -99,3 +107,167 @@ def test_tools_demo_from_the_cli(capsys):
     assert main(["demo", "--tools", "--model", "tiny"]) == 0
     out = capsys.readouterr().out
     assert "irrevocable divergences in the report: 1" in out and "A3 holds: False" in out
+
+
+# --- one spelling per concept; the old spellings still work (issue 19 item 7) --------------------------
+
+
+@pytest.mark.parametrize("name, slug", [
+    ("B0", "none"), ("b1", "memory-delete"), ("B5", "reset"), ("B5'", "reset-prefix-cache"),
+    ("b5p", "reset-prefix-cache"), ("B6", "sanitized-rebuild"), ("B7", "replay"), ("b7-Oracle", "replay-oracle"),
+    ("B7-decode", "replay-decode"), ("B8", "ifc"), ("B9", "ifc-replay"), ("REPLAY", "replay"),
+    ("span-excision", "span-excision"),
+])
+def test_method_names_accept_the_paper_numbers(name, slug):
+    assert get_method(name) == slug
+    assert build_parser().parse_args(["run", "e.json", "--method", name]).method == slug
+
+
+def test_every_method_and_paper_number_is_a_name():
+    names = get_method_names()
+    assert set(names.values()) == set(METHODS) and all(names[m] == m for m in METHODS)
+    numbered = {PAPER_NAMES[m].split()[0] for m in METHODS if PAPER_NAMES[m].startswith("B")}
+    assert numbered <= set(names) and {"B5p", "B7-decode"} <= set(names)
+
+
+def test_unknown_method_is_refused_with_the_valid_names(capsys):
+    with pytest.raises(ValueError, match=r"unknown method 'B10'; expected one of none, .*B7-oracle"):
+        get_method("B10")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["run", str(EXAMPLE), "--model", "tiny", "--method", "B10"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == Exit.USAGE and "'B10'" in err and "B5p" in err
+
+
+def test_run_with_a_paper_number_is_the_slugs_run(capsys):
+    digests = {}
+    for method in ("reset", "b5"):
+        assert main(["run", str(EXAMPLE), "--model", "tiny", "--method", method, "--json"]) == 0
+        out = json.loads(capsys.readouterr().out)
+        assert out["result"]["method"] == "reset"
+        digests[method] = out["digest"]
+    assert digests["reset"] == digests["b5"]
+
+
+def test_eval_method_list_maps_paper_numbers():
+    args = build_parser().parse_args(["eval", "--out", "x", "--method", "B7, b5 ,none", "--model", "tiny"])
+    assert get_eval_config(args).methods == ("replay", "reset", "none")
+    with pytest.raises(ValueError, match=r"unknown method\(s\) 'B10', 'nope'; expected some of none, .*B9"):
+        parse_method_list("B7,B10,nope")
+
+
+@pytest.mark.parametrize("argv, dest, value, new", [
+    (["eval", "--out", "x", "--n", "3"], "episodes", 3, "--episodes"),
+    (["eval", "--out", "x", "--methods", "none,B7"], "method", "none,B7", "--method"),
+    (["conform", "--examples", "4"], "episodes", 4, "--episodes"),
+])
+def test_deprecated_option_still_works_with_a_notice(capsys, argv, dest, value, new):
+    args = build_parser().parse_args(argv)
+    assert getattr(args, dest) == value
+    old = argv[-2]
+    assert capsys.readouterr().err == f"unsee: {old} is deprecated; use {new}\n"
+    assert get_spelling(args, dest) == old
+
+
+def test_new_spellings_print_no_notice_and_are_the_defaults(capsys):
+    args = build_parser().parse_args(["eval", "--out", "x", "--episodes", "3", "--method", "none"])
+    assert (args.episodes, args.method, get_spelling(args, "episodes")) == (3, "none", "--episodes")
+    assert build_parser().parse_args(["conform"]).episodes == 10
+    assert build_parser().parse_args(["eval", "--out", "x"]).method == ",".join(METHODS)
+    assert capsys.readouterr().err == ""
+
+
+def test_deprecated_spellings_are_hidden_from_help(capsys):
+    for command, hidden in (("eval", ("--n ", "--methods")), ("conform", ("--examples",)),
+                            ("forget", ("SOURCE_ID\n",))):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args([command, "--help"])
+        text = capsys.readouterr().out
+        assert not any(h in text for h in hidden), (command, text)
+
+
+@pytest.mark.parametrize("spelling", ["--n", "--episodes"])
+def test_bad_episode_count_names_the_option_typed(tmp_path, capsys, spelling):
+    out = tmp_path / "out"
+    assert main(["eval", "--out", str(out), "--model", "tiny", spelling, "0"]) == Exit.USAGE
+    assert f"{spelling} must be a positive integer, got 0" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_eval_on_llamacpp_is_refused_by_name(tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main(["eval", "--out", str(out), "--engine", "llamacpp", "--model", "tiny"]) == Exit.USAGE
+    assert "--engine llamacpp" in capsys.readouterr().err and not out.exists()
+
+
+def test_forget_source_old_positional_and_new_option(capsys):
+    parser = build_parser()
+    assert get_forget_source(parser.parse_args(["forget", "s.db", "--forget", "a"])) == "a"
+    assert capsys.readouterr().err == ""
+    assert get_forget_source(parser.parse_args(["forget", "s.db", "a"])) == "a"
+    assert "use `unsee forget PATH --forget SOURCE_ID`" in capsys.readouterr().err
+    assert get_forget_source(parser.parse_args(["forget", "s.db", "a", "--forget", "a"])) == "a"
+    with pytest.raises(ValueError, match="two sources to forget: --forget 'b' and 'a'"):
+        get_forget_source(parser.parse_args(["forget", "s.db", "a", "--forget", "b"]))
+    with pytest.raises(ValueError, match="give --forget SOURCE_ID"):
+        get_forget_source(parser.parse_args(["forget", "s.db"]))
+
+
+def test_forget_without_a_source_exits_2_before_opening(tmp_path, capsys):
+    missing = tmp_path / "missing.db"
+    assert main(["forget", str(missing)]) == Exit.USAGE
+    assert "give --forget SOURCE_ID" in capsys.readouterr().err and not missing.exists()
+
+
+def test_forget_old_positional_spelling_end_to_end(tmp_path, capsys):
+    store = tmp_path / "s.db"
+    assert main(["run", str(EXAMPLE), "--model", "tiny", "--method", "none", "--store", str(store), "--json"]) == 0
+    capsys.readouterr()
+    assert main(["forget", str(store), "notes.address", "--json"]) == 0
+    captured = capsys.readouterr()
+    assert "deprecated" in captured.err and json.loads(captured.out)["invocations"] > 0
+    assert main(["forget", str(store), "--forget", "notes.address"]) == 0
+    assert "already forgotten" in capsys.readouterr().out
+
+
+# --- exit codes ------------------------------------------------------------------------------------------
+
+
+def test_exit_codes():
+    assert {code.name: int(code) for code in Exit} == {"OK": 0, "FAILED": 1, "USAGE": 2, "CANNOT_VERIFY": 3,
+                                                       "BUSY": 75, "INTERRUPTED": 130}
+    assert set(MEANINGS) == set(Exit) and all(MEANINGS[code] for code in Exit)
+
+
+def test_exit_table_is_markdown_with_one_row_per_code():
+    lines = render_exit_table().splitlines()
+    assert lines[:2] == ["| code | name | meaning |", "|---:|---|---|"]
+    assert len(lines) == 2 + len(Exit)
+    for line, code in zip(lines[2:], Exit):
+        cells = [c.strip() for c in line.strip("|").split(" | ")]
+        assert cells == [str(int(code)), f"`{code.name}`", MEANINGS[code]]
+
+
+def test_interrupt_exits_130(monkeypatch, capsys):
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setitem(COMMANDS, "show", interrupted)
+    assert main(["show", "s.db"]) == Exit.INTERRUPTED == 130
+    assert "interrupted" in capsys.readouterr().err
+
+
+def test_busy_store_exits_75(monkeypatch, capsys):
+    from unsee.impl.store.sqlite import StoreBusyError
+
+    def busy(args):
+        raise StoreBusyError("s.db: busy")
+
+    monkeypatch.setitem(COMMANDS, "show", busy)
+    assert main(["show", "s.db"]) == Exit.BUSY == 75
+    assert "s.db: busy" in capsys.readouterr().err
+
+
+def test_every_subcommand_has_a_command():
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    assert set(sub.choices) == set(COMMANDS)

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from unsee.impl.cli.demo import run_demo
-from unsee.impl.cli.main import main, parse_bytes
+from unsee.impl.cli.main import main
+from unsee.impl.cli.options import parse_bytes
 from unsee.properties.differential import torch_threads
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "secret_in_tool_result.json"

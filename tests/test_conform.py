@@ -172,7 +172,7 @@ def test_bad_implementation_names_are_refused_by_name(capsys):
         load_entry_point("nocolon")
     with pytest.raises(ConformanceInputError, match="has no function 'nope'"):
         load_entry_point(f"{ADAPTERS}:nope")
-    assert main(["conform", "--examples", "1"]) == 2
+    assert main(["conform", "--episodes", "1"]) == 2
     assert "exactly one" in capsys.readouterr().err
 
 

@@ -10,7 +10,8 @@ import re
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from unsee.impl.cli.demo import fit_items, progress_bar
+from unsee.impl.cli.demo import fit_items
+from unsee.impl.util.progress import progress_bar
 
 _CSI = re.compile(r"\x1b\[(\d*)([A-Za-z])")
 

@@ -244,7 +244,7 @@ def test_corrupt_rows_are_an_error_naming_the_line(run, tmp_path):
         run_evaluation([c() for c in CASES], config, tmp_path, progress=False)
     assert (tmp_path / ROWS_FILE).read_bytes() == before  # nothing lost, nothing rewritten
     # the CLI says the same, before loading any model
-    assert main(["eval", "--out", str(tmp_path), "--model", "tiny", "--n", "1", "--quiet"]) == 2
+    assert main(["eval", "--out", str(tmp_path), "--model", "tiny", "--episodes", "1", "--quiet"]) == 2
     assert (tmp_path / ROWS_FILE).read_bytes() == before
 
 
@@ -256,7 +256,7 @@ def test_resume_refuses_other_settings(run, tmp_path):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--methods", "none,nosuch"], "unknown method(s) 'nosuch'"),
+    (["--method", "none,nosuch"], "unknown method(s) 'nosuch'"),
     (["--n", "0"], "--n must be a positive integer"),
     (["--suite", "memory,toolz"], "unknown suite 'toolz'"),
 ])
@@ -270,7 +270,7 @@ def test_bad_input_is_named_and_changes_nothing(tmp_path, capsys, argv, message)
 def test_unwritable_out_dir(tmp_path, capsys):
     blocker = tmp_path / "file"
     blocker.write_text("")
-    assert main(["eval", "--out", str(blocker / "out"), "--model", "tiny", "--n", "1", "--quiet"]) == 2
+    assert main(["eval", "--out", str(blocker / "out"), "--model", "tiny", "--episodes", "1", "--quiet"]) == 2
     assert f"--out {blocker / 'out'}: cannot write there" in capsys.readouterr().err
 
 
@@ -305,14 +305,14 @@ def test_generated_suites(tmp_path):
     out = tmp_path / "smoke"
     # short probe answers keep it to minutes on two loaded cores; every audit still runs
     smoke = ["--model", "tiny", "--turn-tokens", "4", "--probe-tokens", "4", "--out", str(out), "--quiet"]
-    assert main(["eval", "--suite", "memory,tool,behavioral", "--n", "2", *smoke]) == 0
+    assert main(["eval", "--suite", "memory,tool,behavioral", "--episodes", "2", *smoke]) == 0
     try:
         suites.generate_suite("agentdojo", 1)
     except ImportError as exc:
         agentdojo = f"AgentDojo not installed ({exc})"
     else:
         agentdojo = None
-        assert main(["eval", "--suite", "agentdojo", "--n", "1", *smoke]) == 0
+        assert main(["eval", "--suite", "agentdojo", "--episodes", "1", *smoke]) == 0
     rows = read_rows(out / ROWS_FILE)
     methods = set(METHODS)
     for suite in ("memory", "tool", "behavioral") + (() if agentdojo else ("agentdojo",)):

@@ -547,7 +547,7 @@ def test_cli_store_forget_show(lm, tmp_path, capsys):
     assert cli_main(["show", str(path), "--json"]) == 0
     shown = json.loads(capsys.readouterr().out)
     assert (shown["T"], shown["digest"], shown["forgotten"], shown["model"]) == (9, ran["digest"], [], "tiny")
-    assert cli_main(["forget", str(path), TARGET, "--json"]) == 0
+    assert cli_main(["forget", str(path), "--forget", TARGET, "--json"]) == 0
     out = capsys.readouterr().out
     forgot = json.loads(out)
     assert SECRET not in out and "Quillmere" not in out  # the report names ids, never the value
@@ -561,13 +561,13 @@ def test_cli_store_forget_show(lm, tmp_path, capsys):
     text = capsys.readouterr().out
     assert forgot["digest"] in text and "verified by rebuild" in text and f"forgot   {TARGET}" in text
     assert find_residue(session_files(path) + session_files(direct), SECRET, lm.encode) == []
-    assert cli_main(["forget", str(path), TARGET]) == 0
+    assert cli_main(["forget", str(path), "--forget", TARGET]) == 0
     assert "already forgotten" in capsys.readouterr().out
     # bad input: exit 2 and a message naming the problem; nothing written
     before = file_bytes(path)
     for argv, message in [
-        (["forget", str(path), "nope"], "unknown source id 'nope'"),
-        (["forget", str(path), TARGET, "--model", "smollm2"], "created with model 'tiny', not 'smollm2'"),
+        (["forget", str(path), "--forget", "nope"], "unknown source id 'nope'"),
+        (["forget", str(path), "--forget", TARGET, "--model", "smollm2"], "created with model 'tiny', not 'smollm2'"),
         (["show", str(tmp_path / "missing.db")], "no such session store"),
         (["run", str(episode_path), "--model", "tiny", "--store", str(path)], "already exists"),
         (["run", str(episode_path), "--model", "tiny", "--method", "memory-delete", "--store",

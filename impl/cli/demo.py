@@ -7,14 +7,18 @@ given with ``--model``). Nothing in its output is precomputed.
 
 from __future__ import annotations
 
+import argparse
 import json
 from collections.abc import Callable
 
 from unsee.impl.agent.episode import Episode, parse_episode
 from unsee.impl.agent.runtime import AgentRuntime
+from unsee.impl.cli.exits import Exit
+from unsee.impl.cli.options import get_loader_options
 from unsee.impl.engines.registry import load_model_for, make_engine
 from unsee.impl.eval.audit import audit_runtime, get_probes
 from unsee.impl.methods.baselines import PAPER_NAMES, apply_method
+from unsee.impl.util.progress import progress_bar
 
 SECRET = "4417 Elm Street"
 
@@ -50,14 +54,17 @@ def get_demo_episode() -> Episode:
 
 
 def run_demo(model: str = "smollm2", device: str = "cpu", dtype: str = "float32", as_json: bool = False,
-             out: Callable[[str], None] = print, progress: bool = True, kv_budget: int | None = None) -> dict:
+             out: Callable[[str], None] = print, progress: bool = True, kv_budget: int | None = None,
+             backend: str = "transformers") -> dict:
     """Run the demo and print a report; returns the measurements. ``kv_budget``
-    bounds the KV bytes kept of lineages no live runtime extends (None: no bound)."""
+    bounds the KV bytes kept of lineages no live runtime extends (None: no bound);
+    ``backend``: the engine (impl/engines/registry.py)."""
     episode = get_demo_episode()
     target = episode.target
     say = (lambda *_: None) if as_json else out
+    options = get_loader_options(backend, device, dtype)
     say(f"unsee demo: loading {model} on {device} ({dtype}) ...")
-    lm = load_model_for("transformers", model, device=device, dtype=dtype)
+    lm = load_model_for(backend, model, **options)
     engine = make_engine(lm, kv_budget=kv_budget)
     say(f"  {lm.determinism}")
     say(f"\n1. The session: {len(episode.steps)} steps; the secret {target.value!r} enters at a tool result "
@@ -92,8 +99,18 @@ def run_demo(model: str = "smollm2", device: str = "cpu", dtype: str = "float32"
     if as_json:
         out(json.dumps(summary, indent=2, default=str))
         return summary
+    print_demo_table(summary, episode.probes[0], say)
+    return summary
+
+
+def print_demo_table(summary: dict, task: str, say: Callable[[str], None]) -> None:
+    """The demo's table of methods (leaks, where, equal to the reset, cost,
+    the answer to ``task``) and its cost line."""
+    rows = summary["rows"]
+    reset = next(r for r in rows if r["method"] == "reset")
+    replay = next(r for r in rows if r["method"] == "replay")
     say(f"\n   {'method':<24}{'leaks?':<8}{'where':<{WHERE_WIDTH}}{'= reset?':<10}{'F calls':<9}{'tokens':<8}answer to "
-        f"{episode.probes[0]!r}")
+        f"{task!r}")
     for r in rows:
         where = fit_items(r["state_leaks"] + [f"probe:{p}" for p in r["probe_leaks"]], WHERE_WIDTH - 1)
         say(f"   {r['paper_name']:<24}{'LEAK' if r['leaked'] else 'clean':<8}{where:<{WHERE_WIDTH}}"
@@ -106,40 +123,6 @@ def run_demo(model: str = "smollm2", device: str = "cpu", dtype: str = "float32"
         f"{replay['wall_s']:.1f} s vs {reset['wall_s']:.1f} s.")
     same = "equal" if replay["equals_reset"] else "DIFFERENT"
     say(f"   State digest after forget is {same} to the full reset's: {replay['digest'][:16]}...")
-    return summary
-
-
-def progress_bar(label: str, enabled: bool, file=None):
-    """A progress callback ``(i, n)`` drawing one bar on stderr (``file``).
-
-    The bar is created at the first step, when its total is known, always at
-    position 0 (a bar left open by a failed run never pushes the next one
-    down a line, which made tqdm move the cursor over lines printed later),
-    and it is closed at the last step leaving its final line and a newline,
-    so whatever is printed next starts on a line of its own. Off when the
-    stream is not a terminal, unless a ``file`` is given."""
-    if not enabled:
-        return None
-    import sys
-
-    from tqdm import tqdm
-
-    state = {"bar": None}
-
-    def update(i: int, n: int) -> None:
-        bar = state["bar"]
-        if bar is None:
-            bar = state["bar"] = tqdm(total=n, desc=f"   {label}", unit="step", leave=True, position=0,
-                                      file=file if file is not None else sys.stderr,
-                                      disable=False if file is not None else None)
-        bar.total = n
-        bar.n = i
-        bar.refresh()
-        if i >= n:
-            bar.close()
-            state["bar"] = None
-
-    return update
 
 
 def fit_items(items: list[str], width: int) -> str:
@@ -157,3 +140,15 @@ def fit_items(items: list[str], width: int) -> str:
     if not shown:
         return f"{more} places"
     return ", ".join(shown) + (f" +{more}" if more else "")
+
+
+def do_demo(args: argparse.Namespace) -> int:
+    """``unsee demo [--tools]``: the leak, the forget and its cost (or, with
+    ``--tools``, a forget whose counterfactual would not have sent a message)."""
+    if args.tools:
+        from unsee.impl.cli.tools_demo import run_tools_demo
+
+        run_tools_demo(args.model, backend=args.engine)
+        return Exit.OK
+    run_demo(args.model, args.device, args.dtype, as_json=args.json, kv_budget=args.kv_budget, backend=args.engine)
+    return Exit.OK

@@ -45,9 +45,10 @@ def demo_episode(max_new_tokens: int = 24) -> Episode:
     ), Settings(max_new_tokens=max_new_tokens))
 
 
-def run_tools_demo(model: str = "tiny", out: Callable[[str], object] = print) -> dict:
-    """Run the demo on ``model`` ('tiny' or 'smollm2'); returns what it showed."""
-    lm = load_model_for("transformers", model)
+def run_tools_demo(model: str = "tiny", out: Callable[[str], object] = print, backend: str = "transformers") -> dict:
+    """Run the demo on ``model`` ('tiny' or 'smollm2') on the ``backend`` engine
+    (impl/engines/registry.py); returns what it showed."""
+    lm = load_model_for(backend, model)
     engine = make_engine(lm)
     world = Environment({"inbox/count": "2"})
     episode = demo_episode(24 if model == "tiny" else 40)

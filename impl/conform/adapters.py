@@ -34,8 +34,8 @@ from collections.abc import Callable, Iterator
 
 from unsee.impl.agent.episode import load_episode
 from unsee.impl.agent.runtime import AgentRuntime
-from unsee.impl.engines.registry import make_engine
 from unsee.impl.conform.contract import CONTRACT, CONTRACT_VERSION, REFERENCE_ENGINE
+from unsee.impl.engines.registry import make_engine
 from unsee.impl.methods.baselines import delete_memory_records, redact_source
 
 #: The suffixes of the block ids the runtime gives its decoded model turns

@@ -289,3 +289,34 @@ def get_plan_arguments(runtime: AgentRuntime, params_by_tool: Mapping[str, tuple
             params = params_by_tool.get(tools.get(plan) or "", ())
             out[plan] = parse_arguments(tuple(params), runtime.graph[plan].text)[0]
     return out
+
+
+# --- method names (the CLI's --method) --------------------------------------------------
+
+
+def get_method_names() -> dict[str, str]:
+    """Every accepted spelling of a method -> its slug: the slugs of :data:`METHODS`,
+    and the paper's numbers, read from :data:`PAPER_NAMES` (the first word of a
+    name: ``B0``..``B9``, ``B5'``, ``B7-oracle``; where two methods share a
+    number the first listed keeps it, so ``B7`` is ``replay``), plus ``B5p``
+    (``B5'`` without a quote for the shell) and ``B7-decode`` (replay without
+    drafts, which the paper also numbers B7)."""
+    names = {method: method for method in METHODS}
+    for method, paper_name in PAPER_NAMES.items():
+        number = paper_name.split()[0]
+        if number[:1] == "B" and number[1:2].isdigit():
+            names.setdefault(number, method)
+    names.setdefault("B5p", "reset-prefix-cache")
+    names.setdefault("B7-decode", "replay-decode")
+    return names
+
+
+def get_method(name: str) -> str:
+    """The slug of method ``name``: a slug or the paper's number (case-insensitive;
+    :func:`get_method_names`). An unknown name is a ValueError listing the valid ones."""
+    by_folded = {spelling.casefold(): method for spelling, method in get_method_names().items()}
+    method = by_folded.get(name.strip().casefold())
+    if method is None:
+        raise ValueError(f"unknown method {name!r}; expected one of {', '.join(get_method_names())} "
+                         "(case-insensitive)")
+    return method

@@ -1,0 +1,74 @@
+"""``unsee eval`` (the paper's evaluation, docs/eval.md) and ``unsee conform``
+(another implementation against the conformance contract, docs/conformance.md)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from unsee.impl.cli.exits import Exit
+from unsee.impl.cli.options import get_spelling, parse_method_list
+
+
+def get_eval_config(args: argparse.Namespace):
+    """The EvalConfig of ``unsee eval``'s options, every one checked before the
+    out folder is created or a model loads."""
+    from unsee.impl.eval.run import EvalConfig, EvalError, get_suite_names
+
+    get_suite_names(args.suite)
+    if args.episodes <= 0:
+        raise EvalError(f"{get_spelling(args, 'episodes')} must be a positive integer, got {args.episodes}")
+    methods = parse_method_list(args.method)
+    if args.engine != "transformers":
+        raise EvalError(f"--engine {args.engine}: unsee eval runs on the transformers engine only")
+    return EvalConfig(model=args.model, device=args.device, dtype=args.dtype, methods=methods,
+                      samples=args.samples, workers=args.workers, kv_budget=args.kv_budget,
+                      max_new_tokens=args.probe_tokens, turn_tokens=args.turn_tokens,
+                      share_identical=not args.no_share)
+
+
+def do_eval(args: argparse.Namespace) -> int:
+    """``unsee eval --out DIR``: rows are flushed one by one, so an interrupt
+    loses at most the row in progress (exit 130; the same command resumes)."""
+    from unsee.impl.eval.report import write_report
+    from unsee.impl.eval.run import ROWS_FILE, EvalError, check_out_dir, generate_cases, read_rows, run_evaluation
+
+    config = None if args.report_only else get_eval_config(args)
+    out = check_out_dir(Path(args.out))
+    if args.report_only:
+        rows = read_rows(out / ROWS_FILE)
+        if not rows:
+            raise EvalError(f"{out / ROWS_FILE}: no rows to report")
+        print(f"report   {write_report(rows, out)}")
+        return Exit.OK
+    read_rows(out / ROWS_FILE)  # a corrupt file fails here, before any model loads
+    cases = generate_cases(args.suite, args.episodes, seed=args.seed)
+    try:
+        rows = run_evaluation(cases, config, out, progress=not args.quiet)
+    except KeyboardInterrupt:
+        kept = len(read_rows(out / ROWS_FILE))
+        print(f"unsee eval: interrupted; {kept} finished rows are in {out / ROWS_FILE}; run the same command "
+              "again to resume", file=sys.stderr)
+        return Exit.INTERRUPTED
+    print(f"rows     {out / ROWS_FILE} ({len(rows)} rows)")
+    print(f"report   {write_report(rows, out)}")
+    return Exit.OK
+
+
+def do_conform(args: argparse.Namespace) -> int:
+    """``unsee conform [--episodes N | --episode FILE] -- CMD``: 0 conforms, 1 rejected."""
+    from unsee.impl.conform.harness import check_file, make_implementation, search
+
+    implementation = make_implementation(args.cmd, args.entry, args.timeout)
+    out = Path(args.out)
+    if args.episode:
+        outcome = check_file(implementation, args.episode, out, reference=not args.no_reference)
+    else:
+        outcome = search(implementation, out, args.episodes, args.max_steps, args.seed,
+                         reference=not args.no_reference)
+    print(outcome.describe())
+    return Exit.OK if outcome.passed else Exit.FAILED
+
+
+__all__ = ["do_conform", "do_eval", "get_eval_config"]

@@ -1,0 +1,126 @@
+"""The options several ``unsee`` subcommands share, one spelling each, and the
+old spellings kept as hidden aliases.
+
+An alias still works but prints a one-line notice on stderr naming the new
+spelling, so existing scripts keep running while their authors learn it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+
+from unsee.impl.engines.registry import BACKENDS, DEFAULT_BACKEND
+from unsee.impl.methods.baselines import get_method, get_method_names
+
+_BYTES = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([kmg]?)(?:i?b)?\s*", re.IGNORECASE)
+_UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
+
+
+def parse_bytes(text: str) -> int:
+    """A byte count: a number with an optional K/M/G suffix (binary units), e.g. ``512M``."""
+    match = _BYTES.fullmatch(text)
+    if match is None:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a byte count (e.g. 0, 65536, 64K, 512M, 2G)")
+    return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+
+
+def parse_method(text: str) -> str:
+    """``--method NAME``: a slug or the paper's number, as its slug (an argparse type)."""
+    try:
+        return get_method(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def parse_method_list(text: str) -> tuple[str, ...]:
+    """A comma-separated list of methods (slugs or paper numbers) as slugs, in
+    order. An unknown name is a ValueError naming every unknown one."""
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    methods, unknown = [], []
+    for name in names:
+        try:
+            methods.append(get_method(name))
+        except ValueError:
+            unknown.append(name)
+    if unknown:
+        raise ValueError(f"unknown method(s) {', '.join(map(repr, unknown))}; expected some of "
+                         f"{', '.join(get_method_names())} (case-insensitive)")
+    return tuple(methods)
+
+
+class DeprecatedAlias(argparse.Action):
+    """An old spelling of an option, hidden from ``--help``: it sets the new
+    option's value, records the spelling used (:func:`get_spelling`) and prints
+    a one-line notice on stderr."""
+
+    def __init__(self, option_strings, dest, new: str, **kwargs):
+        super().__init__(option_strings, dest, **kwargs)
+        self.new = new
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(f"unsee: {option_string} is deprecated; use {self.new}", file=sys.stderr)
+        setattr(namespace, self.dest, values)
+        namespace.spellings = {**(getattr(namespace, "spellings", None) or {}), self.dest: option_string}
+
+
+def add_alias(parser: argparse.ArgumentParser, old: str, new: str, **kwargs) -> None:
+    """``old`` as a hidden, deprecated spelling of the option ``new`` (same dest)."""
+    parser.add_argument(old, dest=new.lstrip("-").replace("-", "_"), action=DeprecatedAlias, new=new,
+                        default=argparse.SUPPRESS, help=argparse.SUPPRESS, **kwargs)
+
+
+def get_spelling(args: argparse.Namespace, dest: str) -> str:
+    """The option that set ``dest`` as the user wrote it (an alias, if one was
+    used), so that an error names what was typed."""
+    return (getattr(args, "spellings", None) or {}).get(dest, "--" + dest.replace("_", "-"))
+
+
+def add_engine_options(parser: argparse.ArgumentParser) -> None:
+    """``--engine``, ``--model``, ``--device``, ``--dtype`` and ``--kv-budget``:
+    the options of a subcommand that loads a model."""
+    parser.add_argument("--engine", default=DEFAULT_BACKEND, choices=BACKENDS,
+                        help="transformers (default), or llama.cpp over the --model GGUF: smollm2 or tiny (the "
+                             "optional extra: pip install 'unsee[llamacpp]'; docs/engines.md)")
+    parser.add_argument("--model", default="smollm2",
+                        help="smollm2 (embedded default), tiny, or a local checkpoint folder / .gguf file")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    parser.add_argument("--dtype", default="float32", help="float32, bfloat16 or float16")
+    parser.add_argument("--kv-budget", type=parse_bytes, default=None, metavar="BYTES",
+                        help="bound the KV cache kept of lineages no live runtime extends (e.g. 0, 65536, "
+                             "64K, 512M, 2G); older ones are evicted and rebuilt by prefill when a forget "
+                             "needs them. Default: no bound")
+
+
+def get_loader_options(backend: str, device: str, dtype: str) -> dict:
+    """The registry's loader options of ``--device``/``--dtype`` on ``backend``:
+    llama.cpp takes neither and runs on the cpu (another device is bad input)."""
+    if backend != "llamacpp":
+        return {"device": device, "dtype": dtype}
+    if device != "cpu":
+        raise ValueError(f"--engine llamacpp runs on the cpu here; --device {device!r} is not supported")
+    return {}
+
+
+def add_stored_model_options(parser: argparse.ArgumentParser, verify: bool = False) -> None:
+    """``--model``, ``--device``, ``--dtype`` of a subcommand that reads the
+    model from a store: given, they must match the store's."""
+    what = "rebuild the session on this model and check its digest; " if verify else ""
+    parser.add_argument("--model", default=None,
+                        help=f"{what}must be the model the session was created with (default: that model)")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    parser.add_argument("--dtype", default=None, help="must be the session's dtype (default: that dtype)")
+
+
+def add_json_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def get_method_help(default: str) -> str:
+    return (f"a method's slug or the paper's number, case-insensitive: {', '.join(get_method_names())} "
+            f"(default: {default})")
+
+
+__all__ = ["DeprecatedAlias", "add_alias", "add_engine_options", "add_json_option", "add_stored_model_options",
+           "get_loader_options", "get_method_help", "get_spelling", "parse_bytes", "parse_method", "parse_method_list"]
