@@ -56,6 +56,7 @@ from unsee.impl.eval.metrics import (
 )
 from unsee.impl.eval.suites import SUITES, get_case_tools
 from unsee.impl.methods.baselines import METHODS, PAPER_NAMES, apply_method
+from unsee.impl.util.progress import open_bar
 from unsee.impl.util.text import normalize
 
 #: Version of the row format (bumped when a field changes meaning).
@@ -468,7 +469,7 @@ def run_evaluation(cases: Sequence[EvalCase], config: EvalConfig, out: str | Pat
     methods = config.get_methods()
     todo = [c for c in cases if set(methods) - set(done.get((c.suite, c.id), {}))]
     total = sum(len(set(methods) - set(done.get((c.suite, c.id), {}))) for c in todo)
-    bar = _progress_bar(total, progress)
+    bar = open_bar("unsee eval", total, unit="row", dynamic_ncols=True) if progress else None
     try:
         with path.open("a", encoding="utf-8") as sink:
             def emit(row: dict) -> None:
@@ -499,17 +500,6 @@ def load_engine(config: EvalConfig):
     from unsee.impl.engines.registry import load_engine
 
     return load_engine(config.model, "transformers", kv_budget=config.kv_budget, device=config.device, dtype=config.dtype)
-
-
-def _progress_bar(total: int, enabled: bool):
-    """One bar on stderr that stays where it is (``leave``) and that other
-    output is written above (``tqdm.write``), never over."""
-    if not enabled:
-        return None
-    from tqdm import tqdm
-
-    return tqdm(total=total, desc="unsee eval", unit="row", file=sys.stderr, leave=True, position=0,
-                dynamic_ncols=True)
 
 
 def _worker(cases: list[EvalCase], config: EvalConfig, done: dict, queue) -> None:
