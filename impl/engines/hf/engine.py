@@ -191,17 +191,6 @@ class KVEngine(LineageBook):
         self.enforce_budget()
         return handle
 
-    def drop(self, lineage: str) -> None:
-        """Free a lineage's cache (or forget an evicted handle). Dropping the
-        current one leaves none current."""
-        if lineage in self._evicted:
-            self._evicted.discard(lineage)
-            return
-        self._get(lineage)
-        del self._lineages[lineage]
-        if self._current == lineage:
-            self._current = None
-
     def length(self, lineage: str | None = None) -> int:
         return adapter.cache_length(self._get(lineage).cache)
 
@@ -519,45 +508,11 @@ class KVEngine(LineageBook):
                 h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
         return h.hexdigest()
 
-    # ------------------------------------------------------ budget and pins
+    # ------------------------------------------------------------ memory
 
     def _lineage_storages(self, handle: str) -> dict:
+        """KV and kept logits (see :meth:`Lineage.storages`); the budget counts the same."""
         return self._lineages[handle].storages()
-
-    def enforce_budget(self) -> None:
-        """Evict least-recently-used unpinned lineages until the storages that
-        only they hold fit the budget. Verbs call it when they return, never
-        in the middle of one, so no lineage a verb is working on disappears.
-        A pin that dies with its runtime does not call it (that can happen
-        at any allocation, through the garbage collector); call it after
-        dropping runtimes to release their lineages at once."""
-        if self.kv_budget is None:
-            return
-        live = self.live_lineages()
-        live_st: set = set()
-        for handle in live:
-            live_st.update(self._lineages[handle].storages())
-        others = sorted((h for h in self._lineages if h not in live), key=lambda h: self._lineages[h].last_used)
-        holders: dict = {}  # storage -> how many unpinned lineages hold it
-        sizes: dict = {}
-        for handle in others:
-            for key, nbytes in self._lineages[handle].storages().items():
-                if key not in live_st:
-                    holders[key] = holders.get(key, 0) + 1
-                    sizes[key] = nbytes
-        unpinned = sum(sizes.values())
-        for handle in others:
-            if unpinned <= self.kv_budget:
-                break
-            for key in self._lineages[handle].storages():
-                if key in holders:
-                    holders[key] -= 1
-                    if holders[key] == 0:
-                        unpinned -= sizes[key]
-            del self._lineages[handle]
-            self._evicted.add(handle)
-            self.evictions += 1
-        self.peak_unpinned_bytes = max(self.peak_unpinned_bytes, unpinned)
 
     # --------------------------------------------------------- prefix cache
 

@@ -479,18 +479,6 @@ class LlamaCppEngine(LineageBook):
         rows, which nothing ever writes to: independent both ways."""
         return self.share_prefix(lineage)
 
-    def drop(self, lineage: str) -> None:
-        if lineage in self._evicted:
-            self._evicted.discard(lineage)
-            return
-        self._get(lineage)
-        del self._lineages[lineage]
-        if self._resident == lineage:
-            self._lc.llama_memory_clear(self._mem, True)
-            self._resident = None
-        if self._current == lineage:
-            self._current = None
-
     def length(self, lineage: str | None = None) -> int:
         return len(self._get(lineage).tokens)
 
@@ -600,38 +588,15 @@ class LlamaCppEngine(LineageBook):
         # allocation (n_ctx cells, fixed) is not counted
         return self._storages(handle, park=True)
 
-    def enforce_budget(self) -> None:
-        """As :meth:`KVEngine.enforce_budget`, over the parked rows' buffers."""
-        if self.kv_budget is None:
-            return
-        live = self.live_lineages()
-        live_st: set = set()
-        for handle in live:
-            live_st.update(self._storages(handle))
-        others = sorted((h for h in self._lineages if h not in live), key=lambda h: self._lineages[h].last_used)
-        holders: dict = {}
-        sizes: dict = {}
-        for handle in others:
-            for key, nbytes in self._storages(handle).items():
-                if key not in live_st:
-                    holders[key] = holders.get(key, 0) + 1
-                    sizes[key] = nbytes
-        unpinned = sum(sizes.values())
-        for handle in others:
-            if unpinned <= self.kv_budget:
-                break
-            for key in self._storages(handle):
-                if key in holders:
-                    holders[key] -= 1
-                    if holders[key] == 0:
-                        unpinned -= sizes[key]
-            if handle == self._resident:
-                self._lc.llama_memory_clear(self._mem, True)
-                self._resident = None
-            del self._lineages[handle]
-            self._evicted.add(handle)
-            self.evictions += 1
-        self.peak_unpinned_bytes = max(self.peak_unpinned_bytes, unpinned)
+    def _budget_storages(self, handle: str) -> dict:
+        # without reading the resident lineage out: it is current, never evicted
+        return self._storages(handle)
+
+    def _free_lineage(self, handle: str) -> None:
+        """Empty the context's sequence if ``handle`` is the lineage it holds."""
+        if handle == self._resident:
+            self._lc.llama_memory_clear(self._mem, True)
+            self._resident = None
 
     @contextlib.contextmanager
     def prefix_cache(self, sources: Iterable[str] | None = None) -> Iterator["LlamaCppEngine"]:
