@@ -28,7 +28,7 @@ class Counters:
                            a probe that finds the draft wrong is the start of
                            the turn's decode, one that finds it right is spent
     lookup_forwards        forwards that fed a decided token together with a guess
-                           from the lineage's own tokens (impl/agent/drafts.py,
+                           from the lineage's own tokens (impl/engines/decoding.py,
                            `get_lookup`); each replaces the one-token forward
                            that token needed anyway
     lookup_accepted_tokens guessed tokens verified and kept (not in decoded_tokens)
