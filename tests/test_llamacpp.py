@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from unsee.impl.engines.llamacpp import engine as llamacpp
+from unsee.impl.engines.llamacpp.state import SeqKV
 from unsee.impl.engines.llamacpp.tiny_gguf import write_tiny_gguf
 from unsee.impl.engines.protocol import Engine
 from unsee.impl.engines.registry import load_engine
@@ -82,7 +83,7 @@ def test_digest_is_by_position_not_by_cell(engine):
     engine.prefill(list(range(60, 72)))
     kv = engine._read_seq()
     rev = slice(None, None, -1)
-    shuffled = llamacpp.SeqKV(kv.positions[rev], tuple(k[rev] for k in kv.k), tuple(v[rev] for v in kv.v),
+    shuffled = SeqKV(kv.positions[rev], tuple(k[rev] for k in kv.k), tuple(v[rev] for v in kv.v),
                               kv.k_types, kv.v_types, kv.v_trans, kv.v_elem)
     assert shuffled.to_blob() != kv.to_blob()
     digests = []
@@ -92,7 +93,7 @@ def test_digest_is_by_position_not_by_cell(engine):
         digests.append(h.hexdigest())
     assert digests[0] == digests[1]
     # and the parser orders cells by position
-    assert np.array_equal(llamacpp.SeqKV.parse(shuffled.to_blob(), engine.lm.n_layer, kv.v_trans).positions,
+    assert np.array_equal(SeqKV.parse(shuffled.to_blob(), engine.lm.n_layer, kv.v_trans).positions,
                           kv.positions)
     engine.drop(handle)
 
@@ -103,11 +104,11 @@ def test_parser_refuses_what_it_does_not_know(engine):
     engine.prefill([1, 2, 3])
     blob = engine._read_seq().to_blob()
     with pytest.raises(ValueError, match="magic"):
-        llamacpp.SeqKV.parse(b"\0" * 8 + blob[8:], engine.lm.n_layer, engine._v_trans)
+        SeqKV.parse(b"\0" * 8 + blob[8:], engine.lm.n_layer, engine._v_trans)
     with pytest.raises(ValueError, match="unparsed"):
-        llamacpp.SeqKV.parse(blob + b"\0", engine.lm.n_layer, engine._v_trans)
+        SeqKV.parse(blob + b"\0", engine.lm.n_layer, engine._v_trans)
     with pytest.raises(ValueError, match="layers"):
-        llamacpp.SeqKV.parse(blob, engine.lm.n_layer + 1, engine._v_trans)
+        SeqKV.parse(blob, engine.lm.n_layer + 1, engine._v_trans)
     engine.drop(handle)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import operator
 import weakref
 from dataclasses import dataclass, fields, replace
-from typing import Iterable, Sequence
+from typing import Container, Iterable, Sequence
 
 
 @dataclass
@@ -28,7 +28,7 @@ class Counters:
                            a probe that finds the draft wrong is the start of
                            the turn's decode, one that finds it right is spent
     lookup_forwards        forwards that fed a decided token together with a guess
-                           from the lineage's own tokens (impl/agent/drafts.py,
+                           from the lineage's own tokens (impl/engines/decoding.py,
                            `get_lookup`); each replaces the one-token forward
                            that token needed anyway
     lookup_accepted_tokens guessed tokens verified and kept (not in decoded_tokens)
@@ -115,13 +115,56 @@ class KVMemory:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
+def get_evictions(candidates: Sequence[tuple[str, dict]], live_keys: Container, budget: int) -> tuple[list[str], int]:
+    """The KV budget's eviction rule over plain data: which lineages to evict,
+    in order, and the unpinned bytes then left.
+
+    ``candidates`` are the lineages the budget may evict (neither pinned nor
+    current), least recently used first, each with its storages
+    ``{key: bytes}``; ``live_keys`` the storages the live lineages hold. The
+    unpinned bytes are those of the distinct storages the candidates hold and
+    no live lineage does (a prefix shared by several counts once). A storage
+    is freed when the last candidate holding it is evicted, so candidates are
+    evicted in order until the unpinned bytes fit ``budget``."""
+    holders: dict = {}  # storage -> how many candidates hold it
+    sizes: dict = {}
+    for _, storages in candidates:
+        for key, nbytes in storages.items():
+            if key not in live_keys:
+                holders[key] = holders.get(key, 0) + 1
+                sizes[key] = nbytes
+    unpinned = sum(sizes.values())
+    evicted: list[str] = []
+    for handle, storages in candidates:
+        if unpinned <= budget:
+            break
+        for key in storages:
+            if key in holders:
+                holders[key] -= 1
+                if holders[key] == 0:
+                    unpinned -= sizes[key]
+        evicted.append(handle)
+    return evicted, unpinned
+
+
 class LineageBook:
     """The bookkeeping every engine shares, whatever holds its KV: string
     handles to lineages, the current one, pins, the handles the budget
-    evicted, and an LRU clock. An engine subclasses it and provides
-    ``new_lineage``, ``prefill``, ``length``, ``drop``, ``enforce_budget``
-    and ``_lineage_storages`` (its own idea of what a lineage holds); its
-    lineage objects need ``tokens`` and ``last_used``."""
+    evicted, an LRU clock, and the KV budget's eviction (:meth:`enforce_budget`).
+
+    An engine subclasses it and provides ``new_lineage``, ``prefill`` and
+    ``length``, and what truly differs between engines:
+
+    ``_lineage_storages(handle)``  the storages ``{key: bytes}`` a lineage holds,
+                                   as :meth:`memory` counts them
+    ``_budget_storages(handle)``   the same as the budget counts them (default:
+                                   ``_lineage_storages``; an engine may skip
+                                   reading out what only a live lineage holds)
+    ``_free_lineage(handle)``      release what the engine holds for a lineage
+                                   outside this book, before it is dropped or
+                                   evicted (default: nothing)
+
+    Its lineage objects need ``tokens`` and ``last_used``."""
 
     def _init_book(self) -> None:
         self._lineages: dict = {}
@@ -195,6 +238,42 @@ class LineageBook:
         self.kv_budget = kv_budget
         self.enforce_budget()
 
+    def drop(self, lineage: str) -> None:
+        """Free a lineage's cache (or forget an evicted handle). Dropping the
+        current one leaves none current."""
+        if lineage in self._evicted:
+            self._evicted.discard(lineage)
+            return
+        self._get(lineage)
+        self._free_lineage(lineage)
+        del self._lineages[lineage]
+        if self._current == lineage:
+            self._current = None
+
+    def enforce_budget(self) -> None:
+        """Evict least-recently-used unpinned lineages until the storages that
+        only they hold fit the budget (:func:`get_evictions`). Verbs call it
+        when they return, never in the middle of one, so no lineage a verb is
+        working on disappears. A pin that dies with its runtime does not call
+        it (that can happen at any allocation, through the garbage
+        collector); call it after dropping runtimes to release their
+        lineages at once."""
+        if self.kv_budget is None:
+            return
+        live = self.live_lineages()
+        live_keys: set = set()
+        for handle in live:
+            live_keys.update(self._budget_storages(handle))
+        others = sorted((h for h in self._lineages if h not in live), key=lambda h: self._lineages[h].last_used)
+        evicted, unpinned = get_evictions([(h, self._budget_storages(h)) for h in others], live_keys,
+                                          self.kv_budget)
+        for handle in evicted:
+            self._free_lineage(handle)
+            del self._lineages[handle]
+            self._evicted.add(handle)
+            self.evictions += 1
+        self.peak_unpinned_bytes = max(self.peak_unpinned_bytes, unpinned)
+
     def memory(self) -> KVMemory:
         """What the engine holds now (bytes of distinct storages)."""
         live = self.live_lineages()
@@ -209,6 +288,13 @@ class LineageBook:
                         unpinned_bytes=sum(held.values()) - sum(live_st.values()), lineages=len(self._lineages),
                         live_lineages=len(live), evicted_lineages=len(self._evicted),
                         cached_tokens=sum(len(lin.tokens) for lin in self._lineages.values()), budget=self.kv_budget)
+
+    def _budget_storages(self, handle: str) -> dict:
+        return self._lineage_storages(handle)
+
+    def _free_lineage(self, handle: str) -> None:
+        """Nothing outside the book to release (an engine whose lineages hold
+        more, such as a context, says so here)."""
 
     def _fresh_handle(self) -> str:
         handle = f"L{self._next_id}"

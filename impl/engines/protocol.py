@@ -1,7 +1,7 @@
 """The engine protocol: the verbs the runtime, the baselines and the benches use.
 
-Everything above the engine layer (``runtime.py``, ``tools.py``,
-``baselines.py``, ``store.py``, the benches and the properties) is typed
+Everything above the engine layer (the agent runtime and its tools, the
+baselines, the store, the benches and the properties) is typed
 against :class:`Engine` and never asks which engine it runs on. Two engines
 implement it:
 
@@ -11,7 +11,7 @@ implement it:
   llama-cpp-python (``UNSEE_ENGINE=llamacpp`` or ``llamacpp-tiny``; the
   optional extra ``unsee[llamacpp]``).
 
-:func:`load_engine` builds either by name. docs/engines.md lists the
+:func:`unsee.impl.engines.registry.load_engine` builds either by name. docs/engines.md lists the
 bitwise facts each engine's :attr:`Engine.determinism` states.
 
 A *lineage* is one KV cache named by a string handle; handles are never
@@ -85,7 +85,7 @@ class Engine(Protocol):
 
     #: the model: tokenizer, eos ids, names (see :class:`ModelInfo`)
     lm: ModelInfo
-    #: work done so far (:class:`unsee.impl.engines.hf.engine.Counters`): snapshot and subtract to measure a span
+    #: work done so far (:class:`unsee.impl.engines.lineage.Counters`): snapshot and subtract to measure a span
     counters: object
     #: ceiling on |prefill - decode| logits that draft verification needs, or None: drafts off
     draft_bound: float | None
@@ -185,7 +185,7 @@ class Engine(Protocol):
         """Evict unpinned lineages, least recently used first, until the budget holds."""
 
     def memory(self) -> object:
-        """What the engine holds now (:class:`unsee.impl.engines.hf.engine.KVMemory`)."""
+        """What the engine holds now (:class:`unsee.impl.engines.lineage.KVMemory`)."""
 
     def prefix_cache(self, sources: Iterable[str] | None = None) -> contextlib.AbstractContextManager:
         """A block inside which a prefill whose chunk history matches a cached

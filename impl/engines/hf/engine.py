@@ -1,4 +1,4 @@
-"""KVEngine: a few verbs over a model's KV caches.
+"""KVEngine: the engine verbs over a transformers model's KV caches.
 
 The runtime needs the KV cache to be a pure function of the token chunks that
 built it, so that "crop and replay" reproduces a state bit for bit. Two facts
@@ -16,9 +16,12 @@ model turn is then the KV of prefilling that turn, which a replay can redo.
 
 A "lineage" is one cache, named by a string handle. A compaction rewrites
 the prompt prefix and so starts a new lineage; a checkpoint names the lineage
-it crops. Handles are never reused, even after `drop`.
+it crops. Handles are never reused, even after `drop`. A lineage's cache
+and chunk history are :class:`~unsee.impl.engines.hf.lineage.Lineage`; one
+`generate` turn (drafts, probe, lookup) is :mod:`unsee.impl.engines.hf.generate`;
+every transformers call goes through :mod:`unsee.impl.engines.hf.adapter`.
 
-Three engine-level services (issue 8):
+Three engine-level services:
 
 * `share_prefix(lineage, n)` makes a new lineage holding the first n tokens
   of another without copying them (copy-on-write views; see
@@ -26,7 +29,9 @@ Three engine-level services (issue 8):
   same at any context length.
 * A KV budget in bytes (`KVEngine(lm, kv_budget=...)`): lineages that no live
   runtime holds a pin on (`pin`) and that are not current are evicted, least
-  recently used first, until the bytes they alone hold fit the budget. An
+  recently used first, until the bytes they alone hold fit the budget (the
+  rule is :class:`~unsee.impl.engines.lineage.LineageBook`'s, shared by
+  every engine; this engine counts a lineage's KV and kept logits). An
   evicted handle stays known (`is_evicted`); the runtime rebuilds what it
   needs by prefill from a checkpoint's manifest (`rebuild`).
 * A prefix cache (`with engine.prefix_cache(): ...`): a prefill whose whole
@@ -42,79 +47,27 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import weakref
 from typing import Iterable, Iterator, Sequence
 
 import torch
 
-from unsee.impl.engines.decoding import get_draft_bound, get_lookup, get_scores, get_threshold, pick
+from unsee.impl.engines.decoding import get_draft_bound
 from unsee.impl.engines.hf import adapter
+from unsee.impl.engines.hf.generate import Turn, decode_turn
+from unsee.impl.engines.hf.lineage import Lineage
 from unsee.impl.engines.hf.models import LoadedModel, retain_freed_host_memory
 from unsee.impl.engines.lineage import Counters, LineageBook, as_int
 from unsee.impl.engines.protocol import Determinism
 
 
-class _Lineage:
-    """One cache plus what we know about it."""
-
-    __slots__ = ("cache", "tokens", "last_logits", "chunk_ends", "chunked", "decode_logits", "served_last",
-                 "last_used", "_storages")
-
-    def __init__(self, cache, tokens: list[int], last_logits: torch.Tensor | None):
-        self.cache = cache
-        self.tokens = tokens  # the ids the cache holds, in order
-        self.last_logits = last_logits  # logits after the last prefill, or None
-        # The prefill chunks that built the cache, as cumulative end offsets.
-        # `chunked` is False once a crop cut a chunk: the tail then is no
-        # longer a chunk sequence, and later chunks are not recorded.
-        self.chunk_ends: list[int] = []
-        self.chunked = True
-        # position -> the logits a decode started from there (what a served
-        # chunk needs to be decoded from; see KVEngine.prefix_cache)
-        self.decode_logits: dict[int, torch.Tensor] = {}
-        self.served_last = False  # the last chunk was served without its logits
-        self.last_used = 0  # the engine's clock at the last access (LRU eviction)
-        self._storages: tuple | None = None  # (weakref, key, storages): see storages()
-
-    def copy_history(self, src: "_Lineage", n: int) -> None:
-        """Take ``src``'s chunk history and decode logits up to ``n`` tokens."""
-        self.chunk_ends = [e for e in src.chunk_ends if e <= n]
-        self.chunked = src.chunked and n == (self.chunk_ends[-1] if self.chunk_ends else 0)
-        self.decode_logits = {p: t for p, t in src.decode_logits.items() if p <= n}
-
-    def cut(self, n: int) -> None:
-        """Forget the chunk history beyond ``n`` tokens (a crop to ``n``)."""
-        ends = [e for e in self.chunk_ends if e <= n]
-        if n != (ends[-1] if ends else 0):
-            self.chunked = False
-        self.chunk_ends = ends
-        self.decode_logits = {p: t for p, t in self.decode_logits.items() if p <= n}
-        self.served_last = False
-        self._storages = None
-
-    def storages(self) -> dict:
-        """Distinct storages held (KV and kept logits): ``{(device, address): bytes}``.
-
-        Cached, keyed on the identity of the first layer's key tensor: every
-        change to a cache (a prefill, a decode step, a crop) replaces every
-        layer's tensors, so the same tensor object means the same storages."""
-        first = next(iter(adapter.cache_tensors(self.cache)), (None, None))[0]
-        key = (len(self.tokens), len(self.decode_logits), id(self.last_logits))
-        if self._storages is not None:
-            ref, old_key, out = self._storages
-            if old_key == key and ref is not None and ref() is first:
-                return out
-        out = adapter.cache_storages(self.cache)
-        for t in list(self.decode_logits.values()) + [self.last_logits]:
-            if t is not None:
-                adapter.add_storage(out, t)
-        self._storages = (weakref.ref(first) if first is not None else None, key, out)
-        return out
-
-
 class KVEngine(LineageBook):
-    """Lineages (string handles -> caches) over one LoadedModel: the
-    transformers implementation of :class:`unsee.impl.engines.protocol.Engine`.
+    """The transformers implementation of :class:`unsee.impl.engines.protocol.Engine`:
+    lineages (string handles -> HF caches) over one :class:`LoadedModel`, with
+    the verbs prefill, generate (canonicalised; drafts, probe and lookup where
+    a discrepancy bound is measured), crop, excise, share_prefix, clone, drop,
+    digest and logits; the KV budget and pins of
+    :class:`~unsee.impl.engines.lineage.LineageBook`; and a prefix cache that
+    serves whole matching chunks (:meth:`prefix_cache`).
 
     Verbs act on the current lineage unless one is named. Not thread-safe.
 
@@ -151,7 +104,7 @@ class KVEngine(LineageBook):
     def new_lineage(self) -> str:
         """Start an empty cache; it becomes current."""
         handle = self._fresh_handle()
-        self._lineages[handle] = _Lineage(adapter.new_cache(self.lm.model), [], None)
+        self._lineages[handle] = Lineage(adapter.new_cache(self.lm.model), [], None)
         self._current = handle
         self._touch(handle)
         return handle
@@ -168,7 +121,7 @@ class KVEngine(LineageBook):
         length = len(src.tokens)
         n = length if n_tokens is None else self._check_prefix_length("share_prefix", n_tokens, length)
         handle = self._fresh_handle()
-        lin = _Lineage(adapter.share_cache_prefix(self.lm.model, src.cache, n), src.tokens[:n],
+        lin = Lineage(adapter.share_cache_prefix(self.lm.model, src.cache, n), src.tokens[:n],
                        src.last_logits if n == length else None)
         lin.copy_history(src, n)
         lin.served_last = src.served_last and n == length
@@ -183,24 +136,13 @@ class KVEngine(LineageBook):
         src = self._get(lineage)
         handle = self._fresh_handle()
         logits = None if src.last_logits is None else src.last_logits.clone()
-        lin = _Lineage(adapter.clone_cache(src.cache), list(src.tokens), logits)
+        lin = Lineage(adapter.clone_cache(src.cache), list(src.tokens), logits)
         lin.copy_history(src, len(src.tokens))
         lin.served_last = src.served_last
         self._lineages[handle] = lin
         self._touch(handle)
         self.enforce_budget()
         return handle
-
-    def drop(self, lineage: str) -> None:
-        """Free a lineage's cache (or forget an evicted handle). Dropping the
-        current one leaves none current."""
-        if lineage in self._evicted:
-            self._evicted.discard(lineage)
-            return
-        self._get(lineage)
-        del self._lineages[lineage]
-        if self._current == lineage:
-            self._current = None
 
     def length(self, lineage: str | None = None) -> int:
         return adapter.cache_length(self._get(lineage).cache)
@@ -217,17 +159,11 @@ class KVEngine(LineageBook):
             start = len(lin.tokens)
             lin.last_logits = adapter.forward_last_logits(self.lm.model, ids, lin.cache)
             lin.tokens.extend(ids)
-            # Record the chunk only on an unbroken record: tokens that some
-            # other path appended unrecorded make the lineage unservable
-            # from there on, never wrongly served.
-            if lin.chunked and start == (lin.chunk_ends[-1] if lin.chunk_ends else 0):
-                lin.chunk_ends.append(len(lin.tokens))
-            else:
-                lin.chunked = False
+            lin.record_chunk(start)
             lin.served_last = False
             self.counters.forward_calls += 1
             self.counters.prefilled_tokens += len(ids)
-        lin._storages = None
+        lin.changed()
         self.enforce_budget()
 
     def generate(
@@ -244,7 +180,7 @@ class KVEngine(LineageBook):
         them canonically (as one prefilled chunk). Returns the ids.
 
         Greedy when temperature == 0; otherwise an exponential race seeded by
-        (`seed`, position in the turn) (`drafts.get_scores`), so a run is
+        (`seed`, position in the turn) (`decoding.get_scores`), so a run is
         repeatable whatever the device. Stops after a stop id (it is included
         and committed) or at max_new_tokens. stop_ids=None means the model's
         eos_ids; pass () to never stop early.
@@ -266,206 +202,53 @@ class KVEngine(LineageBook):
         `lookup` (a forget's replay): where the turn is decoded (no draft, or
         after the draft's first disagreement), each decided token is fed
         together with a guess from the lineage's own tokens
-        (`drafts.get_lookup`), verified under the same guard; needs
+        (`decoding.get_lookup`), verified under the same guard; needs
         `draft_bound`. It changes no token, and adds no forward: a guess
         widens the forward that feeds the decided token.
         """
         max_new_tokens = self._check_generate(max_new_tokens, temperature, seed, draft, lookup)
+        lin = self._get_decodable()
+        draft = self._check_ids(draft, allow_empty=True)[:max_new_tokens] if draft is not None else []
+        stops = set(self.lm.eos_ids if stop_ids is None else (int(s) for s in stop_ids))
+        start, header_logits = len(lin.tokens), lin.last_logits
+        lin.decode_logits[start] = header_logits  # what a prefix cache needs to serve this position
+        turn = Turn(self.lm.model, lin, self.counters, start, header_logits, max_new_tokens, stops, temperature,
+                    seed, self.draft_bound)
+        try:
+            out, committed = decode_turn(turn, draft, probe, lookup)
+        except BaseException:
+            # Interrupted mid-turn: leave the lineage as it was before the call.
+            lin.truncate(start)
+            lin.last_logits = header_logits
+            raise
+        self._commit_turn(lin, start, out, committed)
+        return out
+
+    def _get_decodable(self) -> Lineage:
+        """The current lineage, with the logits a decode continues from."""
         handle = self._need_current()
         lin = self._lineages[handle]
         if lin.last_logits is None and lin.served_last:
             self._recompute_served_chunk(lin)  # a served chunk whose logits were not kept
         if lin.last_logits is None:
-            raise RuntimeError(
-                f"generate on lineage {handle!r}: no logits to continue from; "
-                "prefill first (a new lineage or a crop has none)"
-            )
-        draft = self._check_ids(draft, allow_empty=True)[:max_new_tokens] if draft is not None else []
-        stops = set(self.lm.eos_ids if stop_ids is None else (int(s) for s in stop_ids))
-        start, header_logits = len(lin.tokens), lin.last_logits
-        lin.decode_logits[start] = header_logits  # what a prefix cache needs to serve this position
-        try:
-            out, committed = None, False
-            if draft and pick(get_scores(header_logits, temperature, seed, 0))[0] != draft[0]:
-                # The first decision is taken on the header's own logits, the
-                # reference's: a draft wrong there is known wrong without
-                # prefilling it, and decoding from here *is* the reference.
-                self._count_draft(len(draft), 0, fallback=False)
-                draft = []
-            if draft:
-                out, committed = self._decode_with_draft(lin, draft, max_new_tokens, stops, temperature, seed,
-                                                         probe, lookup)
-            elif lookup:
-                # decided on the header's own logits until the first guess; guarded from there
-                out = self._decode(lin, [], header_logits, 0, max_new_tokens, stops, temperature, seed, None,
-                                   lookup=True)
-                self.counters.draft_fallbacks += int(out is None)
-            if out is None:  # no draft or lookup, or an unstable decision: the reference procedure
-                self._truncate(lin, start)
-                lin.last_logits = header_logits
-                out = self._decode(lin, [], header_logits, 0, max_new_tokens, stops, temperature, seed, None)
-        except BaseException:
-            # Interrupted mid-turn: leave the lineage as it was before the call.
-            self._truncate(lin, start)
-            lin.last_logits = header_logits
-            raise
+            raise RuntimeError(f"generate on lineage {handle!r}: no logits to continue from; "
+                               "prefill first (a new lineage or a crop has none)")
+        return lin
+
+    def _commit_turn(self, lin: Lineage, start: int, out: list[int], committed: bool) -> None:
+        """Leave the turn ``out`` on ``lin`` as the one chunk a replay redoes."""
         if committed:
             # the verification chunk is the turn's canonical chunk: record it
             # as prefill would, so a prefix cache can serve this lineage later
-            if lin.chunked and start == (lin.chunk_ends[-1] if lin.chunk_ends else 0):
-                lin.chunk_ends.append(len(lin.tokens))
-            else:
-                lin.chunked = False
+            lin.record_chunk(start)
             lin.served_last = False
-            lin._storages = None
+            lin.changed()
             self.enforce_budget()
-        if committed or not out:
-            return out
-        # Canonicalise: decode steps (and verification chunks) wrote the turn in
-        # other chunks; replace them by one prefill of g_1..g_n, which a replay can redo.
-        self._truncate(lin, start)
-        self.prefill(out)
-        return out
-
-    def _decode(self, lin: _Lineage, out: list[int], logits: torch.Tensor, position: int, max_new_tokens: int,
-                stops: set[int], temperature: float, seed: int | None, threshold: float | None,
-                lookup: bool = False) -> list[int] | None:
-        """Decode one token at a time from `logits` at `position` of the turn.
-        With a threshold (decoding on KV a verification prefill built), a
-        decision whose margin does not clear it returns None: unstable.
-
-        With `lookup`, a decided token is fed together with a guess at what
-        follows it (`drafts.get_lookup` over the lineage's tokens) in one
-        forward, and the guess's longest stable agreeing prefix is accepted;
-        the first disagreement is decided on that forward's logits. From the
-        first such forward on the KV is not the reference's, so every later
-        decision of the turn is guarded."""
-        while len(out) < max_new_tokens:
-            tok, margin = pick(get_scores(logits, temperature, seed, position))
-            if threshold is not None and margin <= threshold:
-                return None
-            out.append(tok)
-            position += 1
-            self.counters.decoded_tokens += 1
-            if tok in stops or len(out) == max_new_tokens:
-                break  # the last token is not fed: the canonical prefill does it
-            lin.tokens.append(tok)  # fed just below, alone or with a guess
-            guess = get_lookup(lin.tokens, max_new_tokens - len(out)) if lookup else []
-            ends = [i for i, g in enumerate(guess) if g in stops]
-            if ends:  # a guess that ends the turn needs nothing after its stop id
-                del guess[ends[0] + 1:]
-            if not guess:
-                logits = adapter.forward_last_logits(self.lm.model, [tok], lin.cache)
-                self.counters.forward_calls += 1
-                continue
-            threshold = get_threshold(self.draft_bound, temperature)
-            fed = len(lin.tokens)  # the lineage's length with `tok` fed
-            verify = adapter.forward_all_logits(self.lm.model, [tok] + guess, lin.cache)
-            lin.tokens.extend(guess)
-            self.counters.forward_calls += 1
-            self.counters.lookup_forwards += 1
-            self.counters.prefilled_tokens += len(guess)
-            accepted = 0
-            for proposed, row in zip(guess, verify):
-                guessed, margin = pick(get_scores(row, temperature, seed, position))
-                if margin <= threshold:
-                    self._count_lookup(len(guess), 0)
-                    return None
-                if guessed != proposed:
-                    break  # decided on these logits at the top of the loop
-                out.append(guessed)
-                position += 1
-                accepted += 1
-                if guessed in stops or len(out) == max_new_tokens:
-                    break
-            self._count_lookup(len(guess), accepted)
-            if out[-1] in stops or len(out) == max_new_tokens:
-                break  # the canonical prefill replaces what the verification fed
-            self._truncate(lin, fed + accepted)
-            logits = verify[accepted]
-        return out
-
-    def _count_lookup(self, offered: int, accepted: int) -> None:
-        self.counters.lookup_accepted_tokens += accepted
-        self.counters.lookup_rejected_tokens += offered - accepted
-
-    def _decode_with_draft(self, lin: _Lineage, draft: list[int], max_new_tokens: int, stops: set[int],
-                           temperature: float, seed: int | None, probe: bool = False,
-                           lookup: bool = False) -> tuple[list[int] | None, bool]:
-        """Verify `draft` with one forward; accept its longest stable agreeing
-        prefix, then decode on. Returns (tokens, committed): tokens None means
-        an unstable decision (the caller falls back to the reference);
-        committed means the verification chunk is the turn's canonical chunk.
-        The caller has checked the draft's first token on the header logits."""
-        start, header_logits = len(lin.tokens), lin.last_logits
-        threshold = get_threshold(self.draft_bound, temperature)
-        probed = None  # the reference's own logits at position 1, when probed
-        if probe and len(draft) >= 2 and draft[0] not in stops and max_new_tokens >= 2:
-            probed = adapter.forward_last_logits(self.lm.model, [draft[0]], lin.cache)
-            lin.tokens.append(draft[0])
-            self.counters.forward_calls += 1
-            self.counters.draft_probes += 1
-            if pick(get_scores(probed, temperature, seed, 1))[0] != draft[1]:
-                # Wrong at position 1, decided on the reference's own logits on
-                # the reference's own KV (header prefill + one decode step): the
-                # rest of the turn is the reference's decode, with no guard
-                # until a context guess (lookup) is fed.
-                out = self._decode(lin, [draft[0]], probed, 1, max_new_tokens, stops, temperature, seed, None,
-                                   lookup)
-                self._count_draft(len(draft), 1 if out is not None else 0, fallback=out is None)
-                return out, False
-            # Right there: the verification forward below recomputes position 0
-            # as part of the turn's chunk (a canonical chunk must be one forward).
-            self._truncate(lin, start)
-        verify = adapter.forward_all_logits(self.lm.model, draft, lin.cache)
-        lin.tokens.extend(draft)
-        self.counters.forward_calls += 1
-        self.counters.prefilled_tokens += len(draft)
-        out: list[int] = []
-        stable = True
-        for k, proposed in enumerate(draft):
-            # position 0 is decided on the header's own logits, exactly as the
-            # reference decides it (and position 1 on the probe's, when probed);
-            # later ones on verification logits (guarded)
-            exact = k == 0 or (k == 1 and probed is not None)
-            logits = header_logits if k == 0 else probed if exact else verify[k - 1]
-            tok, margin = pick(get_scores(logits, temperature, seed, k))
-            if not exact and margin <= threshold:
-                stable = False
-                break
-            if tok != proposed:
-                break
-            out.append(tok)
-            if tok in stops or len(out) == max_new_tokens:
-                break
-        accepted = len(out)
-        done = bool(out) and (out[-1] in stops or len(out) == max_new_tokens)
-        result: list[int] | None = out
-        if stable and done and accepted == len(draft):
-            lin.last_logits = None  # see generate: not the canonical chunk's logits
-            self._count_draft(len(draft), accepted, fallback=False)
-            return out, True
-        if stable and not done:
-            # Resume at the first disagreement (or after a draft that ended
-            # early) on the KV of the accepted prefix. With nothing accepted the
-            # KV is the header's alone: decoding from it *is* the reference, so
-            # no guard is needed there.
-            self._truncate(lin, start + accepted)
-            logits = header_logits if accepted == 0 else verify[accepted - 1]
-            result = self._decode(lin, out, logits, accepted, max_new_tokens, stops, temperature, seed,
-                                  None if accepted == 0 else threshold, lookup)
-        self._count_draft(len(draft), accepted if stable and result is not None else 0,
-                          fallback=not stable or result is None)
-        return (result if stable else None), False
-
-    def _count_draft(self, offered: int, accepted: int, fallback: bool) -> None:
-        self.counters.draft_accepted_tokens += accepted
-        self.counters.draft_rejected_tokens += offered - accepted
-        self.counters.draft_fallbacks += int(fallback)
-
-    def _truncate(self, lin: _Lineage, n: int) -> None:
-        adapter.crop_cache(lin.cache, n)
-        del lin.tokens[n:]
+        elif out:
+            # Canonicalise: decode steps (and verification chunks) wrote the turn in
+            # other chunks; replace them by one prefill of g_1..g_n, which a replay can redo.
+            lin.truncate(start)
+            self.prefill(out)
 
     def crop(self, n_tokens: int, lineage: str | None = None) -> None:
         """Keep the first n_tokens of a lineage. Clears its last logits: they
@@ -519,45 +302,11 @@ class KVEngine(LineageBook):
                 h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
         return h.hexdigest()
 
-    # ------------------------------------------------------ budget and pins
+    # ------------------------------------------------------------ memory
 
     def _lineage_storages(self, handle: str) -> dict:
+        """KV and kept logits (see :meth:`Lineage.storages`); the budget counts the same."""
         return self._lineages[handle].storages()
-
-    def enforce_budget(self) -> None:
-        """Evict least-recently-used unpinned lineages until the storages that
-        only they hold fit the budget. Verbs call it when they return, never
-        in the middle of one, so no lineage a verb is working on disappears.
-        A pin that dies with its runtime does not call it (that can happen
-        at any allocation, through the garbage collector); call it after
-        dropping runtimes to release their lineages at once."""
-        if self.kv_budget is None:
-            return
-        live = self.live_lineages()
-        live_st: set = set()
-        for handle in live:
-            live_st.update(self._lineages[handle].storages())
-        others = sorted((h for h in self._lineages if h not in live), key=lambda h: self._lineages[h].last_used)
-        holders: dict = {}  # storage -> how many unpinned lineages hold it
-        sizes: dict = {}
-        for handle in others:
-            for key, nbytes in self._lineages[handle].storages().items():
-                if key not in live_st:
-                    holders[key] = holders.get(key, 0) + 1
-                    sizes[key] = nbytes
-        unpinned = sum(sizes.values())
-        for handle in others:
-            if unpinned <= self.kv_budget:
-                break
-            for key in self._lineages[handle].storages():
-                if key in holders:
-                    holders[key] -= 1
-                    if holders[key] == 0:
-                        unpinned -= sizes[key]
-            del self._lineages[handle]
-            self._evicted.add(handle)
-            self.evictions += 1
-        self.peak_unpinned_bytes = max(self.peak_unpinned_bytes, unpinned)
 
     # --------------------------------------------------------- prefix cache
 
@@ -584,10 +333,10 @@ class KVEngine(LineageBook):
         finally:
             self._serving, self._cache_sources = previous
 
-    def _serve(self, lin: _Lineage, ids: list[int]) -> bool:
+    def _serve(self, lin: Lineage, ids: list[int]) -> bool:
         """Serve chunk ``ids`` on ``lin`` from another lineage; False if none has it."""
         start = len(lin.tokens)
-        if not lin.chunked or start != (lin.chunk_ends[-1] if lin.chunk_ends else 0):
+        if not lin.is_chunk_end(start):
             return False  # the lineage is not a chunk sequence: nothing can match it
         end, k = start + len(ids), len(lin.chunk_ends)
         found = None
@@ -628,7 +377,7 @@ class KVEngine(LineageBook):
         cached, first_new = self._cache_sources
         return handle in cached or int(handle[1:]) >= first_new  # handles are "L<n>", n increasing
 
-    def _recompute_served_chunk(self, lin: _Lineage) -> None:
+    def _recompute_served_chunk(self, lin: Lineage) -> None:
         """Compute the last (served) chunk for real, for the logits a decode needs."""
         end = lin.chunk_ends.pop()
         start = lin.chunk_ends[-1] if lin.chunk_ends else 0
@@ -641,6 +390,6 @@ class KVEngine(LineageBook):
         lin.last_logits = adapter.forward_last_logits(self.lm.model, ids, lin.cache)
         lin.tokens.extend(ids)
         lin.chunk_ends.append(end)
-        lin._storages = None
+        lin.changed()
         self.counters.forward_calls += 1
         self.counters.prefilled_tokens += len(ids)

@@ -52,14 +52,15 @@ _DTYPES = {
 }
 
 
-# ------------------------------------------------------------ byte tokenizer
-
-
 # -------------------------------------------------------------- LoadedModel
 
 
 @dataclass(eq=False)
 class LoadedModel:
+    """A transformers model loaded for a :class:`~unsee.impl.engines.hf.engine.KVEngine`,
+    with its tokenizer and what it promises (satisfies
+    :class:`unsee.impl.engines.protocol.ModelInfo`)."""
+
     model: Any  # a transformers causal LM, eval mode, on `device`
     tokenizer: Any  # ByteTokenizer or a transformers tokenizer
     name: str  # 'smollm2', 'tiny', or the path it came from
@@ -236,6 +237,64 @@ def _load_gguf_cached(path: Path, cache_dir) -> tuple[Any, Any, dict]:
 # --------------------------------------------------------------------- load
 
 
+@dataclass(frozen=True)
+class ModelSource:
+    """Where a model's weights come from, resolved from its name or path
+    before anything is loaded: ``kind`` is 'tiny' (built in memory, no
+    path), 'gguf' (a GGUF file, dequantised and cached) or 'checkpoint' (a
+    local Hugging Face folder)."""
+
+    name: str
+    kind: str
+    path: Path | None = None
+
+
+def resolve_source(name_or_path) -> ModelSource:
+    """The source of a model name or path (see the module docstring), or a
+    ValueError naming ``name_or_path``."""
+    key = os.fspath(name_or_path) if isinstance(name_or_path, (str, os.PathLike)) else None
+    if key is None:
+        raise ValueError(f"name_or_path={name_or_path!r} must be a name or a path")
+    if key in TINY_MODELS:
+        return ModelSource(key, "tiny")
+    if key == "smollm2":
+        path, name = smollm2_path(), "smollm2"
+    else:
+        path, name = Path(key).expanduser(), key
+        if not path.exists():
+            raise ValueError(
+                f"name_or_path={key!r} is neither a known name ('smollm2', 'tiny', 'tiny-ties') "
+                "nor an existing path"
+            )
+    if path.is_file() and path.suffix.lower() == ".gguf":
+        return ModelSource(name, "gguf", path)
+    if path.is_dir() and (path / "config.json").is_file():
+        return ModelSource(name, "checkpoint", path)
+    raise ValueError(f"name_or_path={key!r} is not a .gguf file nor a checkpoint folder with config.json")
+
+
+def load_weights(source: ModelSource, cache_dir) -> tuple[Any, Any, tuple[int, ...], dict]:
+    """``(model, tokenizer, eos_ids, info)`` of ``source``, on the CPU in
+    the weights' own dtype (:func:`adapter.place` moves them)."""
+    if source.kind == "tiny":
+        tok = ByteTokenizer()
+        model = adapter.build_tiny_llama(
+            vocab_size=tok.vocab_size,
+            bos_token_id=tok.bos_token_id,
+            eos_token_id=tok.eos_token_id,
+            pad_token_id=tok.pad_token_id,
+            seed=0,
+            tie_scale=TINY_MODELS[source.name],
+        )
+        return model, tok, (tok.eos_token_id,), {}
+    if source.kind == "gguf":
+        model, tok, info = _load_gguf_cached(source.path, cache_dir)
+    else:
+        model, tok = adapter.load_checkpoint(source.path)
+        info = {}
+    return model, tok, tuple(adapter.eos_ids_of(model, tok)), info
+
+
 def load_model(
     name_or_path: str | os.PathLike = "smollm2",
     device: str = "cpu",
@@ -245,63 +304,28 @@ def load_model(
     """Load a model by name or path; see the module docstring for names.
 
     Raises ValueError naming the bad argument for an unknown name, a missing
-    path, an unsupported dtype or an unavailable device.
+    path, an unsupported dtype or an unavailable device, before any
+    process-wide setting changes.
     """
     dtype_name, torch_dtype = _check_dtype(dtype)
     device = _check_device(device)
+    source = resolve_source(name_or_path)
     determinism = _set_determinism(device, dtype_name)
 
     t0 = time.perf_counter()
-    info: dict = {}
-    key = os.fspath(name_or_path) if isinstance(name_or_path, (str, os.PathLike)) else None
-    if key is None:
-        raise ValueError(f"name_or_path={name_or_path!r} must be a name or a path")
-
-    if key in TINY_MODELS:
-        tok = ByteTokenizer()
-        model = adapter.build_tiny_llama(
-            vocab_size=tok.vocab_size,
-            bos_token_id=tok.bos_token_id,
-            eos_token_id=tok.eos_token_id,
-            pad_token_id=tok.pad_token_id,
-            seed=0,
-            tie_scale=TINY_MODELS[key],
-        )
-        eos_ids = (tok.eos_token_id,)
-        name, source = key, ""
-    else:
-        if key == "smollm2":
-            path, name = smollm2_path(), "smollm2"
-        else:
-            path, name = Path(key).expanduser(), key
-            if not path.exists():
-                raise ValueError(
-                    f"name_or_path={key!r} is neither a known name ('smollm2', 'tiny', 'tiny-ties') "
-                    "nor an existing path"
-                )
-        if path.is_file() and path.suffix.lower() == ".gguf":
-            model, tok, info = _load_gguf_cached(path, cache_dir)
-        elif path.is_dir() and (path / "config.json").is_file():
-            model, tok = adapter.load_checkpoint(path)
-        else:
-            raise ValueError(
-                f"name_or_path={key!r} is not a .gguf file nor a checkpoint folder with config.json"
-            )
-        eos_ids = adapter.eos_ids_of(model, tok)
-        source = str(path)
-
+    model, tok, eos_ids, info = load_weights(source, cache_dir)
     model = adapter.place(model, device, torch_dtype)
     info.update(load_s=round(time.perf_counter() - t0, 3), transformers=adapter.TRANSFORMERS_VERSION,
                 torch=torch.__version__)
     return LoadedModel(
         model=model,
         tokenizer=tok,
-        name=name,
+        name=source.name,
         device=device,
         dtype=dtype_name,
-        eos_ids=tuple(eos_ids),
+        eos_ids=eos_ids,
         vocab_size=adapter.vocab_size_of(model),
         determinism=determinism,
-        source=source,
+        source=str(source.path) if source.path is not None else "",
         info=info,
     )

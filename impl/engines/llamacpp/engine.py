@@ -10,9 +10,10 @@ How lineages map onto llama.cpp (the clone mechanism, chosen once):
 * Each engine owns **one context with one sequence** (``n_seq_max = 1``, sequence 0),
   the *resident* lineage. Every other lineage is held on the host as its
   sequence state (``llama_state_seq_get_data``) parsed into K and V rows by
-  position (:class:`SeqKV`). These arrays are never written to, so sharing
-  a prefix (``share_prefix``) or cloning is slicing, with no copy, and a
-  clone is independent of its source both ways by construction.
+  position (:class:`~unsee.impl.engines.llamacpp.state.SeqKV`). These arrays
+  are never written to, so sharing a prefix (``share_prefix``) or cloning is
+  slicing, with no copy, and a clone is independent of its source both ways
+  by construction.
 * ``use`` of another lineage parks the resident one (one state read) and
   loads the new one into the emptied sequence (``llama_memory_clear`` +
   ``llama_state_seq_set_data``): a state copy. Loading into an empty cache
@@ -34,12 +35,13 @@ from the state blob, not the blob: the blob also carries the cell layout
 (V is stored transposed over the cells when flash attention is off), so the
 same KV in other cells would hash differently.
 
-Decoding applies :mod:`unsee.impl.agent.drafts`' rule (``get_scores`` + ``pick``:
+Decoding applies :mod:`unsee.impl.engines.decoding`' rule (``get_scores`` + ``pick``:
 greedy or the seeded exponential race) to llama.cpp's logits, exactly as
 KVEngine does, and canonicalises a turn as one prefilled chunk. Drafts are
 off (no measured prefill-versus-decode bound for this engine), and the
 prefix cache serves nothing (a B5' under it is B5; ``reused_tokens`` stays
-0). A KV budget evicts parked lineages by the bytes of their rows.
+0). A KV budget evicts parked lineages by the bytes of their rows (the
+rule is :class:`~unsee.impl.engines.lineage.LineageBook`'s, shared by every engine).
 """
 
 from __future__ import annotations
@@ -48,7 +50,6 @@ import contextlib
 import ctypes
 import hashlib
 import os
-import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator, Sequence
@@ -58,6 +59,7 @@ import torch
 
 from unsee.impl.engines.decoding import get_scores, pick
 from unsee.impl.engines.lineage import Counters, LineageBook
+from unsee.impl.engines.llamacpp.state import SeqKV
 from unsee.impl.engines.protocol import Determinism
 
 INSTALL_HINT = ("the llama.cpp engine needs llama-cpp-python, an optional extra: "
@@ -103,168 +105,6 @@ def _init_backend(lc) -> None:
 
     _BACKEND["log"] = quiet  # keep the callback alive: llama.cpp holds only its address
     lc.llama_log_set(quiet, ctypes.c_void_p(0))
-
-
-# ------------------------------------------------------------------ KV rows
-
-#: the first word of a sequence state blob (``io_magic`` in llama-context.cpp)
-STATE_MAGIC = 0xAF143CD8
-
-
-@dataclass(frozen=True)
-class SeqKV:
-    """One sequence's KV by position, parsed from its state blob.
-
-    positions   int32 (n,), ascending
-    k, v        per layer: uint8 (n, row_bytes), the row of each position
-                (V un-transposed if the cache stores it transposed)
-    k_types, v_types  ggml type ids per layer (part of the blob and the digest)
-    v_trans     how the context stores V (to write a blob it will read back)
-    v_elem      bytes per V element (for re-transposing)
-
-    Arrays are never written to, so slices are shared safely."""
-
-    positions: np.ndarray
-    k: tuple[np.ndarray, ...]
-    v: tuple[np.ndarray, ...]
-    k_types: tuple[int, ...]
-    v_types: tuple[int, ...]
-    v_trans: bool
-    v_elem: tuple[int, ...]
-
-    @property
-    def n(self) -> int:
-        return int(self.positions.shape[0])
-
-    def head(self, n: int) -> "SeqKV":
-        """The first ``n`` positions (views, no copy)."""
-        keep = int(np.searchsorted(self.positions, n))
-        return SeqKV(self.positions[:keep], tuple(a[:keep] for a in self.k), tuple(a[:keep] for a in self.v),
-                     self.k_types, self.v_types, self.v_trans, self.v_elem)
-
-    def storages(self) -> dict:
-        """Distinct host buffers held: ``{id(buffer): bytes}`` (a shared prefix counts once)."""
-        out: dict = {}
-        for a in (self.positions, *self.k, *self.v):
-            while isinstance(a.base, np.ndarray):
-                a = a.base
-            owner = a if a.base is None else a.base  # an array, or the blob bytes it views
-            out[id(owner)] = memoryview(owner).nbytes
-        return out
-
-    def digest_into(self, h) -> None:
-        """Feed positions and every layer's K and V rows, by position, to ``h``."""
-        order = np.argsort(self.positions, kind="stable")
-        h.update(b"pos:" + np.ascontiguousarray(self.positions[order]).tobytes())
-        for i, (k, t) in enumerate(zip(self.k, self.k_types)):
-            h.update(f"{i}k:{t}:{k.shape[1]};".encode())
-            h.update(np.ascontiguousarray(k[order]).tobytes())
-        for i, (v, t) in enumerate(zip(self.v, self.v_types)):
-            h.update(f"{i}v:{t}:{v.shape[1]};".encode())
-            h.update(np.ascontiguousarray(v[order]).tobytes())
-
-    # The blob layout: llama_context::state_seq_get_data writes u32 magic
-    # (STATE_MAGIC) and i32 seq_id (src/llama-context.cpp), then
-    # llama_kv_cache::state_write (src/llama-kv-cache.cpp; both vendored in
-    # the llama-cpp-python sdist):
-    #   u32 n_stream; per stream: u32 cell_count; if > 0:
-    #     per cell: i32 pos, u32 n_seq_id, i32 seq_id x n_seq_id
-    #     u32 v_trans, u32 n_layer
-    #     per layer: i32 k_type, u64 k_row_bytes, cell_count rows
-    #     v_trans == 0: per layer: i32 v_type, u64 v_row_bytes, cell_count rows
-    #     v_trans == 1: per layer: i32 v_type, u32 v_elem_bytes, u32 n_embd_v,
-    #                   n_embd_v x cell_count elements (one row per channel)
-    # (models with M-RoPE or per-layer n-gram embeddings add a per-cell
-    # extension; parse refuses them rather than misreading.)
-
-    @classmethod
-    def parse(cls, blob: bytes, n_layer: int, v_trans: bool, v_elem: tuple[int, ...] = ()) -> "SeqKV":
-        mv = memoryview(blob)
-        off = 0
-
-        def take(fmt: str):
-            nonlocal off
-            vals = struct.unpack_from("<" + fmt, mv, off)
-            off += struct.calcsize("<" + fmt)
-            return vals
-
-        magic, _seq = take("Ii")
-        if magic != STATE_MAGIC:
-            raise ValueError(f"sequence state magic {magic:#x}, expected {STATE_MAGIC:#x}")
-        (n_stream,) = take("I")
-        if n_stream != 1:
-            raise ValueError(f"sequence state with {n_stream} KV streams; the engine uses one")
-        (cells,) = take("I")
-        if cells == 0:
-            empty = np.zeros((0, 0), dtype=np.uint8)
-            return cls(np.zeros(0, dtype=np.int32), (empty,) * n_layer, (empty,) * n_layer, (-1,) * n_layer,
-                       (-1,) * n_layer, v_trans, v_elem or (0,) * n_layer)
-        positions = np.empty(cells, dtype=np.int32)
-        for i in range(cells):
-            pos, n_seq = take("iI")
-            if n_seq != 1:
-                raise ValueError(f"cell {i}: {n_seq} sequence ids in a one-sequence state")
-            take("i")
-            positions[i] = pos
-        blob_v_trans, layers = take("II")
-        if layers != n_layer or bool(blob_v_trans) != v_trans:
-            raise ValueError(f"state blob has {layers} layers, v_trans={blob_v_trans}; "
-                             f"expected {n_layer}, {int(v_trans)}")
-        buf = np.frombuffer(blob, dtype=np.uint8)
-        ks, kt = [], []
-        for _ in range(layers):
-            t, row = take("iQ")
-            ks.append(buf[off:off + cells * row].reshape(cells, row))
-            kt.append(t)
-            off += cells * row
-        vs, vt, ve = [], [], []
-        for _ in range(layers):
-            if not v_trans:
-                t, row = take("iQ")
-                vs.append(buf[off:off + cells * row].reshape(cells, row))
-                ve.append(0)
-                off += cells * row
-            else:
-                t, el, n_embd = take("iII")
-                block = buf[off:off + n_embd * cells * el].reshape(n_embd, cells, el)
-                # position-major rows: (cells, n_embd * el), a copy (the blob is channel-major)
-                vs.append(np.ascontiguousarray(block.transpose(1, 0, 2)).reshape(cells, n_embd * el))
-                ve.append(el)
-                off += n_embd * cells * el
-            vt.append(t)
-        if off != len(blob):
-            raise ValueError(f"state blob: {len(blob) - off} bytes left unparsed (an unsupported layout)")
-        # order positions ascending (a loaded or cropped cache keeps them so;
-        # sort anyway so that `head` can cut by position)
-        order = np.argsort(positions, kind="stable")
-        if not np.array_equal(order, np.arange(cells)):
-            positions = positions[order]
-            ks = [k[order] for k in ks]
-            vs = [v[order] for v in vs]
-        return cls(positions, tuple(ks), tuple(vs), tuple(kt), tuple(vt), v_trans, tuple(ve))
-
-    def to_blob(self) -> bytes:
-        """The sequence state blob that loads these rows (cells in position order)."""
-        parts = [struct.pack("<IiII", STATE_MAGIC, 0, 1, self.n)]
-        if self.n == 0:
-            return b"".join(parts)
-        meta = np.zeros((self.n, 3), dtype=np.int32)  # pos, n_seq_id = 1, seq_id = 0
-        meta[:, 0] = self.positions
-        meta[:, 1] = 1
-        parts.append(meta.tobytes())
-        parts.append(struct.pack("<II", int(self.v_trans), len(self.k)))
-        for k, t in zip(self.k, self.k_types):
-            parts.append(struct.pack("<iQ", t, k.shape[1]))
-            parts.append(np.ascontiguousarray(k).tobytes())
-        for v, t, el in zip(self.v, self.v_types, self.v_elem):
-            if not self.v_trans:
-                parts.append(struct.pack("<iQ", t, v.shape[1]))
-                parts.append(np.ascontiguousarray(v).tobytes())
-            else:
-                n_embd = v.shape[1] // el
-                parts.append(struct.pack("<iII", t, el, n_embd))
-                parts.append(np.ascontiguousarray(v.reshape(self.n, n_embd, el).transpose(1, 0, 2)).tobytes())
-        return b"".join(parts)
 
 
 # --------------------------------------------------------------- the model
@@ -425,8 +265,13 @@ class _Lineage:
 
 
 class LlamaCppEngine(LineageBook):
-    """Lineages over one :class:`LlamaCppModel`; see the module docstring for
-    the mapping. Implements :class:`unsee.impl.engines.protocol.Engine`."""
+    """The llama.cpp implementation of :class:`unsee.impl.engines.protocol.Engine`:
+    lineages over one :class:`LlamaCppModel`, one resident in the engine's
+    context and the others parked on the host as rows (the module docstring
+    has the mapping), with the verbs prefill, generate (canonicalised; no
+    drafts), crop, share_prefix, clone, drop, digest and logits; the KV
+    budget and pins of :class:`~unsee.impl.engines.lineage.LineageBook`; and a
+    prefix cache that serves nothing. Needs no transformers."""
 
     def __init__(self, lm: LlamaCppModel, kv_budget: int | None = None):
         lc = _llama()
@@ -479,18 +324,6 @@ class LlamaCppEngine(LineageBook):
         rows, which nothing ever writes to: independent both ways."""
         return self.share_prefix(lineage)
 
-    def drop(self, lineage: str) -> None:
-        if lineage in self._evicted:
-            self._evicted.discard(lineage)
-            return
-        self._get(lineage)
-        del self._lineages[lineage]
-        if self._resident == lineage:
-            self._lc.llama_memory_clear(self._mem, True)
-            self._resident = None
-        if self._current == lineage:
-            self._current = None
-
     def length(self, lineage: str | None = None) -> int:
         return len(self._get(lineage).tokens)
 
@@ -517,7 +350,7 @@ class LlamaCppEngine(LineageBook):
         """As :meth:`KVEngine.generate` without drafts (so ``probe``, which
         only acts on a draft, does nothing here, and ``lookup``, which needs
         a bound as a draft does, is refused): decode by the rule of
-        impl/agent/drafts.py on llama.cpp's logits, then replace the decode steps by
+        impl/engines/decoding.py on llama.cpp's logits, then replace the decode steps by
         one prefill of the turn (the canonical chunk a replay redoes)."""
         max_new_tokens = self._check_generate(max_new_tokens, temperature, seed, draft, lookup)  # drafts: off here
         handle = self._need_current()
@@ -600,38 +433,15 @@ class LlamaCppEngine(LineageBook):
         # allocation (n_ctx cells, fixed) is not counted
         return self._storages(handle, park=True)
 
-    def enforce_budget(self) -> None:
-        """As :meth:`KVEngine.enforce_budget`, over the parked rows' buffers."""
-        if self.kv_budget is None:
-            return
-        live = self.live_lineages()
-        live_st: set = set()
-        for handle in live:
-            live_st.update(self._storages(handle))
-        others = sorted((h for h in self._lineages if h not in live), key=lambda h: self._lineages[h].last_used)
-        holders: dict = {}
-        sizes: dict = {}
-        for handle in others:
-            for key, nbytes in self._storages(handle).items():
-                if key not in live_st:
-                    holders[key] = holders.get(key, 0) + 1
-                    sizes[key] = nbytes
-        unpinned = sum(sizes.values())
-        for handle in others:
-            if unpinned <= self.kv_budget:
-                break
-            for key in self._storages(handle):
-                if key in holders:
-                    holders[key] -= 1
-                    if holders[key] == 0:
-                        unpinned -= sizes[key]
-            if handle == self._resident:
-                self._lc.llama_memory_clear(self._mem, True)
-                self._resident = None
-            del self._lineages[handle]
-            self._evicted.add(handle)
-            self.evictions += 1
-        self.peak_unpinned_bytes = max(self.peak_unpinned_bytes, unpinned)
+    def _budget_storages(self, handle: str) -> dict:
+        # without reading the resident lineage out: it is current, never evicted
+        return self._storages(handle)
+
+    def _free_lineage(self, handle: str) -> None:
+        """Empty the context's sequence if ``handle`` is the lineage it holds."""
+        if handle == self._resident:
+            self._lc.llama_memory_clear(self._mem, True)
+            self._resident = None
 
     @contextlib.contextmanager
     def prefix_cache(self, sources: Iterable[str] | None = None) -> Iterator["LlamaCppEngine"]:
@@ -680,7 +490,7 @@ class LlamaCppEngine(LineageBook):
             if handle == self._resident:
                 lin.kv = self._read_seq()
             elif not lin.tokens:
-                lin.kv = SeqKV.parse(struct.pack("<IiII", STATE_MAGIC, 0, 1, 0), self.lm.n_layer, self._v_trans)
+                lin.kv = SeqKV.empty(self.lm.n_layer, self._v_trans)
             else:
                 raise RuntimeError(f"lineage {handle!r} has neither rows nor residency")  # a bug, never input
         return lin.kv
@@ -714,5 +524,5 @@ class LlamaCppEngine(LineageBook):
         del lin.tokens[n:]
 
 
-__all__ = ["INSTALL_HINT", "LlamaCppEngine", "LlamaCppMissingError", "LlamaCppModel", "SeqKV", "available",
+__all__ = ["INSTALL_HINT", "LlamaCppEngine", "LlamaCppMissingError", "LlamaCppModel", "available",
            "load_llamacpp"]

@@ -6,7 +6,7 @@
 Written with the ``gguf`` package the project already depends on.
 
 Its vocabulary is the tiny transformers model's byte tokenizer
-(:class:`unsee.impl.engines.hf.models.ByteTokenizer`: ids 0..255 are bytes, then
+(:class:`unsee.impl.engines.files.ByteTokenizer`: ids 0..255 are bytes, then
 ``<|endoftext|>``, ``<|im_start|>``, ``<|im_end|>``). llama.cpp needs a
 vocabulary to load a model, so the file carries one in SentencePiece form
 (byte tokens named ``<0xNN>``), but the engine tokenises with
