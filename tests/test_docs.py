@@ -163,7 +163,13 @@ def get_source_files() -> list[Path]:
 def resolve_bare(name: str) -> bool:
     """Whether ``Name`` or ``Class.member`` is defined in some source file of the project."""
     parts = name.split(".")
-    return any(has_attribute(path, parts) for path in get_source_files())
+    if any(has_attribute(path, parts) for path in get_source_files()):
+        return True
+    # a member a public class inherits (AgentRuntime.forget comes from its Algorithm 1 mixin)
+    import unsee
+
+    owner = getattr(unsee, parts[0], None) if parts[0] in unsee.__all__ else None
+    return owner is not None and len(parts) == 2 and hasattr(owner, parts[1])
 
 
 def find_file(name: str) -> Path | None:
