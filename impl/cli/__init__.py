@@ -1,0 +1,4 @@
+"""The ``unsee`` command: ``main`` dispatches through one table to one function
+per subcommand (``run``, ``stored``: forget/show/verify, ``demo``, ``evaluate``:
+eval/conform); ``parser`` and ``options`` build the arguments, one spelling per
+concept; ``exits`` is the one exit-code table."""
