@@ -1,4 +1,24 @@
-"""Hypothesis settings profiles, chosen by the UNSEE_PROFILE variable.
+"""The suite's order and the Hypothesis settings profiles.
+
+Order: fast, specific checks first. Collected tests run in four tiers, each
+in pytest's own order, so that a bug in one subsystem fails that subsystem's
+quick check within seconds, before the slow end-to-end runs start:
+
+- tier 0, structure and the pure spec: the architecture and API tests, the
+  spec's properties (``properties/prop_spec*.py``) and the z3 proofs;
+- tier 1, fast unit checks per subsystem: the engine verbs on every engine,
+  the KV engine and budget eviction, the episode format and the runtime,
+  the hostile-schema property and verify's rebuild, the AgentDojo attack
+  span, metrics and stats;
+- tier 2, everything not named here;
+- tier 3, slow end-to-end runs: SmolLM2 (the ``smollm2`` marker), the
+  evaluation runs, concurrency and crash windows, the paper tables, and the
+  benches.
+
+:data:`TIERS` lists tiers 0, 1 and 3 by node-id prefix; a test marked
+``smollm2`` is tier 3 wherever it sits.
+
+Hypothesis profiles, chosen by the UNSEE_PROFILE variable:
 
 - ``ci``: bounded and deterministic (derandomized), the default under CI=true;
 - ``dev``: the default on a workstation, same bounds but randomized;
@@ -34,10 +54,38 @@ _default = "ci" if os.environ.get("CI") else "dev"
 settings.load_profile(os.environ.get("UNSEE_PROFILE", _default))
 
 
-#: Collected first: the engine-level properties are fast and name the verb
-#: that broke, so a broken engine fails in seconds, before any episode runs.
-FIRST = "properties/prop_engine_verbs.py"
+#: Node-id prefixes of tiers 0, 1 and 3 (see the module docstring); the rest
+#: is tier 2. Tier 1 is grouped here by subsystem; it runs in pytest's order.
+TIERS: dict[int, tuple[str, ...]] = {
+    0: ("tests/test_architecture.py", "tests/test_api.py", "properties/prop_spec", "proofs/"),
+    1: (
+        # engines: every verb on every engine (names the verb that broke), the KV engine, budget eviction
+        "properties/prop_engine_verbs.py", "tests/test_kv.py", "tests/test_kv_engine.py",
+        "tests/test_runtime_budget.py", "tests/test_llamacpp.py",
+        # agent: the episode format, the runtime
+        "tests/test_episode_format.py", "tests/test_runtime.py",
+        # store: the hostile-schema property, verify's rebuild
+        "properties/prop_store_hostile.py", "tests/test_verify.py",
+        # eval: the AgentDojo attack span, metrics and stats
+        "tests/test_suites_agentdojo.py", "tests/test_metrics_stats.py",
+    ),
+    3: (
+        "properties/prop_impl_smollm2.py", "tests/test_eval.py", "tests/test_concurrency.py",
+        "tests/test_residue_window.py", "tests/test_bench_paper.py", "bench/",
+    ),
+}
+
+
+def get_tier(nodeid: str, is_smollm2: bool) -> int:
+    """The tier of a test (its node id and whether it is marked ``smollm2``)."""
+    if is_smollm2:
+        return 3
+    for tier, prefixes in TIERS.items():
+        if nodeid.startswith(prefixes):
+            return tier
+    return 2
 
 
 def pytest_collection_modifyitems(session, config, items):
-    items.sort(key=lambda item: not item.nodeid.startswith(FIRST))  # stable: the rest keep their order
+    # sort is stable: inside a tier, pytest's own order stays
+    items.sort(key=lambda item: get_tier(item.nodeid, item.get_closest_marker("smollm2") is not None))
