@@ -1,4 +1,27 @@
-"""Hypothesis settings profiles, chosen by the UNSEE_PROFILE variable.
+"""The suite's order and the Hypothesis settings profiles.
+
+Order: fast, specific checks first. Collected tests run in four tiers, so
+that a bug in one subsystem fails that subsystem's quick check within
+seconds, before the slow end-to-end runs start:
+
+- tier 0, structure and the pure spec: the architecture and API tests, the
+  spec's properties (``properties/prop_spec*.py``) and the z3 proofs;
+- tier 1, fast unit checks per subsystem: the engine verbs on every engine,
+  the KV engine and budget eviction, the hostile-schema property, verify's
+  rebuild, the AgentDojo attack span, then the episode format, the runtime,
+  metrics and stats;
+- tier 2, everything not named in :data:`TIERS`;
+- tier 3, slow end-to-end runs: SmolLM2 (the ``smollm2`` marker), the
+  evaluation runs, concurrency and crash windows, the paper tables, the
+  subprocess memory check, and the benches.
+
+:data:`TIERS` names the tests of tiers 0, 1 and 3 by node-id prefix; the
+longest prefix that matches decides, and a test marked ``smollm2`` is tier 3
+wherever it sits. Inside a tier the entries run in the listed order (the
+seeded-bug checks of issue 19 first in tier 1), each entry's tests, and all
+of tier 2, in pytest's own order.
+
+Hypothesis profiles, chosen by the UNSEE_PROFILE variable:
 
 - ``ci``: bounded and deterministic (derandomized), the default under CI=true;
 - ``dev``: the default on a workstation, same bounds but randomized;
@@ -34,10 +57,42 @@ _default = "ci" if os.environ.get("CI") else "dev"
 settings.load_profile(os.environ.get("UNSEE_PROFILE", _default))
 
 
-#: Collected first: the engine-level properties are fast and name the verb
-#: that broke, so a broken engine fails in seconds, before any episode runs.
-FIRST = "properties/prop_engine_verbs.py"
+#: Node-id prefixes of tiers 0, 1 and 3, in their run order (see the module
+#: docstring); the rest is tier 2.
+TIERS: dict[int, tuple[str, ...]] = {
+    0: ("tests/test_architecture.py", "tests/test_api.py", "properties/prop_spec", "proofs/"),
+    1: (
+        # engines: every verb on every engine (names the verb that broke), then budget eviction
+        "properties/prop_engine_verbs.py", "tests/test_kv_engine.py", "tests/test_runtime_budget.py",
+        # store: the hostile-schema property, verify's rebuild
+        "properties/prop_store_hostile.py", "tests/test_verify.py",
+        # eval: the AgentDojo attack span
+        "tests/test_suites_agentdojo.py",
+        # the other fast unit checks: KV engine, llama.cpp parts, episode format, runtime, metrics and stats
+        "tests/test_kv.py", "tests/test_llamacpp.py", "tests/test_episode_format.py", "tests/test_runtime.py",
+        "tests/test_metrics_stats.py",
+    ),
+    3: (
+        "tests/test_kv_engine.py::test_engine_keeps_freed_host_memory_for_reuse",  # two torch subprocesses
+        "properties/prop_impl_smollm2.py", "tests/test_eval.py", "tests/test_concurrency.py",
+        "tests/test_residue_window.py", "tests/test_bench_paper.py", "bench/",
+    ),
+}
+
+
+def get_run_order(nodeid: str, is_smollm2: bool) -> tuple[int, int]:
+    """``(tier, entry)`` of a test: the tier and the place in it of the longest
+    :data:`TIERS` prefix of its node id; tier 2 without one, tier 3 if marked ``smollm2``."""
+    if is_smollm2:
+        return (3, 0)
+    matches = [(len(prefix), tier, entry) for tier, prefixes in TIERS.items()
+               for entry, prefix in enumerate(prefixes) if nodeid.startswith(prefix)]
+    if not matches:
+        return (2, 0)
+    _, tier, entry = max(matches)
+    return (tier, entry)
 
 
 def pytest_collection_modifyitems(session, config, items):
-    items.sort(key=lambda item: not item.nodeid.startswith(FIRST))  # stable: the rest keep their order
+    # sort is stable: tests with one (tier, entry) keep pytest's order
+    items.sort(key=lambda item: get_run_order(item.nodeid, item.get_closest_marker("smollm2") is not None))

@@ -9,8 +9,11 @@ properties run on ``tiny`` and, where llama-cpp-python is installed,
 ``tiny`` and ``prop_impl_engines.py`` on the others
 (:func:`other_engine_names`).
 
-Models are loaded once per process and name; :func:`make_engine` builds a
-fresh engine on one for every example, so nothing leaks between examples.
+This is the properties' (and the tests') one place that builds engines for
+a test, through :mod:`unsee.impl.engines.registry`: :func:`get_model` loads
+a model once per process, name and options; :func:`make_engine` builds a
+fresh engine on it for every example, so nothing leaks between examples.
+``tests/conftest.py`` and ``properties/conftest.py`` wrap these as fixtures.
 A name whose extra is missing fails with the install hint, never skips
 silently, when ``UNSEE_ENGINE`` asked for it.
 """
@@ -21,7 +24,8 @@ import functools
 import os
 
 from unsee.impl.engines.protocol import Engine
-from unsee.impl.engines.registry import ENGINE_NAMES
+from unsee.impl.engines.registry import ENGINE_NAMES, load_model_for, parse_engine_name
+from unsee.impl.engines.registry import make_engine as make_engine_over
 
 
 def _requested() -> list[str] | None:
@@ -60,22 +64,20 @@ def other_engine_names() -> list[str]:
 
 
 @functools.cache
-def _model(name: str):
-    if name.startswith("llamacpp"):
-        from unsee.impl.engines.llamacpp.engine import load_llamacpp
+def get_model(name: str, **options):
+    """The loaded model of ``name``, once per process, name and options.
 
-        return load_llamacpp("tiny" if name == "llamacpp-tiny" else "smollm2", threads=1, n_ctx=4096)
-    from unsee.impl.engines.hf.models import load_model
+    ``name`` is a one-word engine name (:data:`ENGINE_NAMES`) or another
+    transformers model (``tiny-ties``, a path); ``options`` go to the
+    backend's loader (``dtype``, ``device``; ``threads``, ``n_ctx``). The
+    llama.cpp models run on one thread with a 4,096-token context unless
+    ``options`` say otherwise."""
+    backend, model = parse_engine_name(name) if name in ENGINE_NAMES else ("transformers", name)
+    if backend == "llamacpp":
+        options = {"threads": 1, "n_ctx": 4096} | options
+    return load_model_for(backend, model, **options)
 
-    return load_model(name)
 
-
-def make_engine(name: str, kv_budget: int | None = None) -> Engine:
-    """A fresh engine of kind ``name`` (the model is loaded once)."""
-    if name.startswith("llamacpp"):
-        from unsee.impl.engines.llamacpp.engine import LlamaCppEngine
-
-        return LlamaCppEngine(_model(name), kv_budget=kv_budget)
-    from unsee.impl.engines.hf.engine import KVEngine
-
-    return KVEngine(_model(name), kv_budget=kv_budget)
+def make_engine(name: str, kv_budget: int | None = None, **options) -> Engine:
+    """A fresh engine of kind ``name`` over its shared model (:func:`get_model`)."""
+    return make_engine_over(get_model(name, **options), kv_budget)

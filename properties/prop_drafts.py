@@ -44,26 +44,22 @@ from unsee.impl.agent.episode import parse_episode
 from unsee.impl.agent.runtime import AgentRuntime
 from unsee.impl.conform.episodes import episodes, indep_episodes, scaled
 from unsee.impl.engines.hf.engine import KVEngine
-from unsee.impl.engines.hf.models import load_model
 from unsee.properties.differential import (
     compare_forget_with_reset,
     compare_replay_with_and_without_drafts,
     describe_episode,
     engine_scope,
     run_episode,
-    torch_threads,
 )
+from unsee.properties.engines import make_engine
 
 
 @functools.cache
 def get_engine(name: str) -> KVEngine:
-    return KVEngine(load_model(name))
+    return make_engine(name)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def single_thread():
-    with torch_threads(1):
-        yield
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 #: Episodes with enough model work after the target for drafts to matter.

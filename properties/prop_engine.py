@@ -18,21 +18,17 @@ between examples.
 
 from __future__ import annotations
 
-import functools
-
 import pytest
 from hypothesis import event, example, given
 from hypothesis import strategies as st
 
 from unsee.impl.agent.episode import parse_episode
 from unsee.impl.conform.episodes import episodes, get_coverage_labels, scaled
-from unsee.impl.engines.hf.engine import KVEngine
-from unsee.impl.engines.hf.models import LoadedModel, load_model
 from unsee.properties.differential import (
     compare_forget_with_reset_under_budget,
     compare_prefix_cache_reset_with_reset,
-    torch_threads,
 )
+from unsee.properties.engines import make_engine
 
 #: An upper end for drawn budgets: about the KV of 400 tokens of the tiny
 #: model (2 layers x K,V x 2 heads x 16 dims x 4 bytes = 512 bytes a token),
@@ -40,15 +36,7 @@ from unsee.properties.differential import (
 MAX_BUDGET = 200_000
 
 
-@functools.cache
-def tiny_model() -> LoadedModel:
-    return load_model("tiny")
-
-
-@pytest.fixture(scope="module", autouse=True)
-def single_thread():
-    with torch_threads(1):
-        yield
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def kv_budgets() -> st.SearchStrategy[int | None]:
@@ -78,7 +66,7 @@ BEFORE_TWO_COMPACTIONS = episode_of({
 def test_splice_equals_counterfactual_under_kv_budget(episode, budget):
     for label in get_coverage_labels(episode):
         event(label)
-    engine = KVEngine(tiny_model(), kv_budget=budget)
+    engine = make_engine("tiny", kv_budget=budget)
     report = compare_forget_with_reset_under_budget(engine, episode)
     event("budget=0" if budget == 0 else ("no budget" if budget is None else "budget>0"))
     event("forget rebuilt an evicted lineage" if report.rebuilt_tokens else "no rebuild")
@@ -90,6 +78,6 @@ def test_splice_equals_counterfactual_under_kv_budget(episode, budget):
 def test_reset_prefix_cache_equals_reset(episode, budget):
     for label in get_coverage_labels(episode):
         event(label)
-    engine = KVEngine(tiny_model(), kv_budget=budget)
+    engine = make_engine("tiny", kv_budget=budget)
     result = compare_prefix_cache_reset_with_reset(engine, episode)
     event("B5' reused tokens" if result.reused_tokens else "B5' reused nothing")

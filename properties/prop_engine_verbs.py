@@ -33,7 +33,6 @@ from hypothesis import strategies as st
 
 from unsee.impl.conform.episodes import scaled
 from unsee.impl.engines.decoding import get_scores, pick
-from unsee.properties.differential import torch_threads
 from unsee.properties.engines import make_engine, verb_engine_names
 
 #: Token ids are drawn below 256: valid in every engine's vocabulary (the
@@ -41,10 +40,7 @@ from unsee.properties.engines import make_engine, verb_engine_names
 TOKEN_IDS = st.integers(0, 255)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def single_thread():
-    with torch_threads(1):
-        yield
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 #: every test runs once per engine

@@ -37,9 +37,9 @@ from unsee.impl.conform.episodes import (
     secrets,
 )
 from unsee.impl.engines.hf.engine import KVEngine
-from unsee.impl.engines.hf.models import load_model
 from unsee.impl.util.text import get_variants, normalize
-from unsee.properties.differential import compare_forget_with_reset, engine_scope, torch_threads
+from unsee.properties.differential import compare_forget_with_reset, engine_scope
+from unsee.properties.engines import make_engine
 
 
 @given(raw=st.one_of(episode_jsons(secrets=secrets() | rare_secrets(), framed=True), episode_jsons(),
@@ -76,16 +76,13 @@ def test_indep_is_exact(data, indep):
             assert all(normalize(episode.target.value) not in normalize(i.text) for i in step.items)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def single_thread():
-    """One torch thread for the model calls (the properties' convention)."""
-    with torch_threads(1):
-        yield
+#: One torch thread for the model calls (the properties' convention, properties/conftest.py).
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @functools.cache
 def tiny_engine() -> KVEngine:
-    return KVEngine(load_model("tiny"))
+    return make_engine("tiny")
 
 
 ALL_INDEPENDENT = parse_episode({

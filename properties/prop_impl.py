@@ -79,7 +79,6 @@ from unsee.impl.conform.episodes import (
     texts,
 )
 from unsee.impl.engines.hf.engine import KVEngine
-from unsee.impl.engines.hf.models import load_model
 from unsee.properties.differential import (
     check_agreement,
     compare_forget_with_counterfactual,
@@ -93,7 +92,6 @@ from unsee.properties.differential import (
     engine_scope,
     get_counterfactual_steps,
     run_episode,
-    torch_threads,
 )
 from unsee.properties.engines import make_engine
 
@@ -103,7 +101,7 @@ def tiny_engine() -> KVEngine:
     """One engine per module (loading the tiny model is cheap, but once is enough).
     Runtimes are never shared between examples: each builds its own in an
     :func:`engine_scope` that drops its caches afterwards."""
-    return KVEngine(load_model("tiny"))
+    return make_engine("tiny")
 
 
 @functools.cache
@@ -112,11 +110,8 @@ def engine_for(name: str):
     return make_engine(name)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def single_thread():
-    """This module's model calls run on one thread (see :func:`torch_threads`)."""
-    with torch_threads(1):
-        yield
+#: This module's model calls run on one thread (properties/conftest.py, :func:`torch_threads`).
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def note_coverage(episode) -> None:

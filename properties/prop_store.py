@@ -52,7 +52,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 from hypothesis import HealthCheck, assume, given, note, settings
 from hypothesis import strategies as st
 
@@ -74,27 +73,16 @@ from unsee.impl.agent.runtime import END, START, AgentRuntime, AmbiguousTargetEr
 from unsee.impl.conform.episodes import TARGET, texts
 from unsee.impl.conform.episodes import episode_jsons as shared_episode_jsons
 from unsee.impl.conform.episodes import rare_secrets as secrets  # the store's targets: values no other text holds
-from unsee.impl.engines.hf.engine import KVEngine
-from unsee.impl.engines.hf.models import load_model
 from unsee.impl.store.session import PersistentSession
 from unsee.impl.store.sqlite import find_residue, session_files
 from unsee.impl.util.text import normalize
+from unsee.properties.engines import get_model, make_engine
 
 # --- set-up ------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """One torch thread (the store tests' convention, see tests/test_store.py)."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
-@functools.cache
-def tiny():
-    return load_model("tiny")
+#: One torch thread (the store tests' convention, see tests/test_store.py; properties/conftest.py).
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def budget(fraction: float, floor: int) -> settings:
@@ -145,7 +133,7 @@ class ExtractiveRuntime(AgentRuntime):
 
 
 def start(cls: type[AgentRuntime], episode: Episode) -> AgentRuntime:
-    runtime = cls.start(KVEngine(tiny()), episode.system, episode.settings)
+    runtime = cls.start(make_engine("tiny"), episode.system, episode.settings)
     runtime.run(episode.steps)
     return runtime
 
@@ -166,7 +154,7 @@ def test_forget_leaves_no_residue(raw, extractive):
     episode = parse_episode(raw)
     secret = episode.target.value
     runtime = start(ExtractiveRuntime if extractive else AgentRuntime, episode)
-    encode = tiny().encode
+    encode = get_model("tiny").encode
     path = scratch() / "s.db"
     with PersistentSession.create(path, runtime) as session:
         assert find_residue([path], secret, encode), "the scan must see the value before the forget"
@@ -218,7 +206,7 @@ def test_two_forgets_equal_reset_and_many(raw, data):
     path = scratch() / "s.db"
     with PersistentSession.create(path, runtime) as session:
         session.forget(first)
-    with PersistentSession.open(path, KVEngine(tiny())) as session:  # reopened between the two
+    with PersistentSession.open(path, make_engine("tiny")) as session:  # reopened between the two
         session.forget(second)
         assert session.digest() == reset.digest() == many.digest()
         assert session.store.get_summary()["forgotten"] == [first, second]

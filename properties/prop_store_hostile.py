@@ -22,33 +22,21 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-import torch
 from hypothesis import HealthCheck, example, given, note, settings
 from hypothesis import strategies as st
 
 from unsee.impl.agent.episode import FORMAT, VERSION, parse_episode
 from unsee.impl.agent.runtime import AgentRuntime
-from unsee.impl.engines.hf.engine import KVEngine
-from unsee.impl.engines.hf.models import load_model
 from unsee.impl.store import sqlite as store_mod
 from unsee.impl.store.session import PersistentSession
 from unsee.impl.store.sqlite import SessionStore, StoreError, session_files
 from unsee.impl.store.verify import FAILED, VERIFIED, verify_store
+from unsee.properties.engines import make_engine
 
 HOSTILE: Counter = Counter()  # kinds tried, printed at the end
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
-@functools.cache
-def tiny():
-    return load_model("tiny")
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 EPISODE = {
@@ -63,7 +51,7 @@ EPISODE = {
 @functools.cache
 def honest() -> Path:
     path = Path(tempfile.mkdtemp(prefix="unsee-hostile-")) / "honest.db"
-    runtime = AgentRuntime.from_episode(KVEngine(tiny()), parse_episode(EPISODE))
+    runtime = AgentRuntime.from_episode(make_engine("tiny"), parse_episode(EPISODE))
     with PersistentSession.create(path, runtime) as session:
         session.forget("z")
     return path
@@ -194,7 +182,7 @@ def attempt(path: Path) -> str:
     """Open and load as ``unsee`` would; the StoreError's message, or '' if accepted."""
     try:
         with SessionStore.open(path) as store:
-            store.load(KVEngine(tiny()))
+            store.load(make_engine("tiny"))
     except StoreError as exc:
         return str(exc)
     return ""
@@ -249,7 +237,7 @@ def test_schema_check_is_what_stops_a_planted_trigger(monkeypatch, tmp_path):
     plant(path, "trigger", 'CREATE TRIGGER "t" AFTER DELETE ON items BEGIN INSERT INTO canary VALUES (1); END')
     assert "unexpected trigger 't'" in attempt(path)
     monkeypatch.setattr(store_mod, "check_schema", lambda conn, path: None)
-    with PersistentSession.open(path, KVEngine(tiny())) as session:
+    with PersistentSession.open(path, make_engine("tiny")) as session:
         session.forget("f2.a")
     with sqlite3.connect(path) as conn:
         assert conn.execute("SELECT count(*) FROM canary").fetchone()[0] > 0  # it fired
@@ -275,7 +263,7 @@ def test_sql_and_path_like_source_ids_are_data(target, tmp_path):
     path = tmp_path / "s.db"
     for i, s in enumerate(steps):
         s["id"] = f"u{i}"
-    runtime = AgentRuntime.from_episode(KVEngine(tiny()), parse_episode(raw))
+    runtime = AgentRuntime.from_episode(make_engine("tiny"), parse_episode(raw))
     listing = sorted(p.name for p in tmp_path.iterdir())
     with PersistentSession.create(path, runtime) as session:
         session.forget(target)

@@ -30,7 +30,6 @@ from pathlib import Path
 
 import attrs
 import pytest
-import torch
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
@@ -55,12 +54,7 @@ from unsee.properties.prop_tools import (
 TOTALS: Counter = Counter()
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 class Boundary:

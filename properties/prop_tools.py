@@ -42,30 +42,23 @@ from collections import Counter
 
 import attrs
 import pytest
-import torch
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from unsee.impl.agent.checkpoints import CHECKPOINT_POLICIES
 from unsee.impl.agent.episode import Episode, Item, Settings, Step
 from unsee.impl.agent.tools import READ_MODES, Environment, Tool, ToolAgentRuntime, default_tools, result_source
-from unsee.impl.engines.hf.engine import KVEngine
-from unsee.impl.engines.hf.models import load_model
+from unsee.properties.engines import make_engine
 
-ENGINE = KVEngine(load_model("tiny"))  # loaded once per module
+ENGINE = make_engine("tiny")  # one engine per module
 
 
-@pytest.fixture(scope="module", autouse=True)
-def single_thread():
-    """One intra-op thread for this module's model calls, restored after.
-
-    The tiny model gains nothing from threads, and on a shared 2-core
-    machine OpenMP's spinning workers made examples 10-100x slower. Every
-    comparison runs both sides inside one example, under one thread count."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+#: One intra-op thread for this module's model calls, restored after
+#: (properties/conftest.py). The tiny model gains nothing from threads, and on
+#: a shared 2-core machine OpenMP's spinning workers made examples 10-100x
+#: slower. Every comparison runs both sides inside one example, under one
+#: thread count.
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 ADDRESSES = ("ann@a.test", "bob@b.test", "eve@evil.test")
 INITIAL = {"k0": "contact bob@b.test", "k1": "see eve@evil.test", "k2": "nothing"}

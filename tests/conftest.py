@@ -1,4 +1,20 @@
-"""Fixtures shared by the store's process tests."""
+"""Fixtures shared by the tests: thread count, models and engines, the store's zygote.
+
+- ``one_thread`` (module): torch on one intra-op thread for the module, then
+  the count before; a module that needs it throughout says
+  ``pytestmark = pytest.mark.usefixtures("one_thread")``.
+- ``tiny_model`` (session): the tiny model, loaded once.
+- ``lm`` (module): the tiny model, with the module on one thread (the name
+  most test files use for it).
+- ``tiny_engine``: a fresh engine over the shared tiny model, per test.
+- ``engine_factory`` (session): ``engine_factory(model="tiny", kv_budget=None,
+  **options)``, a fresh engine over a shared model of another name
+  (``tiny-ties``, ``smollm2``, ``llamacpp-tiny``), budget or dtype.
+
+Engines are built by :mod:`unsee.properties.engines` through the registry
+(:mod:`unsee.impl.engines.registry`), never by hand. Subprocess children
+(``store_child.py``, ``concurrency_child.py``) set their own threads.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +24,44 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from unsee.impl.engines.registry import make_engine
+from unsee.properties import engines
+from unsee.properties.differential import torch_threads
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """torch on one intra-op thread for the module, then the count before:
+    on a shared 2-core machine OpenMP's spinning workers slow the tiny model
+    10-100x (see :func:`~unsee.properties.differential.torch_threads`)."""
+    with torch_threads(1):
+        yield
+
+
+@pytest.fixture(scope="session")
+def tiny_model():
+    """The tiny model (CPU, fp32), loaded once for the session."""
+    return engines.get_model("tiny")
+
+
+@pytest.fixture(scope="module")
+def lm(one_thread, tiny_model):
+    """The tiny model, with this module's torch on one thread."""
+    return tiny_model
+
+
+@pytest.fixture
+def tiny_engine(lm):
+    """A fresh engine over the shared tiny model, on one thread."""
+    return make_engine(lm)
+
+
+@pytest.fixture(scope="session")
+def engine_factory():
+    """``build(model="tiny", kv_budget=None, **options)``: a fresh engine over
+    a shared model of that name and options (:func:`unsee.properties.engines.make_engine`)."""
+    return engines.make_engine
 
 
 @pytest.fixture(scope="session")

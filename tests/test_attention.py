@@ -8,8 +8,7 @@ from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaAttention, eager_attention_forward
 
 from unsee.impl.engines.hf import adapter
-from unsee.impl.engines.hf.engine import KVEngine
-from unsee.impl.engines.hf.models import load_model
+from unsee.impl.engines.registry import make_engine
 
 
 def get_attention_module(heads: int, kv_heads: int) -> LlamaAttention:
@@ -52,7 +51,7 @@ def test_grouped_attention_gives_eager_bits(monkeypatch, dtype, heads, kv_heads)
 
 
 def run_episode(lm) -> tuple[str, list[int]]:
-    engine = KVEngine(lm)
+    engine = make_engine(lm)
     engine.new_lineage()
     ids = lm.encode("the grouped heads must not change a single bit " * 3)
     for i in range(0, len(ids), 16):
@@ -61,8 +60,8 @@ def run_episode(lm) -> tuple[str, list[int]]:
     return engine.digest(), out
 
 
-def test_models_load_with_grouped_attention_and_keep_eager_bits(monkeypatch):
-    lm = load_model("tiny")  # 4 query heads over 2 key/value heads
+def test_models_load_with_grouped_attention_and_keep_eager_bits(monkeypatch, tiny_model):
+    lm = tiny_model  # 4 query heads over 2 key/value heads
     assert lm.model.config._attn_implementation == adapter.ATTN_IMPLEMENTATION == "unsee_eager"
     monkeypatch.setattr(adapter, "GROUPED_ATTENTION_FROM", 10**9)  # the model's eager function throughout
     eager = run_episode(lm)

@@ -15,20 +15,16 @@ from unsee.impl.agent.episode import parse_episode
 from unsee.impl.agent.runtime import AgentRuntime, render_memory
 from unsee.impl.conform.episodes import episodes, scaled
 from unsee.impl.engines.hf.engine import KVEngine
-from unsee.impl.engines.hf.models import load_model
 from unsee.impl.methods.baselines import METHODS
-from unsee.properties.differential import engine_scope, torch_threads
+from unsee.properties.differential import engine_scope
+from unsee.properties.engines import make_engine
 
-
-@pytest.fixture(scope="module", autouse=True)
-def single_thread():
-    with torch_threads(1):
-        yield
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @functools.cache
 def tiny_engine() -> KVEngine:
-    return KVEngine(load_model("tiny"))
+    return make_engine("tiny")
 
 
 def episode(steps: list[dict], policy: str = "every_turn", max_new_tokens: int = 3):

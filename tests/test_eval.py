@@ -81,8 +81,7 @@ CASES = (memory_case, tool_case, behavioral_case)
 
 
 @pytest.fixture(scope="module")
-def engine():
-    torch.set_num_threads(1)
+def engine(one_thread):
     return load_engine(EvalConfig(model="tiny"))
 
 
@@ -295,13 +294,12 @@ def test_workers_record_their_thread_count(tmp_path):
     assert len(read_rows(tmp_path / ROWS_FILE)) == 6
 
 
-def test_generated_suites(tmp_path):
+def test_generated_suites(tmp_path, one_thread):
     """The CI smoke: n = 2 of each generated suite and one AgentDojo pair, every
     method and audit, through the CLI, and a report from that run."""
     if not hasattr(suites, "generate_suite"):
         pytest.skip("impl/eval/suites.py has no generate_suite in this build (issue 10 item 1, another branch); "
                     "the hand-built cases above cover the pipeline until it is merged")
-    torch.set_num_threads(1)  # two threads on two shared cores cost more than they give
     out = tmp_path / "smoke"
     # short probe answers keep it to minutes on two loaded cores; every audit still runs
     smoke = ["--model", "tiny", "--turn-tokens", "4", "--probe-tokens", "4", "--out", str(out), "--quiet"]

@@ -14,7 +14,7 @@ from unsee.impl.agent.runtime import AgentRuntime
 from unsee.impl.agent.tools import ToolAgentRuntime
 from unsee.impl.engines.hf import adapter
 from unsee.impl.engines.hf.engine import KVEngine
-from unsee.impl.engines.hf.models import load_model
+from unsee.impl.engines.registry import make_engine
 from unsee.impl.eval.suites import TOOL_SINKS, get_suite_tools
 from unsee.impl.methods.baselines import (
     METHODS,
@@ -26,14 +26,6 @@ from unsee.impl.methods.baselines import (
 )
 
 SECRET = "The host lives at 4417 Elm Street."
-
-
-@pytest.fixture(scope="module")
-def lm():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield load_model("tiny")
-    torch.set_num_threads(previous)
 
 
 def kv(engine: KVEngine, lineage: str) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -56,7 +48,7 @@ def test_methods_name_the_ablation():
 
 
 def test_span_excision_cuts_only_the_target_tokens_and_keeps_the_suffix_kv(lm):
-    engine = KVEngine(lm)
+    engine = make_engine(lm)
     ep = episode(user("u1", "hi"),
                  Step("t2", "tool", (Item("venues", "Venues: Rosa's."), Item("addr", SECRET)), "fetch"),
                  user("u3", "where is the party?"),
@@ -83,7 +75,7 @@ def test_span_excision_cuts_only_the_target_tokens_and_keeps_the_suffix_kv(lm):
 
 
 def test_span_excision_reaches_reinjected_memory_and_drops_the_record(lm):
-    engine = KVEngine(lm)
+    engine = make_engine(lm)
     ep = episode(Step("m1", "memory", (Item("pet", "Dog: Mochi."), Item("home", SECRET))), user("u2", "hello"),
                  Step("s3", "session"), user("u4", "where do I live?"))
     base = AgentRuntime.from_episode(engine, ep)
@@ -98,7 +90,7 @@ def test_span_excision_reaches_reinjected_memory_and_drops_the_record(lm):
 def test_span_excision_cannot_reach_a_compacted_target(lm):
     """After a compaction only the summary (a derived artifact) is live:
     span-only excision has nothing to cut, the KV is the base's."""
-    engine = KVEngine(lm)
+    engine = make_engine(lm)
     ep = episode(Step("t1", "tool", (Item("addr", SECRET),), "fetch"), Step("c2", "compact"), user("u3", "hi"))
     base = AgentRuntime.from_episode(engine, ep)
     out, _ = apply_method(base, "span-excision", "addr")
@@ -116,7 +108,7 @@ def test_token_span_is_the_item_on_a_byte_tokenizer(lm, before, item, after):
 
 
 def test_engine_excise_refuses_bad_spans(lm):
-    engine = KVEngine(lm)
+    engine = make_engine(lm)
     engine.new_lineage()
     engine.prefill(lm.encode("hello there"))
     for start, end in ((-1, 2), (3, 2), (0, 99), ("a", 2)):
@@ -136,7 +128,7 @@ def tool_episode(target_first: bool = True) -> Episode:
 
 
 def test_ifc_blocks_identifier_sinks_of_tainted_plans_and_lets_free_text_pass(lm):
-    base = ToolAgentRuntime.from_episode(KVEngine(lm), tool_episode(), tools=get_suite_tools())
+    base = ToolAgentRuntime.from_episode(make_engine(lm), tool_episode(), tools=get_suite_tools())
     out, b8 = apply_method(base, "ifc", "contact.email", sinks=TOOL_SINKS)
     assert b8.blocked_args == (("p2/plan", "to"),) and b8.blocked_plans == ("p2/plan",)  # body (free text) passes
     assert out.digest() == apply_method(base, "none", "contact.email")[1].digest  # no state cleanup
@@ -151,12 +143,12 @@ def test_ifc_blocks_identifier_sinks_of_tainted_plans_and_lets_free_text_pass(lm
 
 
 def test_ifc_leaves_plans_made_before_the_target_alone(lm):
-    base = ToolAgentRuntime.from_episode(KVEngine(lm), tool_episode(target_first=False), tools=get_suite_tools())
+    base = ToolAgentRuntime.from_episode(make_engine(lm), tool_episode(target_first=False), tools=get_suite_tools())
     _, b8 = apply_method(base, "ifc", "contact.email", sinks=TOOL_SINKS)
     assert b8.blocked_args == ()
 
 
 def test_plan_arguments_are_parsed_without_a_tool_layer(lm):
-    base = AgentRuntime.from_episode(KVEngine(lm), tool_episode())
+    base = AgentRuntime.from_episode(make_engine(lm), tool_episode())
     args = get_plan_arguments(base, {"send_message": ("to", "body")})
     assert set(args["p2/plan"]) == {"to", "body"}

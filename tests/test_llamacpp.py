@@ -43,9 +43,8 @@ def test_tiny_gguf_is_a_pure_function_of_its_seed(tmp_path):
 
 
 @pytest.fixture(scope="module", params=[True, False], ids=["flash-attn", "v-transposed"])
-def engine(request):
-    return llamacpp.LlamaCppEngine(llamacpp.load_llamacpp("tiny", threads=1, n_ctx=256,
-                                                          flash_attn=request.param))
+def engine(request, engine_factory):
+    return engine_factory("llamacpp-tiny", n_ctx=256, flash_attn=request.param)
 
 
 @needs_llamacpp

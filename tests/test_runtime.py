@@ -10,17 +10,16 @@ import pytest
 from unsee.impl.agent.episode import OBSERVED_KINDS, parse_episode
 from unsee.impl.agent.provenance import DERIVED_TYPES, UnknownSourceError
 from unsee.impl.agent.runtime import AgentRuntime
-from unsee.impl.engines.hf.engine import KVEngine
-from unsee.impl.engines.hf.models import load_model
-from unsee.properties.differential import compare_forget_with_reset, engine_scope, run_counterfactual, torch_threads
+from unsee.impl.engines.registry import make_engine
+from unsee.properties.differential import compare_forget_with_reset, engine_scope, run_counterfactual
 
 SECRET = "4417 Elm"
 
 
 @pytest.fixture(scope="module")
-def engine():
-    with torch_threads(1):  # tiny matrices; avoids OpenMP spinning on a shared machine
-        yield KVEngine(load_model("tiny"))
+def engine(lm):
+    """One engine for the module (each test scopes its lineages: ``eng``)."""
+    return make_engine(lm)
 
 
 @pytest.fixture

@@ -11,9 +11,8 @@ import pytest
 
 from unsee.impl.agent.episode import parse_episode
 from unsee.impl.agent.runtime import AgentRuntime
-from unsee.impl.engines.hf.engine import KVEngine
-from unsee.impl.engines.hf.models import load_model
-from unsee.properties.differential import run_counterfactual, torch_threads
+from unsee.impl.engines.registry import make_engine
+from unsee.properties.differential import run_counterfactual
 
 SECRET = "4417 Elm"
 
@@ -29,12 +28,6 @@ BEFORE_COMPACTION = [
 ]
 
 
-@pytest.fixture(scope="module")
-def lm():
-    with torch_threads(1):
-        yield load_model("tiny")
-
-
 def episode(steps):
     return parse_episode({"format": "unsee.episode", "version": 1, "system": "You are a helpful agent.",
                           "settings": {"max_new_tokens": 4}, "steps": steps,
@@ -48,11 +41,11 @@ def run(engine, steps=BEFORE_COMPACTION) -> AgentRuntime:
 def reference_digest(lm, steps=BEFORE_COMPACTION) -> str:
     """The counterfactual twin's digest, on an engine without a budget."""
     ep = episode(steps)
-    return run_counterfactual(KVEngine(lm), ep.system, ep.settings, ep.steps, "secret").digest()
+    return run_counterfactual(make_engine(lm), ep.system, ep.settings, ep.steps, "secret").digest()
 
 
 def test_restore_fork_and_probe_copy_no_kv(lm):
-    engine = KVEngine(lm)
+    engine = make_engine(lm)
     runtime = run(engine, BEFORE_COMPACTION[:2])
     held = engine.memory().held_bytes
     for checkpoint in runtime.checkpoints.all():
@@ -66,7 +59,7 @@ def test_restore_fork_and_probe_copy_no_kv(lm):
 
 
 def test_runtime_pins_its_lineage(lm):
-    engine = KVEngine(lm, kv_budget=0)
+    engine = make_engine(lm, kv_budget=0)
     runtime = run(engine)
     other = runtime.fork()
     assert {runtime.lineage, other.lineage} <= engine.live_lineages()
@@ -86,7 +79,7 @@ def test_runtime_pins_its_lineage(lm):
 
 @pytest.mark.parametrize("budget", [0, 3_000, None])
 def test_forget_rebuilds_an_evicted_checkpoint_lineage(lm, budget):
-    engine = KVEngine(lm, kv_budget=budget)
+    engine = make_engine(lm, kv_budget=budget)
     runtime = run(engine)
     first = runtime.checkpoints.latest_before(1)
     evicted = engine.is_evicted(first.lineage)
@@ -101,7 +94,7 @@ def test_forget_rebuilds_an_evicted_checkpoint_lineage(lm, budget):
 
 
 def test_failed_forget_under_budget_zero_leaves_the_session_as_it_was(lm):
-    engine = KVEngine(lm, kv_budget=0)
+    engine = make_engine(lm, kv_budget=0)
     runtime = run(engine)
     before = runtime.digest()
 

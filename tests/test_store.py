@@ -21,15 +21,13 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 from hypothesis import settings
 
 from unsee.impl.agent.episode import EpisodeError, Item, Step, load_episode, parse_episode
 from unsee.impl.agent.provenance import UnknownSourceError
 from unsee.impl.agent.runtime import AgentRuntime, AmbiguousTargetError, TargetNotFoundError
 from unsee.impl.cli.main import main as cli_main
-from unsee.impl.engines.hf.engine import KVEngine
-from unsee.impl.engines.hf.models import load_model
+from unsee.impl.engines.registry import make_engine
 from unsee.impl.store.session import PersistentSession
 from unsee.impl.store.sqlite import (
     SCHEMA_VERSION,
@@ -73,19 +71,9 @@ def episode_with(**settings_) -> dict:
     return raw
 
 
-@pytest.fixture(scope="module")
-def lm():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield load_model("tiny")
-    finally:
-        torch.set_num_threads(previous)
-
-
 def run(lm, raw: dict, steps: int | None = None) -> AgentRuntime:
     episode = parse_episode(raw)
-    runtime = AgentRuntime.start(KVEngine(lm), episode.system, episode.settings)
+    runtime = AgentRuntime.start(make_engine(lm), episode.system, episode.settings)
     runtime.run(episode.steps[:steps])
     return runtime
 
@@ -97,7 +85,7 @@ def file_bytes(path: Path) -> bytes:
 def loaded(lm, path: Path) -> tuple[str, str]:
     """(record hash, digest after a load on a fresh engine) of a store."""
     with SessionStore.open(path) as store:
-        return store.record_hash(), store.load(KVEngine(lm)).digest()
+        return store.record_hash(), store.load(make_engine(lm)).digest()
 
 
 def budget(fraction: float, floor: int) -> int:
@@ -118,7 +106,7 @@ def test_schema_and_round_trip(lm, tmp_path):
         assert store.integrity_check() == "ok"
         assert store.record_hash() == record_hash(runtime.get_session_record())
         assert store.stored_digest() == runtime.digest()
-        again = store.load(KVEngine(lm))
+        again = store.load(make_engine(lm))
         again.check_invariants()
         assert again.digest() == runtime.digest()
         assert record_hash(again.get_session_record()) == store.record_hash()
@@ -140,7 +128,7 @@ def test_odd_strings_round_trip(lm, tmp_path):
     with PersistentSession.create(path, runtime) as session:
         session.forget(odd)
         assert session.store.record_hash() == record_hash(session.runtime.get_session_record())
-        assert session.store.load(KVEngine(lm)).digest() == session.digest()
+        assert session.store.load(make_engine(lm)).digest() == session.digest()
         assert session.store.get_summary()["forgotten"] == [odd]
 
 
@@ -160,11 +148,11 @@ def test_resume_in_process(lm, tmp_path, k):
     expected = uninterrupted(lm, EPISODE)
     path = tmp_path / "s.db"
     PersistentSession.create(path, run(lm, EPISODE, k)).close()
-    with PersistentSession.open(path, KVEngine(lm)) as session:
+    with PersistentSession.open(path, make_engine(lm)) as session:
         session.run(parse_episode(EPISODE).steps[k:])
         # and once more in the middle of the rest, across another reopen
         assert loaded(lm, path)[1] == session.digest()
-    with PersistentSession.open(path, KVEngine(lm)) as session:
+    with PersistentSession.open(path, make_engine(lm)) as session:
         report = session.forget(TARGET)
         assert report.invocations == report.expected_invocations == len(EPISODE["steps"]) - 1
         assert (session.digest(), session.store.record_hash()) == expected
@@ -272,7 +260,7 @@ def test_forget_is_atomic_under_sigkill(lm, tmp_path, store_zygote):
                 assert store.integrity_check() == "ok", label
                 record = store.record_hash()
                 assert record in (old_record, new_record), f"{label}: a store that is neither old nor new"
-                digest = store.load(KVEngine(lm)).digest()  # load also checks the stored digest
+                digest = store.load(make_engine(lm)).digest()  # load also checks the stored digest
                 summary = store.get_summary()
             finally:
                 store.close()
@@ -445,7 +433,7 @@ class GatedRuntime(AgentRuntime):
 
 def test_forget_during_a_running_step(lm, tmp_path):
     episode = parse_episode(EPISODE)
-    runtime = GatedRuntime.start(KVEngine(lm), episode.system, episode.settings)
+    runtime = GatedRuntime.start(make_engine(lm), episode.system, episode.settings)
     runtime.run(episode.steps[:3])
     path = tmp_path / "s.db"
     session = PersistentSession.create(path, runtime)
@@ -487,7 +475,7 @@ def test_malformed_episode_files(tmp_path):
         load_episode(bad)
 
 
-def test_store_errors(lm, tmp_path, stored):
+def test_store_errors(lm, tmp_path, stored, engine_factory):
     with pytest.raises(StoreError, match="no such session store"):
         SessionStore.open(tmp_path / "missing.db")
     junk = tmp_path / "junk.db"
@@ -505,16 +493,16 @@ def test_store_errors(lm, tmp_path, stored):
         SessionStore.open(other)
     # another model (dtype) and another runtime class
     with pytest.raises(StoreError, match="created with model 'tiny'"):
-        stored.store.load(KVEngine(load_model("tiny", dtype="bfloat16")))
+        stored.store.load(engine_factory("tiny", dtype="bfloat16"))
     with pytest.raises(StoreError, match="is a AgentRuntime, not a GatedRuntime"):
-        stored.store.load(KVEngine(lm), GatedRuntime)
+        stored.store.load(make_engine(lm), GatedRuntime)
     # a stored state that no longer rebuilds to its digest
     tampered = tmp_path / "tampered.db"
     shutil.copy(stored.store.path, tampered)
     with SessionStore.open(tampered) as store:
         store._conn.execute("UPDATE session SET digest = zeroblob(32)")
         with pytest.raises(StoreError, match="differs from the stored"):
-            store.load(KVEngine(lm))
+            store.load(make_engine(lm))
 
 
 # --- several targets -------------------------------------------------------------------------
@@ -528,7 +516,7 @@ def test_two_forgets_equal_one_forget_many_and_the_reset(lm, tmp_path):
     path = tmp_path / "s.db"
     with PersistentSession.create(path, runtime) as session:
         session.forget("m.pref")
-    with PersistentSession.open(path, KVEngine(lm)) as session:
+    with PersistentSession.open(path, make_engine(lm)) as session:
         session.forget(TARGET)
         assert session.digest() == reset.digest() == many.digest()
         assert session.store.get_summary()["forgotten"] == ["m.pref", TARGET]
@@ -587,7 +575,7 @@ def tool_runtime(lm, steps: int | None = None):
     from unsee.impl.cli.tools_demo import demo_episode
 
     episode = demo_episode(6)
-    runtime = ToolAgentRuntime.start(KVEngine(lm), episode.system, episode.settings,
+    runtime = ToolAgentRuntime.start(make_engine(lm), episode.system, episode.settings,
                                      world=Environment({"inbox/count": "2"}))
     runtime.run(episode.steps[:steps])
     return runtime, episode
@@ -603,11 +591,11 @@ def test_tool_session_resumes_exactly(lm, tmp_path, k):
     runtime, _ = tool_runtime(lm, k)
     path = tmp_path / "s.db"
     PersistentSession.create(path, runtime).close()
-    with PersistentSession.open(path, KVEngine(lm)) as session:
+    with PersistentSession.open(path, make_engine(lm)) as session:
         assert isinstance(session.runtime, ToolAgentRuntime)
         assert record_hash(session.runtime.get_session_record()) == record_hash(runtime.get_session_record())
         session.run(episode.steps[k:])
-    with PersistentSession.open(path, KVEngine(lm)) as session:
+    with PersistentSession.open(path, make_engine(lm)) as session:
         report = session.forget(INJECTED)
         assert session.digest() == full.digest()
         assert session.store.record_hash() == record_hash(full.get_session_record())
@@ -662,7 +650,7 @@ def test_tool_layer_is_stored_under_its_name(lm, tmp_path):
         conn.execute("DELETE FROM extra")
         conn.executemany("INSERT INTO extra (key, value) VALUES (?, ?)",
                          [(k, json.dumps(v)) for k, v in json.loads(rows["tools"]).items()])
-    with PersistentSession.open(legacy, KVEngine(lm)) as session:
+    with PersistentSession.open(legacy, make_engine(lm)) as session:
         assert isinstance(session.runtime, ToolAgentRuntime) and session.digest() == runtime.digest()
         assert record_hash(session.runtime.get_session_record()) == record_hash(runtime.get_session_record())
     renamed = tmp_path / "renamed.db"
@@ -671,5 +659,5 @@ def test_tool_layer_is_stored_under_its_name(lm, tmp_path):
         conn.execute("UPDATE extra SET key = 'toolbox'")
     before = file_bytes(renamed)
     with SessionStore.open(renamed) as store, pytest.raises(StoreError, match=r"extension\(s\) \['toolbox'\]"):
-        store.load(KVEngine(lm))
+        store.load(make_engine(lm))
     assert file_bytes(renamed) == before

@@ -9,18 +9,23 @@ import sys
 
 import attrs
 import pytest
-import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
 from unsee.impl.agent.episode import parse_episode
 from unsee.impl.agent.tools import ToolAgentRuntime
 from unsee.impl.conform.episodes import scaled
-from unsee.impl.engines.hf.engine import KVEngine
-from unsee.impl.engines.hf.models import load_model
+from unsee.impl.engines.registry import make_engine
 from unsee.impl.eval.cases import SINK_CLASSES, Fact, Sink, SuiteError, find_label_leaks
-from unsee.impl.eval.suites import (TOOL_SINKS, check_case, generate_suite, get_case_tools, get_suite_tools, load_suite,
-                                    write_suite)
+from unsee.impl.eval.suites import (
+    TOOL_SINKS,
+    check_case,
+    generate_suite,
+    get_case_tools,
+    get_suite_tools,
+    load_suite,
+    write_suite,
+)
 
 GENERATED = ("memory", "tool", "behavioral")
 
@@ -191,20 +196,12 @@ def test_agentdojo_suite_names_its_missing_package(monkeypatch):
 # --- on the tiny model ------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def lm():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield load_model("tiny")
-    torch.set_num_threads(previous)
-
-
 @pytest.mark.parametrize("name", GENERATED)
 def test_generated_episodes_run_and_forget_exactly_on_the_tiny_model(lm, name):
     """Each suite's episodes run through the tool runtime with the suite's
     tools, and a forget of the target equals the full reset."""
     case = generate_suite(name, 1, seed=6)[0]
-    engine = KVEngine(lm)
+    engine = make_engine(lm)
     runtime = ToolAgentRuntime.from_episode(engine, case.episode, tools=get_case_tools(case))
     runtime.check_invariants()
     reset = runtime.fork()

@@ -6,12 +6,9 @@ installs it."""
 from __future__ import annotations
 
 import pytest
-import torch
 
 from unsee.impl.agent.runtime import sanitize_step
 from unsee.impl.agent.tools import ToolAgentRuntime
-from unsee.impl.engines.hf.engine import KVEngine
-from unsee.impl.engines.hf.models import load_model
 from unsee.impl.eval.cases import SuiteError, find_label_leaks
 from unsee.impl.eval.suites import check_case, generate_suite, get_case_tools, load_suite, write_suite
 
@@ -105,21 +102,15 @@ def test_agentdojo_case_round_trips_through_files(case, tmp_path):
     assert loaded == case and loaded.meta == case.meta
 
 
-def test_agentdojo_episode_runs_and_forgets_the_attack_only(case):
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        engine = KVEngine(load_model("tiny"))
-        runtime = ToolAgentRuntime.from_episode(engine, case.episode, tools=get_case_tools(case))
-        assert runtime.calls and runtime.calls[-1].tool == "send_money"
-        reset = runtime.fork()
-        reset.full_reset(case.episode.target.source)
-        runtime.forget(case.episode.target.source)
-        assert runtime.digest() == reset.digest()
-        read = runtime.graph["s2"].text
-        assert BILL_IBAN in read and ATTACKER_IBAN not in read
-    finally:
-        torch.set_num_threads(previous)
+def test_agentdojo_episode_runs_and_forgets_the_attack_only(case, tiny_engine):
+    runtime = ToolAgentRuntime.from_episode(tiny_engine, case.episode, tools=get_case_tools(case))
+    assert runtime.calls and runtime.calls[-1].tool == "send_money"
+    reset = runtime.fork()
+    reset.full_reset(case.episode.target.source)
+    runtime.forget(case.episode.target.source)
+    assert runtime.digest() == reset.digest()
+    read = runtime.graph["s2"].text
+    assert BILL_IBAN in read and ATTACKER_IBAN not in read
 
 
 def test_unknown_pairs_are_refused():

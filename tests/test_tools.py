@@ -4,7 +4,6 @@ hand-built episode on the tiny model."""
 
 import attrs
 import pytest
-import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -21,30 +20,17 @@ from unsee.impl.agent.tools import (
     result_source,
     snapshot_id,
 )
-from unsee.impl.engines.hf.engine import KVEngine
-from unsee.impl.engines.hf.models import load_model
 
 ANN, EVE = "ann@a.test", "eve@evil.test"
 
 
-@pytest.fixture(scope="module")
-def lm():
-    return load_model("tiny")
-
-
-@pytest.fixture(scope="module", autouse=True)
-def single_thread():
-    """One intra-op thread for the tiny model (threads only slow it down on a
-    shared machine), restored after the module."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture
-def engine(lm):
-    return KVEngine(lm)
+def engine(tiny_engine):
+    """A fresh tiny engine per test (tests/conftest.py), by this module's name for it."""
+    return tiny_engine
 
 
 def scripted_tools(**extra: Tool) -> dict[str, Tool]:

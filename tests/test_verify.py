@@ -21,8 +21,8 @@ from hypothesis import settings
 from unsee.impl.agent.episode import FORMAT, VERSION, parse_episode
 from unsee.impl.agent.runtime import AgentRuntime
 from unsee.impl.cli.main import main
-from unsee.impl.engines.hf.engine import KVEngine
 from unsee.impl.engines.hf.models import load_model
+from unsee.impl.engines.registry import make_engine
 from unsee.impl.store import receipt as receipt_mod
 from unsee.impl.store.receipt import ReceiptError, parse_receipt
 from unsee.impl.store.session import PersistentSession
@@ -41,24 +41,14 @@ EPISODE = {
 }
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
-@pytest.fixture(scope="module")
-def lm():
-    return load_model("tiny")
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
 def honest(lm, tmp_path_factory) -> tuple[Path, str]:
     """A stored session that forgot TARGET, and the receipt its forget wrote."""
     path = tmp_path_factory.mktemp("honest") / "s.db"
-    runtime = AgentRuntime.from_episode(KVEngine(lm), parse_episode(EPISODE))
+    runtime = AgentRuntime.from_episode(make_engine(lm), parse_episode(EPISODE))
     with PersistentSession.create(path, runtime) as session:
         session.forget(TARGET)
         receipt = session.receipt
@@ -133,7 +123,7 @@ def test_verify_holds_no_lock_after_its_snapshot(copy, lm):
     committed = []
 
     def loading(name, device, dtype):
-        with PersistentSession.open(db, KVEngine(lm), busy_timeout=0.05) as writer:
+        with PersistentSession.open(db, make_engine(lm), busy_timeout=0.05) as writer:
             writer.step(parse_episode(EPISODE | {"steps": [{"id": "u6", "kind": "user", "text": "tea"}]}).steps[0])
             committed.append(writer.t)
         return load_model(name, device=device, dtype=dtype)
@@ -148,7 +138,7 @@ def test_verify_holds_no_lock_after_its_snapshot(copy, lm):
 def test_a_session_that_went_on_after_its_forget_verifies(lm, tmp_path):
     path = tmp_path / "s.db"
     episode = parse_episode(EPISODE)
-    runtime = AgentRuntime.from_episode(KVEngine(lm), parse_episode(EPISODE | {"steps": EPISODE["steps"][:3]}))
+    runtime = AgentRuntime.from_episode(make_engine(lm), parse_episode(EPISODE | {"steps": EPISODE["steps"][:3]}))
     with PersistentSession.create(path, runtime) as session:
         session.forget(TARGET)
         session.run(episode.steps[3:])
@@ -342,7 +332,7 @@ def test_tool_session_with_an_irrevocable_divergence_then_live_then_forget_verif
     from unsee.impl.cli.tools_demo import INJECTED, demo_episode
 
     episode = demo_episode(6)
-    runtime = ToolAgentRuntime.from_episode(KVEngine(lm), episode, world=Environment({"inbox/count": "2"}))
+    runtime = ToolAgentRuntime.from_episode(make_engine(lm), episode, world=Environment({"inbox/count": "2"}))
     path = tmp_path / "s.db"
     with PersistentSession.create(path, runtime) as session:
         report = session.forget(INJECTED)
