@@ -15,7 +15,7 @@ from unsee.impl.cli.options import parse_bytes
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "secret_in_tool_result.json"
 
 
-#: the tiny model on a shared machine: see torch_threads (tests/conftest.py)
+#: the tiny model on one thread (the one_thread fixture, tests/conftest.py)
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
