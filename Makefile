@@ -30,7 +30,7 @@ $(VENV)/.test-installed: $(VENV)/.installed pyproject.toml
 	touch $@
 
 demo: $(VENV)/.installed
-	$(PY) -m unsee.impl.cli.main demo
+	$(PY) -m unsee.impl.cli demo
 
 test: $(VENV)/.test-installed
 	$(PY) -m pytest -q
