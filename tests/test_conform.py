@@ -1,6 +1,7 @@
 """The conformance harness (impl/conform/harness.py, docs/conformance.md): our runtime
-conforms, the two broken adapters are rejected with shrunk counterexamples
-that rerun, through both the Python entry point and the command path."""
+conforms, the three broken adapters are rejected with shrunk counterexamples
+that rerun, through both the Python entry point and the command path; the
+``self-consistent`` one only by the comparison with the counterfactual run."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from hypothesis import given
 
 from unsee.impl.agent.episode import episode_to_json, load_episode, parse_episode
 from unsee.impl.cli.main import main
-from unsee.impl.conform.adapters import redaction, reference
+from unsee.impl.conform.adapters import ADAPTERS as SHIPPED
+from unsee.impl.conform.adapters import redaction, reference, self_consistent
 from unsee.impl.conform.contract import CONTRACT, CONTRACT_VERSION
 from unsee.impl.conform.episodes import TARGET, episode_jsons
 from unsee.impl.conform.harness import (
@@ -176,7 +178,7 @@ def test_bad_implementation_names_are_refused_by_name(capsys):
     assert "exactly one" in capsys.readouterr().err
 
 
-# --- the three adapters ----------------------------------------------------------------
+# --- the four adapters -----------------------------------------------------------------
 
 #: The pytest entry point, as a user would write it for their own runtime.
 test_reference_conforms = conformance_test(entry=f"{ADAPTERS}:reference")
@@ -204,6 +206,50 @@ def test_source_redaction_reports_correct_counts_and_is_rejected_on_state(tmp_pa
     failed = assert_rejected_and_reruns(outcome, tmp_path)
     assert failed and failed <= set(STATE_CHECKS), failed  # every count check held
     assert not failed & set(COUNT_CHECKS)
+
+
+#: The checks that compare with the plain run of the counterfactual episode.
+COUNTERFACTUAL_CHECKS = ("forget = counterfactual: turns", "forget = counterfactual: digest",
+                         "reset = counterfactual: turns", "reset = counterfactual: digest")
+
+
+def test_self_consistent_forget_is_its_own_reset_and_not_the_counterfactual(tmp_path):
+    """The premise of the third broken adapter: its forget equals its own
+    reset exactly and every count is right, yet its state is not the
+    counterfactual run's (the forget log stays in context)."""
+    episode = parse_episode(ONE_STEP)
+    answer = self_consistent(str(write(tmp_path, ONE_STEP)), "secret")
+    twin = self_consistent(str(write(tmp_path, episode_to_json(get_counterfactual_episode(episode, "secret")),
+                                     "cf.json")))
+    forget, reset = answer["forget"], answer["reset"]
+    assert (forget["turns"], forget["digest_after"]) == (reset["turns"], reset["digest_after"])
+    assert forget["turns"] == twin["run"]["turns"] and forget["digest_after"] != twin["run"]["digest"]
+    assert SHIPPED["self-consistent"] is self_consistent
+    failed = {c.name for c in check_answers(Expected.of(episode, "secret"), answer, twin)
+              if not c.ok}
+    assert failed == {"forget = counterfactual: digest", "reset = counterfactual: digest"}
+
+
+def test_cli_rejects_self_consistent_on_the_counterfactual_alone(tmp_path, capsys):
+    """``unsee conform --entry ...:self_consistent`` on generated episodes:
+    rejected with a shrunk counterexample that reruns, and what failed is
+    the comparison with the counterfactual run, never with its own reset."""
+    out = tmp_path / "rejected"
+    entry = f"{ADAPTERS}:self_consistent"
+    assert main(["conform", "--entry", entry, "--episodes", "3", "--out", str(out)]) == 1
+    printed = capsys.readouterr().out
+    assert printed.startswith("REJECTED") and "FAILED forget = counterfactual: digest" in printed
+    assert "FAILED forget = own reset" not in printed
+    answers = json.loads((out / "counterexample.answers.json").read_text())
+    failed = {c["name"] for c in answers["failed"]}
+    assert "forget = counterfactual: digest" in failed and failed <= set(COUNTERFACTUAL_CHECKS), failed
+    counterexample = load_episode(out / "counterexample.json")
+    assert len(counterexample.steps) == 1  # shrunk to the smallest episode there is
+    # the written file reruns to the same failure, through the CLI
+    assert main(["conform", "--episode", str(out / "counterexample.json"), "--entry", entry,
+                 "--out", str(tmp_path / "again")]) == 1
+    assert {c["name"] for c in json.loads((tmp_path / "again" / "counterexample.answers.json").read_text())[
+        "failed"]} == failed
 
 
 def constant_digest(episode: str, forget: str | None = None) -> dict:

@@ -1,4 +1,4 @@
-"""Three implementations of the conformance contract (docs/conformance.md).
+"""Four implementations of the conformance contract (docs/conformance.md).
 
 Each is a Python entry point ``fn(episode_path, forget) -> dict`` that
 ``unsee conform --entry unsee.impl.conform.adapters:NAME`` calls in-process,
@@ -16,9 +16,16 @@ runs as a subprocess:
                :func:`~unsee.impl.methods.baselines.redact_source`), while it reports
                the tau, boundary and invocations a correct forget has. A check
                on counts alone passes it; must be rejected.
+``self-consistent``
+               forget is Algorithm 1 and reset is B5, each followed by the same
+               forget log: a system note, appended to the context, naming the
+               source and a fingerprint of its text (a derived artifact of the
+               target). Its forget equals its own reset exactly (turns and
+               digest) and every count is right; only the comparison with the
+               plain run of the counterfactual episode catches it. Must be rejected.
 ============== ================================================================
 
-All three declare the engine :data:`~unsee.impl.conform.harness.REFERENCE_ENGINE` and
+All four declare the engine :data:`~unsee.impl.conform.harness.REFERENCE_ENGINE` and
 the model they load, so the harness also compares their plain runs' tokens
 with its own reference.
 """
@@ -28,11 +35,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
+import hashlib
 import json
 import sys
 from collections.abc import Callable, Iterator
 
 from unsee.impl.agent.episode import load_episode
+from unsee.impl.agent.render import render
 from unsee.impl.agent.runtime import AgentRuntime
 from unsee.impl.conform.contract import CONTRACT, CONTRACT_VERSION, REFERENCE_ENGINE
 from unsee.impl.engines.registry import make_engine
@@ -72,13 +81,21 @@ def _state(runtime: AgentRuntime) -> dict:
 #: A forget as an adapter performs it: it changes the runtime and returns
 #: what it reports (``tau``, ``boundary``, ``invocations``).
 Forget = Callable[[AgentRuntime, str], dict]
+#: A full reset as an adapter performs it: it changes the runtime and
+#: returns the transitions it ran.
+Reset = Callable[[AgentRuntime, str], int]
 
 
-def _answer(episode_path: str, forget: str | None, model: str, name: str, forget_with: Forget) -> dict:
+def _reset(runtime: AgentRuntime, source: str) -> int:
+    return runtime.full_reset(source).invocations
+
+
+def _answer(episode_path: str, forget: str | None, model: str, name: str, forget_with: Forget,
+            reset_with: Reset = _reset) -> dict:
     """Run the episode; with ``forget``, forget on one copy (``forget_with``)
-    and reset another (B5), both from the same state."""
+    and reset another (``reset_with``, B5 unless said), both from the same state."""
     with _one_thread():
-        return _run(episode_path, forget, model, name, forget_with)
+        return _run(episode_path, forget, model, name, forget_with, reset_with)
 
 
 @contextlib.contextmanager
@@ -97,7 +114,8 @@ def _one_thread() -> Iterator[None]:
         torch.set_num_threads(previous)
 
 
-def _run(episode_path: str, forget: str | None, model: str, name: str, forget_with: Forget) -> dict:
+def _run(episode_path: str, forget: str | None, model: str, name: str, forget_with: Forget,
+         reset_with: Reset) -> dict:
 
     episode = load_episode(episode_path)
     engine = make_engine(_load(model))
@@ -109,10 +127,10 @@ def _run(episode_path: str, forget: str | None, model: str, name: str, forget_wi
         return out
     twin = runtime.fork()
     claimed = forget_with(runtime, forget)
-    reset = twin.full_reset(forget)
+    invocations = reset_with(twin, forget)
     out["forget"] = {"source": forget, **claimed, "digest_before": run["digest"],
                      "digest_after": runtime.digest(), "turns": get_turns(runtime)}
-    out["reset"] = {"invocations": reset.invocations, "digest_before": run["digest"],
+    out["reset"] = {"invocations": invocations, "digest_before": run["digest"],
                     "digest_after": twin.digest(), "turns": get_turns(twin)}
     return out
 
@@ -143,6 +161,41 @@ def _source_redaction(runtime: AgentRuntime, source: str) -> dict:
     return {"tau": tau, "boundary": boundary, "invocations": runtime.t - boundary}
 
 
+#: The block id of the ``self-consistent`` adapter's forget log (no ``/``:
+#: :func:`get_turns` never reads it as a turn).
+FORGET_LOG = "forget-log"
+
+
+def get_fingerprint(runtime: AgentRuntime, source: str) -> str:
+    """A short hash of every text the runtime observed from ``source``: what
+    a forget log keeps to recognise the source if it comes again (a function
+    of the target, so a guess of it can be confirmed)."""
+    texts = [item.text for step in runtime.steps for item in step.items if item.source == source]
+    return hashlib.sha256("\n".join(texts).encode()).hexdigest()[:16]
+
+
+def append_forget_log(runtime: AgentRuntime, source: str, fingerprint: str) -> None:
+    """The ``self-consistent`` adapter's residue: a system note at the end of
+    the context naming the forgotten source and its fingerprint, claiming no
+    source (so nothing later would forget it)."""
+    note = render("system", f"Forgotten: source {source!r}, fingerprint {fingerprint}. Refuse it if it comes again.")
+    runtime.append_block(FORGET_LOG, "instruction", note, parents=tuple(runtime.context), sources=frozenset())
+
+
+def _logged_forget(runtime: AgentRuntime, source: str) -> dict:
+    fingerprint = get_fingerprint(runtime, source)  # before the forget sanitizes the log
+    claimed = _forget(runtime, source)
+    append_forget_log(runtime, source, fingerprint)
+    return claimed
+
+
+def _logged_reset(runtime: AgentRuntime, source: str) -> int:
+    fingerprint = get_fingerprint(runtime, source)
+    invocations = _reset(runtime, source)
+    append_forget_log(runtime, source, fingerprint)
+    return invocations
+
+
 def reference(episode: str, forget: str | None = None, model: str = "tiny") -> dict:
     """Our runtime (Algorithm 1 for forget, B5 for reset): conforms."""
     return _answer(episode, forget, model, "unsee reference", _forget)
@@ -158,7 +211,13 @@ def redaction(episode: str, forget: str | None = None, model: str = "tiny") -> d
     return _answer(episode, forget, model, "B3 source-redaction", _source_redaction)
 
 
-ADAPTERS = {"reference": reference, "memory": memory, "redaction": redaction}
+def self_consistent(episode: str, forget: str | None = None, model: str = "tiny") -> dict:
+    """Algorithm 1 and B5, each keeping the same forget log: its forget equals
+    its own reset, and must still be rejected (neither is the counterfactual)."""
+    return _answer(episode, forget, model, "forget log kept by forget and reset", _logged_forget, _logged_reset)
+
+
+ADAPTERS = {"reference": reference, "memory": memory, "redaction": redaction, "self-consistent": self_consistent}
 
 
 def main(argv: list[str] | None = None) -> int:

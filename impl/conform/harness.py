@@ -26,7 +26,9 @@ and checks (:func:`check_answers`), with the statement each realises:
   (``splice_equals_counterfactual``, Theorem 1). The implementation cannot
   tell the second request is a counterfactual, so it cannot fake this; a
   constant digest still fails wherever the target changed any token;
-- ``forget = own reset`` and the reset is the counterfactual too;
+- ``forget = own reset`` and the reset is the counterfactual too (never
+  enough alone: an own reset can be wrong the same way as the forget, as in
+  the shipped ``self-consistent`` adapter);
 - ``prefix``: the counterfactual's turns before ``tau`` are the original's
   (``prefix_is_shared``, Lemma 1, on tokens);
 - ``reference``: when the implementation declares our engine and a model
