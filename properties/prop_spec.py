@@ -242,7 +242,7 @@ def test_replay_tools_reproduces_recorded_run(case):
 
 def predict_violations(case: SpliceCase, boundary: int) -> tuple[str, ...]:
     """Which of A1-A3 fail, computed from the case, not by splice."""
-    stream, target, tau = case.run.observations, case.target, case.tau
+    stream, target = case.run.observations, case.target
     a1 = case.step.randomness != "unseeded" and case.step.name != "undeclared_sampler"
     sanitized = [case.sanitizer(o, target) for o in stream]
     a2 = sanitized[boundary:] == list(counterfactual_stream(stream, target))[boundary:]
