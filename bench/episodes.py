@@ -8,12 +8,18 @@
   results: the target enters at ``tau``, then ``turns_after`` model turns (12)
   of which a fraction ``indep`` (0.5) is labelled ``independent`` (episode
   format version 2): unrelated sub-tasks, routine tool polls, a document
-  loaded and never used. The other turns ask about the target.
+  loaded and never used. The other turns ask about the target. With
+  ``history_tokens`` (e.g. 1000, the paper's session shape), earlier planning
+  (:data:`HISTORY`) comes before the target until the history holds about
+  that many tokens of the model's tokenizer.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from unsee.impl.agent.episode import VERSION, Episode, parse_episode
+from unsee.impl.agent.render import render, render_header, render_observation
 
 SECRET = "4417 Elm Street"
 
@@ -130,8 +136,58 @@ def get_indep_labels(indep: float, turns_after: int) -> list[bool]:
     return [(i + 1) * k // turns_after > i * k // turns_after for i in range(turns_after)]
 
 
+#: History before the target for the paper's session shape (``history_tokens``):
+#: earlier party planning, tool results and requests about it, none of which
+#: names the target. Used in order, cycling, after the ``tau - 1`` setup turns.
+HISTORY = [
+    ("fetch_guest_list", "Guest list: Ana Ruiz (vegetarian), Ben Cho (no nuts), Carla Diaz, Dev Patel (arrives "
+                         "late), Emma Stone (bringing dessert), Farid Khan (no alcohol), Grace Lee, Hugo Martin "
+                         "(plus one). Eight confirmed, two still to answer."),
+    (None, "Which of the guests have dietary needs I should plan around?"),
+    ("fetch_menu_draft", "Menu draft: starter, roasted beet salad with goat cheese and walnuts; main, baked sea "
+                         "bream with lemon, capers and new potatoes; side, green beans with almonds; dessert, "
+                         "lemon tart from Emma; drinks, white wine, sparkling water and elderflower cordial."),
+    (None, "Replace everything with nuts in it, please, and add a vegetarian main."),
+    ("fetch_shopping_list", "Shopping list: two sea bream, one kilo of new potatoes, four lemons, capers, 500 g "
+                            "green beans, six beets, goat cheese, mixed leaves, three bottles of white wine, two "
+                            "bottles of sparkling water, elderflower cordial, napkins, candles."),
+    (None, "Can you group the shopping list by shop?"),
+    ("fetch_messages", "Messages: Ben asks whether he can bring his guitar. Dev says he will come by nine. "
+                       "Grace asks whether there is parking nearby. Hugo says his partner Sam loves jazz."),
+    (None, "Draft a short reply to each of these messages."),
+    ("fetch_timeline", "Timeline notes: shop on Friday evening; clean on Saturday morning; marinate the fish at "
+                       "four; set the table by six; guests arrive at seven; dinner at half past seven; dessert "
+                       "around nine."),
+    (None, "Does the timeline leave enough time for the cooking?"),
+]
+
+
+def get_history_step(sid: str, n: int) -> dict:
+    """The ``n``-th step of :data:`HISTORY` (cycling), as step ``sid``."""
+    tool, text = HISTORY[n % len(HISTORY)]
+    if tool is None:
+        return {"id": sid, "kind": "user", "text": text}
+    return {"id": sid, "kind": "tool", "tool": tool, "fields": [{"source": f"history.{n}", "text": text}]}
+
+
+def estimate_history_tokens(episode: Episode, count_tokens: Callable[[str], int]) -> int:
+    """Tokens before the step that brings the target in: the system block and
+    every observation as the runtime renders them (impl/agent/render.py), and
+    each one's model turn at its full ``max_new_tokens`` (an upper bound: a
+    turn that ends early is shorter, so the bench reports the measured
+    offset beside it)."""
+    tau = next(t for t, step in enumerate(episode.steps, start=1)
+               if any(i.source == episode.target.source for i in step.items))
+    turn = count_tokens(render_header())
+    total = count_tokens(render("system", episode.system))
+    for step in episode.steps[:tau - 1]:
+        total += count_tokens(render_observation(step)) + turn + episode.settings.max_new_tokens
+    return total
+
+
 def make_indep_episode(indep: float = 0.5, turns_after: int = 12, tau: int = 3, max_new_tokens: int = 32,
-                       policy: str = "every_turn") -> Episode:
+                       policy: str = "every_turn", history_tokens: int | None = None,
+                       count_tokens: Callable[[str], int] | None = None) -> Episode:
     """The paper's configuration: ``tau - 1`` setup turns, the secret in a tool
     result at step ``tau``, then ``turns_after`` user or tool turns, each with
     a model turn; ``indep * turns_after`` of them (spread evenly, see
@@ -139,11 +195,36 @@ def make_indep_episode(indep: float = 0.5, turns_after: int = 12, tau: int = 3, 
     an unrelated sub-task, a routine tool poll, another sub-task and a
     document loaded and never used. The rest ask about the target (where the
     party is). ``T = tau + turns_after``.
+
+    ``history_tokens``: the paper's session shape (about a thousand tokens
+    before the target). Steps of :data:`HISTORY` follow the setup turns until
+    :func:`estimate_history_tokens` (with ``count_tokens``, the model's
+    tokenizer) reaches it, so the target enters later than ``tau``. None (the
+    default) leaves the episode exactly as without the option.
     """
     if tau < 1:
         raise ValueError(f"tau={tau!r} must be at least 1")
     labels = get_indep_labels(indep, turns_after)
-    steps: list[dict] = [{"id": f"s{t}", "kind": "user", "text": _SETUP[(t - 1) % len(_SETUP)]} for t in range(1, tau)]
+    history = [{"id": f"s{t}", "kind": "user", "text": _SETUP[(t - 1) % len(_SETUP)]} for t in range(1, tau)]
+    if history_tokens is None:
+        return build_indep_episode(history, labels, max_new_tokens, policy)
+    if count_tokens is None:
+        raise ValueError("history_tokens needs count_tokens (the model's tokenizer, e.g. "
+                         "lambda text: len(lm.encode(text)))")
+    if not isinstance(history_tokens, int) or history_tokens < 1:
+        raise ValueError(f"history_tokens={history_tokens!r} must be a positive integer")
+    while True:
+        episode = build_indep_episode(history, labels, max_new_tokens, policy)
+        if estimate_history_tokens(episode, count_tokens) >= history_tokens:
+            return episode
+        history.append(get_history_step(f"s{len(history) + 1}", len(history) - (tau - 1)))
+
+
+def build_indep_episode(history: list[dict], labels: list[bool], max_new_tokens: int, policy: str) -> Episode:
+    """The history steps, the target's tool result right after them, then
+    one turn per label (see :func:`make_indep_episode`)."""
+    tau = len(history) + 1
+    steps: list[dict] = list(history)
     steps.append({"id": f"s{tau}", "kind": "tool", "tool": "fetch_notes", "fields": [
         {"source": "notes.venues", "text": "Venues: Rosa's Trattoria, Blue Harbor Grill."},
         {"source": "notes.address", "text": f"The party is at the host's home address, {SECRET}."}]})

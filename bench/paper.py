@@ -56,6 +56,10 @@ LABELS = {"reset": "B5 full reset", "reset-prefix-cache": "B5' + prefix cache",
 #: Methods that must reach the full reset's digest (B7-oracle need not: its labels may be wrong).
 EXACT_METHODS = ("reset", "reset-prefix-cache", "replay")
 INDEP_LEVELS = (0.0, 0.25, 0.5, 0.75, 1.0)
+#: Table 1's session shapes (``--shape``), each its own table: ``current``, two
+#: setup turns before the target (tau = 3); ``paper``, about ``--history-tokens``
+#: (1,000) tokens of history before it, as the paper's sessions carry.
+SHAPES = {"current": "table1", "paper": "table1_paper"}
 #: Where the target enters the bench episode of T steps (tau = 1, 6, 12 at T = 12).
 POSITIONS = {"early": lambda T: 1, "middle": lambda T: (T + 1) // 2, "late": lambda T: T}
 #: Cost fields of MethodResult; the draft and reuse counters arrive with the
@@ -115,8 +119,11 @@ def measure_episode(engine: Engine, episode: Episode, methods: Sequence[str], ro
                 floors.append(compute_floor(engine, base, runtime, boundary).to_json())
                 _drop_new(engine, kept)
         reset_digest = runs["reset"][0]["digest"] if "reset" in runs else None
+        # the tokens every exact forget keeps (under every_turn: the whole history before the target)
+        prefix = base.checkpoints.latest_before(tau).token_offset
         out = {"T": len(episode.steps), "tau": tau, "boundary": boundary,
-               "policy": episode.settings.checkpoint_policy, "methods": {}}
+               "policy": episode.settings.checkpoint_policy, "prefix_tokens": prefix,
+               "suffix_tokens": engine.length(base.lineage) - prefix, "methods": {}}
         for method, rows in runs.items():
             out["methods"][method] = summarise(rows, reset_digest)
         if floors:
@@ -173,20 +180,66 @@ def _drop_new(engine: Engine, kept: set[str]) -> None:
 
 # --- the tables ------------------------------------------------------------------------------
 
-def run_table1(engine: Engine, args, notes: list[str]) -> dict:
-    methods = get_methods(TABLE1_METHODS, notes)
-    episode = make_indep_episode(0.5, args.turns_after, args.tau, args.max_new_tokens)
-    row = measure_episode(engine, episode, methods, args.rounds)
+def make_table1_episode(engine: Engine, args, shape: str) -> Episode:
+    """Table 1's episode: indep 0.5, ``--turns-after`` turns past the target;
+    the ``paper`` shape puts about ``--history-tokens`` tokens (the paper's
+    ~1,000: its B5 recomputes 1,235 tokens, its B5' 202) of earlier planning
+    before the target, counted with the model's own tokenizer."""
+    if shape == "paper":
+        return make_indep_episode(0.5, args.turns_after, args.tau, args.max_new_tokens,
+                                  history_tokens=args.history_tokens,
+                                  count_tokens=lambda text: len(engine.lm.encode(text)))
+    return make_indep_episode(0.5, args.turns_after, args.tau, args.max_new_tokens)
+
+
+def get_token_ratios(m: dict) -> list[dict]:
+    """Reference over B7 on decoded, prefilled and recomputed tokens (the
+    paper's Recomp: prefilled + decoded), for B7 and B7-oracle against B5
+    and B5', beside the paper's 9.3x and 1.5x (Recomp)."""
     ratios = []
-    m = row["methods"]
     for ours, our_name in (("replay", "B7"), ("replay-oracle", "B7-oracle")):
         for ref, ref_name in (("reset", "B5"), ("reset-prefix-cache", "B5'")):
             if ours in m and ref in m:
                 ratios.append({"ratio": f"{ref_name}/{our_name}", "method": ours, "reference": ref,
                                "paper": TABLE1_RATIOS[f"{ref_name}/B7"],
                                **{kind: m[ref][kind] / max(m[ours][kind], 1)
-                                  for kind in ("decoded_tokens", "recomputed_tokens")}})
-    return {"episode": {"indep": 0.5, "turns_after": args.turns_after, "tau": args.tau}, **row, "ratios": ratios}
+                                  for kind in ("decoded_tokens", "prefilled_tokens", "recomputed_tokens")}})
+    return ratios
+
+
+def get_wall_ratios(row: dict) -> list[dict]:
+    """The forget's wall over each reference's, as same-round ratios (each
+    round's pair runs seconds apart; :func:`get_paired_ratio`): their median
+    and every round's. B7 (ours) and B7-oracle against B5, B5' and the
+    compute floor."""
+    m, out = row["methods"], []
+    references = [(ref, name, m[ref]["wall_s"]) for ref, name in (("reset", "B5"), ("reset-prefix-cache", "B5'"))
+                  if ref in m]
+    if "floor" in row:
+        references.append(("floor", "floor", row["floor"]["wall_s"]))
+    for ours, our_name in (("replay", "B7"), ("replay-oracle", "B7-oracle")):
+        if ours not in m:
+            continue
+        for ref, ref_name, walls in references:
+            rounds = [w / f for w, f in zip(m[ours]["wall_s"], walls, strict=True)]
+            out.append({"ratio": f"{our_name}/{ref_name}", "method": ours, "reference": ref,
+                        "p50": statistics.median(rounds), "rounds": rounds})
+    return out
+
+
+def run_table1(engine: Engine, args, notes: list[str], shape: str = "current") -> dict:
+    """Table 1 on one session shape (:data:`SHAPES`): every method's counts
+    and walls, the compute floor, the token ratios and the same-round wall
+    ratios."""
+    methods = get_methods(TABLE1_METHODS, notes)
+    row = measure_episode(engine, make_table1_episode(engine, args, shape), methods, args.rounds)
+    episode = {"shape": shape, "indep": 0.5, "turns_after": args.turns_after, "tau": row["tau"],
+               "history_tokens": args.history_tokens if shape == "paper" else None}
+    return {"episode": episode, **row, "ratios": get_token_ratios(row["methods"]), "walls": get_wall_ratios(row)}
+
+
+def run_table1_paper(engine: Engine, args, notes: list[str]) -> dict:
+    return run_table1(engine, args, notes, "paper")
 
 
 def run_tau_sweep(engine: Engine, args, notes: list[str]) -> dict:
@@ -249,7 +302,7 @@ def run_position(engine: Engine, args, notes: list[str]) -> dict:
     return {"rows": rows}
 
 
-TABLES: dict[str, Callable] = {"table1": run_table1, "tau": run_tau_sweep, "indep": run_indep_sweep,
+TABLES: dict[str, Callable] = {"table1": run_table1, "table1_paper": run_table1_paper, "tau": run_tau_sweep, "indep": run_indep_sweep,
                                "granularity": run_granularity, "position": run_position}
 
 
@@ -310,19 +363,43 @@ def _render_header(result: dict, command: str) -> list[str]:
     return lines + ([""] if result["notes"] else [])
 
 
+def _describe_shape(t: dict) -> str:
+    e = t["episode"]
+    history = (f"about {e['history_tokens']} tokens of history before it asked for (`--history-tokens`)"
+               if e.get("history_tokens") else "two setup turns before it")
+    return (f"Target at tau = {t['tau']} ({history}), {e['turns_after']} turns past it, indep 0.5 "
+            f"(`make_indep_episode`), restore boundary {t['boundary']}. Measured on the pre-forget session: "
+            f"{t.get('prefix_tokens', '-')} tokens before the boundary (what every exact forget keeps), "
+            f"{t.get('suffix_tokens', '-')} after it.")
+
+
+def _render_table1_lead(t: dict, result: dict) -> list[str]:
+    """Wall time first (same-round ratios), then decoded tokens, then the
+    paper's Recomp with its prefilled and decoded parts apart."""
+    lines = [f"Wall time, the forget over each reference in the same round (median of {result['rounds']} "
+             "rounds; every round's ratio beside it):", ""]
+    lines += render_table(("ratio", "wall, same-round p50", "per round"), [
+        _cells(w["ratio"], f"{w['p50']:.2f}x", ", ".join(f"{x:.2f}" for x in w["rounds"])) for w in t["walls"]])
+    lines += ["", "Tokens, each reference over the forget: decoded first (on this CPU a decoded token costs "
+              "far more than a prefilled one), then prefilled, then Recomp as the paper counts it (prefilled + "
+              "decoded), beside the paper's ratios (impl/eval/paper.py: Recomp of B5 1235, B5' 202, B7 133).", ""]
+    lines += render_table(("ratio", "decoded tokens", "prefilled tokens", "Recomp (prefilled + decoded)",
+                           "paper (Recomp)"), [
+        _cells(r["ratio"], f"{r['decoded_tokens']:.2f}x", f"{r['prefilled_tokens']:.2f}x",
+               f"{r['recomputed_tokens']:.2f}x", f"{r['paper']:.1f}x") for r in t["ratios"]])
+    return lines + [""]
+
+
 def _render_table1(t: dict, result: dict) -> list[str]:
-    lines = ["### Table 1: recomputation on the paper's configuration",
-             "", f"Target at tau = {t['tau']}, {t['episode']['turns_after']} turns past it, indep 0.5 "
-             f"(`make_indep_episode`), restore boundary {t['boundary']}. ![Table 1](table1.png)", ""]
+    paper_shape = t["episode"].get("shape") == "paper"
+    name, png = ("the paper's session shape", "table1_paper.png") if paper_shape else ("current shape", "table1.png")
+    lines = [f"### Table 1: recomputation on the paper's configuration ({name})", "",
+             f"{_describe_shape(t)} ![Table 1]({png})", ""]
+    lines += _render_table1_lead(t, result)
     rows = [_method_row(method, m, _fmt(TABLE1_RECOMPUTED.get(method))) for method, m in t["methods"].items()]
     lines += render_table(METHOD_HEADER, rows + [_floor_row(t["floor"])])
     lines += ["", "B7 is this build's `forget` (verified draft replay where the build has drafts: see the draft "
-              "acceptance column); the paper's B7 assumes an attribution oracle (our B7-oracle). The paper reports "
-              "recomputed tokens; the issue's goal is the paper's ratio on decoded tokens.", ""]
-    lines += render_table(("ratio", "decoded tokens", "recomputed tokens", "paper (recomputed)"), [
-        _cells(r["ratio"], f"{r['decoded_tokens']:.2f}x", f"{r['recomputed_tokens']:.2f}x", f"{r['paper']:.1f}x")
-        for r in t["ratios"]])
-    lines.append("")
+              "acceptance column); the paper's B7 assumes an attribution oracle (our B7-oracle).", ""]
     excess = t["methods"].get("replay", {}).get("excess")
     if excess:
         lines += ["Where B7 (ours) differs from the floor, turn by turn (`bench.floor.get_excess`): what a "
@@ -406,7 +483,7 @@ def _render_position(t: dict, result: dict) -> list[str]:
 
 #: Each table's markdown section, in the order of :data:`TABLES`.
 SECTIONS: dict[str, Callable[[dict, dict], list[str]]] = {
-    "table1": _render_table1, "tau": _render_tau, "indep": _render_indep, "granularity": _render_granularity,
+    "table1": _render_table1, "table1_paper": _render_table1, "tau": _render_tau, "indep": _render_indep, "granularity": _render_granularity,
     "position": _render_position}
 
 
@@ -442,7 +519,7 @@ def _plot_table1(plt, t: dict):
     ax.bar(xs, pre, label="prefilled")
     ax.bar(xs, dec, bottom=pre, label="decoded")
     ax.set_xticks(list(xs), [LABELS.get(n, n) for n in names], rotation=15, fontsize=8)
-    ax.set(ylabel="tokens", title="Table 1: recomputed tokens (indep 0.5)")
+    ax.set(ylabel="tokens", title=f"Table 1 ({t['episode'].get('shape', 'current')} shape): recomputed tokens")
     ax.legend()
     return fig
 
@@ -500,8 +577,9 @@ def plot(result: dict, out: Path) -> list[str]:
 
     tables, written = result["tables"], []
     title = f"{result['model']}, {result['device']} {result['dtype']}"
-    if "table1" in tables:
-        written.append(_save(_plot_table1(plt, tables["table1"]), out, "table1.png", title))
+    for name in SHAPES.values():
+        if name in tables:
+            written.append(_save(_plot_table1(plt, tables[name]), out, f"{name}.png", title))
     if "tau" in tables and tables["tau"]["rows"]:
         written.append(_save(_plot_tau(plt, tables["tau"]["rows"]), out, "tau.png", title))
     if "indep" in tables and tables["indep"]["rows"]:
@@ -525,13 +603,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--length", type=int, default=12, help="T of the tau sweep's and position's episodes")
     parser.add_argument("--taus", default="", help="comma-separated taus of the sweep (default: 1..T)")
     parser.add_argument("--indeps", default="", help="comma-separated indep levels (default: 0,.25,.5,.75,1)")
-    parser.add_argument("--tables", default=",".join(TABLES), help=f"which of {','.join(TABLES)}")
+    parser.add_argument("--tables", default=",".join(t for t in TABLES if t != "table1_paper"),
+                        help=f"which of {','.join(TABLES)} (table1: the shapes of --shape)")
+    parser.add_argument("--shape", default="current",
+                        help="Table 1's session shapes, comma-separated: current (tau = 3) and/or paper "
+                             "(about --history-tokens tokens before the target)")
+    parser.add_argument("--history-tokens", type=int, default=1000,
+                        help="tokens of history before the target in the paper shape (the paper's: ~1,000)")
     parser.add_argument("--out", default="out/paper")
     args = parser.parse_args(argv)
+    shapes = [x.strip() for x in args.shape.split(",") if x.strip()]
+    if not shapes or any(x not in SHAPES for x in shapes):
+        parser.error(f"--shape {args.shape!r}: expected some of {','.join(SHAPES)}, comma-separated")
+    if args.history_tokens < 1:
+        parser.error(f"--history-tokens {args.history_tokens} must be at least 1")
     tables = [t for t in args.tables.split(",") if t]
     unknown = [t for t in tables if t not in TABLES]
     if unknown:
         parser.error(f"unknown tables {unknown}; expected some of {list(TABLES)}")
+    tables = list(dict.fromkeys(x for t in tables for x in ([SHAPES[s] for s in shapes] if t == "table1" else [t])))
     if args.rounds < 1:
         parser.error(f"--rounds {args.rounds} must be at least 1")
     out = Path(args.out)
@@ -542,6 +632,7 @@ def main(argv: list[str] | None = None) -> int:
     result = {"command": command, "model": engine.lm.name, "device": args.device, "dtype": args.dtype,
               "torch": torch.__version__, "machine": platform.machine(), "threads": torch.get_num_threads(),
               "rounds": args.rounds, "max_new_tokens": args.max_new_tokens, "length": args.length,
+              "shapes": shapes, "history_tokens": args.history_tokens,
               "paper": get_paper_figures(), "notes": notes, "tables": {}}
     for name in tqdm(tables, desc="tables", unit="table"):
         result["tables"][name] = TABLES[name](engine, args, notes)

@@ -4,16 +4,21 @@ on the tiny model."""
 from __future__ import annotations
 
 import functools
+import hashlib
+import itertools
 import json
 
+import attrs
 import pytest
 from hypothesis import event, example, given
 
+from unsee.bench.episodes import SECRET, estimate_history_tokens, make_indep_episode
 from unsee.bench.floor import EXCESS_REASONS, compute_floor, get_excess
 from unsee.bench.paper import main as paper_main
-from unsee.impl.agent.episode import parse_episode
+from unsee.impl.agent.episode import episode_to_json, parse_episode
 from unsee.impl.agent.runtime import AgentRuntime, render_memory
 from unsee.impl.conform.episodes import episodes, scaled
+from unsee.impl.engines.files import ByteTokenizer
 from unsee.impl.engines.hf.engine import KVEngine
 from unsee.impl.methods.baselines import METHODS
 from unsee.properties.differential import engine_scope
@@ -224,3 +229,92 @@ def test_paper_tables_end_to_end(tmp_path, capsys):
     assert "| 9.3x |" in markdown and "1235" in markdown  # the paper's numbers beside ours
     for name in ("table1", "tau", "indep", "granularity", "position"):
         assert (tmp_path / f"{name}.png").stat().st_size > 1000
+
+
+# --- Table 1 at the paper's session shape (issue 22, item 2) -------------------------------------
+
+#: sha256 of the JSON of make_indep_episode over a grid of its arguments, taken
+#: before ``history_tokens`` existed: the option leaves the current shape byte-identical.
+INDEP_GRID_SHA256 = "7458bfa8af74d158d8c0544a5602afec09f7bdb084d56e1c775e07f4d01ded20"
+
+
+def byte_count(text: str) -> int:
+    return len(ByteTokenizer().encode(text))
+
+
+def test_indep_episodes_without_history_are_unchanged():
+    digest = hashlib.sha256()
+    for indep, after, tau, tokens, policy in itertools.product((0.0, 0.25, 0.5, 0.75, 1.0), (4, 12), (1, 2, 3, 16),
+                                                               (2, 32), ("every_turn", "session_start")):
+        try:
+            ep = make_indep_episode(indep, after, tau, tokens, policy)
+        except ValueError:  # indep * after not a whole number of turns
+            continue
+        assert make_indep_episode(indep, after, tau, tokens, policy, history_tokens=None) == ep
+        digest.update(json.dumps(episode_to_json(ep), sort_keys=True).encode())
+    assert digest.hexdigest() == INDEP_GRID_SHA256
+
+
+@pytest.mark.parametrize("history_tokens", [1, 400, 1000, 3000])
+def test_history_tokens_puts_that_much_history_before_the_target(history_tokens):
+    """The fewest steps of HISTORY after the setup turns whose estimate reaches
+    ``history_tokens``; the target's step and the turns after it are the
+    current shape's, shifted; no history step carries the target."""
+    current = make_indep_episode(0.5, 12, 3, 32)
+    ep = make_indep_episode(0.5, 12, 3, 32, history_tokens=history_tokens, count_tokens=byte_count)
+    tau = len(ep.steps) - 12
+    assert estimate_history_tokens(ep, byte_count) >= history_tokens
+    assert [s.items for s in ep.steps[:2]] == [s.items for s in current.steps[:2]]  # the setup turns first
+    if tau > 3:  # one history step fewer would not reach it
+        fewer = attrs.evolve(ep, steps=ep.steps[:tau - 2] + ep.steps[tau - 1:])
+        assert estimate_history_tokens(fewer, byte_count) < history_tokens
+    def shape(steps):  # what a step says (a user step's source is its id, which shifts)
+        return [(s.kind, s.tool, [i.text for i in s.items], s.independent) for s in steps]
+
+    assert shape(ep.steps[tau - 1:]) == shape(current.steps[2:])
+    assert all(SECRET not in i.text for s in ep.steps[:tau - 1] for i in s.items)
+    assert ep.target == current.target and ep.settings == current.settings
+
+
+def test_history_tokens_needs_a_tokenizer_and_a_positive_count():
+    with pytest.raises(ValueError, match="history_tokens needs count_tokens"):
+        make_indep_episode(history_tokens=1000)
+    with pytest.raises(ValueError, match="history_tokens=0 must be a positive integer"):
+        make_indep_episode(history_tokens=0, count_tokens=byte_count)
+
+
+def test_table1_at_the_paper_shape(tmp_path):
+    """The smoke run of Table 1 at both shapes on the tiny model, one round:
+    the paper shape keeps about --history-tokens tokens before the target,
+    every exact method reaches the reset's digest, and the report leads with
+    same-round wall ratios, then decoded, prefilled and Recomp ratios beside
+    the paper's 9.3x and 1.5x."""
+    code = paper_main(["--model", "tiny", "--rounds", "1", "--tables", "table1", "--shape", "current,paper",
+                       "--max-new-tokens", "8", "--out", str(tmp_path)])
+    assert code == 0
+    result = json.loads((tmp_path / "paper.json").read_text())
+    assert result["all_equal_to_reset"] and set(result["tables"]) == {"table1", "table1_paper"}
+    current, shaped = result["tables"]["table1"], result["tables"]["table1_paper"]
+    assert (current["episode"]["shape"], shaped["episode"]["shape"]) == ("current", "paper")
+    assert current["tau"] == 3 and shaped["tau"] > 3
+    # every model turn of the history at its full budget is an upper bound: the
+    # measured prefix is at most the estimate, and a byte model fills its turns
+    assert 800 <= shaped["prefix_tokens"] <= 1000 + 200 and current["prefix_tokens"] < 400
+    assert shaped["suffix_tokens"] == current["suffix_tokens"]  # the same turns after the target
+    for t in (current, shaped):
+        m = t["methods"]
+        assert m["replay"]["equal_to_reset"] is True
+        b5_b7 = next(r for r in t["ratios"] if r["ratio"] == "B5/B7")
+        for kind in ("decoded_tokens", "prefilled_tokens", "recomputed_tokens"):
+            assert b5_b7[kind] == m["reset"][kind] / max(m["replay"][kind], 1)
+        assert m["replay"]["recomputed_tokens"] == m["replay"]["prefilled_tokens"] + m["replay"]["decoded_tokens"]
+        walls = {w["ratio"]: w for w in t["walls"]}
+        assert walls["B7/B5"]["rounds"] == [m["replay"]["wall_s"][0] / m["reset"]["wall_s"][0]]
+        assert walls["B7/floor"]["p50"] == walls["B7/floor"]["rounds"][0] == (
+            m["replay"]["wall_s"][0] / t["floor"]["wall_s"][0])
+    markdown = (tmp_path / "paper.md").read_text()
+    section = markdown.split("(the paper's session shape)")[1]
+    assert section.index("| B7/B5 |") < section.index("| B5/B7 |") < section.index("| method |")
+    assert "| ratio | decoded tokens | prefilled tokens | Recomp (prefilled + decoded) | paper (Recomp) |" in section
+    assert "| 9.3x |" in section and "| 1.5x |" in section
+    assert (tmp_path / "table1_paper.png").stat().st_size > 1000

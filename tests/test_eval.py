@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 
 import pytest
 import torch
@@ -18,6 +19,7 @@ import torch
 from unsee.impl.agent.episode import parse_episode
 from unsee.impl.cli.main import main
 from unsee.impl.eval import paper, suites
+from unsee.impl.eval import run as eval_run
 from unsee.impl.eval.cases import Behavior, EvalCase, Fact, Sink
 from unsee.impl.eval.report import Rows, render_report, summarize, write_report
 from unsee.impl.eval.run import ROWS_FILE, EvalConfig, EvalError, load_engine, read_rows, run_case, run_evaluation
@@ -264,6 +266,69 @@ def test_bad_input_is_named_and_changes_nothing(tmp_path, capsys, argv, message)
     assert main(["eval", "--out", str(out), "--model", "tiny", "--quiet", *argv]) == 2
     assert message in capsys.readouterr().err
     assert not out.exists()
+
+
+def refuse_model_loads(monkeypatch):
+    """Any model load fails the test: the extras are checked before one."""
+    def load_engine(config):
+        raise AssertionError("a model was loaded before the extras were checked")
+
+    monkeypatch.setattr(eval_run, "load_engine", load_engine)
+
+
+def test_missing_scipy_stops_before_any_work(tmp_path, capsys, monkeypatch):
+    """Without scipy (simulated: an import of it fails), ``unsee eval`` stops
+    with the install command before the out folder, a row or a model; so does
+    ``--report-only``, and it leaves the rows as they were."""
+    refuse_model_loads(monkeypatch)
+    monkeypatch.setitem(sys.modules, "scipy", None)
+    out = tmp_path / "out"
+    assert main(["eval", "--suite", "memory", "--episodes", "1", "--model", "tiny", "--out", str(out),
+                 "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "unsee eval needs scipy" in err and "pip install 'unsee[eval]'" in err and "Traceback" not in err
+    assert not out.exists()
+    rows = tmp_path / "old"
+    rows.mkdir()
+    (rows / ROWS_FILE).write_text('{"partial": true}\n')
+    assert main(["eval", "--out", str(rows), "--report-only"]) == 2
+    assert "pip install 'unsee[eval]'" in capsys.readouterr().err
+    assert [p.name for p in rows.iterdir()] == [ROWS_FILE]
+
+
+@pytest.mark.parametrize("suite", ["agentdojo", "all", "memory,agentdojo"])
+def test_missing_agentdojo_stops_before_any_work(tmp_path, capsys, monkeypatch, suite):
+    """The agentdojo suite asked for, by name or under ``all``, without the
+    package: the install command, exit 2, nothing written; the other suites
+    need no agentdojo."""
+    refuse_model_loads(monkeypatch)
+    monkeypatch.setitem(sys.modules, "agentdojo", None)
+    out = tmp_path / "out"
+    assert main(["eval", "--suite", suite, "--episodes", "1", "--model", "tiny", "--out", str(out), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "suite 'agentdojo' needs the optional package agentdojo==0.1.35" in err
+    assert "pip install 'unsee[test]'" in err and "Traceback" not in err
+    assert not out.exists()
+    eval_run.check_eval_extras(("memory", "tool", "behavioral"))  # no agentdojo needed: no error
+
+
+def test_a_report_that_fails_after_the_rows_says_why(run, tmp_path, capsys, monkeypatch):
+    """The rows are done when the report fails (here: scipy gone after the
+    check, as an API caller or a broken install could leave it): no traceback,
+    exit 1, report.md names the failure and the command that renders it
+    again, and the rows are untouched."""
+    out, _, rows = run
+    shutil.copy(out / ROWS_FILE, tmp_path / ROWS_FILE)
+    before = (tmp_path / ROWS_FILE).read_bytes()
+    monkeypatch.setattr(eval_run, "check_eval_extras", lambda suites: None)
+    monkeypatch.setitem(sys.modules, "scipy", None)
+    monkeypatch.delitem(sys.modules, "scipy.stats", raising=False)
+    assert main(["eval", "--out", str(tmp_path), "--report-only"]) == 1
+    err = capsys.readouterr().err
+    assert "the report could not be rendered (ModuleNotFoundError" in err and f"{len(rows)} rows are kept" in err
+    text = (tmp_path / "report.md").read_text()
+    assert "could not be rendered" in text and "ModuleNotFoundError" in text and "--report-only" in text
+    assert (tmp_path / ROWS_FILE).read_bytes() == before
 
 
 def test_unwritable_out_dir(tmp_path, capsys):

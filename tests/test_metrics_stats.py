@@ -199,8 +199,8 @@ def test_generate_cases_names_a_missing_optional_suite(monkeypatch):
     monkeypatch.setattr(suites, "generate_suite", generate_suite, raising=False)
     with pytest.raises(EvalError, match="suite 'agentdojo' cannot be generated here: .*optional package"):
         generate_cases("agentdojo", 1)
-    warnings = []
-    assert len(generate_cases("all", 2, warn=warnings.append)) == 6  # three suites run, agentdojo skipped
-    assert "skipping suite 'agentdojo'" in warnings[0]
+    with pytest.raises(EvalError, match="suite 'agentdojo' cannot be generated here"):
+        generate_cases("all", 2)  # not skipped under all: a run without it would look complete
+    assert len(generate_cases("memory,tool", 2)) == 4
     with pytest.raises(EvalError, match="positive integer"):
         generate_cases("memory", 0)

@@ -13,10 +13,11 @@ from unsee.impl.cli.options import get_spelling, parse_method_list
 
 def get_eval_config(args: argparse.Namespace):
     """The EvalConfig of ``unsee eval``'s options, every one checked before the
-    out folder is created or a model loads."""
-    from unsee.impl.eval.run import EvalConfig, EvalError, get_suite_names
+    out folder is created or a model loads, and the optional packages they need
+    (:func:`~unsee.impl.eval.run.check_eval_extras`)."""
+    from unsee.impl.eval.run import EvalConfig, EvalError, check_eval_extras, get_suite_names
 
-    get_suite_names(args.suite)
+    check_eval_extras(get_suite_names(args.suite))
     if args.episodes <= 0:
         raise EvalError(f"{get_spelling(args, 'episodes')} must be a positive integer, got {args.episodes}")
     methods = parse_method_list(args.method)
@@ -31,17 +32,25 @@ def get_eval_config(args: argparse.Namespace):
 def do_eval(args: argparse.Namespace) -> int:
     """``unsee eval --out DIR``: rows are flushed one by one, so an interrupt
     loses at most the row in progress (exit 130; the same command resumes)."""
-    from unsee.impl.eval.report import write_report
-    from unsee.impl.eval.run import ROWS_FILE, EvalError, check_out_dir, generate_cases, read_rows, run_evaluation
+    from unsee.impl.eval.run import (
+        ROWS_FILE,
+        EvalError,
+        check_eval_extras,
+        check_out_dir,
+        generate_cases,
+        read_rows,
+        run_evaluation,
+    )
 
-    config = None if args.report_only else get_eval_config(args)
-    out = check_out_dir(Path(args.out))
     if args.report_only:
+        check_eval_extras(())  # the report's statistics need scipy
+        out = check_out_dir(Path(args.out))
         rows = read_rows(out / ROWS_FILE)
         if not rows:
             raise EvalError(f"{out / ROWS_FILE}: no rows to report")
-        print(f"report   {write_report(rows, out)}")
-        return Exit.OK
+        return write_report_or_say_why(rows, out)
+    config = get_eval_config(args)
+    out = check_out_dir(Path(args.out))
     read_rows(out / ROWS_FILE)  # a corrupt file fails here, before any model loads
     cases = generate_cases(args.suite, args.episodes, seed=args.seed)
     try:
@@ -52,7 +61,30 @@ def do_eval(args: argparse.Namespace) -> int:
               "again to resume", file=sys.stderr)
         return Exit.INTERRUPTED
     print(f"rows     {out / ROWS_FILE} ({len(rows)} rows)")
-    print(f"report   {write_report(rows, out)}")
+    return write_report_or_say_why(rows, out)
+
+
+def write_report_or_say_why(rows: list[dict], out: Path) -> int:
+    """``report.md`` from the rows (impl/eval/report.py). The rows are done
+    and on disk by now, so a report that cannot be rendered must not end the
+    run in a traceback: ``report.md`` then says what failed and how to render
+    it again from the same rows, and the command exits 1."""
+    from unsee.impl.eval.report import write_report
+    from unsee.impl.eval.run import ROWS_FILE
+
+    try:
+        path = write_report(rows, out)
+    except Exception as exc:  # whatever it is, the finished rows must not end in a traceback
+        why = f"{type(exc).__name__}: {exc}"
+        path = out / "report.md"
+        path.write_text(f"# unsee eval\n\nThe report could not be rendered from the {len(rows)} rows in "
+                        f"`{ROWS_FILE}` ({why}). The rows are complete; fix the cause and render it again "
+                        f"with `unsee eval --out {out} --report-only`.\n", encoding="utf-8")
+        print(f"unsee eval: the report could not be rendered ({why}); the {len(rows)} rows are kept in "
+              f"{out / ROWS_FILE}; fix the cause and run: unsee eval --out {out} --report-only", file=sys.stderr)
+        print(f"report   {path} (says why it is missing)")
+        return Exit.FAILED
+    print(f"report   {path}")
     return Exit.OK
 
 
@@ -71,4 +103,4 @@ def do_conform(args: argparse.Namespace) -> int:
     return Exit.OK if outcome.passed else Exit.FAILED
 
 
-__all__ = ["do_conform", "do_eval", "get_eval_config"]
+__all__ = ["do_conform", "do_eval", "get_eval_config", "write_report_or_say_why"]

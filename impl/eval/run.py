@@ -129,11 +129,10 @@ def get_suite_names(suite: str) -> tuple[str, ...]:
     return tuple(dict.fromkeys(names))
 
 
-def generate_cases(suite: str, n: int, seed: int = 0,
-                   warn: Callable[[str], None] = lambda m: print(m, file=sys.stderr)) -> list[EvalCase]:
+def generate_cases(suite: str, n: int, seed: int = 0) -> list[EvalCase]:
     """``n`` cases of each named suite, from the suite generators (impl/eval/suites.py).
-    ``all`` skips, with a warning, a suite whose optional package is missing;
-    naming that suite is an error."""
+    A suite whose optional package is missing is an error naming it, under
+    ``all`` too (:func:`check_eval_extras` says so before any work)."""
     names = get_suite_names(suite)
     if not isinstance(n, int) or isinstance(n, bool) or n <= 0:
         raise EvalError(f"--n must be a positive integer, got {n!r}")
@@ -148,10 +147,47 @@ def generate_cases(suite: str, n: int, seed: int = 0,
         try:
             cases += generate(name, n, seed=seed)
         except ImportError as exc:  # an optional suite's package (agentdojo) is missing
-            if suite.strip() != "all":
-                raise EvalError(f"suite {name!r} cannot be generated here: {exc}") from None
-            warn(f"unsee eval: skipping suite {name!r}: {exc}")
+            raise EvalError(f"suite {name!r} cannot be generated here: {exc}") from None
     return cases
+
+
+# --- the optional packages ---------------------------------------------------------
+
+
+def get_missing_module(*modules: str) -> str | None:
+    """The first of ``modules`` that cannot be imported here (a missing or
+    broken install), or None. Imported for real, not looked up: a package
+    that is found but fails to import would fail the run later just the same."""
+    import importlib
+
+    for module in modules:
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            return module
+    return None
+
+
+def check_eval_extras(suites: Sequence[str]) -> None:
+    """The optional packages an evaluation of ``suites`` needs, checked before
+    any model loads or any row is written: scipy (the ``eval`` extra: the
+    report's paired tests, impl/eval/stats.py) always, and agentdojo when the
+    ``agentdojo`` suite is asked for, by name or under ``all``. A missing one
+    is an :class:`EvalError` naming the install command; nothing is changed."""
+    missing = get_missing_module("scipy", "scipy.stats")
+    if missing is not None:
+        raise EvalError(f"unsee eval needs scipy for its report's statistics ({missing!r} cannot be imported): "
+                        "pip install 'unsee[eval]'; nothing was run")
+    if "agentdojo" in suites:
+        from unsee.impl.eval.agentdojo import PACKAGE_VERSION
+
+        missing = get_missing_module("agentdojo", "agentdojo.task_suite.load_suites")
+        if missing is not None:
+            others = ",".join(s for s in suites if s != "agentdojo") or "memory"
+            raise EvalError(f"suite 'agentdojo' needs the optional package agentdojo=={PACKAGE_VERSION} "
+                            f"({missing!r} cannot be imported): pip install 'unsee[test]' or "
+                            f"pip install agentdojo=={PACKAGE_VERSION}; or leave the suite out "
+                            f"(--suite {others}); nothing was run")
 
 
 # --- rows on disk ------------------------------------------------------------------
@@ -546,5 +582,6 @@ def _run_workers(cases: Sequence[EvalCase], config: EvalConfig, done: dict, emit
         raise RuntimeError("evaluation worker failed: " + "; ".join(errors))
 
 
-__all__ = ["EvalConfig", "EvalError", "ROWS_FILE", "check_out_dir", "evaluate_state", "generate_cases",
-           "get_suite_names", "make_runtime", "pick_option", "read_rows", "run_case", "run_evaluation"]
+__all__ = ["EvalConfig", "EvalError", "ROWS_FILE", "check_eval_extras", "check_out_dir", "evaluate_state",
+           "generate_cases", "get_missing_module", "get_suite_names", "make_runtime", "pick_option", "read_rows",
+           "run_case", "run_evaluation"]
