@@ -194,10 +194,35 @@ def test_bad_episode_count_names_the_option_typed(tmp_path, capsys, spelling):
     assert not out.exists()
 
 
-def test_eval_on_llamacpp_is_refused_by_name(tmp_path, capsys):
+def test_eval_refuses_a_method_the_engine_cannot_run_by_name(tmp_path, capsys):
+    """Named explicitly, a method the engine cannot run is refused before the
+    out folder is made or a model loads; left at the default (all methods),
+    it is left out with a notice (tests/test_llamacpp.py runs eval there)."""
     out = tmp_path / "out"
-    assert main(["eval", "--out", str(out), "--engine", "llamacpp", "--model", "tiny"]) == Exit.USAGE
-    assert "--engine llamacpp" in capsys.readouterr().err and not out.exists()
+    argv = ["eval", "--out", str(out), "--engine", "llamacpp", "--model", "tiny"]
+    assert main(argv + ["--method", "reset,span-excision"]) == Exit.USAGE
+    assert "the llamacpp engine cannot run span-excision" in capsys.readouterr().err and not out.exists()
+    config = get_eval_config(build_parser().parse_args(argv))
+    assert config.backend == "llamacpp" and config.dtype == "gguf" and "span-excision" not in config.methods
+    assert "cannot run span-excision" in capsys.readouterr().err
+    assert main(argv + ["--device", "cuda"]) == Exit.USAGE
+    assert "--device 'cuda' is not supported" in capsys.readouterr().err and not out.exists()
+
+
+def test_stored_transformers_session_names_its_engine_and_refuses_another(tmp_path, capsys):
+    """A transformers session: show names the engine, forget rebuilds it with
+    no --engine, and --engine llamacpp is refused before any model loads."""
+    store = tmp_path / "s.db"
+    assert main(["run", str(EXAMPLE), "--model", "tiny", "--method", "none", "--store", str(store), "--json"]) == 0
+    capsys.readouterr()
+    assert main(["show", str(store), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["backend"] == "transformers"
+    before = store.read_bytes()
+    assert main(["forget", str(store), "--forget", "notes.address", "--engine", "llamacpp"]) == Exit.USAGE
+    assert "created with engine 'transformers', not 'llamacpp'" in capsys.readouterr().err
+    assert store.read_bytes() == before
+    assert main(["forget", str(store), "--forget", "notes.address", "--engine", "transformers", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["invocations"] > 0
 
 
 def test_forget_source_old_positional_and_new_option(capsys):

@@ -8,6 +8,7 @@ properties/prop_impl_engines.py."""
 from __future__ import annotations
 
 import hashlib
+import json
 import sys
 from pathlib import Path
 
@@ -144,3 +145,120 @@ def test_span_excision_says_this_engine_cannot(engine):
         apply_method(base, "span-excision", episode.target.source)
     assert base.digest() == before
 
+
+
+# --- a stored llama.cpp session through every command (issue 20, item 6) ---------------------------
+
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "secret_in_tool_result.json"
+SECRET, SOURCE = "4417 Elm Street", "notes.address"
+
+
+def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
+    """``unsee ARGV`` in this process: its exit code, stdout and stderr."""
+    from unsee.impl.cli.main import main
+
+    code = main(list(argv))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+@pytest.fixture
+def stored(tmp_path, capsys) -> Path:
+    """A llama.cpp session (tiny GGUF) stored by ``unsee run --store``, nothing forgotten yet."""
+    path = tmp_path / "s.db"
+    code, _, err = run_cli(capsys, "run", str(EXAMPLE), "--engine", "llamacpp", "--model", "tiny",
+                           "--method", "none", "--store", str(path))
+    assert code == 0, err
+    return path
+
+
+@needs_llamacpp
+def test_stored_session_forgets_and_verifies_through_the_cli(stored, tmp_path, capsys):
+    """show, forget and verify rebuild the llama.cpp engine the store
+    records, with no --engine given; the forget equals the full reset run
+    on llama.cpp, and verify rebuilds it there and checks the receipt."""
+    code, out, _ = run_cli(capsys, "show", str(stored), "--json")
+    summary = json.loads(out)
+    assert code == 0 and summary["backend"] == "llamacpp" and summary["model"] == "tiny-gguf"
+    code, out, _ = run_cli(capsys, "show", str(stored), "--model", "tiny")  # the name it loads by
+    assert code == 0 and "(verified by rebuild)" in out and "on the llamacpp engine" in out
+
+    receipt = tmp_path / "receipt.json"
+    code, out, err = run_cli(capsys, "forget", str(stored), "--forget", SOURCE, "--receipt", str(receipt), "--json")
+    assert code == 0, err
+    forgot = json.loads(out)
+    assert forgot["invocations"] == forgot["expected_invocations"] > 0
+    code, out, _ = run_cli(capsys, "run", str(EXAMPLE), "--engine", "llamacpp", "--model", "tiny",
+                           "--method", "reset", "--forget", SOURCE, "--json")
+    assert code == 0 and json.loads(out)["digest"] == forgot["digest"]  # forget == reset, on llama.cpp
+
+    body = json.loads(receipt.read_text())
+    assert body["environment"]["engine"].endswith("LlamaCppEngine") and body["environment"]["threads"] >= 1
+    assert {"flash_attn", "n_ctx", "llama_cpp_python"} <= set(body["environment"])
+    assert "torch" not in body["environment"]  # torch computes nothing there
+    code, out, err = run_cli(capsys, "verify", str(stored), "--receipt", str(receipt), "--value", SECRET)
+    assert code == 0, out + err
+    assert out.strip().endswith(f"verified: {stored}")
+    assert "ok     full reset from R_0 reproduces the receipt's digest" in out
+
+
+@needs_llamacpp
+def test_a_conflicting_engine_is_refused_and_changes_nothing(stored, capsys):
+    before = stored.read_bytes()
+    for command in (["forget", str(stored), "--forget", SOURCE], ["show", str(stored)], ["verify", str(stored)]):
+        code, _, err = run_cli(capsys, *command, "--engine", "transformers")
+        assert code == 2, command
+        assert "created with engine 'llamacpp', not 'transformers'" in err
+    assert stored.read_bytes() == before
+    code, _, err = run_cli(capsys, "forget", str(stored), "--forget", SOURCE, "--engine", "llamacpp")
+    assert code == 0, err  # the store's own engine, named, is fine
+
+
+@needs_llamacpp
+def test_store_records_the_options_the_bits_depend_on(engine, tmp_path):
+    """threads, flash attention and n_ctx are recorded, and the engine the
+    store rebuilds has them, whatever this process's defaults."""
+    from unsee.impl.agent.runtime import AgentRuntime
+    from unsee.impl.store.backend import load_stored_engine
+    from unsee.impl.store.session import PersistentSession
+    from unsee.impl.store.sqlite import SessionStore
+
+    runtime = AgentRuntime.start(engine, system="Be brief.")
+    with PersistentSession.create(tmp_path / "s.db", runtime):
+        pass
+    with SessionStore.open(tmp_path / "s.db") as store:
+        meta = store.get_meta()
+        rebuilt = load_stored_engine(meta)
+        assert store.load(rebuilt).digest() == runtime.digest()
+    assert meta["backend"] == "llamacpp" and meta["model_ref"] == "tiny"
+    assert json.loads(meta["engine_options"]) == {"threads": engine.lm.threads, "n_ctx": 256,
+                                                  "flash_attn": engine.lm.flash_attn}
+    assert (rebuilt.lm.n_ctx, rebuilt.lm.flash_attn) == (256, engine.lm.flash_attn)
+
+
+@needs_llamacpp
+def test_a_llamacpp_session_does_not_continue_on_transformers(stored, tiny_engine):
+    from unsee.impl.store.session import PersistentSession
+    from unsee.impl.store.sqlite import StoreError
+
+    with pytest.raises(StoreError, match="made by the llamacpp engine; it cannot continue on the transformers"):
+        PersistentSession.open(stored, tiny_engine)
+
+
+@needs_llamacpp
+def test_demo_and_eval_run_on_llamacpp(tmp_path, capsys):
+    code, out, err = run_cli(capsys, "demo", "--engine", "llamacpp", "--model", "tiny", "--json")
+    demo = json.loads(out)
+    assert code == 0 and demo["backend"] == "llamacpp" and demo["dtype"] == "gguf", err
+    assert next(r for r in demo["rows"] if r["method"] == "replay")["equals_reset"]
+    out_dir = tmp_path / "eval"
+    argv = ["eval", "--out", str(out_dir), "--suite", "memory", "--episodes", "1", "--method", "reset,replay",
+            "--samples", "0", "--turn-tokens", "4", "--probe-tokens", "4", "--quiet", "--model", "tiny"]
+    code, _, err = run_cli(capsys, *argv, "--engine", "llamacpp")
+    assert code == 0, err
+    rows = [json.loads(line) for line in (out_dir / "rows.jsonl").read_text().splitlines()]
+    assert {r["backend"] for r in rows} == {"llamacpp"} and {r["dtype"] for r in rows} == {"gguf"}
+    assert all(r["equals_reset"] for r in rows)
+    code, _, err = run_cli(capsys, *argv)  # resuming on another engine would mix two experiments
+    assert code == 2 and "run with backend 'llamacpp', this run asks for 'transformers'" in err

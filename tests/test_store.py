@@ -567,6 +567,39 @@ def test_cli_store_forget_show(lm, tmp_path, capsys):
     assert not (tmp_path / "x.db").exists()
 
 
+def test_a_store_without_an_engine_record_is_a_transformers_session(lm, tmp_path, capsys):
+    """Stores written before the store recorded its engine (no ``backend``,
+    ``model_ref``, ``engine_options`` in meta) were all made by transformers:
+    show, forget and verify rebuild them there. A backend this build does not
+    have, or damaged options, is refused by name before any model loads."""
+    import sqlite3
+
+    path = tmp_path / "s.db"
+    with PersistentSession.create(path, run(lm, EPISODE, 4)) as session:
+        meta = session.store.get_meta()
+    assert (meta["backend"], meta["model_ref"], json.loads(meta["engine_options"])) == ("transformers", "tiny", {})
+    with sqlite3.connect(path) as conn:
+        conn.execute("DELETE FROM meta WHERE key IN ('backend', 'model_ref', 'engine_options')")
+    assert cli_main(["show", str(path), "--json", "--model", "tiny"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["backend"] == "transformers" and shown["verified"]
+    receipt = tmp_path / "receipt.json"
+    assert cli_main(["forget", str(path), "--forget", TARGET, "--receipt", str(receipt), "--json"]) == 0
+    capsys.readouterr()
+    assert cli_main(["verify", str(path), "--receipt", str(receipt), "--value", SECRET]) == 0, capsys.readouterr()
+    capsys.readouterr()
+    for key, value, message in [("backend", "vllm", "made by engine 'vllm', which this build does not have"),
+                                ("engine_options", "[1]", "engine_options '[1]' is not a JSON object")]:
+        copy = tmp_path / f"{key}.db"
+        shutil.copy(path, copy)
+        with sqlite3.connect(copy) as conn:
+            conn.execute("INSERT INTO meta (key, value) VALUES (?, ?)", (key, value))
+        before = copy.read_bytes()
+        assert cli_main(["forget", str(copy), "--forget", "notes.pet"]) == 2
+        assert message in capsys.readouterr().err
+        assert copy.read_bytes() == before
+
+
 # --- tool sessions: environment, snapshots and effect log persist ----------------------------
 
 

@@ -8,6 +8,7 @@ snapshot read.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import random
 import shutil
@@ -343,3 +344,28 @@ def test_tool_session_with_an_irrevocable_divergence_then_live_then_forget_verif
         session.forget("inbox/9")
     verdict = verify_store(path)
     assert verdict.outcome == VERIFIED, verdict.failed()
+
+
+# --- a llama.cpp session (issue 20, item 6) ------------------------------------------------------
+
+
+@pytest.mark.skipif(not importlib.util.find_spec("llama_cpp"), reason="llama-cpp-python is not installed")
+def test_llamacpp_session_verifies_there_and_names_its_own_environment(engine_factory, tmp_path):
+    """A llama.cpp session's receipt is verified by rebuilding it on
+    llama.cpp, with the options the store recorded; bits made under another
+    llama.cpp build or context size that do not reproduce are "cannot verify
+    here", naming the llama.cpp facts (not torch's)."""
+    engine = engine_factory("llamacpp-tiny", n_ctx=512)
+    path = tmp_path / "s.db"
+    with PersistentSession.create(path, AgentRuntime.from_episode(engine, parse_episode(EPISODE))) as session:
+        session.forget(TARGET)
+        held = session.receipt
+    verdict = verify_store(path, held, value=SECRET)
+    assert verdict.outcome == VERIFIED, verdict.failed()
+    assert parse_receipt(held)["environment"]["n_ctx"] == 512  # rebuilt with it, not the loader's 4096
+    other = _reissue(path, digest="ab" * 32, llama_cpp_python="0.0.1", n_ctx=1024)
+    verdict = verify_store(path, other)
+    assert verdict.outcome == CANNOT, verdict.checks
+    detail = " ".join(c.detail for c in verdict.failed())
+    assert "llama_cpp_python: receipt '0.0.1'" in detail and "n_ctx: receipt 1024, here 512" in detail
+    assert "torch" not in detail

@@ -63,7 +63,8 @@ def run_demo(model: str = "smollm2", device: str = "cpu", dtype: str = "float32"
     target = episode.target
     say = (lambda *_: None) if as_json else out
     options = get_loader_options(backend, device, dtype)
-    say(f"unsee demo: loading {model} on {device} ({dtype}) ...")
+    weights = dtype if backend == "transformers" else "the file's weights"
+    say(f"unsee demo: loading {model} on the {backend} engine, {device} ({weights}) ...")
     lm = load_model_for(backend, model, **options)
     engine = make_engine(lm, kv_budget=kv_budget)
     say(f"  {lm.determinism}")
@@ -91,7 +92,7 @@ def run_demo(model: str = "smollm2", device: str = "cpu", dtype: str = "float32"
         row["equals_reset"] = row["digest"] == reset["digest"]
     replay = next(r for r in rows if r["method"] == "replay")
     engine.enforce_budget()  # the methods' runtimes are gone: release their lineages
-    summary = {"model": lm.name, "device": device, "dtype": dtype, "secret": target.value,
+    summary = {"model": lm.name, "backend": backend, "device": lm.device, "dtype": lm.dtype, "secret": target.value,
                "T": len(episode.steps), "tau": replay["report"]["tau"], "rows": rows,
                "token_ratio": reset["recomputed_tokens"] / max(1, replay["recomputed_tokens"]),
                "wall_ratio": reset["wall_s"] / max(1e-9, replay["wall_s"]),

@@ -8,7 +8,8 @@ import sys
 from pathlib import Path
 
 from unsee.impl.cli.exits import Exit
-from unsee.impl.cli.options import get_spelling, parse_method_list
+from unsee.impl.cli.options import get_loader_options, get_spelling, parse_method_list
+from unsee.impl.methods.baselines import METHODS
 
 
 def get_eval_config(args: argparse.Namespace):
@@ -20,13 +21,28 @@ def get_eval_config(args: argparse.Namespace):
     check_eval_extras(get_suite_names(args.suite))
     if args.episodes <= 0:
         raise EvalError(f"{get_spelling(args, 'episodes')} must be a positive integer, got {args.episodes}")
-    methods = parse_method_list(args.method)
-    if args.engine != "transformers":
-        raise EvalError(f"--engine {args.engine}: unsee eval runs on the transformers engine only")
-    return EvalConfig(model=args.model, device=args.device, dtype=args.dtype, methods=methods,
+    methods = get_eval_methods(args)
+    # llama.cpp runs the file's own weight types on the cpu: its rows say dtype 'gguf', as its stores do
+    dtype = get_loader_options(args.engine, args.device, args.dtype).get("dtype", "gguf")
+    return EvalConfig(model=args.model, backend=args.engine, device=args.device, dtype=dtype, methods=methods,
                       samples=args.samples, workers=args.workers, kv_budget=args.kv_budget,
                       max_new_tokens=args.probe_tokens, turn_tokens=args.turn_tokens,
                       share_identical=not args.no_share)
+
+
+def get_eval_methods(args: argparse.Namespace) -> tuple[str, ...]:
+    """``--method``'s methods; left at its default (all), without those the
+    engine cannot run, which a notice names (named explicitly, EvalConfig
+    refuses them)."""
+    from unsee.impl.eval.run import UNSUPPORTED_METHODS
+
+    methods = parse_method_list(args.method)
+    skipped = UNSUPPORTED_METHODS.get(args.engine, {})
+    if args.method != ",".join(METHODS) or not set(skipped) & set(methods):
+        return methods
+    print(f"unsee eval: the {args.engine} engine cannot run {', '.join(skipped)} "
+          f"({'; '.join(skipped.values())}); running the other methods", file=sys.stderr)
+    return tuple(m for m in methods if m not in skipped)
 
 
 def do_eval(args: argparse.Namespace) -> int:
@@ -103,4 +119,4 @@ def do_conform(args: argparse.Namespace) -> int:
     return Exit.OK if outcome.passed else Exit.FAILED
 
 
-__all__ = ["do_conform", "do_eval", "get_eval_config", "write_report_or_say_why"]
+__all__ = ["do_conform", "do_eval", "get_eval_config", "get_eval_methods", "write_report_or_say_why"]

@@ -103,10 +103,20 @@ def get_loader_options(backend: str, device: str, dtype: str) -> dict:
     return {}
 
 
+def add_stored_engine_option(parser: argparse.ArgumentParser) -> None:
+    """``--engine`` of a subcommand that rebuilds the engine the store
+    records: not needed; given, it must be that engine."""
+    parser.add_argument("--engine", default=None, choices=BACKENDS,
+                        help="must be the engine the session was made by (default: that engine, as the store "
+                             "records it)")
+
+
 def add_stored_model_options(parser: argparse.ArgumentParser, verify: bool = False) -> None:
-    """``--model``, ``--device``, ``--dtype`` of a subcommand that reads the
-    model from a store: given, they must match the store's."""
+    """``--engine``, ``--model``, ``--device``, ``--dtype`` of a subcommand
+    that reads the engine and model from a store: given, they must match the
+    store's."""
     what = "rebuild the session on this model and check its digest; " if verify else ""
+    add_stored_engine_option(parser)
     parser.add_argument("--model", default=None,
                         help=f"{what}must be the model the session was created with (default: that model)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
@@ -122,5 +132,6 @@ def get_method_help(default: str) -> str:
             f"(default: {default})")
 
 
-__all__ = ["DeprecatedAlias", "add_alias", "add_engine_options", "add_json_option", "add_stored_model_options",
+__all__ = ["DeprecatedAlias", "add_alias", "add_engine_options", "add_json_option", "add_stored_engine_option",
+           "add_stored_model_options",
            "get_loader_options", "get_method_help", "get_spelling", "parse_bytes", "parse_method", "parse_method_list"]

@@ -8,8 +8,9 @@ aliases, :func:`~unsee.impl.cli.options.add_alias`):
   slugs or the paper's numbers (B0..B9);
 - generated episodes: ``--episodes N`` (``eval``, ``conform``);
 - engine and model: ``--engine``, ``--model`` wherever a model is loaded
-  (``run``, ``demo``, ``eval``); ``forget``, ``show`` and ``verify`` read the
-  model from the store;
+  (``run``, ``demo``, ``eval``); ``forget``, ``show`` and ``verify`` rebuild
+  the engine and model the store records (impl/store/backend.py), and an
+  ``--engine`` or ``--model`` given there must be the store's;
 - paths: ``--store PATH``, ``--receipt FILE``, ``--out PATH`` for what a
   command writes.
 """
@@ -22,6 +23,7 @@ from unsee.impl.cli.options import (
     add_alias,
     add_engine_options,
     add_json_option,
+    add_stored_engine_option,
     add_stored_model_options,
     get_method_help,
     parse_method,
@@ -76,6 +78,7 @@ def add_verify_parser(sub) -> None:
     verify.add_argument("--receipt", metavar="FILE", help="the receipt you hold (default: the store's latest)")
     verify.add_argument("--value", metavar="V", help="a forgotten value to look for in the raw bytes of every "
                                                      "file the session owns (never stored; '-' reads it from stdin)")
+    add_stored_engine_option(verify)
     verify.add_argument("--device", default="cpu", help="cpu or cuda")
     add_json_option(verify)
 

@@ -1,7 +1,8 @@
 """The stored-session subcommands of docs/persistence.md: ``unsee forget``,
-``unsee show`` and ``unsee verify``. Each reads the model from the store;
-a ``--model``/``--dtype`` given must match it (checked before any model
-loads)."""
+``unsee show`` and ``unsee verify``. Each rebuilds the engine and model the
+store records (impl/store/backend.py: the backend, the model and the options
+its bits depend on), through the registry; an ``--engine``/``--model``/
+``--dtype`` given must match the store's (checked before any model loads)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,6 @@ import sys
 
 from unsee.impl.cli.exits import Exit
 from unsee.impl.cli.run import describe_drafts
-from unsee.impl.engines.registry import load_engine
 from unsee.impl.util.progress import progress_bar
 
 #: How often `unsee forget` redoes a forget that lost a commit race.
@@ -19,19 +19,32 @@ RETRIES = 3
 
 
 def open_stored(args: argparse.Namespace):
-    """The store, after checking ``--model``/``--dtype`` against it (before any model loads)."""
-    from unsee.impl.store.schema import StoreError
+    """The store, after checking ``--engine``/``--model``/``--dtype`` against it (before any model loads)."""
     from unsee.impl.store.sqlite import SessionStore
 
     store = SessionStore.open(args.store, busy_timeout=getattr(args, "wait", 10.0))
-    meta = store.get_meta()
-    for option, stored in (("model", meta["model"]), ("dtype", meta["dtype"])):
-        given = getattr(args, option)
-        if given is not None and given != stored:
-            store.close()
-            raise StoreError(f"{args.store}: the session was created with {option} {stored!r}, not {given!r}; "
-                             f"run with --{option} {stored} (or leave --{option} out)")
+    try:
+        check_stored_options(args, store.get_meta())
+    except BaseException:
+        store.close()
+        raise
     return store
+
+
+def check_stored_options(args: argparse.Namespace, meta: dict[str, str]) -> None:
+    """An ``--engine``, ``--model`` or ``--dtype`` given must be the store's
+    (``--model`` may name the model as loaded or as the store loads it, e.g.
+    ``tiny`` for llama.cpp's ``tiny-gguf``); a StoreError names the option."""
+    from unsee.impl.store.backend import read_stored_engine
+    from unsee.impl.store.schema import StoreError
+
+    stored = read_stored_engine(meta, args.store)
+    allowed = {"engine": (stored.backend,), "model": (meta["model"], stored.model), "dtype": (meta["dtype"],)}
+    for option, values in allowed.items():
+        given = getattr(args, option, None)
+        if given is not None and given not in values:
+            raise StoreError(f"{args.store}: the session was created with {option} {values[-1]!r}, not {given!r}; "
+                             f"run with --{option} {values[-1]} (or leave --{option} out)")
 
 
 def get_forget_source(args: argparse.Namespace) -> str:
@@ -79,15 +92,15 @@ def forget_with_retries(store, source: str, device: str, progress: bool):
     A conflict means another process committed while this one replayed: the
     forget is redone on the newer state (it still has to happen there); the
     loser's state, which may hold the value, was dropped by the session."""
+    from unsee.impl.store.backend import load_stored_engine
     from unsee.impl.store.schema import StoreConflictError
     from unsee.impl.store.session import PersistentSession
 
-    meta = store.get_meta()
     engine = None
     for attempt in range(1, RETRIES + 1):
         try:
-            if engine is None:
-                engine = load_engine(meta["model"], "transformers", device=device, dtype=meta["dtype"])
+            if engine is None:  # the engine the store records, rebuilt through the registry
+                engine = load_stored_engine(store.get_meta(), device, path=store.path)
             session = PersistentSession(store, store.load(engine))
             return session.forget(source, progress_bar("forget", progress))
         except StoreConflictError as exc:
@@ -125,6 +138,8 @@ def do_verify(args: argparse.Namespace) -> int:
                 receipt = f.read()
         except OSError as exc:
             raise ValueError(f"{args.receipt}: cannot read the receipt ({exc.strerror})") from None
+    if args.engine is not None:  # given, it must be the store's engine (checked before reading stdin)
+        check_verify_engine(args)
     value = sys.stdin.readline().rstrip("\n") if args.value == "-" else args.value
     verdict = verify_store(args.store, receipt, value, device=args.device)
     if args.json:
@@ -138,14 +153,31 @@ def do_verify(args: argparse.Namespace) -> int:
     return Exit.OK if verdict.outcome == VERIFIED else Exit.CANNOT_VERIFY if verdict.outcome == CANNOT else Exit.FAILED
 
 
+def check_verify_engine(args: argparse.Namespace) -> None:
+    """``unsee verify --engine E``: E must be the engine the store records
+    (read from a read-only open, as verify reads; a StoreError otherwise). A
+    store that does not open is left to verify, which names why."""
+    from unsee.impl.store.schema import StoreError
+    from unsee.impl.store.sqlite import SessionStore
+
+    try:
+        store = SessionStore.open(args.store, readonly=True)
+    except StoreError:
+        return
+    with store:
+        check_stored_options(args, store.get_meta())
+
+
 def do_show(args: argparse.Namespace) -> int:
     """``unsee show PATH [--model M]``: the stored session's summary; with
     ``--model``, rebuilt on that model and its digest checked."""
+    from unsee.impl.store.backend import load_stored_engine
+
     store = open_stored(args)
     try:
         summary = store.get_summary()
-        if args.model is not None:  # rebuild on the named model: the digest must match
-            engine = load_engine(args.model, "transformers", device=args.device, dtype=summary["dtype"])
+        if args.model is not None:  # rebuild on the named model (the store's): the digest must match
+            engine = load_stored_engine(store.get_meta(), args.device, path=store.path)
             summary["verified"] = store.load(engine).digest() == summary["digest"]
     finally:
         store.close()
@@ -153,7 +185,7 @@ def do_show(args: argparse.Namespace) -> int:
         print(json.dumps(summary, indent=2, default=str))
         return Exit.OK
     print(f"session  {summary['path']} ({summary['runtime']}, schema {summary['schema_version']})")
-    print(f"model    {summary['model']} ({summary['dtype']})")
+    print(f"model    {summary['model']} ({summary['dtype']}) on the {summary['backend']} engine")
     print(f"T        {summary['T']} steps, {summary['transitions']} transitions run")
     print(f"digest   {summary['digest']}" + ("   (verified by rebuild)" if summary.get("verified") else ""))
     print(f"forgot   {', '.join(summary['forgotten']) or '-'}")
@@ -163,5 +195,5 @@ def do_show(args: argparse.Namespace) -> int:
     return Exit.OK
 
 
-__all__ = ["RETRIES", "do_forget", "do_show", "do_verify", "forget_with_retries", "get_forget_source",
-           "open_stored"]
+__all__ = ["RETRIES", "check_stored_options", "check_verify_engine", "do_forget", "do_show", "do_verify",
+           "forget_with_retries", "get_forget_source", "open_stored"]

@@ -56,6 +56,7 @@ from unsee.impl.eval.metrics import (
 )
 from unsee.impl.eval.suites import SUITES, get_case_tools
 from unsee.impl.methods.baselines import METHODS, PAPER_NAMES, apply_method
+from unsee.impl.util.modules import get_missing_module
 from unsee.impl.util.progress import open_bar
 from unsee.impl.util.text import normalize
 
@@ -66,7 +67,11 @@ REFERENCE = "reset"
 #: the task query of an episode that names none
 DEFAULT_TASK = "What do you know about the user?"
 #: the row fields a resumed run checks against its own configuration
-CONFIG_FIELDS = ("model", "device", "dtype", "samples", "temperature", "probe_tokens", "turn_tokens")
+CONFIG_FIELDS = ("backend", "model", "device", "dtype", "samples", "temperature", "probe_tokens", "turn_tokens")
+#: the backend of a row written before rows recorded one (every such run was on transformers)
+LEGACY_BACKEND = "transformers"
+#: per backend, the methods it cannot run, and why (refused before any work)
+UNSUPPORTED_METHODS = {"llamacpp": {"span-excision": "the llama.cpp engine cannot cut a span out of its KV"}}
 
 
 class EvalError(ValueError):
@@ -76,6 +81,8 @@ class EvalError(ValueError):
 @attrs.frozen
 class EvalConfig:
     model: str = "smollm2"
+    #: the registry backend (impl/engines/registry.py): transformers or llamacpp
+    backend: str = "transformers"
     device: str = "cpu"
     dtype: str = "float32"
     methods: tuple[str, ...] = METHODS
@@ -93,6 +100,14 @@ class EvalConfig:
     share_identical: bool = True
 
     def __attrs_post_init__(self) -> None:
+        from unsee.impl.engines.registry import BACKENDS
+
+        if self.backend not in BACKENDS:
+            raise EvalError(f"backend {self.backend!r} is not one of {BACKENDS}")
+        refused = {m: why for m, why in UNSUPPORTED_METHODS.get(self.backend, {}).items() if m in self.methods}
+        if refused:
+            raise EvalError(f"the {self.backend} engine cannot run {', '.join(refused)} "
+                            f"({'; '.join(refused.values())}): leave it out of the methods")
         unknown = [m for m in self.methods if m not in METHODS]
         if unknown:
             raise EvalError(f"unknown method(s) {', '.join(map(repr, unknown))}; expected some of {METHODS}")
@@ -152,20 +167,6 @@ def generate_cases(suite: str, n: int, seed: int = 0) -> list[EvalCase]:
 
 
 # --- the optional packages ---------------------------------------------------------
-
-
-def get_missing_module(*modules: str) -> str | None:
-    """The first of ``modules`` that cannot be imported here (a missing or
-    broken install), or None. Imported for real, not looked up: a package
-    that is found but fails to import would fail the run later just the same."""
-    import importlib
-
-    for module in modules:
-        try:
-            importlib.import_module(module)
-        except ImportError:
-            return module
-    return None
 
 
 def check_eval_extras(suites: Sequence[str]) -> None:
@@ -244,13 +245,15 @@ def check_out_dir(out: Path) -> Path:
 
 def check_resumable(rows: Sequence[dict], config: EvalConfig, path: Path) -> None:
     """Rows from another configuration would mix two experiments in one report."""
-    wanted = {"model": config.model, "device": config.device, "dtype": config.dtype, "samples": config.samples,
+    wanted = {"backend": config.backend, "model": config.model, "device": config.device, "dtype": config.dtype,
+              "samples": config.samples,
               "temperature": config.temperature, "probe_tokens": config.max_new_tokens,
               "turn_tokens": config.turn_tokens}
     for number, row in enumerate(rows, start=1):
         for field in CONFIG_FIELDS:
-            if field in row and row[field] != wanted[field]:
-                raise EvalError(f"{path}: row {number} was run with {field} {row[field]!r}, this run asks for "
+            had = row.get(field, LEGACY_BACKEND) if field == "backend" else row.get(field, wanted[field])
+            if had != wanted[field]:
+                raise EvalError(f"{path}: row {number} was run with {field} {had!r}, this run asks for "
                                 f"{wanted[field]!r}: use another --out folder or the same settings")
 
 
@@ -472,7 +475,8 @@ def run_case(engine, case: EvalCase, config: EvalConfig, done: dict[str, dict] |
 def _row(case: EvalCase, method: str, result, config: EvalConfig, carries: bool, base: AgentRuntime) -> dict:
     report = result.report
     return {"row_version": ROW_VERSION, "suite": case.suite, "case": case.id, "method": method,
-            "paper_name": PAPER_NAMES.get(method, method), "model": config.model, "device": config.device,
+            "paper_name": PAPER_NAMES.get(method, method), "backend": config.backend, "model": config.model,
+            "device": config.device,
             "dtype": config.dtype, "threads": _threads(), "samples": config.samples,
             "temperature": config.temperature, "probe_tokens": config.max_new_tokens,
             "turn_tokens": config.turn_tokens, "T": base.t,
@@ -535,7 +539,8 @@ def run_evaluation(cases: Sequence[EvalCase], config: EvalConfig, out: str | Pat
 def load_engine(config: EvalConfig):
     from unsee.impl.engines.registry import load_engine
 
-    return load_engine(config.model, "transformers", kv_budget=config.kv_budget, device=config.device, dtype=config.dtype)
+    options = {"device": config.device, "dtype": config.dtype} if config.backend == "transformers" else {}
+    return load_engine(config.model, config.backend, kv_budget=config.kv_budget, **options)
 
 
 def _worker(cases: list[EvalCase], config: EvalConfig, done: dict, queue) -> None:
@@ -582,6 +587,7 @@ def _run_workers(cases: Sequence[EvalCase], config: EvalConfig, done: dict, emit
         raise RuntimeError("evaluation worker failed: " + "; ".join(errors))
 
 
-__all__ = ["EvalConfig", "EvalError", "ROWS_FILE", "check_eval_extras", "check_out_dir", "evaluate_state",
-           "generate_cases", "get_missing_module", "get_suite_names", "make_runtime", "pick_option", "read_rows",
+__all__ = ["EvalConfig", "EvalError", "LEGACY_BACKEND", "ROWS_FILE", "UNSUPPORTED_METHODS", "check_eval_extras",
+           "check_out_dir", "evaluate_state", "generate_cases", "get_suite_names",
+           "make_runtime", "pick_option", "read_rows",
            "run_case", "run_evaluation"]

@@ -36,7 +36,7 @@ RECEIPT_VERSION = 1
 #: here" instead of "failed". (``python`` and ``sqlite`` are recorded, not
 #: compared: neither enters the digest.)
 DIGEST_FACTS = ("engine", "device", "dtype", "threads", "torch", "transformers", "machine", "cpu_capability",
-                "cpu_flags")
+                "cpu_flags", "flash_attn", "n_ctx", "llama_cpp_python")
 
 #: The CPU flags that select torch's CPU kernels (and so the bits of a
 #: float reduction); the full /proc/cpuinfo list would differ between
@@ -117,15 +117,30 @@ def cpu_features() -> dict:
 
 def environment(engine) -> dict:
     """Engine, device, dtype, torch threads, library versions and CPU features
-    of this process: what the state digest of ``engine`` depends on."""
+    of this process: what the state digest of ``engine`` depends on (for a
+    llama.cpp engine, :func:`llamacpp_environment`)."""
     import torch
 
+    lm = engine.lm
+    if type(lm).__name__ == "LlamaCppModel":
+        return llamacpp_environment(engine)
     from unsee.impl.engines.hf import adapter
 
-    lm = engine.lm
     return {"engine": f"{type(engine).__module__}.{type(engine).__qualname__}", "device": lm.device,
             "dtype": lm.dtype, "threads": torch.get_num_threads(), "torch": torch.__version__,
             "transformers": adapter.TRANSFORMERS_VERSION, "python": platform.python_version(),
+            "sqlite": sqlite3.sqlite_version, **cpu_features()}
+
+
+def llamacpp_environment(engine) -> dict:
+    """What a llama.cpp engine's state digest depends on: the engine, its
+    thread count, attention kernel (flash attention or not) and context size,
+    the llama-cpp-python build and the CPU. Neither torch nor transformers
+    computes anything there, so neither is recorded."""
+    lm = engine.lm
+    return {"engine": f"{type(engine).__module__}.{type(engine).__qualname__}", "device": lm.device,
+            "dtype": lm.dtype, "threads": lm.threads, "flash_attn": lm.flash_attn, "n_ctx": lm.n_ctx,
+            "llama_cpp_python": lm.info.get("llama_cpp_python", "?"), "python": platform.python_version(),
             "sqlite": sqlite3.sqlite_version, **cpu_features()}
 
 
@@ -231,5 +246,5 @@ def receipt_summary(body: Mapping[str, Any]) -> str:
 
 
 __all__ = ["DIGEST_FACTS", "RECEIPT_FORMAT", "RECEIPT_VERSION", "ReceiptError", "build_receipt", "cpu_features",
-           "environment", "environment_differences", "generated_hash", "generated_of", "log_hash",
-           "parse_receipt", "receipt_summary", "weights_hash"]
+           "environment", "environment_differences", "generated_hash", "generated_of", "llamacpp_environment",
+           "log_hash", "parse_receipt", "receipt_summary", "weights_hash"]

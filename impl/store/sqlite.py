@@ -54,6 +54,7 @@ from unsee.impl.agent.loading import UnknownExtensionError, load_runtime
 from unsee.impl.agent.report import ForgetReport
 from unsee.impl.agent.runtime import AgentRuntime
 from unsee.impl.engines.protocol import Engine
+from unsee.impl.store.backend import check_engine_choice, get_backend_of, get_engine_meta
 from unsee.impl.store.receipt import build_receipt
 from unsee.impl.store.records import (
     bind_text,
@@ -132,7 +133,7 @@ class SessionStore:
                 meta = {"format": FORMAT, "schema_version": str(SCHEMA_VERSION),
                         "runtime": type(runtime).__name__, "model": str(lm.name), "dtype": lm.dtype,
                         "device": lm.device, "threads": str(_threads()), "scrub_pending": "0",
-                        "session_id": uuid.uuid4().hex}
+                        "session_id": uuid.uuid4().hex, **get_engine_meta(runtime.engine)}
                 store._conn.executemany("INSERT INTO meta (key, value) VALUES (?, ?)",
                                         [(k, bind_text(v)) for k, v in sorted(meta.items())])
             store.generation = 0
@@ -219,7 +220,7 @@ class SessionStore:
                        "FROM forget_log ORDER BY seq")]
             sources = [read_text(r[0]) for r in self._conn.execute("SELECT source FROM items ORDER BY step_seq, pos")]
         return {"path": str(self.path), "schema_version": int(meta["schema_version"]), "runtime": meta["runtime"],
-                "session_id": meta.get("session_id"),
+                "session_id": meta.get("session_id"), "backend": check_engine_choice(meta, None, self.path).backend,
                 "model": meta["model"], "dtype": meta["dtype"], "T": t, "transitions": transitions,
                 "digest": digest.hex(), "generation": generation, "forgotten": forgotten,
                 "sources": sources, "checkpoints": checkpoints, "forgets": log}
@@ -331,12 +332,14 @@ class SessionStore:
                 raise StoreError(f"{self.path}: the rebuilt state's digest {rebuilt[:16]}... differs from the "
                                  f"stored {stored[:16]}...: the session was written by another model, device, "
                                  f"dtype, build or CPU thread count (stored with {meta.get('threads')} torch "
-                                 f"threads, this process has {_threads()}), so it cannot continue exactly")
+                                 f"threads, this process has {_threads()}; engine options "
+                                 f"{meta.get('engine_options', '{}')}), so it cannot continue exactly")
         return runtime
 
     def check_model(self, engine: Engine) -> None:
         meta = self.get_meta()
         lm = engine.lm
+        check_engine_choice(meta, get_backend_of(engine), self.path)  # the engine that made the session
         if lm.name != meta["model"] or lm.dtype != meta["dtype"]:
             raise StoreError(f"{self.path}: the session was created with model {meta['model']!r} "
                              f"({meta['dtype']}); it cannot continue on {lm.name!r} ({lm.dtype})")

@@ -19,6 +19,7 @@ forget itself used is reused. Outcomes:
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,9 @@ from typing import Any
 import attrs
 
 from unsee.impl.agent.loading import load_runtime
-from unsee.impl.engines.registry import make_engine
+from unsee.impl.engines.llamacpp.engine import LlamaCppMissingError
+from unsee.impl.engines.registry import load_model_for, make_engine
+from unsee.impl.store.backend import read_stored_engine
 from unsee.impl.store.receipt import (
     ReceiptError,
     environment,
@@ -103,8 +106,9 @@ def verify_store(path: str | Path, receipt_text: str | bytes | None = None, valu
     """Check the store at ``path`` (and, given, the receipt a third party
     holds) as the module docstring describes. ``value``: a forgotten value to
     look for in the raw bytes of every file the session owns (never stored).
-    ``load_model``: how to load the named model (default
-    :func:`unsee.impl.engines.hf.models.load_model`)."""
+    ``load_model``: how to load the named model, ``(model, **loader options)
+    -> lm`` (default: the registry's loader of the backend the store records,
+    impl/store/backend.py)."""
     path = Path(path)
     verdict = Verdict(str(path))
     try:
@@ -168,17 +172,19 @@ def _check_receipts_and_log(verdict: Verdict, snap: dict, receipt_text) -> dict 
 
 
 def _load_receipt_model(verdict: Verdict, meta: dict, target: dict, device: str, load_model) -> tuple[Any, bool]:
-    """The receipt's model, loaded here: ``(lm or None, whether its weights are the receipt's)``."""
+    """The receipt's model, loaded here on the engine the store records
+    (impl/store/backend.py): ``(lm or None, whether its weights are the receipt's)``."""
     if meta.get("model") != target["model"]["name"] or meta.get("dtype") != target["environment"].get("dtype"):
         verdict.add("model", False, f"the store names model {meta.get('model')!r} ({meta.get('dtype')}), the "
                                     f"receipt {target['model']['name']!r} ({target['environment'].get('dtype')})")
         return None, False
-    if load_model is None:
-        from unsee.impl.engines.hf.models import load_model
+    stored = read_stored_engine(meta)
     try:
-        lm = load_model(meta["model"], device=device, dtype=meta["dtype"])
-    except (ValueError, OSError) as exc:
-        verdict.add("model", False, f"model {meta['model']!r} cannot be loaded here ({exc})", cannot=True)
+        options = stored.get_loader_options(meta, device)
+        lm = (load_model or functools.partial(load_model_for, stored.backend))(stored.model, **options)
+    except (ValueError, OSError, LlamaCppMissingError) as exc:
+        verdict.add("model", False, f"model {stored.model!r} cannot be loaded here on the {stored.backend} engine "
+                                    f"({exc})", cannot=True)
         return None, False
     weights = weights_hash(lm)
     return lm, verdict.add("model weights are the receipt's", weights == target["model"]["weights_sha256"],

@@ -1,0 +1,120 @@
+"""Which engine made a stored session, and how to build it again
+(docs/persistence.md, "Which engine").
+
+A store's ``meta`` records, besides ``model`` (the loaded model's name) and
+``dtype``:
+
+``backend``         the registry backend (:data:`~unsee.impl.engines.registry.BACKENDS`)
+``model_ref``       what the registry loads that model from: a name (``tiny``,
+                    ``smollm2``) or the path given at creation
+``engine_options``  JSON object: the loader options the state's bits depend on
+                    (llama.cpp: ``threads``, ``flash_attn``, ``n_ctx``;
+                    transformers: none beyond ``dtype``, and the device is the
+                    caller's)
+
+``unsee forget``, ``show`` and ``verify`` rebuild the engine from these
+through :mod:`unsee.impl.engines.registry`. A store written before these keys
+existed (every such store was written by the transformers engine, the only
+one the store used then) reads as ``backend`` transformers, ``model_ref`` its
+``model`` and no options.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import attrs
+
+from unsee.impl.engines.protocol import Engine
+from unsee.impl.engines.registry import BACKENDS, DEFAULT_BACKEND, load_engine, load_model_for
+from unsee.impl.store.schema import StoreError
+
+#: The backend of a store that records none (written before the key existed).
+LEGACY_BACKEND = DEFAULT_BACKEND
+#: Per backend, the loader options recorded because the KV bits depend on
+#: them (llama.cpp's thread count, attention kernel and context size).
+RECORDED_OPTIONS = {"transformers": (), "llamacpp": ("threads", "flash_attn", "n_ctx")}
+#: llama.cpp's model names whose loaded name differs from the name to load.
+LLAMACPP_LOADED_NAMES = {"tiny-gguf": "tiny"}
+
+
+@attrs.frozen
+class StoredEngine:
+    """How to build a stored session's engine: ``backend``, ``model`` (what
+    the registry loads) and the recorded loader ``options``."""
+
+    backend: str
+    model: str
+    options: dict[str, Any] = attrs.field(factory=dict)
+
+    def get_loader_options(self, meta: dict[str, str], device: str = "cpu") -> dict[str, Any]:
+        """The registry's loader options: transformers takes ``device`` and the
+        stored ``dtype``; llama.cpp its recorded options, on the cpu only."""
+        if self.backend == "llamacpp":
+            if device != "cpu":
+                raise ValueError(f"the session was made by the llamacpp engine, which runs on the cpu here; "
+                                 f"--device {device!r} is not supported")
+            return dict(self.options)
+        return {"device": device, "dtype": meta["dtype"], **self.options}
+
+
+def get_backend_of(engine: Engine) -> str:
+    """The registry backend of a built engine (as the registry's ``make_engine`` tells them apart)."""
+    return "llamacpp" if type(engine.lm).__name__ == "LlamaCppModel" else "transformers"
+
+
+def get_engine_meta(engine: Engine) -> dict[str, str]:
+    """The meta entries naming how ``engine`` is built again (module docstring)."""
+    backend = get_backend_of(engine)
+    lm = engine.lm
+    name = str(lm.name)
+    model_ref = LLAMACPP_LOADED_NAMES.get(name, name) if backend == "llamacpp" else name
+    options = {key: getattr(lm, key) for key in RECORDED_OPTIONS[backend]}
+    return {"backend": backend, "model_ref": model_ref, "engine_options": json.dumps(options, sort_keys=True)}
+
+
+def read_stored_engine(meta: dict[str, str], path: object = "the store") -> StoredEngine:
+    """The :class:`StoredEngine` of a store's ``meta``; a store without the
+    keys is a transformers session of its ``model``. A backend this build
+    does not know, or options that are not a JSON object, is a StoreError."""
+    backend = meta.get("backend", LEGACY_BACKEND)
+    if backend not in BACKENDS:
+        raise StoreError(f"{path}: the session was made by engine {backend!r}, which this build does not have "
+                         f"(it has {', '.join(BACKENDS)})")
+    try:
+        options = json.loads(meta.get("engine_options", "{}"))
+    except ValueError:
+        options = None
+    if not isinstance(options, dict) or set(options) - set(RECORDED_OPTIONS[backend]):
+        raise StoreError(f"{path}: damaged session store (engine_options {meta.get('engine_options')!r} is not a "
+                         f"JSON object of {RECORDED_OPTIONS[backend] or 'no'} options)")
+    return StoredEngine(backend, meta.get("model_ref", meta["model"]), options)
+
+
+def check_engine_choice(meta: dict[str, str], engine: str | None, path: object = "the store") -> StoredEngine:
+    """The stored engine, after checking ``engine`` (a backend name, or None
+    for any) against it: a session continues only on the engine that made it."""
+    stored = read_stored_engine(meta, path)
+    if engine is not None and engine != stored.backend:
+        raise StoreError(f"{path}: the session was made by the {stored.backend} engine; it cannot continue on "
+                         f"the {engine} engine")
+    return stored
+
+
+def load_stored_model(meta: dict[str, str], device: str = "cpu", path: object = "the store"):
+    """The stored session's model, loaded through the registry from what the store recorded."""
+    stored = read_stored_engine(meta, path)
+    return load_model_for(stored.backend, stored.model, **stored.get_loader_options(meta, device))
+
+
+def load_stored_engine(meta: dict[str, str], device: str = "cpu", kv_budget: int | None = None,
+                       path: object = "the store") -> Engine:
+    """An engine for the stored session, built through the registry from what the store recorded."""
+    stored = read_stored_engine(meta, path)
+    return load_engine(stored.model, stored.backend, kv_budget=kv_budget,
+                       **stored.get_loader_options(meta, device))
+
+
+__all__ = ["LEGACY_BACKEND", "LLAMACPP_LOADED_NAMES", "RECORDED_OPTIONS", "StoredEngine", "check_engine_choice",
+           "get_backend_of", "get_engine_meta", "load_stored_engine", "load_stored_model", "read_stored_engine"]
