@@ -27,6 +27,8 @@ lookup_guard_is_needed                                  on ``tiny-ties`` with th
 ======================================================  ===========================================================
 
 ``nightly`` runs ``max_examples`` (2,000) of the first property.
+
+That *each* site of the guard is needed at its own site: ``prop_guard_sites.py``.
 """
 
 from __future__ import annotations
