@@ -64,6 +64,8 @@ TIERS: dict[int, tuple[str, ...]] = {
     1: (
         # engines: every verb on every engine (names the verb that broke), then budget eviction
         "properties/prop_engine_verbs.py", "tests/test_kv_engine.py", "tests/test_runtime_budget.py",
+        # drafts: each guard site needed at its own site
+        "properties/prop_guard_sites.py",
         # store: the hostile-schema property, verify's rebuild
         "properties/prop_store_hostile.py", "tests/test_verify.py",
         # eval: the AgentDojo attack span
