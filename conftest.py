@@ -8,8 +8,8 @@ seconds, before the slow end-to-end runs start:
   spec's properties (``properties/prop_spec*.py``) and the z3 proofs;
 - tier 1, fast unit checks per subsystem: the engine verbs on every engine,
   the KV engine and budget eviction, the hostile-schema property, verify's
-  rebuild, the AgentDojo attack span, then the episode format, the runtime,
-  metrics and stats;
+  rebuild, the AgentDojo attack span, then the episode format, the runtime, its
+  rendering, metrics and stats;
 - tier 2, everything not named in :data:`TIERS`;
 - tier 3, slow end-to-end runs: SmolLM2 (the ``smollm2`` marker), the
   evaluation runs, concurrency and crash windows, the paper tables, the
@@ -72,7 +72,7 @@ TIERS: dict[int, tuple[str, ...]] = {
         "tests/test_suites_agentdojo.py",
         # the other fast unit checks: KV engine, llama.cpp parts, episode format, runtime, metrics and stats
         "tests/test_kv.py", "tests/test_llamacpp.py", "tests/test_episode_format.py", "tests/test_runtime.py",
-        "tests/test_metrics_stats.py",
+        "tests/test_render.py", "tests/test_metrics_stats.py",
     ),
     3: (
         "tests/test_kv_engine.py::test_engine_keeps_freed_host_memory_for_reuse",  # two torch subprocesses

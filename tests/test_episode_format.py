@@ -89,10 +89,10 @@ def test_a_version_1_file_with_a_label_is_refused_not_ignored(tmp_path):
     assert parse_episode(raw).steps[2].independent is False
 
 
-@pytest.mark.parametrize("version", [0, 4, "2"])
+@pytest.mark.parametrize("version", [0, 5, "2"])
 def test_other_versions_are_refused_by_name(version):
     raw = dict(LABELLED, version=version)
-    with pytest.raises(EpisodeError, match=rf"unsupported version {version!r}; this build reads versions 1, 2, 3"):
+    with pytest.raises(EpisodeError, match=rf"unsupported version {version!r}; this build reads versions 1, 2, 3, 4"):
         parse_episode(raw)
 
 

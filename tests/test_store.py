@@ -464,8 +464,8 @@ def test_forget_during_a_running_step(lm, tmp_path):
 
 def test_malformed_episode_files(tmp_path):
     bad = tmp_path / "bad.json"
-    bad.write_text(json.dumps({**EPISODE, "version": 4}))
-    with pytest.raises(EpisodeError, match="unsupported version 4"):
+    bad.write_text(json.dumps({**EPISODE, "version": 5}))
+    with pytest.raises(EpisodeError, match="unsupported version 5"):
         load_episode(bad)
     bad.write_text("{not json")
     with pytest.raises(EpisodeError, match="not valid JSON"):

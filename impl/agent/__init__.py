@@ -6,7 +6,8 @@
                 adopt are one evolve each
 ``forget``      Algorithm 1 (Provenance-Guided Selective Replay) and B5, the full reset
 ``report``      :class:`~report.ForgetReport`: what a forget did and cost
-``render``      how observations and turns become prompt text (ChatML)
+``render``      how observations and turns become prompt text: the model's chat
+                template (``templates``: per-turn segments, checked append-only), or ChatML
 ``episode``     the episode format: steps, items, settings, targets
 ``provenance``  the artifact graph: blocks, sources, taint closure, ``first_entry``
 ``checkpoints`` metadata-only checkpoints and the checkpoint policies

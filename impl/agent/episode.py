@@ -39,8 +39,11 @@ VERSION = 2
 #: fields). The writer uses it only for such episodes, so every other file
 #: reads the same in a version 2 reader.
 EMPTY_STEPS_VERSION = 3
+#: The version an episode that names a chat template (``settings.template``)
+#: needs; the writer uses it only for such episodes.
+TEMPLATE_VERSION = 4
 #: Every version this build reads.
-READ_VERSIONS = (1, 2, 3)
+READ_VERSIONS = (1, 2, 3, 4)
 STEP_KINDS = ("user", "memory", "tool", "plan", "remember", "compact", "session")
 #: kinds whose observation carries external items (source ids)
 OBSERVED_KINDS = ("user", "memory", "tool", "plan")
@@ -81,6 +84,10 @@ class Settings:
     temperature: float = 0.0
     seed: int = 0
     checkpoint_policy: str = "every_turn"
+    #: the chat template episodes are rendered with (version 4): None (the
+    #: model's own, else ChatML), "chatml", "model" or a Jinja template
+    #: string (impl/agent/render.py, docs/templates.md)
+    template: str | None = None
 
 
 @attrs.frozen
@@ -159,6 +166,8 @@ def parse_episode(raw: Any) -> Episode:
              f"{', '.join(map(str, READ_VERSIONS))}")
     _require(isinstance(raw.get("system"), str), "system", "must be a string")
     settings = _parse_settings(raw.get("settings", {}))
+    _require(settings.template is None or raw["version"] >= TEMPLATE_VERSION, "settings.template",
+             f"a template needs version {TEMPLATE_VERSION} or later; this file is version {raw['version']}")
     steps_raw = raw.get("steps")
     _require(isinstance(steps_raw, list) and steps_raw, "steps", "must be a non-empty list")
     steps, seen_ids, seen_sources = [], set(), set()
@@ -221,6 +230,8 @@ def _parse_settings(raw: Any) -> Settings:
     _require(_is_int(s.seed), "settings.seed", "must be an integer")
     _require(s.checkpoint_policy in CHECKPOINT_POLICIES, "settings.checkpoint_policy",
              f"must be one of {CHECKPOINT_POLICIES}")
+    _require(s.template is None or (isinstance(s.template, str) and s.template.strip()), "settings.template",
+             "must be 'chatml', 'model' or a non-empty Jinja template string")
     return s
 
 
@@ -271,9 +282,11 @@ def episode_to_json(episode: Episode) -> dict[str, Any]:
             raw["independent"] = True
         steps.append(raw)
     empty = any(not s.items for s in episode.steps if s.kind in OBSERVED_KINDS)
-    out: dict[str, Any] = {"format": FORMAT, "version": EMPTY_STEPS_VERSION if empty else VERSION,
-                           "system": episode.system,
-                           "settings": attrs.asdict(episode.settings), "steps": steps}
+    version = TEMPLATE_VERSION if episode.settings.template is not None else EMPTY_STEPS_VERSION if empty else VERSION
+    # the template is written only when named: every other file reads the same in a version 2 reader
+    settings = attrs.asdict(episode.settings, filter=lambda a, v: a.name != "template" or v is not None)
+    out: dict[str, Any] = {"format": FORMAT, "version": version, "system": episode.system,
+                           "settings": settings, "steps": steps}
     if episode.target is not None:
         out["target"] = {"source": episode.target.source, "value": episode.target.value}
     if episode.probes:

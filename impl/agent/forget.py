@@ -167,7 +167,8 @@ class SelectiveReplay:
                 closure: Sequence[str], invocations: int, started: float, before,
                 already_forgotten: bool = False, drafts: dict | None = None) -> ForgetReport:
         spent = self.engine.counters.snapshot() - before
-        digest, assumptions, extra = self.digest(), self.get_assumptions(), {}
+        digest, assumptions = self.digest(), self.get_assumptions()
+        extra = {"rendering": self.renderer.describe()}  # how the episode was rendered (impl/agent/render.py)
         for extension in self.extensions:
             extra.update(extension.get_report_fields())
         return ForgetReport(

@@ -1,15 +1,35 @@
-"""How the runtime renders its prompt blocks: ChatML, which SmolLM2 uses.
+"""How the runtime renders its prompt blocks: the model's own chat template, or ChatML.
 
 Every block the runtime prefills is rendered here: observations (user, tool,
 plan steps), the memory store, the scaffold's instructions (summary request,
-note request) and the assistant header of a model turn.
+note request) and the assistant header of a model turn. A :class:`Renderer`
+renders one block at a time (one prefill per block, one per model turn), so
+checkpoints and restores fall on turn boundaries whatever the template.
+
+Which renderer a runtime uses (:func:`get_renderer`, docs/templates.md):
+
+* the episode's ``settings.template``: ``"chatml"``, ``"model"`` (the
+  tokenizer's own template, rendered as it is even where it is ChatML) or a
+  Jinja template string;
+* else the tokenizer's chat template (:attr:`ModelInfo.chat_template`),
+  checked append-only by :mod:`unsee.impl.agent.templates`; a template whose
+  segments are ChatML's is rendered by the built-in ChatML renderer, which
+  keeps the tokens this runtime always produced (it writes nothing between a
+  model turn's last token and the next block, where the template has ``\\n``);
+* else ChatML (the tiny models' byte tokenizer has no template).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
+
+import attrs
 
 from unsee.impl.agent.episode import Step
+from unsee.impl.agent.provenance import DERIVED_TYPES, RuntimeBlock
+from unsee.impl.agent.templates import Segment, Segments, TemplateError, build_segments, compile_template
+from unsee.impl.engines.protocol import ModelInfo
 
 START, END = "<|im_start|>", "<|im_end|>"
 SUMMARY_REQUEST = "List the facts from this conversation."
@@ -18,6 +38,8 @@ SUMMARY_REQUEST = "List the facts from this conversation."
 #: answers a plain "summarize" request with boilerplate).
 SUMMARY_OPENING = "1."
 NOTE_REQUEST = "Write one short note about the user worth remembering for future sessions."
+#: the override values that are not Jinja templates
+TEMPLATE_NAMES = ("chatml", "model")
 
 
 def render(role: str, text: str) -> str:
@@ -26,30 +48,140 @@ def render(role: str, text: str) -> str:
 
 
 def render_header(suffix: str = "") -> str:
-    """The assistant header a model turn is decoded after (``suffix`` opens the turn)."""
+    """The ChatML assistant header a model turn is decoded after (``suffix`` opens the turn)."""
     return f"{START}assistant\n{suffix}"
 
 
-def render_observation(step: Step) -> str:
-    """The prompt block of an observation (or of a scaffold instruction)."""
+def get_observation_message(step: Step) -> tuple[str, str]:
+    """``(role, text)`` of an observation's block (or of a scaffold
+    instruction): tool results are user turns prefixed ``[result of tool X]``,
+    the memory store a system block."""
     if step.kind in ("user", "plan"):
-        return render("user", "\n".join(i.text for i in step.items))
+        return "user", "\n".join(i.text for i in step.items)
     if step.kind == "tool":
         body = "\n".join(i.text for i in step.items)
-        return render("user", f"[result of tool {step.tool}]\n{body}")
+        return "user", f"[result of tool {step.tool}]\n{body}"
     if step.kind == "memory":
-        return render_memory([i.text for i in step.items])
+        return "system", get_memory_text([i.text for i in step.items])
     if step.kind == "compact":
-        return render("user", SUMMARY_REQUEST)
+        return "user", SUMMARY_REQUEST
     if step.kind == "remember":
-        return render("user", NOTE_REQUEST)
+        return "user", NOTE_REQUEST
     raise ValueError(f"step {step.id!r}: kind {step.kind!r} has no observation block")
 
 
+def get_memory_text(records: Sequence[str]) -> str:
+    """The memory store's text (a system block)."""
+    return "Memory notes:\n" + "\n".join(f"- {r}" for r in records)
+
+
+def render_observation(step: Step) -> str:
+    """The ChatML block of an observation (or of a scaffold instruction)."""
+    return render(*get_observation_message(step))
+
+
 def render_memory(records: Sequence[str]) -> str:
-    """The memory store as one system block."""
-    return render("system", "Memory notes:\n" + "\n".join(f"- {r}" for r in records))
+    """The memory store as one ChatML system block."""
+    return render("system", get_memory_text(records))
 
 
-__all__ = ["END", "NOTE_REQUEST", "START", "SUMMARY_OPENING", "SUMMARY_REQUEST", "render", "render_header",
-           "render_memory", "render_observation"]
+@attrs.frozen
+class Renderer:
+    """Renders blocks one turn at a time from a template's :class:`Segments`.
+
+    ``closes_turns``: whether the next block after a model turn opens with
+    the rest of the template's closing (False for the built-in ChatML, which
+    has always written nothing there)."""
+
+    name: str  # 'chatml' or 'template'
+    source: str  # where the template came from, in words
+    segments: Segments
+    closes_turns: bool = True
+
+    def render_first(self, text: str) -> str:
+        """The first block of a context: the system prompt."""
+        return self.segments.first.fill(text)
+
+    def render_message(self, role: str, text: str) -> str:
+        """A block of ``role`` ('user', 'system' or 'assistant') after the first."""
+        if role == "assistant":
+            return f"{self.segments.header}{text}{self.segments.closing}"
+        if role == "system" and self.segments.system is not None:
+            return self.segments.system.fill(text)
+        if role in ("user", "system"):
+            return self.segments.user.fill(text)
+        raise ValueError(f"role {role!r} is not rendered; expected 'user', 'system' or 'assistant'")
+
+    def render_header(self, suffix: str = "") -> str:
+        """The assistant header a model turn is decoded after (``suffix`` opens the turn)."""
+        return self.segments.header + suffix
+
+    def render_after(self, last: RuntimeBlock | None, encode: Callable[[str], list[int]], role: str,
+                     text: str) -> str:
+        """A ``role`` block appended after the context block ``last``: its
+        segment, opened by the rest of the template's closing where ``last``
+        is a model turn (the type of a block the model wrote, starting with
+        the assistant header: a summary's context block is not one)."""
+        opening = ""
+        if self.closes_turns and last is not None and last.type in DERIVED_TYPES:
+            header = tuple(encode(self.render_header()))
+            if last.tokens[:len(header)] == header:
+                opening = self.get_turn_closing(last.tokens)
+        return opening + self.render_message(role, text)
+
+    def get_turn_closing(self, turn: Sequence[int]) -> str:
+        """What the block after a model turn of tokens ``turn`` opens with:
+        the template's closing, less the EOS id the turn ended on."""
+        if not self.closes_turns:
+            return ""
+        return dict(self.segments.after_eos).get(turn[-1] if turn else None, self.segments.closing)
+
+    def describe(self) -> dict:
+        """How episodes are rendered, for the forget report."""
+        return {"template": self.name, "source": self.source, "roles": dict(self.segments.roles),
+                "header": self.segments.header, "closing": self.segments.closing if self.closes_turns else ""}
+
+
+_CHATML_ROLES = (("system prompt", "system"), ("system block mid-conversation", "system"),
+                 ("tool result", "user, prefixed [result of tool NAME]"),
+                 ("consecutive turns of one role", "one segment each, never merged"))
+CHATML_SEGMENTS = Segments(Segment(f"{START}system\n", f"{END}\n"), Segment(f"{START}user\n", f"{END}\n"),
+                           Segment(f"{START}system\n", f"{END}\n"), render_header(), f"{END}\n", (), _CHATML_ROLES)
+CHATML = Renderer("chatml", "built in", CHATML_SEGMENTS, closes_turns=False)
+
+
+def is_chatml(segments: Segments) -> bool:
+    """Whether a template's segments are ChatML's (the EOS split aside)."""
+    return attrs.evolve(segments, after_eos=(), roles=_CHATML_ROLES) == CHATML_SEGMENTS
+
+
+def get_renderer(lm: ModelInfo, template: str | None = None) -> Renderer:
+    """The renderer for ``lm`` under the override ``template`` (see the
+    module docstring). A template that is not append-only raises
+    :class:`TemplateError` naming the model and the turn, before any work."""
+    if template == "chatml":
+        return attrs.evolve(CHATML, source="the episode's settings")
+    own = getattr(lm, "chat_template", None)
+    if template == "model" and not own:
+        raise TemplateError(f"model {lm.name}: settings.template is 'model' but its tokenizer has no chat template")
+    text = own if template in (None, "model") else template
+    if not text:
+        return attrs.evolve(CHATML, source="built in: the tokenizer has no chat template")
+    return build_renderer(lm, text, template)
+
+
+@functools.lru_cache(maxsize=32)
+def build_renderer(lm: ModelInfo, text: str, template: str | None) -> Renderer:
+    """The renderer of the Jinja template ``text`` over ``lm``'s tokenizer
+    (cached: every forget's replay runtime asks again)."""
+    render_fn = compile_template(text, getattr(lm, "special_tokens", None) or {})
+    segments = build_segments(render_fn, lm.encode, lm.eos_ids, lm.name)
+    if template is None and is_chatml(segments):
+        return attrs.evolve(CHATML, source="the tokenizer's template, recognised as ChatML")
+    source = "the tokenizer's chat template" if template in (None, "model") else "the episode's settings (Jinja)"
+    return Renderer("template", source, segments)
+
+
+__all__ = ["CHATML", "END", "NOTE_REQUEST", "START", "SUMMARY_OPENING", "SUMMARY_REQUEST", "TEMPLATE_NAMES",
+           "Renderer", "TemplateError", "build_renderer", "get_memory_text", "get_observation_message", "get_renderer", "is_chatml",
+           "render", "render_header", "render_memory", "render_observation"]

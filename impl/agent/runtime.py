@@ -51,6 +51,9 @@ from unsee.impl.agent.render import (
     START,
     SUMMARY_OPENING,
     SUMMARY_REQUEST,
+    get_memory_text,
+    get_observation_message,
+    get_renderer,
     render,
     render_header,
     render_memory,
@@ -85,6 +88,8 @@ class AgentRuntime(SelectiveReplay):
         self.system = system
         self.settings = settings
         self.extensions: tuple[Extension, ...] = tuple(extensions)
+        # the model's own chat template, checked append-only before any work (impl/agent/render.py)
+        self.renderer = get_renderer(engine.lm, settings.template)
         names = [e.name for e in self.extensions]
         if len(set(names)) != len(names):
             raise ValueError(f"extension names must be distinct; got {names}")
@@ -143,7 +148,8 @@ class AgentRuntime(SelectiveReplay):
     def _begin(self) -> None:
         """Make this empty runtime ``R_0``: a new lineage with the system prompt."""
         self._update(lineage=self.engine.new_lineage())
-        self.append_block(SYSTEM_ID, "system", render("system", self.system), parents=(), sources=frozenset())
+        self.append_block(SYSTEM_ID, "system", self.renderer.render_first(self.system), parents=(),
+                          sources=frozenset())
 
     @classmethod
     def from_episode(cls, engine: Engine, episode: Episode, progress: Progress | None = None,
@@ -197,7 +203,7 @@ class AgentRuntime(SelectiveReplay):
             record = self._record(f"{step.id}/{item.source}", "memory_record", item.text, (), frozenset({item.source}))
             records.append(record.id)
             self._update(memory=(*self._state.memory, record.id))
-        self.append_block(step.id, "memory", render_observation(step), parents=tuple(self.context) + tuple(records),
+        self.append_block(step.id, "memory", self.render_block(*get_observation_message(step)), parents=tuple(self.context) + tuple(records),
                           sources=self.get_resident_sources() | {i.source for i in step.items})
 
     def _on_remember(self, step: Step) -> None:
@@ -212,7 +218,8 @@ class AgentRuntime(SelectiveReplay):
         summary = self._answer(f"{step.id}/answer", "summary", header_suffix=SUMMARY_OPENING)
         self._new_lineage(step)
         self.append_block(f"{step.id}/context", "summary",
-                          render("system", f"Summary of the earlier conversation:\n{SUMMARY_OPENING} {summary.text}"),
+                          self.render_block("system",
+                                            f"Summary of the earlier conversation:\n{SUMMARY_OPENING} {summary.text}"),
                           parents=(summary.id,), sources=summary.source_ids, extend_context=True)
 
     def _on_session(self, step: Step) -> None:
@@ -220,7 +227,7 @@ class AgentRuntime(SelectiveReplay):
         records = [self.graph[r] for r in self._state.memory]
         self._new_lineage(step)
         sources = frozenset().union(*(r.source_ids for r in records))
-        self.append_block(f"{step.id}/memory", "memory", render_memory([r.text for r in records]),
+        self.append_block(f"{step.id}/memory", "memory", self.render_block("system", get_memory_text([r.text for r in records])),
                           parents=tuple(r.id for r in records), sources=sources, extend_context=True)
 
     # --- building blocks (the verbs extensions and baselines use) ------------
@@ -257,11 +264,16 @@ class AgentRuntime(SelectiveReplay):
         """Mark a block committed (a plan whose call's side effect the real world holds)."""
         self.graph.replace(attrs.evolve(self.graph[block_id], committed=True))
 
+    def render_block(self, role: str, text: str) -> str:
+        """The text of a ``role`` block ('user' or 'system') appended now (impl/agent/render.py)."""
+        last = self.graph[self._state.context[-1]] if self._state.context else None
+        return self.renderer.render_after(last, self.engine.lm.encode, role, text)
+
     def _observe(self, step: Step) -> RuntimeBlock:
         own = frozenset(i.source for i in step.items)
         # a plan step's prompt block is the user's request; "plan" is the model's call
         type_ = {"user": "user", "tool": "tool", "plan": "user"}.get(step.kind, "instruction")
-        return self.append_block(step.id, type_, render_observation(step),
+        return self.append_block(step.id, type_, self.render_block(*get_observation_message(step)),
                                  parents=tuple(self.context), sources=self.get_resident_sources() | own)
 
     def _answer(self, block_id: str, type_: str, header_suffix: str = "") -> RuntimeBlock:
@@ -269,7 +281,7 @@ class AgentRuntime(SelectiveReplay):
 
         Source ids propagate: the turn inherits every source resident in context.
         """
-        header = tuple(self.engine.lm.encode(render_header(header_suffix)))
+        header = tuple(self.engine.lm.encode(self.renderer.render_header(header_suffix)))
         self.engine.use(self.lineage)
         start = self.engine.length(self.lineage)
         self.engine.prefill(list(header))
@@ -328,7 +340,7 @@ class AgentRuntime(SelectiveReplay):
 
     def _new_lineage(self, step: Step) -> None:
         self._update(lineage=self.engine.new_lineage(), context=())
-        self.append_block(f"{step.id}/system", "system", render("system", self.system), parents=(),
+        self.append_block(f"{step.id}/system", "system", self.renderer.render_first(self.system), parents=(),
                           sources=frozenset())
 
     def _register_checkpoint(self) -> Checkpoint:
@@ -385,7 +397,7 @@ class AgentRuntime(SelectiveReplay):
         previous = self.lineage
         try:
             self.engine.use(branch)
-            self.engine.prefill(self.engine.lm.encode(render("user", question) + render_header()))
+            self.engine.prefill(self.engine.lm.encode(self.render_block("user", question) + self.renderer.render_header()))
             return self.engine.generate(max_new_tokens or self.settings.max_new_tokens,
                                         stop_ids=self.engine.lm.eos_ids, temperature=temperature,
                                         seed=seed if temperature > 0 else None)
@@ -487,7 +499,9 @@ class AgentRuntime(SelectiveReplay):
         """Everything needed to reopen the session, as plain data (no tensors:
         the caches are rebuilt from the blocks' recorded chunks); each
         extension's part under its name in ``extra``."""
-        return {"system": self.system, "settings": attrs.asdict(self.settings), **self._state.get_record(),
+        # a session without a template override keeps the record it always had
+        settings = attrs.asdict(self.settings, filter=lambda a, v: a.name != "template" or v is not None)
+        return {"system": self.system, "settings": settings, **self._state.get_record(),
                 "extra": {e.name: e.get_record() for e in self.extensions}}
 
     @classmethod
@@ -546,7 +560,7 @@ class AgentRuntime(SelectiveReplay):
     def _get_edit_tokens(self, block: RuntimeBlock) -> tuple[int, ...]:
         if block.id in self.graph and self.graph[block.id] is block and block.tokens:
             return block.tokens
-        text = render("assistant", block.text) if block.type in DERIVED_TYPES else block.text
+        text = self.renderer.render_message("assistant", block.text) if block.type in DERIVED_TYPES else block.text
         return tuple(self.engine.lm.encode(text))
 
     def excise_spans(self, cuts: Mapping[str, tuple[int, int, str]]) -> None:

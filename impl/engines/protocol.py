@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Iterable, Protocol, Sequence, runtime_checkable
+from typing import Iterable, Mapping, Protocol, Sequence, runtime_checkable
 
 
 @dataclass(frozen=True)
@@ -71,6 +71,10 @@ class ModelInfo(Protocol):
     vocab_size: int
     determinism: str  # the engine's determinism statement in words (ForgetReport's A1)
     source: str  # the weights' file or folder ('' for a model built in memory)
+    #: the tokenizer's chat template (Jinja), or None: episodes are then rendered in ChatML
+    chat_template: str | None
+    #: the special tokens' texts a chat template names (``bos_token``, ``eos_token``...)
+    special_tokens: Mapping[str, str]
 
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text``, without BOS; chat markers map to single ids."""

@@ -39,7 +39,6 @@ from collections.abc import Callable, Mapping
 import attrs
 
 from unsee.impl.agent.provenance import DERIVED_TYPES, RuntimeBlock
-from unsee.impl.agent.render import render
 from unsee.impl.agent.report import ForgetReport
 from unsee.impl.agent.runtime import AgentRuntime
 from unsee.impl.agent.tools.calls import parse_arguments
@@ -142,7 +141,7 @@ def delete_memory_records(runtime: AgentRuntime, source_id: str, value: str | No
 def append_forget_instruction(runtime: AgentRuntime, source_id: str, value: str | None) -> None:
     """B2: tell the model to forget (the value stays resident)."""
     runtime.append_block(f"forget:{source_id}", "instruction",
-                         render("system", f"Forget this and never use or reveal it: {value}"),
+                         runtime.render_block("system", f"Forget this and never use or reveal it: {value}"),
                          parents=tuple(runtime.context), sources=runtime.get_resident_sources())
 
 

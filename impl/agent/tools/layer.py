@@ -26,7 +26,6 @@ import attrs
 from unsee.impl.agent.checkpoints import Checkpoint
 from unsee.impl.agent.episode import Step
 from unsee.impl.agent.provenance import RuntimeBlock
-from unsee.impl.agent.render import render
 from unsee.impl.agent.tools.calls import (
     ADDRESS,
     DEFAULT_READ_MODE,
@@ -113,7 +112,7 @@ class ToolLayer:
                 self.calls.append(call)
         source = result_source(call_id)
         withheld = source in self.withheld  # the result observation was forgotten: sanitized away
-        text = render("user", f"[result of tool {step.tool} call {call_id}]\n{'' if withheld else body}")
+        text = runtime.render_block("user", f"[result of tool {step.tool} call {call_id}]\n{'' if withheld else body}")
         runtime.append_block(source, "tool", text, parents=tuple(runtime.context),
                              sources=runtime.get_resident_sources() | (frozenset() if withheld else {source}))
 

@@ -21,6 +21,7 @@ Functions:
     cache_length(cache), crop_cache(cache, keep), cache_tensors(cache),
     clone_cache(cache), share_cache_prefix(model, cache, keep), cache_storages(cache)
     hf_encode(tok, text), hf_decode(tok, ids), eos_ids_of(model, tok)
+    chat_template_of(tok), special_tokens_of(tok)   what chat templates read
 """
 
 from __future__ import annotations
@@ -337,6 +338,21 @@ def hf_decode(tokenizer, ids: Sequence[int]) -> str:
     return tokenizer.decode(
         list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False
     )
+
+
+def chat_template_of(tokenizer) -> str | None:
+    """The tokenizer's chat template: its one template, or the one named
+    'default' where it holds several; None where it has none."""
+    template = getattr(tokenizer, "chat_template", None)
+    if isinstance(template, dict):
+        template = template.get("default")
+    return template if isinstance(template, str) and template else None
+
+
+def special_tokens_of(tokenizer) -> dict[str, str]:
+    """The texts of the special tokens chat templates name (``bos_token``...)."""
+    names = ("bos_token", "eos_token", "pad_token", "unk_token")
+    return {name: str(getattr(tokenizer, name)) for name in names if getattr(tokenizer, name, None) is not None}
 
 
 def eos_ids_of(model, tokenizer, extra_tokens: Sequence[str] = ("<|im_end|>",)) -> tuple[int, ...]:

@@ -83,6 +83,20 @@ class LoadedModel:
             return self.tokenizer.decode(ids)
         return adapter.hf_decode(self.tokenizer, ids)
 
+    @property
+    def chat_template(self) -> str | None:
+        """The tokenizer's chat template (None for the byte tokenizer: ChatML)."""
+        if isinstance(self.tokenizer, ByteTokenizer):
+            return None
+        return adapter.chat_template_of(self.tokenizer)
+
+    @property
+    def special_tokens(self) -> dict[str, str]:
+        """The special tokens' texts a chat template names."""
+        if isinstance(self.tokenizer, ByteTokenizer):
+            return {}
+        return adapter.special_tokens_of(self.tokenizer)
+
 
 # ----------------------------------------------------------------- settings
 

@@ -127,6 +127,8 @@ class LlamaCppModel:
     device: str = "cpu"
     dtype: str = "gguf"  # the file's own weight types; the KV is f16
     info: dict = field(default_factory=dict)
+    chat_template: str | None = None  # the GGUF's tokenizer.chat_template (None: ChatML)
+    special_tokens: dict = field(default_factory=dict)  # bos_token/eos_token texts, for the template
     _tokenizer: object = None  # a ByteTokenizer (tiny GGUF), or None: llama.cpp's own vocabulary
     _model: object = None
     _vocab: object = None
@@ -248,7 +250,20 @@ def load_llamacpp(name_or_path: str | os.PathLike = "smollm2", threads: int | No
                        determinism=_determinism_text(threads, flash_attn),
                        info={"llama_cpp_python": getattr(lc, "__version__", "?")})
     lm._tokenizer, lm._model, lm._vocab = tokenizer, model, vocab
+    if tokenizer is None:
+        lm.chat_template, lm.special_tokens = get_chat_template(model, vocab)
     return lm
+
+
+def get_chat_template(model, vocab) -> tuple[str | None, dict]:
+    """The GGUF's ``tokenizer.chat_template`` metadata and the BOS/EOS texts it may name."""
+    lc = _llama()
+    raw = lc.llama_model_chat_template(model, None)
+    template = raw.decode("utf-8") if raw else None
+    tokens = {name: lc.llama_vocab_get_text(vocab, token).decode("utf-8")
+              for name, token in (("bos_token", lc.llama_vocab_bos(vocab)), ("eos_token", lc.llama_vocab_eos(vocab)))
+              if token >= 0}
+    return template, tokens
 
 
 # ----------------------------------------------------------------- engine

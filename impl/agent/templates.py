@@ -1,0 +1,254 @@
+"""A model's own chat template (Jinja) as per-turn segments, checked append-only.
+
+The runtime prefills one chunk per block (docs/templates.md), so a block's
+text must be what the template adds when that turn is added: the difference
+between rendering turns ``1..k+1`` and turns ``1..k``. :func:`build_segments`
+renders a probe conversation both ways, turn by turn, and keeps the result
+only if every turn is appended, in token ids as well as in text, without
+rewriting an earlier turn (Lemma 1's prefix sharing rests on that). From the
+same probe it reads each role's *segment* (the text around a turn's
+content), the assistant header a model turn is decoded after, and the
+closing the template puts after a model turn's content.
+
+Roles are mapped, never refused: a template whose system message does not
+carry its own text (it folds the system prompt into the first user turn)
+gets system blocks as user turns; a system block mid-conversation (memory,
+summaries) becomes a user turn where the template would not render one
+there. Turns are rendered segment by segment, so two user turns in a row are
+two user segments even where the template's own checks would refuse that
+sequence (it never sees it: only the probe is rendered by the template).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping, Sequence
+
+import attrs
+
+#: The probe conversation's contents: plain words no template rewrites, each
+#: unique, so a turn's content can be found in its rendered segment. The
+#: assistant turns carry a reasoning block, which templates that drop earlier
+#: reasoning rewrite (and are then refused).
+PROBE_SYSTEM = "Probe system prompt alpha."
+PROBE_USERS = ("Probe user turn one.", "Probe user turn two.", "Probe user turn three.")
+PROBE_ASSISTANTS = ("<think>Probe reasoning one.</think>Probe answer one.",
+                    "<think>Probe reasoning two.</think>Probe answer two.")
+PROBE_MEMORY = "Probe memory block."
+
+
+class TemplateError(ValueError):
+    """A chat template the runtime cannot render per turn: the message names
+    the model and the first turn that differs."""
+
+
+@attrs.frozen
+class Segment:
+    """A turn's text around its content: ``before + content + after``."""
+
+    before: str
+    after: str
+
+    def fill(self, text: str) -> str:
+        return f"{self.before}{text}{self.after}"
+
+
+@attrs.frozen
+class Segments:
+    """What a template renders per turn (see the module docstring).
+
+    ``first``: the first block of a context (opening text such as BOS and the
+    system prompt's segment, or a user segment where system maps to user);
+    ``system``: a system block mid-conversation, None where it maps to user;
+    ``closing``: what the template puts after a model turn's content;
+    ``after_eos``: by EOS id, the rest of ``closing`` after that id (a turn
+    that ended on it already holds the id itself)."""
+
+    first: Segment
+    user: Segment
+    system: Segment | None
+    header: str
+    closing: str
+    after_eos: tuple[tuple[int, str], ...]
+    roles: tuple[tuple[str, str], ...]
+
+
+Render = Callable[[Sequence[Mapping[str, str]], bool], str]
+
+
+def compile_template(template: str, special_tokens: Mapping[str, str]) -> Render:
+    """``render(messages, add_generation_prompt)`` of a Jinja chat template,
+    in the sandbox and with the names chat templates expect
+    (``raise_exception``, ``tojson``, ``bos_token``/``eos_token``)."""
+    import jinja2
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(message: str):
+        raise TemplateError(f"the chat template refused the probe conversation: {message}")
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+    env.filters["tojson"] = lambda value, **kw: json.dumps(value, ensure_ascii=False, **kw)
+    env.globals["raise_exception"] = raise_exception
+    try:
+        compiled = env.from_string(template)
+    except jinja2.TemplateError as exc:
+        raise TemplateError(f"the chat template is not valid Jinja: {exc}") from None
+    tokens = dict(special_tokens)
+
+    def render(messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = False) -> str:
+        try:
+            return compiled.render(messages=list(messages), add_generation_prompt=add_generation_prompt, **tokens)
+        except TemplateError:
+            raise
+        except Exception as exc:  # a template's own error on a conversation it does not accept
+            raise TemplateError(f"the chat template failed on the probe conversation: {exc}") from None
+    return render
+
+
+def is_system_first(render: Render) -> bool:
+    """Whether the template renders a leading system message with its own
+    text, as a prefix of the conversation that follows it (else system
+    blocks map to user turns)."""
+    try:
+        alone = render([_msg("system", PROBE_SYSTEM)], False)
+        more = render([_msg("system", PROBE_SYSTEM), _msg("user", PROBE_USERS[0])], False)
+    except TemplateError:
+        return False
+    return PROBE_SYSTEM in alone and more.startswith(alone)
+
+
+def get_probe(system_first: bool) -> list[dict[str, str]]:
+    """The probe conversation: [system,] user, assistant, user, assistant, user."""
+    turns = [_msg("system", PROBE_SYSTEM)] if system_first else []
+    for user, assistant in zip(PROBE_USERS, PROBE_ASSISTANTS):
+        turns += [_msg("user", user), _msg("assistant", assistant)]
+    return turns + [_msg("user", PROBE_USERS[-1])]
+
+
+def get_renderings(render: Render, probe: Sequence[Mapping[str, str]]) -> list[tuple[str, str]]:
+    """The probe rendered at once up to each turn, in order: ``(label, text)``,
+    with the generation prompt before each assistant turn (label ``header k``)."""
+    out = [("start", "")]
+    for k, message in enumerate(probe, start=1):
+        if message["role"] == "assistant":
+            out.append((f"header {k}", render(probe[:k - 1], True)))
+        out.append((f"turn {k} ({message['role']})", render(probe[:k], False)))
+    return out
+
+
+def check_append_only(renderings: Sequence[tuple[str, str]], encode: Callable[[str], list[int]],
+                      model: str) -> None:
+    """Each rendering extends the one before, in text and in token ids:
+    encoding turns ``1..k`` and then turn ``k+1`` gives the tokens of
+    ``1..k+1`` at once. Raises :class:`TemplateError` naming the model, the
+    turn added and the first earlier turn it changes."""
+    for (_, before), (label, after) in zip(renderings, renderings[1:]):
+        head, whole = encode(before), encode(after)
+        if after.startswith(before) and head + encode(after[len(before):]) == whole:
+            continue
+        i = next((j for j, (a, b) in enumerate(zip(head, whole)) if a != b), min(len(head), len(whole)))
+        if after.startswith(before):
+            what = f"its tokens merge across the boundary before {label}"
+        else:
+            offset = next((j for j, (a, b) in enumerate(zip(before, after)) if a != b), len(after))
+            what = f"adding {label} rewrites {get_turn_at(renderings, offset)}"
+        raise TemplateError(
+            f"model {model}: its chat template is not append-only: {what} (rendered at once, the tokens differ "
+            f"from token {i}: {head[i:i + 4]} then, {whole[i:i + 4]} at once); a template that rewrites earlier "
+            "turns breaks prefix sharing (Lemma 1). Name a template in the episode's settings ('chatml' or a "
+            "Jinja string) to run this model")
+
+
+def get_turn_at(renderings: Sequence[tuple[str, str]], offset: int) -> str:
+    """The label of the rendering whose own text holds character ``offset``."""
+    for (_, before), (label, after) in zip(renderings, renderings[1:]):
+        if len(before) <= offset < len(after):
+            return label
+    return renderings[-1][0]
+
+
+def build_segments(render: Render, encode: Callable[[str], list[int]], eos_ids: Sequence[int],
+                   model: str) -> Segments:
+    """The template's per-turn segments, from a probe conversation that was
+    checked append-only (see the module docstring); :class:`TemplateError`
+    where it is not, or where a turn's content is not rendered verbatim."""
+    system_first = is_system_first(render)
+    probe = get_probe(system_first)
+    renderings = get_renderings(render, probe)
+    check_append_only(renderings, encode, model)
+    texts = dict(renderings)
+    n = 1 if system_first else 0  # turns before the first user turn
+    first = split_turn(texts, f"turn 1 ({probe[0]['role']})", "start", probe[0]["content"], model)
+    user = split_turn(texts, f"turn {n + 3} (user)", f"turn {n + 2} (assistant)", PROBE_USERS[1], model)
+    header = get_delta(texts, f"header {n + 2}", f"turn {n + 1} (user)")
+    closing = split_turn(texts, f"turn {n + 2} (assistant)", f"header {n + 2}", PROBE_ASSISTANTS[0], model).after
+    check_same_turns(texts, n, user, header, closing, model)
+    system = get_mid_system(render, encode, probe[:n + 2])
+    after_eos = get_after_eos(closing, encode, eos_ids)
+    roles = (("system prompt", "system" if system_first else "user"),
+             ("system block mid-conversation", "system" if system is not None else "user"),
+             ("tool result", "user, prefixed [result of tool NAME]"),
+             ("consecutive turns of one role", "one segment each, never merged"))
+    return Segments(first, user, system, header, closing, after_eos, roles)
+
+
+def split_turn(texts: Mapping[str, str], label: str, before: str, content: str, model: str) -> Segment:
+    """The segment around ``content`` in what rendering ``label`` added to ``before``."""
+    added = get_delta(texts, label, before)
+    parts = added.split(content)
+    if len(parts) != 2:
+        raise TemplateError(f"model {model}: its chat template does not render the content of {label} verbatim "
+                            f"(found {len(parts) - 1} times in {added!r})")
+    return Segment(*parts)
+
+
+def get_delta(texts: Mapping[str, str], label: str, before: str) -> str:
+    return texts[label][len(texts[before]):]
+
+
+def check_same_turns(texts: Mapping[str, str], n: int, user: Segment, header: str, closing: str, model: str) -> None:
+    """The second assistant turn and the third user turn render as the first
+    ones did (segments are per role, not per position)."""
+    expected = {f"turn {n + 4} (assistant)": header + PROBE_ASSISTANTS[1] + closing,
+                f"turn {n + 5} (user)": user.fill(PROBE_USERS[2])}
+    previous = {f"turn {n + 4} (assistant)": f"turn {n + 3} (user)", f"turn {n + 5} (user)": f"turn {n + 4} (assistant)"}
+    for label, text in expected.items():
+        if get_delta(texts, label, previous[label]) != text:
+            raise TemplateError(f"model {model}: its chat template renders {label} unlike the same role's earlier "
+                                "turn; its turns are not one segment per role")
+
+
+def get_mid_system(render: Render, encode: Callable[[str], list[int]],
+                   head: Sequence[Mapping[str, str]]) -> Segment | None:
+    """The segment of a system block after a model turn, where the template
+    renders one there append-only with its own text; else None (it maps to user)."""
+    try:
+        before = render(head, False)
+        after = render([*head, _msg("system", PROBE_MEMORY)], False)
+    except TemplateError:
+        return None
+    added = after[len(before):]
+    if not after.startswith(before) or encode(before) + encode(added) != encode(after) or added.count(PROBE_MEMORY) != 1:
+        return None
+    return Segment(*added.split(PROBE_MEMORY))
+
+
+def get_after_eos(closing: str, encode: Callable[[str], list[int]], eos_ids: Sequence[int]) -> tuple[tuple[int, str], ...]:
+    """For each EOS id the closing's tokens begin with: the closing's text
+    after it (what the next block opens with when the turn ended on that id)."""
+    tokens = encode(closing)
+    if not tokens or tokens[0] not in eos_ids:
+        return ()
+    for i in range(1, len(closing) + 1):
+        if encode(closing[:i]) == tokens[:1] and encode(closing[i:]) == tokens[1:]:
+            return ((tokens[0], closing[i:]),)
+    return ()
+
+
+def _msg(role: str, content: str) -> dict[str, str]:
+    return {"role": role, "content": content}
+
+
+__all__ = ["PROBE_ASSISTANTS", "PROBE_MEMORY", "PROBE_SYSTEM", "PROBE_USERS", "Segment", "Segments", "TemplateError",
+           "build_segments", "check_append_only", "compile_template", "get_probe", "get_renderings",
+           "is_system_first"]

@@ -1,0 +1,216 @@
+"""Rendering with the model's own chat template (impl/agent/render.py, templates.py).
+
+The tiny model runs under a transformers tokenizer built in memory (bytes as
+the tiny model's ids, then the template's special tokens), so a template
+that is not ChatML drives a real episode with no files: forget == reset
+holds under it, a template that rewrites earlier turns is refused before
+any work, and roles the template lacks are mapped as documented.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast
+
+from unsee.impl.agent.episode import EpisodeError, Settings, episode_to_json, parse_episode
+from unsee.impl.agent.render import CHATML, TemplateError, get_renderer, render
+from unsee.impl.agent.runtime import AgentRuntime, run_episode
+from unsee.impl.engines.files import ByteTokenizer
+from unsee.impl.engines.registry import make_engine
+from unsee.properties.differential import compare_forget_with_reset
+
+#: Gemma-style: BOS once, no system role (the system prompt is folded into the
+#: first user turn), strict user/model alternation enforced by the template.
+GEMMA_STYLE = (
+    "{{ bos_token }}"
+    "{%- if messages[0]['role'] == 'system' -%}"
+    "{%- set prefix = messages[0]['content'] + '\\n\\n' -%}{%- set turns = messages[1:] -%}"
+    "{%- else -%}{%- set prefix = '' -%}{%- set turns = messages -%}{%- endif -%}"
+    "{%- for m in turns -%}"
+    "{%- if (m['role'] == 'user') != (loop.index0 % 2 == 0) -%}"
+    "{{ raise_exception('roles must alternate user/assistant') }}{%- endif -%}"
+    "{{ '<start_of_turn>' + ('model' if m['role'] == 'assistant' else m['role']) + '\\n' }}"
+    "{{ (prefix if loop.first else '') + m['content'] | trim + '<end_of_turn>\\n' }}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{ '<start_of_turn>model\\n' }}{%- endif -%}")
+GEMMA_SPECIALS = ("<bos>", "<end_of_turn>", "<start_of_turn>")
+
+#: ChatML, with a default system prompt where the conversation has none (as SmolLM2's).
+CHATML_TEMPLATE = (
+    "{%- for m in messages -%}"
+    "{%- if loop.first and m['role'] != 'system' -%}{{ '<|im_start|>system\\nDefault.<|im_end|>\\n' }}{%- endif -%}"
+    "{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{ '<|im_start|>assistant\\n' }}{%- endif -%}")
+
+#: Not append-only: an earlier assistant turn's text is dropped once a later turn follows.
+DROPS_EARLIER_TURNS = CHATML_TEMPLATE.replace(
+    "m['content'] + '<|im_end|>", "(m['content'] if m['role'] != 'assistant' or loop.last else '') + '<|im_end|>")
+#: Not append-only: earlier reasoning blocks are dropped (as some reasoning models' templates do).
+DROPS_EARLIER_REASONING = CHATML_TEMPLATE.replace(
+    "m['content'] + '<|im_end|>",
+    "(m['content'] if m['role'] != 'assistant' or loop.last else m['content'].split('</think>')[-1]) + '<|im_end|>")
+
+STEPS = [
+    {"id": "s1", "kind": "user", "text": "hello, I am Ana 12"},
+    {"id": "s2", "kind": "tool", "tool": "search", "fields": [{"source": "secret", "text": "lives at 4417 Elm"}]},
+    {"id": "s3", "kind": "memory", "records": [{"source": "m1", "text": "likes tea 7"}]},
+    {"id": "s4", "kind": "user", "text": "what now 3"},
+    {"id": "s5", "kind": "remember"},
+    {"id": "s6", "kind": "compact"},
+    {"id": "s7", "kind": "session"},
+    {"id": "s8", "kind": "plan", "tool": "send_message", "text": "email Bob 55"},
+]
+
+
+def build_byte_tokenizer(specials, bos: str, eos: str, template: str | None) -> PreTrainedTokenizerFast:
+    """A transformers tokenizer built in memory, no files: ids 0..255 are the
+    bytes of UTF-8 (byte-level, no merges: the tiny model's ids, decoded as
+    its byte tokenizer decodes them), then ``specials`` in order, each
+    written in a text encoded as its single id."""
+    core = Tokenizer(models.BPE(vocab={ch: b for b, ch in enumerate(get_byte_chars())}, merges=[]))
+    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    core.decoder = decoders.ByteLevel()
+    core.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in specials])
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, bos_token=bos, eos_token=eos)
+    tokenizer.chat_template = template
+    return tokenizer
+
+
+def get_byte_chars() -> list[str]:
+    """The character byte-level BPE writes for each byte 0..255: printable
+    bytes stand for themselves, the others for 256, 257, ... in byte order."""
+    printable = {*range(33, 127), *range(161, 173), *range(174, 256)}
+    shifted = iter(range(256, 512))
+    return [chr(b) if b in printable else chr(next(shifted)) for b in range(256)]
+
+
+def with_template(tiny_model, template: str | None, specials=GEMMA_SPECIALS, bos="<bos>", eos="<end_of_turn>"):
+    """The tiny model under a byte-level transformers tokenizer with ``template``."""
+    tokenizer = build_byte_tokenizer(specials, bos, eos, template)
+    return dataclasses.replace(tiny_model, tokenizer=tokenizer, eos_ids=(tokenizer.convert_tokens_to_ids(eos),))
+
+
+def episode(template: str | None = None, steps=STEPS):
+    settings = {"max_new_tokens": 4, "checkpoint_policy": "every_turn"}
+    if template is not None:
+        settings["template"] = template
+    target = {"source": "secret", "value": "4417 Elm"} if steps is STEPS else None
+    return parse_episode({"format": "unsee.episode", "version": 4, "system": "You are a helpful agent.",
+                          "settings": settings, "steps": steps, "target": target})
+
+
+@pytest.fixture(scope="module")
+def gemma(lm):
+    return with_template(lm, GEMMA_STYLE)
+
+
+def test_own_template_renders_blocks_per_turn_and_forget_equals_reset(gemma):
+    engine = make_engine(gemma)
+    ep = episode()
+    runtime = run_episode(engine, ep)
+    assert runtime.renderer.name == "template" and runtime.renderer.source == "the tokenizer's chat template"
+    first = runtime.graph["system"].text
+    assert first == "<bos><start_of_turn>user\nYou are a helpful agent.<end_of_turn>\n"  # system -> user
+    tool = runtime.graph["s2"].text
+    closing = runtime.renderer.get_turn_closing(runtime.graph["s1/answer"].tokens)
+    assert tool == f"{closing}<start_of_turn>user\n[result of tool search]\nlives at 4417 Elm<end_of_turn>\n"
+    header = gemma.encode("<start_of_turn>model\n")
+    assert runtime.graph["s1/answer"].tokens[:len(header)] == tuple(header)
+    runtime.check_invariants()
+    report = compare_forget_with_reset(engine, ep)
+    assert report.extra["rendering"]["template"] == "template"
+    assert report.extra["rendering"]["roles"]["system prompt"] == "user"
+
+
+def test_role_mapping_for_system_blocks_and_consecutive_user_turns(gemma):
+    renderer = get_renderer(gemma)
+    roles = renderer.describe()["roles"]
+    assert roles == {"system prompt": "user", "system block mid-conversation": "user",
+                     "tool result": "user, prefixed [result of tool NAME]",
+                     "consecutive turns of one role": "one segment each, never merged"}
+    # memory after a tool result's answer, then a user turn: two user segments in a row, which the
+    # template itself would refuse (it only ever renders the probe conversation)
+    assert renderer.render_message("system", "Memory notes:\n- x") == "<start_of_turn>user\nMemory notes:\n- x<end_of_turn>\n"
+    runtime = AgentRuntime.start(make_engine(gemma), "sys", Settings(max_new_tokens=2))
+    runtime.run(parse_episode({"format": "unsee.episode", "version": 2, "system": "sys", "steps": [
+        {"id": "m", "kind": "memory", "records": [{"source": "r", "text": "x"}]},
+        {"id": "u", "kind": "user", "text": "hi"}]}).steps)
+    assert [runtime.graph[b].text for b in runtime.context[1:3]] == [
+        "<start_of_turn>user\nMemory notes:\n- x<end_of_turn>\n", "<start_of_turn>user\nhi<end_of_turn>\n"]
+
+
+def test_closing_after_a_model_turn_depends_on_how_it_ended(gemma):
+    renderer = get_renderer(gemma)
+    end = gemma.encode("<end_of_turn>")
+    assert renderer.get_turn_closing([5, *end]) == "\n"  # the turn holds <end_of_turn>: its newline follows
+    assert renderer.get_turn_closing([5, 6]) == "<end_of_turn>\n"  # cut at max_new_tokens: closed by the block
+    assert CHATML.get_turn_closing([5, 258]) == ""
+
+
+@pytest.mark.parametrize("template,rewritten", [(DROPS_EARLIER_TURNS, "turn 3 (assistant)"),
+                                                (DROPS_EARLIER_REASONING, "turn 3 (assistant)")])
+def test_non_append_only_template_is_refused_before_any_work(lm, template, rewritten):
+    model = with_template(lm, template, ByteTokenizer.SPECIALS, "<|im_start|>", "<|im_end|>")
+    model = dataclasses.replace(model, name="tiny-rewriting")
+    engine = make_engine(model)
+    before = engine.counters.snapshot()
+    with pytest.raises(TemplateError, match=rf"model tiny-rewriting: .*not append-only: adding turn 4 \(user\) "
+                                            rf"rewrites {rewritten.replace('(', '[(]').replace(')', '[)]')}"):
+        run_episode(engine, episode())
+    assert engine.lineages == () and engine.counters.snapshot() == before
+
+
+def test_a_chatml_template_keeps_the_chatml_tokens(lm):
+    """SmolLM2's case: a ChatML template (with a default system prompt) is
+    rendered by the built-in ChatML renderer, so the tokens and digests are
+    those of the byte tokenizer, which has no template; forcing the
+    template's own rendering ("model") adds its newline after each model turn."""
+    chatml = with_template(lm, CHATML_TEMPLATE, ByteTokenizer.SPECIALS, "<|im_start|>", "<|im_end|>")
+    assert get_renderer(chatml).source == "the tokenizer's template, recognised as ChatML"
+    plain = run_episode(make_engine(lm), episode())
+    same = run_episode(make_engine(chatml), episode())
+    assert same.digest() == plain.digest() and same.generated_tokens() == plain.generated_tokens()
+    own = run_episode(make_engine(chatml), episode("model"))
+    assert own.renderer.name == "template" and own.digest() != plain.digest()
+    assert own.graph["s2"].text.startswith(own.renderer.get_turn_closing(own.graph["s1/answer"].tokens) + "<|im_start|>")
+
+
+def test_episode_override_chatml_and_jinja(gemma, lm):
+    assert run_episode(make_engine(gemma), episode("chatml", STEPS[:1])).graph["system"].text == render(
+        "system", "You are a helpful agent.")
+    jinja = run_episode(make_engine(lm), episode(GEMMA_STYLE.replace("bos_token", "'B'"), STEPS[:1]))
+    assert jinja.renderer.source == "the episode's settings (Jinja)"
+    assert jinja.graph["system"].text == "B<start_of_turn>user\nYou are a helpful agent.<end_of_turn>\n"
+
+
+def test_session_record_keeps_the_override(gemma):
+    runtime = run_episode(make_engine(gemma), episode("chatml", STEPS[:2]))
+    record = runtime.get_session_record()
+    assert record["settings"]["template"] == "chatml"
+    reopened = AgentRuntime.from_session_record(make_engine(gemma), record)
+    assert reopened.renderer.source == "the episode's settings" and reopened.digest() == runtime.digest()
+    assert "template" not in run_episode(make_engine(gemma), episode(None, STEPS[:1])).get_session_record()["settings"]
+
+
+def test_episode_format_template_field():
+    ep = episode("chatml")
+    raw = episode_to_json(ep)
+    assert raw["version"] == 4 and raw["settings"]["template"] == "chatml" and parse_episode(raw) == ep
+    plain = episode_to_json(episode())
+    assert plain["version"] == 2 and "template" not in plain["settings"]
+    with pytest.raises(EpisodeError, match="settings.template: a template needs version 4"):
+        parse_episode({**raw, "version": 2})
+    with pytest.raises(EpisodeError, match="settings.template: must be"):
+        parse_episode({**raw, "settings": {"template": ""}})
+
+
+def test_a_template_that_fails_names_the_model(lm):
+    broken = dataclasses.replace(with_template(lm, "{{ raise_exception('no') }}"), name="tiny-broken")
+    with pytest.raises(TemplateError, match="refused the probe conversation: no"):
+        get_renderer(broken)
+    with pytest.raises(TemplateError, match="not valid Jinja"):
+        get_renderer(with_template(lm, "{% for %}"))
