@@ -165,6 +165,10 @@ class AgentRuntime(SelectiveReplay):
             if progress:
                 progress(i, len(steps))
 
+    def hold(self, what: str, wait: bool = True):
+        """A block in which no step or forget of this session runs (a save's consistent snapshot)."""
+        return self._exclusive(wait, what)
+
     # --- the transition F ---------------------------------------------------
 
     def step(self, step: Step, wait: bool = True) -> None:

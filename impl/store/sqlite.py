@@ -362,7 +362,7 @@ class SessionStore:
         if self.generation is None:
             raise StoreError(f"{self.path}: save over a session this store never loaded; load it first")
         _hook("commit:before")
-        with runtime._exclusive(True, "save"):  # a consistent snapshot of the state
+        with runtime.hold("save"):  # a consistent snapshot of the state
             record = runtime.get_session_record()
             digest = bytes.fromhex(runtime.digest())
         with self._lock:
