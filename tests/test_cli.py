@@ -296,3 +296,9 @@ def test_busy_store_exits_75(monkeypatch, capsys):
 def test_every_subcommand_has_a_command():
     sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
     assert set(sub.choices) == set(COMMANDS)
+
+
+def test_readme_exit_code_table_is_the_codes():
+    """README's exit-code table is exactly :func:`render_exit_table`: one table, in the code and in the README."""
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    assert render_exit_table() in readme
