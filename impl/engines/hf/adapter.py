@@ -16,19 +16,21 @@ Functions:
     save_dequantised(model, tok, d)   write a GGUF-loaded model as a local checkpoint
     load_dequantised(d)            -> (model, tokenizer)
     build_tiny_llama(..., seed)    -> model               random weights, no files
-    new_cache(model)               -> empty DynamicCache
     forward_last_logits(model, ids, cache) -> logits of the last position
-    cache_length(cache), crop_cache(cache, keep), cache_tensors(cache),
-    clone_cache(cache), share_cache_prefix(model, cache, keep), cache_storages(cache)
+    forward_all_logits(model, ids, cache)  -> logits of every position
     hf_encode(tok, text), hf_decode(tok, ids), eos_ids_of(model, tok)
     chat_template_of(tok), special_tokens_of(tok)   what chat templates read
+
+The KV cache's functions (new_cache, cache_length, crop_cache, ...) live in
+cache.py, the other module that calls transformers; they are re-exported
+here so that callers keep reading ``adapter.new_cache``.
 """
 
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Iterator, Sequence
 
 import torch
 import transformers
@@ -36,9 +38,20 @@ from safetensors.torch import save_file as save_safetensors
 from transformers import (
     AutoModelForCausalLM,
     AutoTokenizer,
-    DynamicCache,
     LlamaConfig,
     LlamaForCausalLM,
+)
+
+from unsee.impl.engines.hf.cache import (  # noqa: F401  re-exported: adapter.new_cache, ...
+    add_storage,
+    cache_length,
+    cache_storages,
+    cache_tensors,
+    clone_cache,
+    crop_cache,
+    excise_cache_span,
+    new_cache,
+    share_cache_prefix,
 )
 
 TRANSFORMERS_VERSION = transformers.__version__
@@ -383,166 +396,6 @@ def eos_ids_of(model, tokenizer, extra_tokens: Sequence[str] = ("<|im_end|>",)) 
 
 def vocab_size_of(model) -> int:
     return int(model.get_input_embeddings().num_embeddings)
-
-
-# ---------------------------------------------------------------------- cache
-
-
-def new_cache(model) -> DynamicCache:
-    """An empty DynamicCache for `model`.
-
-    With the config, 5.x pre-builds one layer object per model layer of the
-    right kind; a sliding-window layer would silently drop old tokens (and
-    crop differently), which breaks exact replay, so such models are refused.
-    """
-    try:
-        cache = DynamicCache(config=model.config)
-    except TypeError:  # older 4.x: no config argument
-        cache = DynamicCache()
-    for layer in getattr(cache, "layers", ()):
-        if getattr(layer, "is_sliding", False):
-            raise ValueError(
-                f"model {type(model).__name__} uses sliding-window attention; "
-                "its cache cannot be cropped exactly"
-            )
-    return cache
-
-
-def cache_length(cache) -> int:
-    """Number of tokens held by the cache."""
-    return int(cache.get_seq_length())
-
-
-def crop_cache(cache, keep: int) -> None:
-    """Keep the first `keep` tokens of the cache, in place.
-
-    `crop(n)` with n > 0 meant "keep n" in 4.x and is an error in 5.x; a
-    negative n means "remove |n|" in both. So always pass the negative count.
-    """
-    cur = cache_length(cache)
-    if not 0 <= keep <= cur:
-        raise ValueError(f"crop_cache: keep={keep} outside [0, {cur}]")
-    if keep == cur:
-        return
-    with torch.inference_mode():
-        cache.crop(keep - cur)
-    got = cache_length(cache)
-    if got != keep:  # guard against a future change of meaning
-        raise RuntimeError(f"transformers {TRANSFORMERS_VERSION}: crop left {got} tokens, wanted {keep}")
-
-
-def excise_cache_span(cache, start: int, end: int) -> None:
-    """Remove positions ``[start, end)`` from every layer of the cache, in
-    place, keeping the suffix's keys and values as they are (span-only
-    excision, the paper's Table 4 ablation). The suffix keys keep the rotary
-    positions they were computed at, and the next token is placed at the new,
-    shorter length: the misplacement the ablation measures.
-
-    Each layer gets new tensors (``torch.cat``), never a write into the old
-    ones, so a cache sharing a prefix with this one (``share_cache_prefix``)
-    is left alone.
-    """
-    cur = cache_length(cache)
-    if not 0 <= start <= end <= cur:
-        raise ValueError(f"excise_cache_span: [{start}, {end}) is not inside [0, {cur}]")
-    if start == end:
-        return
-    if not hasattr(cache, "layers"):
-        raise NotImplementedError(f"transformers {TRANSFORMERS_VERSION}: excision needs a per-layer cache")
-    with torch.inference_mode():
-        for layer in cache.layers:
-            if not getattr(layer, "is_initialized", False) or layer.keys is None:
-                continue
-            layer.keys = torch.cat([layer.keys[..., :start, :], layer.keys[..., end:, :]], dim=-2)
-            layer.values = torch.cat([layer.values[..., :start, :], layer.values[..., end:, :]], dim=-2)
-    got = cache_length(cache)
-    if got != cur - (end - start):
-        raise RuntimeError(f"transformers {TRANSFORMERS_VERSION}: excision left {got} tokens, "
-                           f"wanted {cur - (end - start)}")
-
-
-def cache_tensors(cache) -> Iterator[tuple[torch.Tensor | None, torch.Tensor | None]]:
-    """Yield (keys, values) per layer, each [batch, kv_heads, seq, head_dim].
-
-    5.x (and 4.56+): `cache.layers[i].keys/.values` (None before first use).
-    Older 4.x: parallel lists `cache.key_cache` / `cache.value_cache`.
-    """
-    if hasattr(cache, "layers"):
-        for layer in cache.layers:
-            yield getattr(layer, "keys", None), getattr(layer, "values", None)
-    else:
-        yield from zip(cache.key_cache, cache.value_cache)
-
-
-def clone_cache(cache):
-    """An independent deep copy (new tensor storage) of the cache."""
-    with torch.inference_mode():
-        return copy.deepcopy(cache)
-
-
-def share_cache_prefix(model, cache, keep: int):
-    """A new cache holding the first `keep` tokens of `cache` *without copying
-    them*: each layer of the new cache holds slices (views) of the source's
-    key and value tensors.
-
-    Why sharing is safe on the supported versions (checked in the transformers
-    5.23 source, cache_utils.py): `DynamicLayer.update` appends with
-    `self.keys = torch.cat([self.keys, key_states], dim=-2)`, which allocates
-    new storage and never writes into the old tensors; `DynamicLayer.crop`
-    re-slices (`self.keys = self.keys[..., :-n, :]`), which writes nothing;
-    the attention reads the tensors `update` returns and writes nothing back.
-    So extending, cropping or dropping either cache leaves the other's bytes
-    alone. The in-place writers of a layer (`reset` on an initialised
-    non-dynamic layer, `StaticLayer.update`'s `index_copy_`) belong to cache
-    kinds `new_cache` never builds, and sliding-window layers are refused.
-    Where the cache has no per-layer objects (transformers older than 4.54)
-    this falls back to a deep copy and crop, which is correct, only slower.
-    """
-    cur = cache_length(cache)
-    if not 0 <= keep <= cur:
-        raise ValueError(f"share_cache_prefix: keep={keep} outside [0, {cur}]")
-    if not hasattr(cache, "layers"):
-        out = clone_cache(cache)
-        crop_cache(out, keep)
-        return out
-    out = new_cache(model)
-    if len(out.layers) != len(cache.layers):  # a cache built without config grows its layers lazily
-        out = copy.copy(cache)
-        out.layers = [copy.copy(layer) for layer in cache.layers]
-    for dst, src in zip(out.layers, cache.layers):
-        if type(dst) is not type(src):
-            raise TypeError(f"share_cache_prefix: layer kinds differ ({type(dst).__name__} vs {type(src).__name__})")
-        if not getattr(src, "is_initialized", False) or src.keys is None:
-            continue  # an unused layer stays empty
-        # every attribute (dtype, device, is_initialized, ...) as the source has it, then the slices
-        dst.__dict__.update(src.__dict__)
-        dst.keys = src.keys[..., :keep, :]
-        dst.values = src.values[..., :keep, :]
-    if cache_length(out) != keep:
-        raise RuntimeError(f"transformers {TRANSFORMERS_VERSION}: shared prefix holds {cache_length(out)} tokens, "
-                           f"wanted {keep}")
-    return out
-
-
-def cache_storages(cache) -> dict[tuple[str, int], int]:
-    """The distinct tensor storages a cache holds: ``{(device, address): bytes}``.
-
-    A view keeps its whole storage alive, so this counts storages, not the
-    bytes of the (possibly sliced) tensors: two caches sharing a prefix
-    report the same storage once it is merged with the other's."""
-    out: dict[tuple[str, int], int] = {}
-    for k, v in cache_tensors(cache):
-        for t in (k, v):
-            if t is not None:
-                add_storage(out, t)
-    return out
-
-
-def add_storage(out: dict[tuple[str, int], int], t: torch.Tensor) -> None:
-    """Record ``t``'s storage in ``out`` (see :func:`cache_storages`)."""
-    storage = t.untyped_storage()
-    if storage.nbytes():
-        out[(str(t.device), storage.data_ptr())] = storage.nbytes()
 
 
 # -------------------------------------------------------------------- forward
