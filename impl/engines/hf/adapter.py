@@ -337,6 +337,31 @@ def build_tiny_llama(
     return _prepare(model)
 
 
+def build_tiny_model(model_type: str, config_fields: dict, *, seed: int = 0, init_std: float = 1.0):
+    """A tiny random model of any transformers family (``model_type``, e.g.
+    'qwen2', 'gemma3_text'), from config fields alone, no files; the zoo's
+    builder (impl/engines/hf/zoo.py).
+
+    Weights are drawn as `build_tiny_llama` draws them (a seeded CPU
+    generator, parameter by parameter in name order), so a family's model is
+    the same on every version and device: norm gains 1, biases N(0, 0.5^2),
+    every matrix N(0, init_std^2 / fan_in) (embeddings N(0, init_std^2)).
+    """
+    config = transformers.AutoConfig.for_model(model_type, **config_fields)
+    config._attn_implementation = ATTN_IMPLEMENTATION
+    model = AutoModelForCausalLM.from_config(config, attn_implementation=ATTN_IMPLEMENTATION)
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    with torch.no_grad():
+        for name, p in sorted(model.named_parameters()):
+            if p.dim() == 1:
+                noise = torch.randn(p.shape, generator=gen, dtype=torch.float32)
+                p.copy_(noise * 0.5 if name.endswith("bias") else torch.ones_like(noise))
+            else:
+                scale = init_std / (p.shape[-1] ** 0.5) if "embed" not in name else init_std
+                p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float32) * scale)
+    return _prepare(model)
+
+
 # ------------------------------------------------------------------ tokenizer
 
 

@@ -23,24 +23,92 @@ import torch
 from transformers import DynamicCache
 from transformers import __version__ as TRANSFORMERS_VERSION
 
+try:  # transformers 4.54+: per-layer cache objects
+    from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
+except ImportError:  # older: no sliding-window support here (new_cache refuses such models)
+    DynamicLayer = DynamicSlidingWindowLayer = None
+
+
+if DynamicLayer is not None:
+
+    class FullWindowLayer(DynamicLayer):
+        """A sliding-window layer that keeps every token's keys and values
+        and shows the attention exactly what the model's own
+        `DynamicSlidingWindowLayer` would.
+
+        The model's own layer keeps only the last ``window - 1`` tokens, so
+        it cannot be cropped back past the window's edge, nor cloned, shared
+        or excised like a full layer. This one stores the full sequence (it
+        is a `DynamicLayer`: `crop` re-slices, `update` appends with
+        ``torch.cat``, so `share_cache_prefix` stays safe), and from it
+        returns, on every `update`, the same tensor the model's own layer
+        returns: the last ``min(past, window - 1)`` cached tokens followed by
+        the new ones, as one fresh contiguous tensor, with the same
+        ``(kv_length, kv_offset)`` for the mask (`get_mask_sizes`). So every
+        forward sees the same operands with the same shapes and the same
+        mask as with the model's own cache, and gives the same bits, at any
+        length and after any crop (tests/test_window.py checks it against
+        the model's own cache and its cache-less forward). The price is
+        memory: the full sequence instead of the window (docs/engines.md,
+        "Model families").
+        """
+
+        is_sliding = True
+
+        def __init__(self, sliding_window: int, **kwargs):
+            super().__init__()
+            self.sliding_window = int(sliding_window)
+
+        def update(self, key_states, value_states, *args, **kwargs):
+            if not self.is_initialized:
+                self.lazy_initialization(key_states, value_states)
+            past = self.get_seq_length()
+            start = past - min(past, self.sliding_window - 1)
+            self.keys = torch.cat([self.keys, key_states], dim=-2)
+            self.values = torch.cat([self.values, value_states], dim=-2)
+            if start == 0:
+                return self.keys, self.values
+            # the model's own layer returns cat(its last window - 1 tokens, new): a fresh contiguous tensor
+            return self.keys[..., start:, :].contiguous(), self.values[..., start:, :].contiguous()
+
+        def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+            """``(kv_length, kv_offset)`` as `DynamicSlidingWindowLayer` gives them
+            after ``get_seq_length()`` tokens."""
+            past = self.get_seq_length()
+            return min(past, self.sliding_window - 1) + query_length, max(past - self.sliding_window + 1, 0)
+
+else:
+    FullWindowLayer = None
+
 
 def new_cache(model) -> DynamicCache:
-    """An empty DynamicCache for `model`.
+    """An empty DynamicCache for `model`, every layer of which can be cropped,
+    cloned, shared and excised exactly.
 
     With the config, 5.x pre-builds one layer object per model layer of the
-    right kind; a sliding-window layer would silently drop old tokens (and
-    crop differently), which breaks exact replay, so such models are refused.
+    right kind. A full-attention layer (`DynamicLayer`) is kept; a
+    sliding-window one (`DynamicSlidingWindowLayer`, which drops tokens past
+    the window) is replaced by a :class:`FullWindowLayer` of the same window.
+    Any other kind (linear attention, compressed or indexed layers, ...) is
+    refused with a ValueError naming it, as is a sliding-window model on a
+    transformers without per-layer caches.
     """
     try:
         cache = DynamicCache(config=model.config)
     except TypeError:  # older 4.x: no config argument
         cache = DynamicCache()
-    for layer in getattr(cache, "layers", ()):
-        if getattr(layer, "is_sliding", False):
-            raise ValueError(
-                f"model {type(model).__name__} uses sliding-window attention; "
-                "its cache cannot be cropped exactly"
-            )
+    layers = getattr(cache, "layers", None)
+    if layers is None or FullWindowLayer is None:
+        if getattr(model.config, "sliding_window", None) is not None:
+            raise ValueError(f"model {type(model).__name__} uses sliding-window attention, which needs "
+                             f"transformers 4.56+ here (this is {TRANSFORMERS_VERSION})")
+        return cache
+    for i, layer in enumerate(layers):
+        if type(layer) is DynamicSlidingWindowLayer:
+            layers[i] = FullWindowLayer(layer.sliding_window)
+        elif type(layer) is not DynamicLayer:
+            raise ValueError(f"model {type(model).__name__}: layer {i} has a {type(layer).__name__} cache, "
+                             "which cannot be cropped exactly; only full and sliding-window attention can")
     return cache
 
 
@@ -130,7 +198,8 @@ def share_cache_prefix(model, cache, keep: int):
     So extending, cropping or dropping either cache leaves the other's bytes
     alone. The in-place writers of a layer (`reset` on an initialised
     non-dynamic layer, `StaticLayer.update`'s `index_copy_`) belong to cache
-    kinds `new_cache` never builds, and sliding-window layers are refused.
+    kinds `new_cache` never builds; its sliding-window layers are
+    `FullWindowLayer`s, `DynamicLayer`s in all of this.
     Where the cache has no per-layer objects (transformers older than 4.54)
     this falls back to a deep copy and crop, which is correct, only slower.
     """

@@ -11,6 +11,9 @@ Names:
     'tiny-ties' the tiny model with near-tied LM-head rows: its greedy
                decisions are decided in the last bits (the draft guard's test
                family, see impl/agent/drafts.py).
+    'tiny-qwen2', 'tiny-gemma3', ... the architecture zoo (zoo.py): tiny
+               random models of other families over the same byte tokenizer;
+               'tiny-llama' is 'tiny'.
     a folder   a local Hugging Face checkpoint (config.json + weights).
     a *.gguf   any GGUF file, cached like 'smollm2'.
 
@@ -32,7 +35,7 @@ from typing import Any, Sequence
 import torch
 
 from unsee.impl.engines.files import ByteTokenizer, default_cache_dir, smollm2_path
-from unsee.impl.engines.hf import adapter
+from unsee.impl.engines.hf import adapter, zoo
 
 _CACHE_FORMAT = "hf-safetensors-v1"  # layout of a cache entry; part of its key
 _DONE = "unsee-complete"  # written last into a cache entry
@@ -271,13 +274,17 @@ def resolve_source(name_or_path) -> ModelSource:
         raise ValueError(f"name_or_path={name_or_path!r} must be a name or a path")
     if key in TINY_MODELS:
         return ModelSource(key, "tiny")
+    if zoo.is_zoo_name(key):
+        zoo.check_family(key)  # a refused family fails here, before anything is built
+        return ModelSource(key, "tiny")
     if key == "smollm2":
         path, name = smollm2_path(), "smollm2"
     else:
         path, name = Path(key).expanduser(), key
         if not path.exists():
             raise ValueError(
-                f"name_or_path={key!r} is neither a known name ('smollm2', 'tiny', 'tiny-ties') "
+                f"name_or_path={key!r} is neither a known name ('smollm2', 'tiny', 'tiny-ties', "
+                f"{', '.join(repr(n) for n in zoo.ZOO_NAMES)}) "
                 "nor an existing path"
             )
     if path.is_file() and path.suffix.lower() == ".gguf":
@@ -290,6 +297,8 @@ def resolve_source(name_or_path) -> ModelSource:
 def load_weights(source: ModelSource, cache_dir) -> tuple[Any, Any, tuple[int, ...], dict]:
     """``(model, tokenizer, eos_ids, info)`` of ``source``, on the CPU in
     the weights' own dtype (:func:`adapter.place` moves them)."""
+    if source.kind == "tiny" and source.name not in TINY_MODELS:
+        return _load_zoo(source.name)
     if source.kind == "tiny":
         tok = ByteTokenizer()
         model = adapter.build_tiny_llama(
@@ -307,6 +316,19 @@ def load_weights(source: ModelSource, cache_dir) -> tuple[Any, Any, tuple[int, .
         model, tok = adapter.load_checkpoint(source.path)
         info = {}
     return model, tok, tuple(adapter.eos_ids_of(model, tok)), info
+
+
+def _load_zoo(name: str) -> tuple[Any, Any, tuple[int, ...], dict]:
+    """A zoo family's tiny random model over the byte tokenizer (see zoo.py)."""
+    tok = ByteTokenizer()
+    family = zoo.check_family(name)
+    ids = {"bos_token_id": tok.bos_token_id, "eos_token_id": tok.eos_token_id, "pad_token_id": tok.pad_token_id}
+    if family is None:  # tiny-llama: the tiny model itself
+        model = adapter.build_tiny_llama(vocab_size=tok.vocab_size, seed=0, **ids)
+    else:
+        fields = zoo.get_config_fields(family, ids, tok.vocab_size)
+        model = adapter.build_tiny_model(family.model_type, fields, seed=0)
+    return model, tok, (tok.eos_token_id,), {"family": family.model_type if family else "llama"}
 
 
 def load_model(
