@@ -29,6 +29,10 @@ DEFAULT_BACKEND = "transformers"
 #: One-word engine names (``UNSEE_ENGINE``): name -> (backend, model).
 ENGINE_NAMES = {"tiny": ("transformers", "tiny"), "smollm2": ("transformers", "smollm2"),
                 "llamacpp": ("llamacpp", "smollm2"), "llamacpp-tiny": ("llamacpp", "tiny")}
+#: The architecture zoo (impl/engines/hf/zoo.py): tiny random models of other families, transformers.
+ENGINE_NAMES.update({name: ("transformers", name) for name in (
+    "tiny-llama", "tiny-qwen2", "tiny-qwen3", "tiny-mistral", "tiny-gemma2", "tiny-gemma3", "tiny-phi3",
+    "tiny-qwen2moe")})
 
 
 def parse_engine_name(name: str) -> tuple[str, str]:
