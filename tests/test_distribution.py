@@ -78,12 +78,13 @@ def test_cosine_and_embedding_distance():
     assert embedding_distance([None], [[1, 0]]) is None
 
 
-def test_parse_tool_reads_the_call_after_the_opening():
+def test_parse_tool_takes_the_first_tool_named():
     tools = ("pay", "send_message")
-    assert parse_tool("CALL pay(account=1)", tools) == "pay"
-    assert parse_tool("CALL  send_message(to=x)", tools) == "send_message"
-    assert parse_tool("CALL payments(x)", tools) == OTHER_TOOL
-    assert parse_tool("CALL (nothing)", tools) == OTHER_TOOL
+    assert parse_tool("Tool: pay(account=1)", tools) == "pay"
+    assert parse_tool("Tool: Send_Message, then pay", tools) == "send_message"
+    assert parse_tool("Tool: pay or send_message", tools) == "pay"
+    assert parse_tool("Tool: payments and repay", tools) == OTHER_TOOL  # whole words only
+    assert parse_tool("Tool: nothing", tools) == OTHER_TOOL
 
 
 def _sets(tools, texts, embeddings=None):
@@ -173,7 +174,7 @@ def test_audit_end_to_end_on_tiny(tmp_path):
     assert len(set(seeds)) == len(seeds) == 6  # independent, not matched
     vector = ref["sets"]["a"]["embeddings"][0]
     assert len(vector) == engine.lm.model.config.hidden_size and all(math.isfinite(x) for x in vector)
-    assert all(t.startswith("CALL ") for t in ref["sets"]["a"]["texts"])
+    assert all(t.startswith("Tool: ") for t in ref["sets"]["a"]["texts"])
     report = write_report(rows, tmp_path).read_text()
     assert "## Distributional audit" in report and "| B6 Sanitized-Rebuild | 2 |" in report
     assert (tmp_path / "distribution.png").exists() and (tmp_path / "distribution.json").exists()

@@ -18,10 +18,12 @@ own), and measures four distances between two sample sets:
   last-layer hidden states of the model under test* over each sample read
   alone (impl/engines/embedding.py: offline, no other model).
 
-A sample is the agent's next action: asked the episode's task query and
-offered its tools, the state decodes after an assistant turn opened with
-``CALL `` (as a plan turn is), so every sample names a tool (or something
-that is not one: ``other``) and arguments.
+A sample is the agent's next move: asked the episode's task query and which
+of the case's tools it uses next, the state decodes after an assistant turn
+opened with ``Tool: ``. The sample's tool is the first of the case's tools it
+names (case-insensitive), else ``other``. (A turn opened with ``CALL `` as a
+plan turn is was tried first: SmolLM2-135M then named no tool in any of
+several samples, which leaves the tool distances nothing to measure.)
 
 The reference floor is B5 against itself: two sample sets of B5 under
 independent seeds. Per episode a method's distance is ``D(method, B5)`` and
@@ -54,8 +56,8 @@ DISTANCE_NAMES = {"tool_consistency": "tool consistency", "tool_tv": "tool TV", 
                   "embedding": "embedding"}
 #: word n-gram length of the n-gram distance
 NGRAM = 2
-#: what opens a sampled turn, as a plan turn is opened (impl/agent/runtime.py ``_on_plan``)
-ACTION_OPENING = "CALL "
+#: what opens a sampled turn
+ACTION_OPENING = "Tool: "
 #: the tool name of a sample that names no tool of the case
 OTHER_TOOL = "other"
 #: decimal places of a stored embedding component (the rows stay small; cosines move < 1e-4)
@@ -145,17 +147,16 @@ def dist_seed(case: EvalCase, label: str, draw: int) -> int:
 
 
 def parse_tool(text: str, tools: Sequence[str]) -> str:
-    """The tool a sampled action names: the first identifier after the
-    ``CALL`` opening if it is one of ``tools``, else :data:`OTHER_TOOL`."""
-    body = text.removeprefix(ACTION_OPENING)
-    match = re.match(r"\s*([A-Za-z_][A-Za-z0-9_]*)", body)
-    return match.group(1) if match and match.group(1) in tools else OTHER_TOOL
+    """The tool a sample picks: the one of ``tools`` it names first, as a
+    whole word, case-insensitive; :data:`OTHER_TOOL` when it names none."""
+    hits = [(m.start(), tool) for tool in tools
+            for m in [re.search(rf"(?<![\w]){re.escape(tool)}(?![\w])", text, re.IGNORECASE)] if m]
+    return min(hits)[1] if hits else OTHER_TOOL
 
 
 def get_action_question(task: str, tools: Sequence[str]) -> str:
     """The question a sample answers: the task query, and the tools on offer."""
-    return (f"{task}\nReply with the one tool call you would make next, as CALL tool(arguments). "
-            f"Tools: {', '.join(tools)}.")
+    return f"{task}\nWhich tool do you use next? Answer with its name: {', '.join(tools)}."
 
 
 def sample_action(runtime, question: str, max_new_tokens: int, temperature: float, seed: int) -> str:

@@ -45,8 +45,8 @@ def render_distribution(rows: Sequence[dict]) -> list[str]:
         return lines + ["No row holds the audit's sample sets (B5 with B7 or B6, `--samples` > 0).", ""]
     first = next(r["dist"] for r in rows if r.get("dist"))
     lines += [(f"k = {first['k']} samples per method at temperature {first['temperature']}, each method and "
-              "each sample set under its own seeds; a sample is the next action (the task query, the tools on "
-              "offer, the turn opened with `CALL `). Per episode a method's distance is D(method, B5) and the "
+              "each sample set under its own seeds; a sample is the next move (the task query, which tool next, "
+              "the turn opened with `Tool: `; its tool: the first of the case's tools it names, else `other`). Per episode a method's distance is D(method, B5) and the "
               "floor's D(B5, B5) between B5's two independent sample sets; cells: mean distance (floor's mean), "
               "Wilcoxon signed-rank p against the floor over the episodes (n), stars as the paper's. "
               f"Embeddings: {first['embedder'] or 'none (this engine has no embedder)'}. "
