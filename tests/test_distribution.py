@@ -179,3 +179,25 @@ def test_audit_end_to_end_on_tiny(tmp_path):
     assert "## Distributional audit" in report and "| B6 Sanitized-Rebuild | 2 |" in report
     assert (tmp_path / "distribution.png").exists() and (tmp_path / "distribution.json").exists()
     assert time.perf_counter() - start < 60
+
+
+def test_embedder_is_refused_for_an_engine_without_one():
+    from types import SimpleNamespace
+
+    from unsee.impl.engines.embedding import embed_texts
+
+    with pytest.raises(ValueError, match="no offline embedder"):
+        embed_texts(SimpleNamespace(lm=SimpleNamespace()), ["x"])
+
+
+def test_llamacpp_embedder_is_the_mean_pooled_hidden_state():
+    pytest.importorskip("llama_cpp")
+    from unsee.impl.engines.embedding import embed_texts
+    from unsee.impl.engines.registry import load_engine
+
+    engine = load_engine("tiny", "llamacpp")
+    before = engine.lineages
+    a, again, other, empty = embed_texts(engine, ["pay the rent", "pay the rent", "book a room", ""])
+    assert len(a) == engine.lm.n_embd and all(math.isfinite(x) for x in a)
+    assert a == again and a != other and empty is None
+    assert engine.lineages == before  # no lineage made or changed

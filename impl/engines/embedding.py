@@ -16,23 +16,29 @@ from unsee.impl.engines.protocol import Engine
 
 
 def get_embedding_backend(engine: Engine) -> str:
-    """``"transformers"``: the one backend with an embedder so far (the
-    llama.cpp engine has none: an error naming the engine)."""
+    """``"transformers"`` or ``"llamacpp"``: which embedder fits ``engine``."""
     if getattr(engine.lm, "model", None) is not None:
         return "transformers"
+    if hasattr(engine.lm, "n_embd") and hasattr(engine.lm, "new_context"):
+        return "llamacpp"
     raise ValueError(f"no offline embedder for an engine of type {type(engine).__name__}")
 
 
 def embed_texts(engine: Engine, texts: Sequence[str]) -> list[list[float] | None]:
     """One vector per text (None for a text with no tokens): the mean over
     its tokens of the model's last hidden layer, the text read alone."""
-    get_embedding_backend(engine)
-    from unsee.impl.engines.hf.hidden import forward_mean_hidden
+    if get_embedding_backend(engine) == "transformers":
+        from unsee.impl.engines.hf.hidden import forward_mean_hidden
 
+        model = engine.lm.model
+    else:
+        from unsee.impl.engines.llamacpp.embed import forward_mean_hidden
+
+        model = engine.lm
     out: list[list[float] | None] = []
     for text in texts:
         ids = engine.lm.encode(text)
-        out.append(forward_mean_hidden(engine.lm.model, ids) if ids else None)
+        out.append(forward_mean_hidden(model, ids) if ids else None)
     return out
 
 
