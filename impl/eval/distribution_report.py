@@ -107,6 +107,7 @@ def _plot_panel(ax, distances: dict, groups: Sequence[str], labels: dict, distan
             ax.text(i, max(values), get_stars(p) or "n.s.", ha="center", va="bottom", fontsize=9)
     if floor_values:
         ax.axhline(mean(floor_values), linestyle="--", color="grey", linewidth=1)
+    ax.margins(y=0.2)  # room for the stars above the highest point
     ax.set_xticks(range(len(groups)))
     ax.set_xticklabels([labels.get(g, g) for g in groups], fontsize=8)
     ax.set_title(DISTANCE_NAMES[distance], fontsize=10)
