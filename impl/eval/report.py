@@ -16,6 +16,8 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 from unsee.impl.eval.audit import PROBES
+from unsee.impl.eval.distribution import summarize_distribution
+from unsee.impl.eval.distribution_report import PLOT_NAME, plot_distribution, render_distribution
 from unsee.impl.eval.paper import PAPER_B7, TABLE1, TABLE1_SUITES, TABLE2, TABLE2_SUITES, TABLE3, TABLE4, TABLE4_SUITES
 from unsee.impl.eval.stats import PairedTest, bootstrap_ci, identical, mcnemar_exact, mean, wilcoxon_signed_rank
 from unsee.impl.methods.baselines import PAPER_NAMES
@@ -148,6 +150,7 @@ def render_report(rows_in: Iterable[dict], plots: dict[str, str] | None = None, 
                                                                   if m not in TABLE1_METHODS]
     lines += _table1(rows, methods) + [""] + _table2(rows, methods) + [""] + _table3(rows, methods) + [""]
     lines += _table4(rows) + [""] + _utility(rows, methods) + [""] + _statistics(rows) + [""]
+    lines += render_distribution(rows.rows)
     if plots:
         lines += ["## Plots", ""] + [f"![{name}]({path})" for name, path in plots.items()] + [""]
     return "\n".join(lines)
@@ -419,7 +422,8 @@ def make_plots(rows_in: Iterable[dict], out: Path) -> dict[str, str]:
         fig.savefig(path, dpi=100)
         plt.close(fig)
         plots[name] = path.name
-    return plots
+    distribution = plot_distribution(rows.rows, out)
+    return plots | ({PLOT_NAME: distribution} if distribution else {})
 
 
 def write_report(rows: Sequence[dict], out: str | Path, title: str = "unsee eval") -> Path:
@@ -428,6 +432,7 @@ def write_report(rows: Sequence[dict], out: str | Path, title: str = "unsee eval
     path = out / "report.md"
     path.write_text(render_report(rows, plots, title), encoding="utf-8")
     (out / "summary.json").write_text(json.dumps(summarize(rows), indent=2), encoding="utf-8")
+    (out / "distribution.json").write_text(json.dumps(summarize_distribution(rows), indent=2), encoding="utf-8")
     return path
 
 

@@ -45,6 +45,7 @@ import attrs
 from unsee.impl.agent.runtime import AgentRuntime
 from unsee.impl.eval.audit import find_leaks, get_probes
 from unsee.impl.eval.cases import EvalCase
+from unsee.impl.eval.distribution import sample_distribution
 from unsee.impl.eval.metrics import (
     Action,
     apply_sink_policy,
@@ -467,6 +468,7 @@ def run_case(engine, case: EvalCase, config: EvalConfig, done: dict[str, dict] |
             row["equals_reset"] = True
         else:
             row |= evaluate_state(runtime, result, case, config, reference, asked)
+        row["dist"] = sample_distribution(runtime, case, config, method, get_task(case), tuple(get_case_tools(case)))
         del runtime
         engine.enforce_budget()
         yield row

@@ -160,11 +160,16 @@ class LlamaCppModel:
                 return buf.raw[:n].decode("utf-8", "replace")
             cap = -n + 16
 
-    def new_context(self):
+    def new_context(self, embeddings: bool = False):
         """A llama.cpp context over this model (each engine owns one): one
-        sequence, n_ctx cells, a chunk of any length is one llama_decode."""
+        sequence, n_ctx cells, a chunk of any length is one llama_decode.
+        ``embeddings``: a context that returns the mean-pooled last hidden
+        states of a sequence instead of logits (impl/engines/llamacpp/embed.py)."""
         lc = _llama()
         cparams = lc.llama_context_default_params()
+        if embeddings:
+            cparams.embeddings = True
+            cparams.pooling_type = lc.LLAMA_POOLING_TYPE_MEAN
         cparams.n_ctx = self.n_ctx
         cparams.n_batch = self.n_ctx
         cparams.n_ubatch = min(512, self.n_ctx)
@@ -178,6 +183,11 @@ class LlamaCppModel:
         if not ctx:
             raise ValueError(f"llama.cpp could not create a context of {self.n_ctx} tokens for {self.source}")
         return ctx
+
+    @property
+    def n_embd(self) -> int:
+        """The model's hidden size."""
+        return _llama().llama_model_n_embd(self._model)
 
     def close(self) -> None:
         lc = _llama()
