@@ -11,14 +11,17 @@
   loaded and never used. The other turns ask about the target. With
   ``history_tokens`` (e.g. 1000, the paper's session shape), earlier planning
   (:data:`HISTORY`) comes before the target until the history holds about
-  that many tokens of the model's tokenizer.
+  that many tokens of the model's tokenizer: as turns the model answers
+  (``history_kind="turns"``) or as memory records re-injected into the
+  context with no model turn (``"memory"``, Table 1's paper shape; see
+  :data:`HISTORY_KINDS` for why).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from unsee.impl.agent.episode import VERSION, Episode, parse_episode
+from unsee.impl.agent.episode import MODEL_TURN_KINDS, VERSION, Episode, parse_episode
 from unsee.impl.agent.render import render, render_header, render_observation
 
 SECRET = "4417 Elm Street"
@@ -162,9 +165,24 @@ HISTORY = [
 ]
 
 
-def get_history_step(sid: str, n: int) -> dict:
-    """The ``n``-th step of :data:`HISTORY` (cycling), as step ``sid``."""
+#: How the history before the target is given (``history_kind``):
+#: ``turns``, each HISTORY entry a tool result or a user request the model
+#: answers; ``memory``, each entry's text a memory record re-injected into the
+#: context (the session's earlier notes), with no model turn. On SmolLM2-135M
+#: at greedy decoding, ``turns`` sends the model into repeating its first
+#: history answer ("I'm sorry for any confusion...") on every later turn, the
+#: turns after the target included, so no turn changes when the target is
+#: forgotten (measured: docs/bench.md); under ``memory`` the turns after the
+#: target are the model's own answers to them, as in the current shape.
+HISTORY_KINDS = ("turns", "memory")
+
+
+def get_history_step(sid: str, n: int, kind: str = "turns") -> dict:
+    """The ``n``-th step of :data:`HISTORY` (cycling), as step ``sid``, in
+    the form ``kind`` (:data:`HISTORY_KINDS`)."""
     tool, text = HISTORY[n % len(HISTORY)]
+    if kind == "memory":
+        return {"id": sid, "kind": "memory", "records": [{"source": f"history.{n}", "text": text}]}
     if tool is None:
         return {"id": sid, "kind": "user", "text": text}
     return {"id": sid, "kind": "tool", "tool": tool, "fields": [{"source": f"history.{n}", "text": text}]}
@@ -173,21 +191,23 @@ def get_history_step(sid: str, n: int) -> dict:
 def estimate_history_tokens(episode: Episode, count_tokens: Callable[[str], int]) -> int:
     """Tokens before the step that brings the target in: the system block and
     every observation as the runtime renders them (impl/agent/render.py), and
-    each one's model turn at its full ``max_new_tokens`` (an upper bound: a
-    turn that ends early is shorter, so the bench reports the measured
-    offset beside it)."""
+    each model turn (of the steps that have one: a memory record has none)
+    at its full ``max_new_tokens`` (an upper bound: a turn that ends early is
+    shorter, so the bench reports the measured offset beside it)."""
     tau = next(t for t, step in enumerate(episode.steps, start=1)
                if any(i.source == episode.target.source for i in step.items))
     turn = count_tokens(render_header())
     total = count_tokens(render("system", episode.system))
     for step in episode.steps[:tau - 1]:
-        total += count_tokens(render_observation(step)) + turn + episode.settings.max_new_tokens
+        total += count_tokens(render_observation(step))
+        if step.kind in MODEL_TURN_KINDS:
+            total += turn + episode.settings.max_new_tokens
     return total
 
 
 def make_indep_episode(indep: float = 0.5, turns_after: int = 12, tau: int = 3, max_new_tokens: int = 32,
                        policy: str = "every_turn", history_tokens: int | None = None,
-                       count_tokens: Callable[[str], int] | None = None) -> Episode:
+                       count_tokens: Callable[[str], int] | None = None, history_kind: str = "turns") -> Episode:
     """The paper's configuration: ``tau - 1`` setup turns, the secret in a tool
     result at step ``tau``, then ``turns_after`` user or tool turns, each with
     a model turn; ``indep * turns_after`` of them (spread evenly, see
@@ -199,7 +219,8 @@ def make_indep_episode(indep: float = 0.5, turns_after: int = 12, tau: int = 3, 
     ``history_tokens``: the paper's session shape (about a thousand tokens
     before the target). Steps of :data:`HISTORY` follow the setup turns until
     :func:`estimate_history_tokens` (with ``count_tokens``, the model's
-    tokenizer) reaches it, so the target enters later than ``tau``. None (the
+    tokenizer) reaches it, so the target enters later than ``tau``, each
+    step in the form ``history_kind`` (:data:`HISTORY_KINDS`). None (the
     default) leaves the episode exactly as without the option.
     """
     if tau < 1:
@@ -213,11 +234,13 @@ def make_indep_episode(indep: float = 0.5, turns_after: int = 12, tau: int = 3, 
                          "lambda text: len(lm.encode(text)))")
     if not isinstance(history_tokens, int) or history_tokens < 1:
         raise ValueError(f"history_tokens={history_tokens!r} must be a positive integer")
+    if history_kind not in HISTORY_KINDS:
+        raise ValueError(f"history_kind={history_kind!r} is not one of {HISTORY_KINDS}")
     while True:
         episode = build_indep_episode(history, labels, max_new_tokens, policy)
         if estimate_history_tokens(episode, count_tokens) >= history_tokens:
             return episode
-        history.append(get_history_step(f"s{len(history) + 1}", len(history) - (tau - 1)))
+        history.append(get_history_step(f"s{len(history) + 1}", len(history) - (tau - 1), history_kind))
 
 
 def build_indep_episode(history: list[dict], labels: list[bool], max_new_tokens: int, policy: str) -> Episode:

@@ -32,7 +32,6 @@ from tqdm import tqdm
 from unsee.impl.agent.episode import CHECKPOINT_POLICIES, Episode
 from unsee.impl.agent.runtime import AgentRuntime
 from unsee.impl.engines.protocol import Engine
-from unsee.impl.engines.registry import load_engine
 from unsee.impl.eval.paper import (
     INDEP1_WALL_P50_S,
     INDEP_B5PRIME_DECODED,
@@ -45,9 +44,11 @@ from unsee.impl.eval.paper import (
 from unsee.impl.eval.report import fmt, render_table
 from unsee.impl.methods.baselines import METHODS, PAPER_NAMES, apply_method
 
-from .episodes import make_bench_episode, make_indep_episode
+from .engines_paper import describe_engine, load_engines, parse_engines, render_engines
+from .episodes import HISTORY_KINDS, make_bench_episode, make_indep_episode
 from .floor import compute_floor, get_excess
 from .sweep import fit_r2
+from .timing import render_breakdown, time_engine
 
 #: Table 1's methods: B5, B5', the paper's B7 (attribution oracle), our B7 (verified drafts).
 TABLE1_METHODS = ("reset", "reset-prefix-cache", "replay-oracle", "replay")
@@ -85,9 +86,12 @@ def get_methods(wanted: Sequence[str], notes: list[str]) -> list[str]:
 
 
 def measure_episode(engine: Engine, episode: Episode, methods: Sequence[str], rounds: int,
-                    floor: bool = True) -> dict:
+                    floor: bool = True, profile: Sequence[str] = ()) -> dict:
     """Run ``episode`` once, then every method ``rounds`` times on forks of it
-    (and the compute floor once per round). Every cache made here is dropped."""
+    (and the compute floor once per round). Every cache made here is dropped.
+    Each method of ``profile`` then runs once more under
+    :func:`bench.timing.time_engine` (outside the timed rounds): where its
+    time goes, in ``breakdown``."""
     before = set(engine.lineages)
     try:
         base = AgentRuntime.from_episode(engine, episode)
@@ -118,6 +122,7 @@ def measure_episode(engine: Engine, episode: Episode, methods: Sequence[str], ro
                 runtime, _ = apply_method(base, "reset", source)
                 floors.append(compute_floor(engine, base, runtime, boundary).to_json())
                 _drop_new(engine, kept)
+        breakdowns = {m: get_breakdown(engine, base, m, source) for m in profile if m in runs}
         reset_digest = runs["reset"][0]["digest"] if "reset" in runs else None
         # the tokens every exact forget keeps (under every_turn: the whole history before the target)
         prefix = base.checkpoints.latest_before(tau).token_offset
@@ -126,6 +131,8 @@ def measure_episode(engine: Engine, episode: Episode, methods: Sequence[str], ro
                "suffix_tokens": engine.length(base.lineage) - prefix, "methods": {}}
         for method, rows in runs.items():
             out["methods"][method] = summarise(rows, reset_digest)
+            if method in breakdowns:
+                out["methods"][method]["breakdown"] = breakdowns[method]
         if floors:
             out["floor"] = {k: floors[0][k] for k in ("prefilled", "decoded", "recomputed", "forwards", "blocks")}
             out["floor"]["wall_p50_s"] = statistics.median(f["wall_s"] for f in floors)
@@ -133,6 +140,7 @@ def measure_episode(engine: Engine, episode: Episode, methods: Sequence[str], ro
             out["floor"]["cpu_p50_s"] = statistics.median(f["cpu_s"] for f in floors)
             out["floor"]["cpu_s"] = [f["cpu_s"] for f in floors]
             out["floor"]["changed_turns"] = len(floors[0]["changed_turns"])
+            out["floor"]["changed"] = get_changed_turns(episode, floors[0], boundary)
             for row in out["methods"].values():
                 row["excess"] = get_excess(row["draft_turns"], floors[0]) if row["draft_turns"] else []
                 row["x_floor_wall"] = row["wall_p50_s"] / out["floor"]["wall_p50_s"]
@@ -142,6 +150,33 @@ def measure_episode(engine: Engine, episode: Episode, methods: Sequence[str], ro
         return out
     finally:
         _drop_new(engine, before)
+
+
+def get_breakdown(engine: Engine, base: AgentRuntime, method: str, source: str) -> dict:
+    """One more run of ``method`` under :func:`bench.timing.time_engine`: its
+    seconds, forwards and tokens per category."""
+    kept = set(engine.lineages)
+    try:
+        with time_engine(engine) as breakdown:
+            apply_method(base, method, source)
+        return breakdown.to_json()
+    finally:
+        _drop_new(engine, kept)
+
+
+def get_changed_turns(episode: Episode, floor: dict, boundary: int) -> dict:
+    """How many model turns after the restore boundary the forget changes
+    (the floor's changed turns), of all such turns, split by the episode's
+    ``independent`` label: a forget that changes none replays nothing but
+    prefill, which flatters it."""
+    labels = {step.id: step.independent for step in episode.steps}
+    changed = [t["block_id"].split("/")[0] for t in floor["changed_turns"]]
+    turns = [step.id for step in episode.steps[boundary:]]
+    return {"turns": len(turns), "changed": len(changed),
+            "dependent_changed": sum(not labels.get(c, False) for c in changed),
+            "dependent": sum(not labels[t] for t in turns),
+            "independent_changed": sum(labels.get(c, False) for c in changed),
+            "ids": changed}
 
 
 def get_paired_ratio(walls: Sequence[float], floor_walls: Sequence[float]) -> float:
@@ -188,7 +223,8 @@ def make_table1_episode(engine: Engine, args, shape: str) -> Episode:
     if shape == "paper":
         return make_indep_episode(0.5, args.turns_after, args.tau, args.max_new_tokens,
                                   history_tokens=args.history_tokens,
-                                  count_tokens=lambda text: len(engine.lm.encode(text)))
+                                  count_tokens=lambda text: len(engine.lm.encode(text)),
+                                  history_kind=getattr(args, "history_kind", "memory"))
     return make_indep_episode(0.5, args.turns_after, args.tau, args.max_new_tokens)
 
 
@@ -232,9 +268,11 @@ def run_table1(engine: Engine, args, notes: list[str], shape: str = "current") -
     and walls, the compute floor, the token ratios and the same-round wall
     ratios."""
     methods = get_methods(TABLE1_METHODS, notes)
-    row = measure_episode(engine, make_table1_episode(engine, args, shape), methods, args.rounds)
+    row = measure_episode(engine, make_table1_episode(engine, args, shape), methods, args.rounds,
+                          profile=("replay", "reset"))
     episode = {"shape": shape, "indep": 0.5, "turns_after": args.turns_after, "tau": row["tau"],
-               "history_tokens": args.history_tokens if shape == "paper" else None}
+               "history_tokens": args.history_tokens if shape == "paper" else None,
+               "history_kind": getattr(args, "history_kind", "memory") if shape == "paper" else None}
     return {"episode": episode, **row, "ratios": get_token_ratios(row["methods"]), "walls": get_wall_ratios(row)}
 
 
@@ -390,6 +428,15 @@ def _render_table1_lead(t: dict, result: dict) -> list[str]:
     return lines + [""]
 
 
+def _describe_changed(t: dict) -> list[str]:
+    c = t.get("floor", {}).get("changed")
+    if not c:
+        return []
+    return [f"Model turns the forget changed (the counterfactual's tokens differ from the pre-forget turn's): "
+            f"{c['changed']} of the {c['turns']} after the restore boundary; {c['dependent_changed']} of the "
+            f"{c['dependent']} that ask about the target, {c['independent_changed']} labelled independent.", ""]
+
+
 def _render_table1(t: dict, result: dict) -> list[str]:
     paper_shape = t["episode"].get("shape") == "paper"
     name, png = ("the paper's session shape", "table1_paper.png") if paper_shape else ("current shape", "table1.png")
@@ -398,6 +445,7 @@ def _render_table1(t: dict, result: dict) -> list[str]:
     lines += _render_table1_lead(t, result)
     rows = [_method_row(method, m, _fmt(TABLE1_RECOMPUTED.get(method))) for method, m in t["methods"].items()]
     lines += render_table(METHOD_HEADER, rows + [_floor_row(t["floor"])])
+    lines += [""] + _describe_changed(t) + render_breakdown(t)
     lines += ["", "B7 is this build's `forget` (verified draft replay where the build has drafts: see the draft "
               "acceptance column); the paper's B7 assumes an attribution oracle (our B7-oracle).", ""]
     excess = t["methods"].get("replay", {}).get("excess")
@@ -590,10 +638,34 @@ def plot(result: dict, out: Path) -> list[str]:
     return written
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
+def run_engine(engine: Engine, args, tables: list[str], command: str, out: Path) -> dict:
+    """Every table of ``tables`` on ``engine``; writes ``paper.json``,
+    ``paper.md`` and the plots into ``out`` and returns the result."""
+    out.mkdir(parents=True, exist_ok=True)
+    notes: list[str] = []
+    result = {"command": command, "model": engine.lm.name, "device": engine.lm.device, "dtype": engine.lm.dtype,
+              "torch": torch.__version__, "machine": platform.machine(), "threads": torch.get_num_threads(),
+              "rounds": args.rounds, "max_new_tokens": args.max_new_tokens, "length": args.length,
+              "shapes": args.shapes, "history_tokens": args.history_tokens, "history_kind": args.history_kind,
+              "paper": get_paper_figures(), "notes": notes, "tables": {}}
+    for name in tqdm(tables, desc="tables", unit="table"):
+        result["tables"][name] = TABLES[name](engine, args, notes)
+    result["all_equal_to_reset"] = all(
+        m["equal_to_reset"] in (True, None) for t in result["tables"].values()
+        for row in (t.get("rows") or [t]) for method, m in row.get("methods", {}).items() if method in EXACT_METHODS)
+    (out / "paper.json").write_text(json.dumps(result, indent=2))
+    result["plots"] = plot(result, out)
+    (out / "paper.md").write_text(render_markdown(result, command))
+    return result
+
+
+def get_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m unsee.bench.paper", description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2")
+    parser.add_argument("--engines", default="",
+                        help="run every table on each of these, comma-separated, in one run: backends "
+                             "(transformers, llamacpp, ...: --model on it) or one-word engine names "
+                             "(impl/engines/registry.py); all are loaded before any work. Default: transformers")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--rounds", type=int, default=3, help="repeats of every method (wall: p50)")
@@ -610,10 +682,18 @@ def main(argv: list[str] | None = None) -> int:
                              "(about --history-tokens tokens before the target)")
     parser.add_argument("--history-tokens", type=int, default=1000,
                         help="tokens of history before the target in the paper shape (the paper's: ~1,000)")
+    parser.add_argument("--history-kind", default="memory", choices=HISTORY_KINDS,
+                        help="the paper shape's history: memory records (default) or turns the model answers "
+                             "(bench/episodes.py HISTORY_KINDS says why memory)")
     parser.add_argument("--out", default="out/paper")
+    return parser
+
+
+def parse_args(parser: argparse.ArgumentParser, argv: list[str]):
+    """The checked arguments, with ``shapes`` and the expanded ``table_list``."""
     args = parser.parse_args(argv)
-    shapes = [x.strip() for x in args.shape.split(",") if x.strip()]
-    if not shapes or any(x not in SHAPES for x in shapes):
+    args.shapes = [x.strip() for x in args.shape.split(",") if x.strip()]
+    if not args.shapes or any(x not in SHAPES for x in args.shapes):
         parser.error(f"--shape {args.shape!r}: expected some of {','.join(SHAPES)}, comma-separated")
     if args.history_tokens < 1:
         parser.error(f"--history-tokens {args.history_tokens} must be at least 1")
@@ -621,30 +701,39 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [t for t in tables if t not in TABLES]
     if unknown:
         parser.error(f"unknown tables {unknown}; expected some of {list(TABLES)}")
-    tables = list(dict.fromkeys(x for t in tables for x in ([SHAPES[s] for s in shapes] if t == "table1" else [t])))
+    args.table_list = list(dict.fromkeys(
+        x for t in tables for x in ([SHAPES[s] for s in args.shapes] if t == "table1" else [t])))
     if args.rounds < 1:
         parser.error(f"--rounds {args.rounds} must be at least 1")
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = get_parser()
+    args = parse_args(parser, argv)
     command = "python -m unsee.bench.paper " + " ".join(shlex.quote(a) for a in argv)
-    engine = load_engine(args.model, "transformers", device=args.device, dtype=args.dtype)
-    notes: list[str] = []
-    result = {"command": command, "model": engine.lm.name, "device": args.device, "dtype": args.dtype,
-              "torch": torch.__version__, "machine": platform.machine(), "threads": torch.get_num_threads(),
-              "rounds": args.rounds, "max_new_tokens": args.max_new_tokens, "length": args.length,
-              "shapes": shapes, "history_tokens": args.history_tokens,
-              "paper": get_paper_figures(), "notes": notes, "tables": {}}
-    for name in tqdm(tables, desc="tables", unit="table"):
-        result["tables"][name] = TABLES[name](engine, args, notes)
-    result["all_equal_to_reset"] = all(
-        m["equal_to_reset"] in (True, None) for t in result["tables"].values()
-        for row in (t.get("rows") or [t]) for method, m in row.get("methods", {}).items() if method in EXACT_METHODS)
-    (out / "paper.json").write_text(json.dumps(result, indent=2))
-    result["plots"] = plot(result, out)
-    (out / "paper.md").write_text(render_markdown(result, command))
-    print(render_markdown(result, command))
-    print(f"wrote {out}/paper.json, paper.md and {', '.join(result['plots'])}")
-    return 0 if result["all_equal_to_reset"] else 1
+    try:
+        names = parse_engines(args.engines or "transformers")
+        engines = load_engines(names, args.model, args.device, args.dtype)
+    except (ValueError, ImportError) as e:  # an unknown name, or an extra not installed: before any work
+        parser.error(str(e))
+    out = Path(args.out)
+    results = {name: run_engine(engine, args, args.table_list, command, out / name if args.engines else out)
+               for name, engine in engines.items()}
+    if args.engines:
+        shapes = {SHAPES[s]: ("the paper's session shape" if s == "paper" else "the current shape")
+                  for s in args.shapes}
+        lines = _render_header(next(iter(results.values())), command) + render_engines(results, shapes)
+        for name, result in results.items():
+            lines += [f"## {describe_engine(name, result)}", ""] + render_markdown(result, command).splitlines()[1:]
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "paper.json").write_text(json.dumps({"command": command, "engines": results}, indent=2))
+        (out / "paper.md").write_text("\n".join(lines) + "\n")
+    print((out / "paper.md").read_text())
+    print(f"wrote {out}/paper.json and paper.md" + (f", one folder per engine ({', '.join(results)})"
+                                                   if args.engines else ""))
+    return 0 if all(r["all_equal_to_reset"] for r in results.values()) else 1
 
 
 if __name__ == "__main__":
