@@ -130,6 +130,12 @@ def test_an_episode_without_b5s_two_sets_is_left_out():
     assert [r["case"] for r in get_episode_distances(rows)["floor"]] == ["c1"]
 
 
+def test_an_episode_with_b5_alone_adds_no_floor_point():
+    rows = [r for r in _fake_rows(2) if r["case"] == "c0" or r["method"] == "reset"]  # c1: cut short after B5
+    d = get_episode_distances(rows)
+    assert [r["case"] for r in d["floor"]] == ["c0"] and [r["case"] for r in d["replay"]] == ["c0"]
+
+
 def test_the_floor_test_flags_b6_and_not_b7():
     summary = summarize_distribution(_fake_rows(8))
     assert summary["replay"]["tool_tv"]["p"] == 1.0  # equal to the floor on every episode

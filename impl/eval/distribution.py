@@ -227,7 +227,8 @@ def sample_distribution(runtime, case: EvalCase, config, method: str, task: str,
 def get_episode_distances(rows: Sequence[dict]) -> dict[str, list[dict]]:
     """Per method (the floor under the key ``"floor"``), one record per
     episode that has the method's and B5's sample sets: ``{suite, case,
-    <distance>: value}``. The floor is ``D(B5 b, B5 a)``, a method's ``D(m a, B5 a)``."""
+    <distance>: value}``. The floor is ``D(B5 b, B5 a)``, a method's ``D(m a, B5 a)``;
+    an episode with B5's sets but no audited method's has no record."""
     by_case: dict[tuple[str, str], dict[str, dict]] = {}
     for row in rows:
         if row.get("dist"):
@@ -235,8 +236,8 @@ def get_episode_distances(rows: Sequence[dict]) -> dict[str, list[dict]]:
     out: dict[str, list[dict]] = {}
     for (suite, case), sets in sorted(by_case.items()):
         ref = sets.get(REFERENCE)
-        if not ref or not set(FLOOR_SETS) <= set(ref):
-            continue
+        if not ref or not set(FLOOR_SETS) <= set(ref) or not set(AUDITED) & set(sets):
+            continue  # no floor, or nothing to compare with it (an episode cut short after B5)
         out.setdefault("floor", []).append({"suite": suite, "case": case} | compute_distances(ref["b"], ref["a"]))
         for method in AUDITED:
             if method in sets:
