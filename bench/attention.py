@@ -4,8 +4,8 @@
 
 Per round, every configuration (``--attns`` x ``--dtypes``) prefills the same
 ``--context`` tokens as one chunk, then decodes ``--decode`` tokens greedily on a
-fresh lineage; configurations are visited in turn inside each round, so a loaded
-machine slows them alike. Reports the median tok/s over rounds and each one's ratio
+fresh lineage (after one untimed warm-up each); configurations are visited in turn
+inside each round, so a loaded machine slows them alike. Reports the median tok/s over rounds and each one's ratio
 to the first configuration of the same round (what stays meaningful on a shared
 machine), with the token counts.
 """
@@ -29,8 +29,11 @@ TEXT = ("The committee met on the first of the month to review the budget, the s
 def time_config(engine, ids: list[int], n_decode: int) -> tuple[float, float]:
     """(prefill tok/s, decode tok/s) of one prefill of ``ids`` and ``n_decode`` decode steps."""
     engine.new_lineage()
+    sync = torch.cuda.synchronize if str(engine.lm.device).startswith("cuda") else (lambda: None)
+    sync()
     t0 = time.perf_counter()
     engine.prefill(ids)
+    sync()  # CUDA kernels run asynchronously: time them to completion
     prefill = len(ids) / (time.perf_counter() - t0)
     t0 = time.perf_counter()
     out = engine.generate(n_decode, stop_ids=())
@@ -58,6 +61,8 @@ def main(argv: list[str] | None = None) -> None:
     first = engines[configs[0]]
     ids = (first.lm.encode(TEXT) * (args.context // 8 + 1))[:args.context]
     times: dict = {c: [] for c in configs}
+    for c in configs:  # a warm-up, not timed: first calls allocate and pick kernels
+        time_config(engines[c], ids[:64], 2)
     for _ in range(args.rounds):
         for c in configs:
             times[c].append(time_config(engines[c], ids, args.decode))

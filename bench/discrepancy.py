@@ -45,6 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     threads = [int(t) for t in args.threads.split(",")]
     with tqdm(total=args.prompts * len(threads), desc="prompts", unit="prompt") as bar:
         measured = measure_discrepancy(lm, args.prompts, args.tokens, threads, bar.update)
+    measured.pop("margins")
     result = {"model": lm.name, "device": lm.device, "dtype": lm.dtype, "attn": lm.attn, "torch": torch.__version__,
               "transformers": adapter.TRANSFORMERS_VERSION, "machine": platform.machine(), **measured}
     worst = measured["measured_max"]

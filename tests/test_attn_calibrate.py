@@ -97,5 +97,6 @@ def test_calibrate_writes_the_bound_engines_then_use(tmp_path, capsys):
     assert main(args) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["bound"] >= 10 * max(out["measured_max"], out["resolution"]) and out["positions"] == 2 * (12 + 6)
+    assert 0 <= out["decisions_clearing_threshold"] <= 1 and "margins" not in out
     engine = make_engine(load_model("tiny", dtype="bfloat16", attn="sdpa", cache_dir=tmp_path))
     assert (engine.draft_bound, engine.draft_bound_source) == (out["bound"], f"calibrated: {out['path']}")

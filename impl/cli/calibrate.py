@@ -15,8 +15,10 @@ import argparse
 import json
 import platform
 
-from unsee.impl.engines.bounds import SAFETY_FACTOR, compute_bound, get_bound, get_key_of, write_calibration
 from unsee.impl.util.progress import open_bar
+
+# engines.bounds (and torch behind it) are imported where used: the parser imports this
+# module, and `unsee --help` should not load torch.
 
 
 def add_calibrate_parser(sub) -> argparse.ArgumentParser:
@@ -61,6 +63,7 @@ def calibrate(args: argparse.Namespace, threads: list[int]) -> dict:
     """Measure and write the bound; the record written, with its path and the bound in force."""
     import torch
 
+    from unsee.impl.engines.bounds import SAFETY_FACTOR, compute_bound, get_bound, get_key_of, write_calibration
     from unsee.impl.engines.hf.discrepancy import measure_discrepancy
     from unsee.impl.engines.hf.models import load_model
 
@@ -71,7 +74,10 @@ def calibrate(args: argparse.Namespace, threads: list[int]) -> dict:
     finally:
         bar.close()
     bound = compute_bound(measured["measured_max"], measured["resolution"])
-    record = {"bound": bound, "measured_max": measured["measured_max"], "resolution": measured["resolution"],
+    margins = measured.pop("margins")
+    # how often a greedy decision would clear the threshold 2 x bound: what drafts can save
+    clearing = sum(m > 2 * bound for m in margins) / len(margins)
+    record = {"bound": bound, "decisions_clearing_threshold": round(clearing, 4), "measured_max": measured["measured_max"], "resolution": measured["resolution"],
               "safety_factor": SAFETY_FACTOR, "positions": measured["positions"], "prompts": args.prompts,
               "tokens": args.tokens, "threads": threads, "by_threads": measured["by_threads"],
               "method": "impl/engines/hf/discrepancy.py: verify and resume paths against one-token decode",
@@ -86,13 +92,16 @@ def calibrate(args: argparse.Namespace, threads: list[int]) -> dict:
 def do_calibrate(args: argparse.Namespace) -> int:
     """``unsee calibrate``: measure, write, and say which bound is in force."""
     result = calibrate(args, check_calibrate_args(args))
+    factor = result["safety_factor"]
     if args.json:
         print(json.dumps(result, indent=2))
         return 0
     print(f"model    {result['model']} on {result['device']} {result['dtype']}, attention {result['attn']}")
     print(f"measured max |prefill - decode| {result['measured_max']:.3g} over {result['positions']} positions "
           f"(one rounding step at the logits' scale: {result['resolution']:.3g})")
-    print(f"bound    {result['bound']:g} (>= {SAFETY_FACTOR} x the larger), written to {result['path']}")
+    print(f"bound    {result['bound']:g} (>= {factor} x the larger), written to {result['path']}")
+    print(f"margins  {result['decisions_clearing_threshold']:.1%} of the greedy decisions measured clear the "
+          f"threshold 2 x {result['bound']:g} (a draft token is accepted only there)")
     print(f"in force {result['in_force']:g}, {result['source']}")
     return 0
 

@@ -47,9 +47,11 @@ ATTN_FACTS: Mapping[tuple[str, str, str], tuple[bool, bool, bool, bool, bool]] =
 #: counts are assumed to differ until measured.
 UNMEASURED = (True, True, False, False, False)
 
-#: The fastest exact implementation per device kind (docs/engines.md, "Attention and
-#: dtypes", has the speeds it was chosen on).
-DEFAULT_ATTN = {"cpu": "unsee_eager", "cuda": "sdpa"}
+#: The default implementation per device kind: the fastest exact one with a shipped draft
+#: bound (docs/engines.md, "Attention and dtypes", has the speeds and the reasoning). On CUDA
+#: nothing has been measured here, so it stays eager's bits (``unsee_eager`` runs eager off
+#: the CPU) until ``make gpu`` (docs/gpu.md) measures the others there.
+DEFAULT_ATTN = {"cpu": "unsee_eager", "cuda": "unsee_eager"}
 
 
 def flash_available(name: str) -> bool:

@@ -94,6 +94,7 @@ def measure_threads(lm, prompts: Sequence[list[int]], n_tokens: int,
     row = {key: get_quantiles(values) for key, values in paths.items() if key in ("verify", "resume")}
     row["min_margin"] = min(paths["margin"])
     row["margins_below_1e-3"] = sum(m < 1e-3 for m in paths["margin"])
+    row["margins"] = paths["margin"]  # taken out by measure_discrepancy
     return row, max(paths["scale"])
 
 
@@ -102,17 +103,19 @@ def measure_discrepancy(lm, n_prompts: int, n_tokens: int, threads: Sequence[int
     """The discrepancy distribution of ``lm`` over ``n_prompts`` greedy turns of
     ``n_tokens`` at each thread count: ``by_threads`` rows, ``measured_max`` (the
     largest over paths and thread counts), ``positions`` compared and ``resolution``
-    (:func:`get_resolution`). Restores torch's thread count when done."""
+    (:func:`get_resolution`), and ``margins``: every reference position's top-2 margin
+    (what a bound's threshold is compared with). Restores torch's thread count when done."""
     if n_prompts < 1 or n_tokens < 2 or not threads:
         raise ValueError(f"measure_discrepancy: prompts={n_prompts} (>= 1), tokens={n_tokens} (>= 2) and "
                          f"threads={list(threads)} (not empty) are needed")
     prompts = [lm.encode(p) for p in get_prompts(n_prompts)]
     before = torch.get_num_threads()
-    result: dict = {"by_threads": {}, "measured_max": 0.0, "positions": 0, "scale": 0.0}
+    result: dict = {"by_threads": {}, "measured_max": 0.0, "positions": 0, "scale": 0.0, "margins": []}
     try:
         for count in threads:
             torch.set_num_threads(int(count))
             row, scale = measure_threads(lm, prompts, n_tokens, step)
+            result["margins"] += row.pop("margins")
             result["by_threads"][str(count)] = row
             result["measured_max"] = max(result["measured_max"], row["verify"]["max"], row["resume"]["max"])
             result["positions"] += row["verify"]["n"] + row["resume"]["n"]
