@@ -319,7 +319,7 @@ def load_model(
 ) -> LoadedModel:
     """Load a model by name or path; see the module docstring for names.
     ``attn`` names the attention implementation (hf/attention.py; None: the
-    device's default, the fastest exact one).
+    device's default, DEFAULT_ATTN there).
 
     Raises ValueError naming the bad argument for an unknown name, a missing
     path, an unsupported dtype, attention or an unavailable device, before any
