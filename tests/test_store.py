@@ -170,7 +170,7 @@ def test_resume_in_a_subprocess(lm, tmp_path):
     PersistentSession.create(path, run(lm, raw, k)).close()
     started = time.perf_counter()
     out = subprocess.run([sys.executable, str(CHILD), "resume", str(path), str(episode_path), str(k), TARGET],
-                         capture_output=True, text=True, timeout=300)
+                         capture_output=True, text=True, timeout=300, check=False)
     assert out.returncode == 0, out.stderr
     child = json.loads(out.stdout.strip().splitlines()[-1])
     print(f"resume in a subprocess: {time.perf_counter() - started:.1f} s")

@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-from typing import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 import torch
 
@@ -311,7 +311,7 @@ class KVEngine(LineageBook):
     # --------------------------------------------------------- prefix cache
 
     @contextlib.contextmanager
-    def prefix_cache(self, sources: Iterable[str] | None = None) -> Iterator["KVEngine"]:
+    def prefix_cache(self, sources: Iterable[str] | None = None) -> Iterator[KVEngine]:
         """Serve prefills inside the block from a prefix cache (B5').
 
         The cache holds the lineages ``sources`` (default: every resident
