@@ -104,6 +104,7 @@ def measure_config(device: str, attn: str, dtype: str, args: argparse.Namespace,
     engine = load_engine(MODEL, "transformers", **options)
     measured = measure_discrepancy(engine.lm, args.prompts, args.tokens, [1])
     bound = compute_bound(measured["measured_max"], measured["resolution"])
+    clearing = sum(m > 2 * bound for m in measured["margins"]) / len(measured["margins"])
     write_calibration(get_key_of(engine.lm), {"bound": bound, "measured_max": measured["measured_max"],
                                               "resolution": measured["resolution"]}, cache_dir)
     engine = load_engine(MODEL, "transformers", **options)  # reads the bound just written
@@ -112,7 +113,7 @@ def measure_config(device: str, attn: str, dtype: str, args: argparse.Namespace,
     forget["wall_s"] = round(time.perf_counter() - t0, 1)
     ids = (engine.lm.encode("The committee met to review the budget. ") * 64)[:args.context]
     speed = [time_config(engine, ids, args.decode) for _ in range(args.rounds)]
-    return {"facts": facts, "measured_max": measured["measured_max"], "bound": bound,
+    return {"facts": facts, "measured_max": measured["measured_max"], "bound": bound, "clearing": clearing,
             "source": engine.draft_bound_source, "forget": forget,
             "prefill_tok_s": max(s[0] for s in speed), "decode_tok_s": max(s[1] for s in speed)}
 
@@ -143,15 +144,15 @@ def render_results(rows: list[tuple[str, str, str | None, dict | None]], args: a
              f"forget == reset: {args.examples} generated episodes per configuration, drafts on under that bound "
              f"(digest and every token). Speed: prefill of {args.context} tokens as one chunk, then "
              f"{args.decode} decode steps, best of {args.rounds}."), "",
-             ("| attn | dtype | measured max | bound | forget == reset | drafts accepted | fallbacks | "
-             "prefill tok/s | decode tok/s |"), "|---|---|---|---|---|---|---|---|---|"]
+             ("| attn | dtype | measured max | bound | decisions clearing 2 x bound | forget == reset | "
+              "drafts accepted | fallbacks | prefill tok/s | decode tok/s |"), "|---|---|---|---|---|---|---|---|---|---|"]
     for attn, dtype, why, res in rows:
         if res is None:
-            lines.append(f"| {attn} | {dtype} | not run | | | | | | |")
+            lines.append(f"| {attn} | {dtype} | not run | | | | | | | |")
             continue
         f = res["forget"]
         held = f"FAILED: {f['failure']}" if "failure" in f else f"{f['examples']} of {f['examples']} ({f['wall_s']} s)"
-        lines.append(f"| {attn} | {dtype} | {res['measured_max']:.3g} | {res['bound']:g} | "
+        lines.append(f"| {attn} | {dtype} | {res['measured_max']:.3g} | {res['bound']:g} | {res['clearing']:.1%} | "
                      f"{held} | {f['accepted']} | {f['fallbacks']} | "
                      f"{res['prefill_tok_s']:.0f} | {res['decode_tok_s']:.1f} |")
     return [*lines, ""]

@@ -18,5 +18,5 @@ def test_the_gpu_page_runs_on_the_cpu(tmp_path, capsys):
     assert len(results) == 2  # a facts row and a results row
     facts, measured = (line.split(" | ") for line in results)
     assert facts[2] == "=" and facts[3] == "="  # the same chunking repeats; crop+continue == fresh
-    assert "1 of 1" in measured[4] and float(measured[3]) > 0  # forget == reset; a positive calibrated bound
+    assert "1 of 1" in measured[5] and float(measured[3]) > 0  # forget == reset; a positive calibrated bound
     assert "Command: `python -m unsee.bench.gpu --device cpu" in page
