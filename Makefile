@@ -8,7 +8,7 @@ PY     := $(VENV)/bin/python
 #   make test TORCH_SPEC='torch==2.11.*'
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: demo test nightly bench paper install clean
+.PHONY: demo test nightly bench paper install clean gpu gpu-wheels
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -52,6 +52,30 @@ bench: $(VENV)/.installed paper
 # The paper's efficiency tables (docs/bench.md).
 paper: $(VENV)/.installed
 	$(PY) -m unsee.bench.paper --model smollm2 --device $(DEVICE) --dtype $(DTYPE) --rounds 3 --out out/paper
+
+# docs/gpu.md on a GPU machine (no network; its torch and transformers are used as
+# installed): bitwise facts of eager, sdpa and flash attention in bf16 and fp16,
+# calibrated bounds, forget == reset and timings on the tiny model, in one command
+# of under 10 minutes (bench/gpu.py's --deadline). No install: a path shim maps the
+# `unsee` namespace onto these folders. The few pure-Python packages torch and
+# transformers do not bring come from $(GPU_WHEELS) where present (`make gpu-wheels`
+# fills it on a machine with network; carry it along). docs/gpu.md: the CPU dry run.
+GPU_PY     ?= python3
+GPU_DEVICE ?= cuda
+GPU_WHEELS ?= out/gpu-wheels
+GPU_SHIM   := out/gpu-path
+GPU_ARGS   ?= --examples 30
+gpu:
+	mkdir -p $(GPU_SHIM)/unsee
+	ln -sf $(CURDIR)/unsee/__init__.py $(GPU_SHIM)/unsee/__init__.py
+	for d in impl spec properties proofs bench; do ln -sfn $(CURDIR)/$$d $(GPU_SHIM)/unsee/$$d; done
+	if [ -d $(GPU_WHEELS) ]; then $(GPU_PY) -m pip install -q --no-index --find-links $(GPU_WHEELS) \
+		attrs hypothesis jinja2 tqdm; fi
+	PYTHONPATH=$(GPU_SHIM) $(GPU_PY) -m unsee.bench.gpu --device $(GPU_DEVICE) --out docs/gpu.md $(GPU_ARGS)
+
+gpu-wheels:
+	$(PY) -m pip download -q --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 \
+		-d $(GPU_WHEELS) attrs hypothesis sortedcontainers jinja2 markupsafe tqdm
 
 clean:
 	rm -rf $(VENV)

@@ -2,6 +2,7 @@
 
     python -m unsee.bench.bitwise --engine llamacpp --out out/bitwise-llamacpp.json
     python -m unsee.bench.bitwise --engine smollm2  --out out/bitwise-smollm2.json
+    python -m unsee.bench.bitwise --engine tiny --attn sdpa --dtype bfloat16   (transformers only)
 
 Each fact compares two ways of reaching the same tokens, by the KV digest
 (position by position, :meth:`Engine.digest`) and by the logits after the
@@ -40,12 +41,14 @@ TEXT = ("<|im_start|>system\nYou are a helpful agent.<|im_end|>\n<|im_start|>use
         "Lake next week?<|im_end|>\n")
 
 
-def build(name: str, threads: int) -> Engine:
+def build(name: str, threads: int, **options) -> Engine:
+    """The engine ``name`` on ``threads`` threads; ``options`` (transformers:
+    ``device``, ``dtype``, ``attn``) go to its loader."""
     backend, model = parse_engine_name(name)
     if backend == "llamacpp":
         return load_engine(model, backend, threads=threads)
     torch.set_num_threads(threads)
-    return load_engine(model, backend)
+    return load_engine(model, backend, **options)
 
 
 def run(engine: Engine, chunks, ops=()) -> tuple[str, torch.Tensor | None, str]:
@@ -63,12 +66,13 @@ def compare(a, b) -> dict:
     return {"kv_equal": da == db, "max_abs_logit_diff": diff}
 
 
-def measure(name: str, threads: int) -> dict:
-    engine = build(name, 1)
+def measure(name: str, threads: int, **options) -> dict:
+    engine = build(name, 1, **options)
     ids = engine.lm.encode(TEXT)
     n = len(ids)
     a, b, c = ids[: n // 2], ids[n // 2: 3 * n // 4], ids[3 * n // 4:]
-    facts: dict = {"engine": name, "tokens": {"A": len(a), "B": len(b), "C": len(c)}}
+    facts: dict = {"engine": name, **{k: getattr(engine.lm, k, None) for k in ("device", "dtype", "attn")},
+                   "tokens": {"A": len(a), "B": len(b), "C": len(c)}}
     fresh = run(engine, [a, c])
     facts["repeat"] = compare(run(engine, [a, c]), fresh)
 
@@ -98,7 +102,7 @@ def measure(name: str, threads: int) -> dict:
     facts["clone_continued"] = compare(run(engine, [a], [clone_then_c]), fresh)
     facts["chunked"] = compare(run(engine, [a + b]), run(engine, [a, b]))
     facts["decode"] = compare(run(engine, [a] + [[t] for t in b]), run(engine, [a, b]))
-    other = build(name, threads)
+    other = build(name, threads, **options)
     facts["threads"] = {"threads": threads, **compare(run(other, [a, b]), run(engine, [a, b]))}
     # timing of the verbs (indicative only on a loaded machine)
     h = engine.new_lineage()
@@ -115,13 +119,46 @@ def measure(name: str, threads: int) -> dict:
     return facts
 
 
+#: The facts of a table row, in order, with their column heads.
+TABLE_FACTS = (("repeat", "repeat"), ("crop_at_boundary", "crop+continue"), ("crop_mid_chunk", "crop mid-chunk"),
+               ("clone_continued", "clone"), ("chunked", "chunked = whole"), ("decode", "decode = prefill"),
+               ("threads", "1 = 2 threads"))
+
+
+def render_table(rows: list[dict]) -> str:
+    """A markdown table of measured facts (``measure``'s output): per fact, "=" where
+    KV and logits are bitwise equal, else the largest logit difference. (Speeds are left
+    out: bench/attention.py times the configurations against each other in one run.)"""
+    head = ["engine", "device", "dtype", "attn", *(h for _, h in TABLE_FACTS)]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for row in rows:
+        cells = [row["engine"], str(row.get("device")), str(row.get("dtype")), str(row.get("attn"))]
+        for key, _ in TABLE_FACTS:
+            fact = row[key]
+            equal = fact["kv_equal"] and not fact["max_abs_logit_diff"]
+            cells.append("=" if equal else f"{fact['max_abs_logit_diff']:.2g}"
+                         + ("" if fact["kv_equal"] else " (KV differs)"))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--engine", default="llamacpp", choices=ENGINE_NAMES)
     p.add_argument("--threads", type=int, default=2, help="the thread count compared with 1")
+    p.add_argument("--device", default=None, help="transformers: cpu or cuda (default cpu)")
+    p.add_argument("--dtype", default=None, help="transformers: float32, bfloat16 or float16 (default float32)")
+    p.add_argument("--attn", default=None, help="transformers: unsee_eager, eager, sdpa, flash_attention_2 "
+                   "(default: the device's)")
     p.add_argument("--out", type=Path)
+    p.add_argument("--table", nargs="+", type=Path, metavar="JSON",
+                   help="print the markdown table of earlier --out files instead of measuring")
     args = p.parse_args(argv)
-    facts = measure(args.engine, args.threads)
+    if args.table:
+        print(render_table([json.loads(path.read_text()) for path in args.table]))
+        return
+    options = {k: v for k, v in (("device", args.device), ("dtype", args.dtype), ("attn", args.attn)) if v}
+    facts = measure(args.engine, args.threads, **options)
     text = json.dumps(facts, indent=2)
     print(text)
     if args.out:

@@ -123,11 +123,11 @@ def test_verify_holds_no_lock_after_its_snapshot(copy, lm):
     db, held = copy
     committed = []
 
-    def loading(name, device, dtype):
+    def loading(name, device, dtype, **options):
         with PersistentSession.open(db, make_engine(lm), busy_timeout=0.05) as writer:
             writer.step(parse_episode(EPISODE | {"steps": [{"id": "u6", "kind": "user", "text": "tea"}]}).steps[0])
             committed.append(writer.t)
-        return load_model(name, device=device, dtype=dtype)
+        return load_model(name, device=device, dtype=dtype, **options)
 
     verdict = verify_store(db, held.read_bytes(), load_model=loading)
     assert committed == [6]
@@ -250,8 +250,8 @@ def test_log_with_a_source_put_back_fails(copy):
 def test_a_different_model_fails(copy, lm):
     db, held = copy
 
-    def other_weights(name, device, dtype):  # the same name, other weights
-        other = load_model(name, device=device, dtype=dtype)
+    def other_weights(name, device, dtype, **options):  # the same name, other weights
+        other = load_model(name, device=device, dtype=dtype, **options)
         with torch.no_grad():
             next(other.model.parameters()).add_(1e-3)
         return other

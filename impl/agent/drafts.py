@@ -261,10 +261,10 @@ def choose_drafts(lm, bound: float | None, blocks: Sequence, steps: Sequence, bo
     if bound is None:
         if wanted:
             raise ValueError(f"drafts were asked for, but no prefill-versus-decode bound was measured for "
-                             f"{lm.name} on {lm.device} {lm.dtype}")
+                             f"{lm.name} on {lm.device} {lm.dtype} (`unsee calibrate` measures one)")
         return None, {"mode": "off", "bound": None,
                       "why": f"no prefill-versus-decode bound measured for {lm.name} on "
-                             f"{lm.device} {lm.dtype}: every turn re-decoded"}
+                             f"{lm.device} {lm.dtype}: every turn re-decoded (`unsee calibrate` measures one)"}
     pending = set(pending)
     forgotten = [i.text for s in steps for i in s.items if i.source in pending]
     return Drafts.from_blocks(blocks, bound, forgotten=forgotten, lookup=lookup), {

@@ -55,14 +55,14 @@ def get_demo_episode() -> Episode:
 
 def run_demo(model: str = "smollm2", device: str = "cpu", dtype: str = "float32", as_json: bool = False,
              out: Callable[[str], None] = print, progress: bool = True, kv_budget: int | None = None,
-             backend: str = "transformers") -> dict:
+             backend: str = "transformers", attn: str | None = None) -> dict:
     """Run the demo and print a report; returns the measurements. ``kv_budget``
     bounds the KV bytes kept of lineages no live runtime extends (None: no bound);
     ``backend``: the engine (impl/engines/registry.py)."""
     episode = get_demo_episode()
     target = episode.target
     say = (lambda *_: None) if as_json else out
-    options = get_loader_options(backend, device, dtype)
+    options = get_loader_options(backend, device, dtype, attn)
     weights = dtype if backend == "transformers" else "the file's weights"
     say(f"unsee demo: loading {model} on the {backend} engine, {device} ({weights}) ...")
     lm = load_model_for(backend, model, **options)
@@ -92,7 +92,8 @@ def run_demo(model: str = "smollm2", device: str = "cpu", dtype: str = "float32"
         row["equals_reset"] = row["digest"] == reset["digest"]
     replay = next(r for r in rows if r["method"] == "replay")
     engine.enforce_budget()  # the methods' runtimes are gone: release their lineages
-    summary = {"model": lm.name, "backend": backend, "device": lm.device, "dtype": lm.dtype, "secret": target.value,
+    summary = {"model": lm.name, "backend": backend, "device": lm.device, "dtype": lm.dtype,
+               "attn": getattr(lm, "attn", None), "secret": target.value,
                "T": len(episode.steps), "tau": replay["report"]["tau"], "rows": rows,
                "token_ratio": reset["recomputed_tokens"] / max(1, replay["recomputed_tokens"]),
                "wall_ratio": reset["wall_s"] / max(1e-9, replay["wall_s"]),
@@ -151,5 +152,6 @@ def do_demo(args: argparse.Namespace) -> int:
 
         run_tools_demo(args.model, backend=args.engine)
         return Exit.OK
-    run_demo(args.model, args.device, args.dtype, as_json=args.json, kv_budget=args.kv_budget, backend=args.engine)
+    run_demo(args.model, args.device, args.dtype, as_json=args.json, kv_budget=args.kv_budget, backend=args.engine,
+             attn=args.attn)
     return Exit.OK

@@ -3,7 +3,8 @@ sessions of docs/persistence.md (``unsee run EPISODE.json --store PATH``,
 ``unsee forget PATH --forget SOURCE_ID``, ``unsee show PATH``,
 ``unsee verify PATH [--receipt FILE] [--value V]``), ``unsee eval`` (the
 paper's evaluation, docs/eval.md) and ``unsee conform -- CMD`` (another
-implementation against the conformance contract, docs/conformance.md).
+implementation against the conformance contract, docs/conformance.md) and
+``unsee calibrate`` (a draft-guard bound for a configuration, docs/drafts.md).
 
 :func:`main` parses (impl/cli/parser.py), dispatches through
 :data:`COMMANDS`, and maps errors to the exit codes of impl/cli/exits.py.
@@ -15,6 +16,7 @@ import sys
 
 from unsee.impl.agent.episode import EpisodeError
 from unsee.impl.agent.provenance import UnknownSourceError
+from unsee.impl.cli.calibrate import do_calibrate
 from unsee.impl.cli.demo import do_demo
 from unsee.impl.cli.evaluate import do_conform, do_eval
 from unsee.impl.cli.exits import Exit
@@ -24,7 +26,7 @@ from unsee.impl.cli.stored import do_forget, do_show, do_verify
 
 #: Subcommand -> the function that runs it: ``(args) -> exit code``.
 COMMANDS = {"run": do_run, "forget": do_forget, "show": do_show, "verify": do_verify, "demo": do_demo,
-            "eval": do_eval, "conform": do_conform}
+            "eval": do_eval, "conform": do_conform, "calibrate": do_calibrate}
 
 
 def get_busy_errors() -> tuple[type[Exception], ...]:

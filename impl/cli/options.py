@@ -93,13 +93,24 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
                              "needs them. Default: no bound")
 
 
-def get_loader_options(backend: str, device: str, dtype: str) -> dict:
-    """The registry's loader options of ``--device``/``--dtype`` on ``backend``:
-    llama.cpp takes neither and runs on the cpu (another device is bad input)."""
+def add_attn_option(parser: argparse.ArgumentParser) -> None:
+    """``--attn``: the transformers engine's attention implementation (docs/engines.md,
+    "Attention and dtypes")."""
+    parser.add_argument("--attn", default=None,
+                        help="transformers: unsee_eager, eager, sdpa, or flash_attention_2 on CUDA where "
+                             "installed (default: the device's fastest exact one)")
+
+
+def get_loader_options(backend: str, device: str, dtype: str, attn: str | None = None) -> dict:
+    """The registry's loader options of ``--device``/``--dtype``/``--attn`` on ``backend``:
+    llama.cpp takes none of them and runs on the cpu (another device, or an
+    attention named, is bad input)."""
     if backend != "llamacpp":
-        return {"device": device, "dtype": dtype}
+        return {"device": device, "dtype": dtype, **({"attn": attn} if attn is not None else {})}
     if device != "cpu":
         raise ValueError(f"--engine llamacpp runs on the cpu here; --device {device!r} is not supported")
+    if attn is not None:
+        raise ValueError(f"--attn {attn!r} is a transformers option; --engine llamacpp picks its own kernels")
     return {}
 
 
@@ -132,6 +143,6 @@ def get_method_help(default: str) -> str:
             f"(default: {default})")
 
 
-__all__ = ["DeprecatedAlias", "add_alias", "add_engine_options", "add_json_option", "add_stored_engine_option",
+__all__ = ["DeprecatedAlias", "add_alias", "add_attn_option", "add_engine_options", "add_json_option", "add_stored_engine_option",
            "add_stored_model_options",
            "get_loader_options", "get_method_help", "get_spelling", "parse_bytes", "parse_method", "parse_method_list"]

@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import argparse
 
+from unsee.impl.cli.calibrate import add_calibrate_parser
 from unsee.impl.cli.options import (
     add_alias,
+    add_attn_option,
     add_engine_options,
     add_json_option,
     add_stored_engine_option,
@@ -36,7 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="unsee", description="Exact forgetting for stateful LLM agents.")
     sub = parser.add_subparsers(dest="command", required=True)
     for add in (add_run_parser, add_forget_parser, add_verify_parser, add_show_parser, add_demo_parser,
-                add_conform_parser, add_eval_parser):
+                add_conform_parser, add_eval_parser, add_calibrate_parser):
         add(sub)
     return parser
 
@@ -49,6 +51,7 @@ def add_run_parser(sub) -> None:
                      help="replay (B7, Algorithm 1), reset (B5), none (B0), or another baseline: "
                           + get_method_help("replay"))
     add_engine_options(run)
+    add_attn_option(run)
     run.add_argument("--probe", action="append", default=[], help="ask this question of the final state")
     add_json_option(run)
     run.add_argument("--store", metavar="PATH",
@@ -94,6 +97,7 @@ def add_show_parser(sub) -> None:
 def add_demo_parser(sub) -> None:
     demo = sub.add_parser("demo", help="the leak, the forget and its cost on the default model")
     add_engine_options(demo)
+    add_attn_option(demo)
     add_json_option(demo)
     demo.add_argument("--tools", action="store_true",
                       help="instead: a forget whose counterfactual would not have sent a message that was sent")

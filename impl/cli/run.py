@@ -82,9 +82,9 @@ def get_run_source(args: argparse.Namespace, episode: Episode) -> str | None:
 
 
 def build_engine(args: argparse.Namespace) -> Engine:
-    """The engine of ``--engine``/``--model``/``--device``/``--dtype``/``--kv-budget``,
+    """The engine of ``--engine``/``--model``/``--device``/``--dtype``/``--attn``/``--kv-budget``,
     through the registry (a missing llama.cpp extra is bad input: nothing ran)."""
-    options = get_loader_options(args.engine, args.device, args.dtype)
+    options = get_loader_options(args.engine, args.device, args.dtype, getattr(args, "attn", None))
     return load_engine(args.model, args.engine, kv_budget=args.kv_budget, **options)
 
 
@@ -131,7 +131,7 @@ def describe_drafts(drafts: dict) -> str:
             f"{totals['fallbacks']} fallback(s), {totals['probes']} probe(s), "
             f"{totals.get('quoting', 0)} draft(s) quoting a forgotten item, "
             f"{totals.get('lookup_accepted', 0)} of {totals.get('looked_up', 0)} guessed token(s) from the context "
-            "accepted")
+            "accepted" + (f"; bound {drafts['bound']:g}, {drafts['bound_source']}" if drafts.get("bound_source") else ""))
 
 
 __all__ = ["STORABLE_METHODS", "build_engine", "describe_drafts", "do_run", "get_run_source", "print_run_report"]

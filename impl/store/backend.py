@@ -9,8 +9,9 @@ A store's ``meta`` records, besides ``model`` (the loaded model's name) and
                     ``smollm2``) or the path given at creation
 ``engine_options``  JSON object: the loader options the state's bits depend on
                     (llama.cpp: ``threads``, ``flash_attn``, ``n_ctx``;
-                    transformers: none beyond ``dtype``, and the device is the
-                    caller's)
+                    transformers: ``attn``, the attention implementation, besides
+                    ``dtype``; the device is the caller's. A transformers store
+                    without ``attn`` was made with ``unsee_eager``, the only one then)
 
 ``unsee forget``, ``show`` and ``verify`` rebuild the engine from these
 through :mod:`unsee.impl.engines.registry`. A store written before these keys
@@ -34,7 +35,9 @@ from unsee.impl.store.schema import StoreError
 LEGACY_BACKEND = DEFAULT_BACKEND
 #: Per backend, the loader options recorded because the KV bits depend on
 #: them (llama.cpp's thread count, attention kernel and context size).
-RECORDED_OPTIONS = {"transformers": (), "llamacpp": ("threads", "flash_attn", "n_ctx")}
+RECORDED_OPTIONS = {"transformers": ("attn",), "llamacpp": ("threads", "flash_attn", "n_ctx")}
+#: The attention of a transformers store that records none (written before ``--attn`` existed).
+LEGACY_ATTN = "unsee_eager"
 #: llama.cpp's model names whose loaded name differs from the name to load.
 LLAMACPP_LOADED_NAMES = {"tiny-gguf": "tiny"}
 
@@ -56,7 +59,7 @@ class StoredEngine:
                 raise ValueError(f"the session was made by the llamacpp engine, which runs on the cpu here; "
                                  f"--device {device!r} is not supported")
             return dict(self.options)
-        return {"device": device, "dtype": meta["dtype"], **self.options}
+        return {"device": device, "dtype": meta["dtype"], "attn": LEGACY_ATTN, **self.options}
 
 
 def get_backend_of(engine: Engine) -> str:
@@ -70,7 +73,7 @@ def get_engine_meta(engine: Engine) -> dict[str, str]:
     lm = engine.lm
     name = str(lm.name)
     model_ref = LLAMACPP_LOADED_NAMES.get(name, name) if backend == "llamacpp" else name
-    options = {key: getattr(lm, key) for key in RECORDED_OPTIONS[backend]}
+    options = {key: getattr(lm, key, None) for key in RECORDED_OPTIONS[backend]}
     return {"backend": backend, "model_ref": model_ref, "engine_options": json.dumps(options, sort_keys=True)}
 
 
@@ -116,5 +119,5 @@ def load_stored_engine(meta: dict[str, str], device: str = "cpu", kv_budget: int
                        **stored.get_loader_options(meta, device))
 
 
-__all__ = ["LEGACY_BACKEND", "LLAMACPP_LOADED_NAMES", "RECORDED_OPTIONS", "StoredEngine", "check_engine_choice",
+__all__ = ["LEGACY_ATTN", "LEGACY_BACKEND", "LLAMACPP_LOADED_NAMES", "RECORDED_OPTIONS", "StoredEngine", "check_engine_choice",
            "get_backend_of", "get_engine_meta", "load_stored_engine", "load_stored_model", "read_stored_engine"]

@@ -36,7 +36,7 @@ RECEIPT_VERSION = 1
 #: here" instead of "failed". (``python`` and ``sqlite`` are recorded, not
 #: compared: neither enters the digest.)
 DIGEST_FACTS = ("engine", "device", "dtype", "threads", "torch", "transformers", "machine", "cpu_capability",
-                "cpu_flags", "flash_attn", "n_ctx", "llama_cpp_python")
+                "cpu_flags", "flash_attn", "n_ctx", "llama_cpp_python", "attn")
 
 #: The CPU flags that select torch's CPU kernels (and so the bits of a
 #: float reduction); the full /proc/cpuinfo list would differ between
@@ -127,7 +127,8 @@ def environment(engine) -> dict:
     from unsee.impl.engines.hf import adapter
 
     return {"engine": f"{type(engine).__module__}.{type(engine).__qualname__}", "device": lm.device,
-            "dtype": lm.dtype, "threads": torch.get_num_threads(), "torch": torch.__version__,
+            "dtype": lm.dtype, "attn": getattr(lm, "attn", None), "threads": torch.get_num_threads(),
+            "torch": torch.__version__,
             "transformers": adapter.TRANSFORMERS_VERSION, "python": platform.python_version(),
             "sqlite": sqlite3.sqlite_version, **cpu_features()}
 
@@ -193,6 +194,8 @@ def build_receipt(*, session_id: str, generation: int, record: Mapping[str, Any]
         "environment": environment(engine),
         "tau": report.tau, "boundary": report.boundary, "invocations": report.invocations,
         "length": report.length, "digest": digest,
+        # the guard bound the replay's drafts ran under, and where it came from (engines/bounds.py)
+        "draft_bound": {"bound": report.drafts.get("bound"), "source": report.drafts.get("bound_source")},
         "generated": {"blocks": len(generated_of(record)), "sha256": generated_hash(generated_of(record))},
     }
     return _canonical(body | {"receipt_sha256": _sha256(body)})

@@ -47,12 +47,13 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-from typing import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 import torch
 
-from unsee.impl.engines.decoding import get_draft_bound
+from unsee.impl.engines.bounds import get_bound_of
 from unsee.impl.engines.hf import adapter
+from unsee.impl.engines.hf.attention import get_determinism_facts
 from unsee.impl.engines.hf.generate import Turn, decode_turn
 from unsee.impl.engines.hf.lineage import Lineage
 from unsee.impl.engines.hf.models import LoadedModel, retain_freed_host_memory
@@ -84,13 +85,12 @@ class KVEngine(LineageBook):
         self.counters = Counters()
         self._init_book()
         #: ceiling on |prefill - decode| logits for draft verification, or None:
-        #: drafts off (impl/agent/drafts.py; a test may set it, e.g. 0 = no guard)
-        self.draft_bound = get_draft_bound(lm.name, lm.device, lm.dtype)
-        #: measured in tests/test_kv_engine.py and docs/engines.md: a crop
-        #: keeps the tensors' first n rows, so continuing equals a fresh
-        #: prefill; other chunkings, decode steps and thread counts may differ
-        self.determinism = Determinism(same_chunking_repeats=True, crop_continue_is_fresh=True,
-                                       chunk_invariant=False, decode_is_prefill=False, thread_invariant=False,
+        #: drafts off (impl/agent/drafts.py; a test may set it, e.g. 0 = no guard), and where
+        #: it came from (engines/bounds.py: a shipped measured row, a calibrated file, none)
+        self.draft_bound, self.draft_bound_source = get_bound_of(lm)
+        #: the measured facts of this device, attention and dtype (hf/attention.py's
+        #: ATTN_FACTS, docs/engines.md): they pick the canonical chunking
+        self.determinism = Determinism(**get_determinism_facts(lm.device, lm.attn, lm.dtype),
                                        statement=lm.determinism)
         #: freed KV buffers stay in the process for reuse on the host
         #: (models.retain_freed_host_memory): a restore then costs the same at any length
@@ -311,7 +311,7 @@ class KVEngine(LineageBook):
     # --------------------------------------------------------- prefix cache
 
     @contextlib.contextmanager
-    def prefix_cache(self, sources: Iterable[str] | None = None) -> Iterator["KVEngine"]:
+    def prefix_cache(self, sources: Iterable[str] | None = None) -> Iterator[KVEngine]:
         """Serve prefills inside the block from a prefix cache (B5').
 
         The cache holds the lineages ``sources`` (default: every resident

@@ -28,14 +28,15 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 
 from unsee.impl.engines.files import ByteTokenizer, default_cache_dir, smollm2_path
-from unsee.impl.engines.hf import adapter, zoo
+from unsee.impl.engines.hf import adapter, attention, zoo
 
 _CACHE_FORMAT = "hf-safetensors-v1"  # layout of a cache entry; part of its key
 _DONE = "unsee-complete"  # written last into a cache entry
@@ -73,6 +74,7 @@ class LoadedModel:
     vocab_size: int
     determinism: str  # what repeatability is and is not promised
     source: str = ""  # file or folder the weights came from
+    attn: str = attention.OURS  # the attention implementation (hf/attention.py)
     info: dict = field(default_factory=dict)  # load timing, cache hit, versions
 
     def encode(self, text: str) -> list[int]:
@@ -336,23 +338,27 @@ def load_model(
     device: str = "cpu",
     dtype: str = "float32",
     cache_dir: str | os.PathLike | None = None,
+    attn: str | None = None,
 ) -> LoadedModel:
     """Load a model by name or path; see the module docstring for names.
+    ``attn`` names the attention implementation (hf/attention.py; None: the
+    device's default, DEFAULT_ATTN there).
 
     Raises ValueError naming the bad argument for an unknown name, a missing
-    path, an unsupported dtype or an unavailable device, before any
+    path, an unsupported dtype, attention or an unavailable device, before any
     process-wide setting changes.
     """
     dtype_name, torch_dtype = _check_dtype(dtype)
     device = _check_device(device)
+    attn = attention.check_attn(attn, device, dtype_name)
     source = resolve_source(name_or_path)
-    determinism = _set_determinism(device, dtype_name)
+    determinism = _set_determinism(device, dtype_name) + f"; attention {attn}"
 
     t0 = time.perf_counter()
     model, tok, eos_ids, info = load_weights(source, cache_dir)
-    model = adapter.place(model, device, torch_dtype)
+    model = attention.set_attention(adapter.place(model, device, torch_dtype), attn)
     info.update(load_s=round(time.perf_counter() - t0, 3), transformers=adapter.TRANSFORMERS_VERSION,
-                torch=torch.__version__)
+                torch=torch.__version__, cache_dir=str(cache_dir if cache_dir is not None else default_cache_dir()))
     return LoadedModel(
         model=model,
         tokenizer=tok,
@@ -363,5 +369,6 @@ def load_model(
         vocab_size=adapter.vocab_size_of(model),
         determinism=determinism,
         source=str(source.path) if source.path is not None else "",
+        attn=attn,
         info=info,
     )
