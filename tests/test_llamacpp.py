@@ -51,7 +51,9 @@ def engine(request, engine_factory):
 @needs_llamacpp
 def test_engine_satisfies_the_protocol(engine):
     assert isinstance(engine, Engine)
-    assert engine.draft_bound is None and engine.determinism.crop_continue_is_fresh
+    assert engine.determinism.crop_continue_is_fresh
+    # the tiny file's linear weights are Q4_1, as SmolLM2's: decode == prefill, measured at load
+    assert engine.draft_bound == 0.0 and engine.determinism.decode_is_prefill
 
 
 @needs_llamacpp
@@ -118,7 +120,7 @@ def test_bad_input_changes_nothing(engine):
     engine.prefill([5, 6, 7])
     before = engine.digest(), engine.tokens()
     for bad in (lambda: engine.prefill([]), lambda: engine.prefill([engine.lm.vocab_size]),
-                lambda: engine.crop(4), lambda: engine.crop(-1), lambda: engine.generate(2, draft=[1]),
+                lambda: engine.crop(4), lambda: engine.crop(-1), lambda: engine.generate(2, draft=[engine.lm.vocab_size]),
                 lambda: engine.prefill([1] * engine.lm.n_ctx)):
         with pytest.raises(ValueError):
             bad()

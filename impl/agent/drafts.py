@@ -239,6 +239,14 @@ class Drafts:
         return totals
 
 
+def get_bound_source(lm) -> dict:
+    """``{"bound_source": ...}``: where an engine's model says its bound came
+    from (the llama.cpp engine measures it per file: impl/engines/llamacpp/facts.py),
+    or {} for a model that does not say (its bound is ``DRAFT_BOUNDS``')."""
+    source = getattr(lm, "draft_bound_source", None)
+    return {"bound_source": source} if source else {}
+
+
 def choose_drafts(lm, bound: float | None, blocks: Sequence, steps: Sequence, boundary: int, wanted: bool | None,
                   oracle: bool, pending: Iterable[str] = (), lookup: bool = True) -> tuple[Drafts | None, dict]:
     """The drafts of a replay from ``boundary``: the model turns written after
@@ -262,12 +270,12 @@ def choose_drafts(lm, bound: float | None, blocks: Sequence, steps: Sequence, bo
         if wanted:
             raise ValueError(f"drafts were asked for, but no prefill-versus-decode bound was measured for "
                              f"{lm.name} on {lm.device} {lm.dtype}")
-        return None, {"mode": "off", "bound": None,
+        return None, {"mode": "off", "bound": None, **get_bound_source(lm),
                       "why": f"no prefill-versus-decode bound measured for {lm.name} on "
                              f"{lm.device} {lm.dtype}: every turn re-decoded"}
     pending = set(pending)
     forgotten = [i.text for s in steps for i in s.items if i.source in pending]
     return Drafts.from_blocks(blocks, bound, forgotten=forgotten, lookup=lookup), {
-        "mode": "verify", "bound": bound, "lookup": lookup,
+        "mode": "verify", "bound": bound, "lookup": lookup, **get_bound_source(lm),
         "why": f"verified drafts{' and context guesses' if lookup else ''}, decisions accepted above a "
                f"margin of 2 x {bound:g}"}

@@ -1,4 +1,4 @@
-"""A tiny random Llama as a GGUF file, for fast llama.cpp properties.
+"""A tiny random Llama as a GGUF file (linear weights in Q4_1), for fast llama.cpp properties.
 
 ``tiny_gguf_path()`` writes it once under the cache dir ($UNSEE_CACHE or
 ~/.cache/unsee) and returns the path; the file is a pure function of
@@ -26,7 +26,12 @@ from unsee.impl.engines.files import ByteTokenizer, default_cache_dir
 #: Dimensions of the tiny GGUF (those of the tiny transformers model).
 TINY_GGUF_SHAPE = {"hidden": 64, "layers": 2, "heads": 4, "kv_heads": 2, "ffn": 128, "context": 4096}
 TINY_GGUF_SEED = 0
-_FORMAT = "v1"  # part of the file name: bump when the writer changes
+_FORMAT = "v2"  # part of the file name: bump when the writer changes
+#: how the linear weights are stored: Q4_1, as in SmolLM2's GGUF, whose CPU
+#: kernels give decode == prefill bitwise (facts.py), so drafts run on the
+#: tiny file as on SmolLM2's; "f32" writes every tensor in f32, where
+#: llama.cpp's batched matmul differs from its decode in the last bits
+TINY_GGUF_QUANT = "q4_1"
 
 # SentencePiece token types as llama.cpp reads them (gguf.TokenType)
 _NORMAL, _CONTROL, _BYTE = 1, 3, 6
@@ -61,9 +66,13 @@ def _weights(rng: np.random.Generator, vocab: int) -> dict[str, np.ndarray]:
     return out
 
 
-def write_tiny_gguf(path: str | os.PathLike, seed: int = TINY_GGUF_SEED) -> Path:
-    """Write the tiny random Llama GGUF to ``path``."""
+def write_tiny_gguf(path: str | os.PathLike, seed: int = TINY_GGUF_SEED, quant: str = TINY_GGUF_QUANT) -> Path:
+    """Write the tiny random Llama GGUF to ``path``, its linear weights in
+    ``quant`` (``"q4_1"`` or ``"f32"``)."""
     import gguf
+
+    if quant not in ("q4_1", "f32"):
+        raise ValueError(f"quant={quant!r} is not 'q4_1' or 'f32'")
 
     tok = ByteTokenizer()
     s = TINY_GGUF_SHAPE
@@ -78,7 +87,7 @@ def write_tiny_gguf(path: str | os.PathLike, seed: int = TINY_GGUF_SEED) -> Path
     w.add_rope_dimension_count(s["hidden"] // s["heads"])
     w.add_rope_freq_base(10000.0)
     w.add_layer_norm_rms_eps(1e-6)
-    w.add_file_type(0)  # all f32
+    w.add_file_type(0 if quant == "f32" else 3)  # llama_ftype: ALL_F32, MOSTLY_Q4_1
     w.add_tokenizer_model("llama")
     names = [f"<0x{b:02X}>".encode() for b in range(256)] + [t.encode() for t in tok.SPECIALS]
     w.add_token_list(names)
@@ -91,7 +100,11 @@ def write_tiny_gguf(path: str | os.PathLike, seed: int = TINY_GGUF_SEED) -> Path
     w.add_add_bos_token(False)
     w.add_add_eos_token(False)
     for name, array in _weights(np.random.default_rng(seed), tok.vocab_size).items():
-        w.add_tensor(name, array)
+        if quant == "q4_1" and array.ndim == 2 and name != "token_embd.weight":
+            q4_1 = gguf.GGMLQuantizationType.Q4_1
+            w.add_tensor(name, gguf.quants.quantize(array, q4_1), raw_dtype=q4_1)
+        else:  # norms and the embedding table (a row lookup) stay f32
+            w.add_tensor(name, array)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
