@@ -120,7 +120,8 @@ def test_bad_input_changes_nothing(engine):
     engine.prefill([5, 6, 7])
     before = engine.digest(), engine.tokens()
     for bad in (lambda: engine.prefill([]), lambda: engine.prefill([engine.lm.vocab_size]),
-                lambda: engine.crop(4), lambda: engine.crop(-1), lambda: engine.generate(2, draft=[engine.lm.vocab_size]),
+                lambda: engine.crop(4), lambda: engine.crop(-1),
+                lambda: engine.generate(2, draft=[engine.lm.vocab_size]),
                 lambda: engine.prefill([1] * engine.lm.n_ctx)):
         with pytest.raises(ValueError):
             bad()
