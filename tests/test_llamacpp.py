@@ -63,7 +63,7 @@ def test_state_blob_round_trips(engine):
     engine.prefill(list(range(40, 57)))
     blob_size = engine._lc.llama_state_seq_get_size(engine._ctx, 0)
     kv = engine._read_seq()
-    assert kv.n == 17 and list(kv.positions) == list(range(17))
+    assert kv.n == 17 and list(kv.caches[0].positions) == list(range(17))
     assert len(kv.to_blob()) == blob_size
     # written back into the context, read out again: the same rows
     engine._lc.llama_memory_clear(engine._mem, True)
@@ -83,7 +83,7 @@ def test_digest_is_by_position_not_by_cell(engine):
     same; the blob of that layout does not."""
     handle = engine.new_lineage()
     engine.prefill(list(range(60, 72)))
-    kv = engine._read_seq()
+    kv = engine._read_seq().caches[0]
     rev = slice(None, None, -1)
     shuffled = SeqKV(kv.positions[rev], tuple(k[rev] for k in kv.k), tuple(v[rev] for v in kv.v),
                               kv.k_types, kv.v_types, kv.v_trans, kv.v_elem)

@@ -29,6 +29,9 @@ DEFAULT_BACKEND = "transformers"
 #: One-word engine names (``UNSEE_ENGINE``): name -> (backend, model).
 ENGINE_NAMES = {"tiny": ("transformers", "tiny"), "smollm2": ("transformers", "smollm2"),
                 "llamacpp": ("llamacpp", "smollm2"), "llamacpp-tiny": ("llamacpp", "tiny")}
+#: tiny random GGUFs of other families on llama.cpp (impl/engines/llamacpp/tiny_gguf.py)
+ENGINE_NAMES.update({f"llamacpp-tiny-{family}": ("llamacpp", f"tiny-{family}")
+                     for family in ("qwen2", "qwen3", "gemma2", "gemma3")})
 
 
 def parse_engine_name(name: str) -> tuple[str, str]:

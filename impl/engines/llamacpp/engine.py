@@ -65,7 +65,7 @@ from unsee.impl.engines.llamacpp.model import (
     llama_module,
     load_llamacpp,
 )
-from unsee.impl.engines.llamacpp.state import SeqKV
+from unsee.impl.engines.llamacpp.state import KVState, SeqKV
 from unsee.impl.engines.protocol import Determinism
 from unsee.impl.engines.turn import Turn, decode_turn
 
@@ -368,17 +368,48 @@ class LlamaCppEngine(LineageBook):
         lin.kv = None
         return logits
 
-    def _read_seq(self) -> SeqKV:
-        """Sequence 0's KV, read out of the context and parsed."""
+    def _read_blob(self, seq: int, flags: int = 0) -> bytes:
+        """Sequence ``seq``'s state blob (``flags``: llama.cpp's state-seq flags)."""
         lc, ctx = self._lc, self._ctx
-        size = lc.llama_state_seq_get_size(ctx, 0)
+        size = lc.llama_state_seq_get_size_ext(ctx, seq, flags)
         buf = (ctypes.c_uint8 * size)()
-        got = lc.llama_state_seq_get_data(ctx, buf, size, 0)
+        got = lc.llama_state_seq_get_data_ext(ctx, buf, size, seq, flags)
         if got != size:
             raise RuntimeError(f"llama_state_seq_get_data wrote {got} of {size} bytes")
-        return SeqKV.parse(bytes(buf), self.lm.n_layer, self._v_trans)
+        return bytes(buf)
 
-    def _parked(self, handle: str | None) -> SeqKV:
+    def _read_seq(self) -> KVState:
+        """Sequence 0's KV, read out of the context and parsed; with a
+        sliding-window cache, its rows of every position (:meth:`_read_swa_rows`)."""
+        state = KVState.parse(self._read_blob(0), self.lm.n_layer, self._v_trans)
+        if len(state.caches) == 2 and state.caches[1].n:
+            state = state.with_cache(1, self._read_swa_rows(state.caches[1]))
+        return state
+
+    def _read_swa_rows(self, last: SeqKV) -> SeqKV:
+        """The sliding-window cache's rows of every position of sequence 0.
+        llama.cpp keeps them all (the context asks for a full-size SWA cache)
+        but its state writer gives those of the last ``n_swa`` positions only
+        (``last``); the earlier ones are read window by window through
+        sequence 1: give it positions [0, p) (a copy of cell membership, no
+        data), read its sliding-window cache, take sequence 1 away again."""
+        lc, mem = self._lc, self._mem
+        parts = [last]
+        while int(parts[0].positions[0]) > 0:
+            end = int(parts[0].positions[0])
+            lc.llama_memory_seq_cp(mem, 0, 1, 0, end)
+            try:
+                blob = self._read_blob(1, lc.LLAMA_STATE_SEQ_FLAGS_SWA_ONLY)
+            finally:
+                lc.llama_memory_seq_rm(mem, 1, -1, -1)
+            window = SeqKV.parse(blob, len(last.k), self._v_trans)
+            if not window.n or int(window.positions[-1]) != end - 1:
+                raise RuntimeError(f"sliding-window rows before position {end} could not be read "
+                                   "(an unexpected llama.cpp state layout)")
+            parts.insert(0, window)
+        return SeqKV.concat(parts)
+
+    def _parked(self, handle: str | None) -> KVState:
         """The rows of ``handle``, parking (reading) them first if the
         resident copy changed since."""
         lin = self._lineages[handle]
@@ -386,7 +417,7 @@ class LlamaCppEngine(LineageBook):
             if handle == self._resident:
                 lin.kv = self._read_seq()
             elif not lin.tokens:
-                lin.kv = SeqKV.empty(self.lm.n_layer, self._v_trans)
+                lin.kv = KVState((SeqKV.empty(self.lm.n_layer, self._v_trans),))
             else:
                 raise RuntimeError(f"lineage {handle!r} has neither rows nor residency")  # a bug, never input
         return lin.kv

@@ -9,7 +9,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from unsee.impl.engines.llamacpp.state import SeqKV
+from unsee.impl.engines.llamacpp.state import KVState
 
 
 class LlamaLineage:
@@ -18,7 +18,7 @@ class LlamaLineage:
     __slots__ = ("tokens", "kv", "last_logits", "last_used", "chunk_ends", "chunked", "decode_logits",
                  "served_last")
 
-    def __init__(self, tokens: list[int], kv: SeqKV | None, last_logits: np.ndarray | None):
+    def __init__(self, tokens: list[int], kv: KVState | None, last_logits: np.ndarray | None):
         self.tokens = tokens
         self.kv = kv  # the parked rows; None while resident and changed since parked
         self.last_logits = last_logits  # float32 (vocab,), or None

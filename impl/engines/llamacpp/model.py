@@ -85,6 +85,8 @@ class LlamaCppModel:
     draft_bound: float | None = None
     draft_bound_source: str = "not measured"
     decode_is_prefill: bool = False
+    #: the sliding window of the model's windowed layers, in tokens (0: none; two KV caches otherwise)
+    n_swa: int = 0
     _tokenizer: object = None  # a ByteTokenizer (tiny GGUF), or None: llama.cpp's own vocabulary
     _model: object = None
     _vocab: object = None
@@ -129,6 +131,11 @@ class LlamaCppModel:
         cparams.n_ubatch = min(512, n_ctx)
         cparams.swa_full = True
         cparams.n_seq_max = 1
+        if self.n_swa:
+            # a second sequence, sharing the cells (one stream), through which
+            # the engine reads the sliding-window rows the state writer leaves out
+            cparams.n_seq_max = 2
+            cparams.kv_unified = True
         cparams.n_threads = self.threads
         cparams.n_threads_batch = self.threads
         cparams.flash_attn_type = (lc.LLAMA_FLASH_ATTN_TYPE_ENABLED if self.flash_attn
@@ -158,29 +165,42 @@ def _determinism_text(threads: int, flash_attn: bool) -> str:
             "decode steps and thread counts may differ in the last bits (docs/engines.md)")
 
 
+def resolve_gguf(key: str, cache_dir: str | os.PathLike | None = None) -> tuple[Path, str, object]:
+    """``(path, name, tokenizer)`` of a model name: ``'smollm2'``, ``'tiny'``
+    or ``'tiny-<family>'`` (a tiny random GGUF of
+    :data:`~unsee.impl.engines.llamacpp.tiny_gguf.FAMILIES`, written on first
+    use; byte tokenizer), or a ``*.gguf`` path (tokenizer None: llama.cpp's own)."""
+    from unsee.impl.engines.files import ByteTokenizer, smollm2_path
+
+    if key == "smollm2":
+        return smollm2_path(), "smollm2", None
+    if key == "tiny" or key.startswith("tiny-"):
+        from unsee.impl.engines.llamacpp.tiny_gguf import FAMILIES, tiny_gguf_path
+
+        family = "llama" if key == "tiny" else key[len("tiny-"):]
+        if family not in FAMILIES:
+            raise ValueError(f"name_or_path={key!r}: no tiny GGUF family {family!r}; "
+                             f"known: {', '.join('tiny-' + f for f in FAMILIES)}")
+        name = "tiny-gguf" if family == "llama" else f"tiny-gguf-{family}"
+        return tiny_gguf_path(cache_dir, family), name, ByteTokenizer()
+    path = Path(key).expanduser()
+    if not (path.is_file() and path.suffix.lower() == ".gguf"):
+        raise ValueError(f"name_or_path={key!r} is neither 'smollm2', 'tiny', 'tiny-<family>' nor an existing "
+                         ".gguf file")
+    return path, key, None
+
+
 def load_llamacpp(name_or_path: str | os.PathLike = "smollm2", threads: int | None = None, n_ctx: int | None = None,
                   flash_attn: bool = True, cache_dir: str | os.PathLike | None = None) -> LlamaCppModel:
     """Load a GGUF into llama.cpp: ``'smollm2'`` (the embedded SmolLM2 file),
-    ``'tiny'`` (the tiny random GGUF, byte tokenizer), or a ``*.gguf`` path.
+    ``'tiny'`` or ``'tiny-<family>'`` (a tiny random GGUF, byte tokenizer), or
+    a ``*.gguf`` path (:func:`resolve_gguf`).
 
     ``threads`` defaults to $UNSEE_LLAMA_THREADS or 1 (the KV may depend on
     it: docs/engines.md); ``n_ctx`` (the longest lineage) to 4096."""
     lc = llama_module()
     _init_backend(lc)
-    from unsee.impl.engines.files import ByteTokenizer, smollm2_path
-
-    tokenizer = None
-    key = os.fspath(name_or_path)
-    if key == "smollm2":
-        path, name = smollm2_path(), "smollm2"
-    elif key == "tiny":
-        from unsee.impl.engines.llamacpp.tiny_gguf import tiny_gguf_path
-
-        path, name, tokenizer = tiny_gguf_path(cache_dir), "tiny-gguf", ByteTokenizer()
-    else:
-        path, name = Path(key).expanduser(), key
-        if not (path.is_file() and path.suffix.lower() == ".gguf"):
-            raise ValueError(f"name_or_path={key!r} is neither 'smollm2', 'tiny' nor an existing .gguf file")
+    path, name, tokenizer = resolve_gguf(os.fspath(name_or_path), cache_dir)
     threads = int(threads or os.environ.get("UNSEE_LLAMA_THREADS") or 1)
     if threads < 1:
         raise ValueError(f"threads={threads!r} must be >= 1")
@@ -190,6 +210,7 @@ def load_llamacpp(name_or_path: str | os.PathLike = "smollm2", threads: int | No
     model = lc.llama_model_load_from_file(str(path).encode(), mparams)
     if not model:
         raise ValueError(f"llama.cpp could not load {path}")
+    check_exact_layout(lc, model, path)
     vocab = lc.llama_model_get_vocab(model)
     n_vocab = lc.llama_vocab_n_tokens(vocab)
     if tokenizer is not None:
@@ -210,6 +231,7 @@ def load_llamacpp(name_or_path: str | os.PathLike = "smollm2", threads: int | No
                        determinism=_determinism_text(threads, flash_attn),
                        info={"llama_cpp_python": getattr(lc, "__version__", "?")})
     lm._tokenizer, lm._model, lm._vocab = tokenizer, model, vocab
+    lm.n_swa = max(0, int(lc.llama_model_n_swa(model)))
     if tokenizer is None:
         lm.chat_template, lm.special_tokens = get_chat_template(model, vocab)
     set_decode_facts(lm, cache_dir)
@@ -225,6 +247,23 @@ def set_decode_facts(lm: LlamaCppModel, cache_dir: str | os.PathLike | None = No
     lm.decode_is_prefill = facts.decode_is_prefill
     lm.draft_bound = facts.get_bound()
     lm.draft_bound_source = facts.describe(lm)
+
+
+def check_exact_layout(lc, model, path) -> None:
+    """Refuse, before any work, a model whose state the engine cannot crop
+    exactly, naming its architecture and why (the model is freed). KV caches
+    by position, one or two (sliding-window layers), are what it handles."""
+    buf = ctypes.create_string_buffer(128)
+    n = lc.llama_model_meta_val_str(model, b"general.architecture", buf, len(buf))
+    arch = buf.value.decode("utf-8", "replace") if n >= 0 else "?"
+    if lc.llama_model_is_recurrent(model) or lc.llama_model_is_hybrid(model):
+        reason = "its recurrent state is one value per sequence, not KV by position, so it cannot be cropped"
+    elif lc.llama_model_is_diffusion(model):
+        reason = "it does not decode left to right, so a turn has no canonical prefill"
+    else:
+        return
+    lc.llama_model_free(model)
+    raise ValueError(f"the llama.cpp engine refuses architecture {arch!r} ({path}): {reason}")
 
 
 def get_chat_template(model, vocab) -> tuple[str | None, dict]:
