@@ -1,7 +1,8 @@
 """Forget with drafts against forget without them and the full reset, on the
 llama.cpp engine: one episode, the same base state, digests and tokens compared.
 
-    python -m unsee.bench.llamacpp_drafts [--engine llamacpp] [--tau 3] [--length 12] [--max-new-tokens 24]
+    python -m unsee.bench.llamacpp_drafts [--engine llamacpp|NAME|FILE.gguf] [--tau 3] [--length 12]
+                                          [--max-new-tokens 24]
 
 Prints one line per method (tokens decoded and prefilled, forwards, draft
 tokens accepted, wall time) and whether each equals the reset (digest and
@@ -20,7 +21,7 @@ from unsee.impl.engines.registry import load_engine
 
 def run(engine_name: str, tau: int, length: int, max_new_tokens: int) -> list[dict]:
     """The three methods on one base state; rows for the table."""
-    engine = load_engine(engine_name)
+    engine = load_engine(engine_name, backend="llamacpp" if engine_name.endswith(".gguf") else None)
     episode = make_bench_episode(tau, length, max_new_tokens=max_new_tokens)
     base = AgentRuntime.from_episode(engine, episode)
     target = episode.target.source
@@ -33,7 +34,8 @@ def run(engine_name: str, tau: int, length: int, max_new_tokens: int) -> list[di
         else:
             report = runtime.forget(target, drafts=method.endswith("on"))
         runtimes[method] = runtime
-        rows.append({"method": method, "decoded": report.decoded_tokens, "prefilled": report.prefilled_tokens,
+        rows.append({"method": method, "context": engine.length(runtime.lineage),
+                     "decoded": report.decoded_tokens, "prefilled": report.prefilled_tokens,
                      "forwards": report.forward_calls, "accepted": report.draft_accepted_tokens,
                      "wall_s": report.wall_s, "digest": report.digest,
                      "bound_source": report.drafts.get("bound_source", "")})
@@ -53,7 +55,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-new-tokens", type=int, default=24)
     args = parser.parse_args(argv)
     rows = run(args.engine, args.tau, args.length, args.max_new_tokens)
-    print(f"engine {args.engine}, tau {args.tau}, T {args.length}, max_new_tokens {args.max_new_tokens}")
+    print(f"engine {args.engine}, tau {args.tau}, T {args.length}, max_new_tokens {args.max_new_tokens}, "
+          f"context after the forget {rows[0]['context']} tokens")
     print(f"{'method':<20} {'decoded':>8} {'prefilled':>9} {'forwards':>8} {'accepted':>8} {'wall s':>7}  = reset")
     for r in rows:
         print(f"{r['method']:<20} {r['decoded']:>8} {r['prefilled']:>9} {r['forwards']:>8} {r['accepted']:>8} "

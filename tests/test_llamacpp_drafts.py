@@ -36,16 +36,30 @@ def fresh(engine, *chunks):
     return h
 
 
-def test_q4_1_file_measures_decode_equal_to_prefill(engine):
-    assert engine.draft_bound == 0.0 and engine.determinism.decode_is_prefill
-    assert "decode == prefill bitwise" in engine.lm.draft_bound_source
+def test_q4_1_file_measures_decode_equal_to_prefill_below_64_tokens(engine):
+    # forwards of 64 tokens or more take another kernel (facts.py): drafts are verified below that
+    assert engine.draft_bound == 0.0 and engine.lm.max_forward == 63
+    assert "decode == prefill bitwise for forwards of up to 63 tokens" in engine.lm.draft_bound_source
+
+
+def test_a_draft_longer_than_max_forward_is_verified_in_its_first_part(engine):
+    x = ids(engine, 30)
+    ref = fresh(engine, x)
+    n = engine.lm.max_forward + 20
+    expected = engine.generate(n, stop_ids=())
+    drafted = fresh(engine, x)
+    before = engine.counters.snapshot()
+    assert engine.generate(n, stop_ids=(), draft=expected) == expected
+    spent = engine.counters - before
+    assert spent.draft_accepted_tokens == engine.lm.max_forward and spent.decoded_tokens == 20
+    assert engine.digest(drafted) == engine.digest(ref)
 
 
 def test_f32_file_turns_drafts_off_with_the_measured_reason(tmp_path, monkeypatch):
     monkeypatch.setenv("UNSEE_CACHE", str(tmp_path))
     path = write_tiny_gguf(tmp_path / "tiny-f32.gguf", quant="f32")
     engine = load_engine(str(path), backend="llamacpp", threads=1, n_ctx=256)
-    assert engine.draft_bound is None and not engine.determinism.decode_is_prefill
+    assert engine.draft_bound is None and engine.lm.max_forward == 0
     assert "decode != prefill" in engine.lm.draft_bound_source and "drafts off" in engine.lm.draft_bound_source
     engine.new_lineage()
     engine.prefill([1, 2, 3])

@@ -78,9 +78,12 @@ def test_parked_prefix_beyond_the_window_continues_as_fresh(engine):
 def test_forget_with_drafts_equals_reset_on_an_episode_longer_than_the_window(engine):
     episode = make_bench_episode(3, 8, max_new_tokens=6)
     with engine_scope(engine):
-        report = compare_forget_with_reset(engine, episode, drafts=True)
+        report = compare_forget_with_reset(engine, episode)  # drafts wherever the engine has a bound
         assert max(engine.length(h) for h in engine.lineages) > 10 * TINY_WINDOW
-    assert report.drafts["mode"] == "verify" and report.draft_accepted_tokens > 0
+    if engine.lm.flash_attn:
+        assert report.drafts["mode"] == "verify" and report.draft_accepted_tokens > 0
+    else:  # drafts off without flash attention (facts.py says why)
+        assert report.drafts["mode"] == "off"
 
 
 def test_a_recurrent_model_is_refused_by_name_before_any_work():

@@ -4,7 +4,8 @@ that is not transformers: the procedure of
 guard) over a lineage reached through two forward functions.
 
 The llama.cpp engine decodes through this module; it imports no
-transformers. What a turn needs of its engine is :class:`TurnLineage`: the
+transformers. One addition: ``Turn.max_forward`` caps every verification
+forward (llama.cpp's decode equals its prefill only below a batch size). What a turn needs of its engine is :class:`TurnLineage`: the
 lineage's tokens and last logits, a crop, and two forwards on the lineage's
 KV (the logits after the last token fed, or after every token fed). Logits
 are float32 CPU torch tensors.
@@ -67,6 +68,9 @@ class Turn:
     temperature: float
     seed: int | None
     draft_bound: float | None
+    #: the longest verification forward whose logits equal decoding (None: any);
+    #: a longer draft is verified in its first `max_forward` tokens, guesses are cut to fit
+    max_forward: int | None = None
 
     def decide(self, logits: torch.Tensor, position: int) -> tuple[int, float]:
         """The decoding rule's token at ``position`` of the turn, and its margin."""
@@ -84,6 +88,8 @@ def decode_turn(turn: Turn, draft: list[int], probe: bool, lookup: bool) -> tupl
     """The turn's tokens, and whether the verification chunk on the lineage
     is the turn's canonical chunk (a draft accepted whole)."""
     out, committed = None, False
+    if turn.max_forward is not None:
+        draft = draft[:turn.max_forward]
     if draft and turn.decide(turn.header_logits, 0)[0] != draft[0]:
         # decided on the header's own logits, the reference's: decoding from here *is* the reference
         count_draft(turn.counters, len(draft), 0, fallback=False)
@@ -134,7 +140,10 @@ def decode(turn: Turn, out: list[int], logits: torch.Tensor, threshold: float | 
 def get_guess(turn: Turn, out: list[int], tok: int) -> list[int]:
     """A guess at the tokens after ``out`` (``decoding.get_lookup`` over the
     lineage's tokens and the decided ``tok``), cut after its first stop id."""
-    guess = get_lookup(turn.lin.tokens + [tok], turn.max_new_tokens - len(out))
+    limit = turn.max_new_tokens - len(out)
+    if turn.max_forward is not None:
+        limit = min(limit, turn.max_forward - 1)  # fed after `tok`, in one forward
+    guess = get_lookup(turn.lin.tokens + [tok], limit)
     ends = [i for i, g in enumerate(guess) if g in turn.stops]
     if ends:
         del guess[ends[0] + 1:]

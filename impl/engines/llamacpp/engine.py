@@ -88,10 +88,12 @@ class LlamaCppEngine(LineageBook):
         self._ctx = lm.new_context()  # freed with the engine
         self._mem = lc.llama_get_memory(self._ctx)
         self.counters = Counters()
-        #: 0.0 where this file's decode == prefill bitwise (measured: facts.py), else None (drafts off)
+        #: 0.0 where this file's decode == prefill bitwise for forwards of up to
+        #: lm.max_forward tokens (measured: facts.py), else None (drafts off);
+        #: decode_is_prefill stays False: longer forwards take other kernels
         self.draft_bound = lm.draft_bound
         self.determinism = Determinism(same_chunking_repeats=True, crop_continue_is_fresh=True,
-                                       chunk_invariant=False, decode_is_prefill=lm.decode_is_prefill,
+                                       chunk_invariant=False, decode_is_prefill=False,
                                        thread_invariant=False, statement=lm.determinism)
         self._serving = False  # inside `prefix_cache()`
         self._cache_sources: tuple[set[str], int] | None = None  # (handles, first new id); None: all
@@ -182,7 +184,7 @@ class LlamaCppEngine(LineageBook):
         lin.decode_logits[start] = header_logits  # what a prefix cache needs to serve this position
         view = TurnView(lin, self._feed, self._truncate)
         turn = Turn(view, self.counters, start, torch.from_numpy(header_logits), max_new_tokens, stops,
-                    temperature, seed, self.draft_bound)
+                    temperature, seed, self.draft_bound, max_forward=self.lm.max_forward or None)
         try:
             out, committed = decode_turn(turn, draft, probe, lookup)
         except BaseException:

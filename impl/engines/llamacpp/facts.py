@@ -11,14 +11,23 @@ batch, and for SmolLM2's Q4_1 file prefill and decode logits were bitwise
 equal on every comparison measured (bench/llamacpp_bitwise.py); for f32
 weights they are not (another matmul path serves batches).
 
-So the engine measures it per file, thread count, flash-attention setting
-and llama-cpp-python version (:func:`get_decode_facts`): greedy-decode
+But only up to a batch size: measured here, SmolLM2's Q4_1 file and the
+tiny Q4_1 files give decode == prefill bitwise for forwards of up to 63
+tokens, and a forward of 64 or more takes another kernel whose logits differ
+by up to about 1 (flash attention on; 32 tokens without it). So the engine
+measures it per file, thread count, flash-attention setting and
+llama-cpp-python version (:func:`get_decode_facts`): greedy-decode
 :data:`PROBE_DECODE` tokens one step at a time after a fixed pseudo-random
-prompt, then feed the same tokens again as one forward and as forwards of
-:data:`PROBE_SPLIT`, and compare every logit and the KV bytes. Equal
-everywhere: the bound is 0.0 (a decision needs a margin above 0, so an exact
-tie still falls back: the guard stays as a safety net). Any difference:
-None, drafts off. The result is cached in ``llamacpp-facts.json`` under the
+prompt, then feed the first L of them again as one forward, L = 2, 3, ...,
+comparing every logit, until one differs; after two prompt lengths
+(:data:`PROBE_PROMPTS`), the longest equal size is the engine's
+``max_forward``, and the KV such a forward writes is checked too. With a
+``max_forward`` of 2 or more the bound is 0.0 and every verification forward
+(a draft, a context guess) is at most ``max_forward`` tokens long (a longer
+draft is verified in its first ``max_forward`` tokens, the rest decoded); a
+decision needs a margin above 0, so an exact tie still falls back (the guard
+stays as a safety net). Otherwise None: drafts off. A measurement on two
+prompts, not a proof: the properties run forget == reset with drafts on. The result is cached in ``llamacpp-facts.json`` under the
 cache dir, keyed by the file's path, size and mtime and the settings.
 """
 
@@ -37,35 +46,44 @@ import torch
 from unsee.impl.engines.decoding import get_scores, pick
 from unsee.impl.engines.files import default_cache_dir
 
-#: the probe: prompt length, tokens decoded, and the chunk size of the split feed
-PROBE_PROMPT = 24
-PROBE_DECODE = 32
-PROBE_SPLIT = 8
+#: the probe: prompt lengths (the comparison runs after each), tokens decoded after them
+PROBE_PROMPTS = (24, 160)
+PROBE_DECODE = 96
 #: bump when the measurement changes (old cache entries are then ignored)
-FACTS_VERSION = "v1"
+FACTS_VERSION = "v4"
 
 
 @dataclass(frozen=True)
 class DecodeFacts:
-    """What one measurement found: whether decode == prefill bitwise (logits
-    at every position and the KV), the largest logit difference, and how many
-    positions were compared."""
+    """What one measurement found: the longest forward (in tokens) whose
+    logits at every position, and the KV it writes, equal decoding the same
+    tokens one by one (0: not even two tokens, or under 2: drafts off); the
+    logit difference at the first size that differed (0.0: none did); how
+    many positions were compared."""
 
-    decode_is_prefill: bool
+    max_forward: int
     max_abs_diff: float
     positions: int
 
     def get_bound(self) -> float | None:
         """The drafts' guard bound these facts allow: 0.0, or None (drafts off)."""
-        return 0.0 if self.decode_is_prefill else None
+        return 0.0 if self.max_forward >= 2 else None
 
     def describe(self, lm) -> str:
         """Where the bound came from, in words (the forget report's draft reason)."""
         where = (f"llama.cpp {os.path.basename(lm.source)}, {lm.threads} thread(s), flash attention "
                  f"{'on' if lm.flash_attn else 'off'}")
-        if self.decode_is_prefill:
-            return (f"measured at load: decode == prefill bitwise ({where}; logits at {self.positions} positions "
-                    "and the KV): bound 0, an exact tie still falls back")
+        if not lm.flash_attn:
+            return (f"not measured ({where}): without flash attention the forward size from which llama.cpp's "
+                    "logits stop equalling decoding varied with the context (33 to over 96 tokens on the tiny "
+                    "file), so no size is known safe: drafts off")
+        if self.max_forward >= 2:
+            beyond = (f"; {self.max_forward + 1} differ by up to {self.max_abs_diff:.3g}" if self.max_abs_diff
+                      else "")
+            return (f"measured at load: decode == prefill bitwise for forwards of up to {self.max_forward} tokens "
+                    f"({where}; logits at {self.positions} positions and the KV{beyond}): bound 0, drafts and "
+                    f"guesses verified in forwards of at most {self.max_forward} tokens, an exact tie still "
+                    "falls back")
         return (f"measured at load: decode != prefill ({where}; max |logit difference| {self.max_abs_diff:.3g} "
                 f"over {self.positions} positions): drafts off")
 
@@ -101,37 +119,61 @@ def read_state(lc, ctx) -> bytes:
 
 
 def measure_decode_facts(lm, lc) -> DecodeFacts:
-    """Decode after a fixed prompt, then feed the decoded tokens whole and in
-    pieces; compare logits and KV bit for bit (the module docstring). ``lc``:
-    the ``llama_cpp`` module."""
-    n_ctx = 2 * (PROBE_PROMPT + PROBE_DECODE)
+    """After each of :data:`PROBE_PROMPTS` (fixed pseudo-random tokens),
+    greedy-decode :data:`PROBE_DECODE` tokens one step at a time, then feed
+    the first L of them again as one forward for L = 2, 3, ... until the
+    logits differ: the longest size equal after every prompt, whose KV is
+    then checked too (the module docstring). ``lc``: the ``llama_cpp`` module.
+    Without flash attention nothing is measured (:meth:`DecodeFacts.describe`
+    says why): drafts off."""
+    if not lm.flash_attn:
+        return DecodeFacts(0, 0.0, 0)
+    n_ctx = max(PROBE_PROMPTS) + PROBE_DECODE + 8
     ctx = lm.new_context(n_ctx)
     batch = lc.llama_batch_init(n_ctx, 0, 1)
     try:
-        mem = lc.llama_get_memory(ctx)
-        prompt = [int(t) for t in np.random.default_rng(0).integers(0, lm.vocab_size, PROBE_PROMPT)]
-        logits = forward(lc, ctx, batch, prompt, 0, False, lm.vocab_size)
-        decoded, steps = [], []
-        for i in range(PROBE_DECODE):
-            decoded.append(pick(get_scores(torch.from_numpy(logits), 0.0, None, i))[0])
-            logits = forward(lc, ctx, batch, [decoded[-1]], PROBE_PROMPT + i, False, lm.vocab_size)
-            steps.append(logits)
-        reference, state = np.stack(steps), read_state(lc, ctx)
-        feeds = [[decoded], [decoded[i:i + PROBE_SPLIT] for i in range(0, PROBE_DECODE, PROBE_SPLIT)]]
-        same, worst = True, 0.0
-        for chunks in feeds:
-            lc.llama_memory_seq_rm(mem, 0, PROBE_PROMPT, -1)
-            start, rows = PROBE_PROMPT, []
-            for chunk in chunks:
-                rows.append(forward(lc, ctx, batch, chunk, start, True, lm.vocab_size))
-                start += len(chunk)
-            got = np.concatenate(rows)
-            worst = max(worst, float(np.abs(got - reference).max()))
-            same = same and np.array_equal(got, reference) and read_state(lc, ctx) == state
-        return DecodeFacts(same, worst, 2 * PROBE_DECODE)
+        limit, worst, positions = PROBE_DECODE, 0.0, 0
+        rng = np.random.default_rng(0)
+        for size in PROBE_PROMPTS:
+            prompt = [int(t) for t in rng.integers(0, lm.vocab_size, size)]
+            limit, diff, compared = get_equal_forward(lc, ctx, batch, lm.vocab_size, prompt, limit)
+            worst, positions = max(worst, diff), positions + compared
+        return DecodeFacts(limit if limit >= 2 else 0, worst, positions)
     finally:
         lc.llama_batch_free(batch)
         lc.llama_free(ctx)
+
+
+def get_equal_forward(lc, ctx, batch, vocab: int, prompt: list[int], limit: int) -> tuple[int, float, int]:
+    """After ``prompt``: the longest forward size up to ``limit`` equal to
+    decoding (logits, then the KV of a forward of that size followed by
+    decode steps); the logit difference at the first size that differed; the
+    positions compared."""
+    mem = lc.llama_get_memory(ctx)
+    lc.llama_memory_clear(mem, True)
+    logits = forward(lc, ctx, batch, prompt, 0, False, vocab)
+    decoded, steps = [], []
+    for i in range(PROBE_DECODE):
+        decoded.append(pick(get_scores(torch.from_numpy(logits), 0.0, None, i))[0])
+        logits = forward(lc, ctx, batch, [decoded[-1]], len(prompt) + i, False, vocab)
+        steps.append(logits)
+    reference, state = np.stack(steps), read_state(lc, ctx)
+    diff, compared = 0.0, 0
+    for size in range(2, limit + 1):
+        lc.llama_memory_seq_rm(mem, 0, len(prompt), -1)
+        got = forward(lc, ctx, batch, decoded[:size], len(prompt), True, vocab)
+        compared += size
+        if not np.array_equal(got, reference[:size]):
+            diff, limit = float(np.abs(got - reference[:size]).max()), size - 1
+            break
+    lc.llama_memory_seq_rm(mem, 0, len(prompt), -1)
+    if limit >= 2:  # the KV such a forward writes, continued by decode steps, is the decode's
+        forward(lc, ctx, batch, decoded[:limit], len(prompt), True, vocab)
+        for i in range(limit, PROBE_DECODE):
+            forward(lc, ctx, batch, [decoded[i]], len(prompt) + i, False, vocab)
+        if read_state(lc, ctx) != state:
+            limit = 0
+    return limit, diff, compared
 
 
 def get_cache_key(lm) -> str:

@@ -81,10 +81,11 @@ class LlamaCppModel:
     chat_template: str | None = None  # the GGUF's tokenizer.chat_template (None: ChatML)
     special_tokens: dict = field(default_factory=dict)  # bos_token/eos_token texts, for the template
     #: drafts' guard bound from this file's measured decode facts (facts.py): 0.0 where
-    #: decode == prefill bitwise, None (drafts off) elsewhere; and where it came from
+    #: decode == prefill bitwise for forwards of up to `max_forward` tokens, None (drafts
+    #: off) elsewhere; and where it came from
     draft_bound: float | None = None
     draft_bound_source: str = "not measured"
-    decode_is_prefill: bool = False
+    max_forward: int = 0
     #: the sliding window of the model's windowed layers, in tokens (0: none; two KV caches otherwise)
     n_swa: int = 0
     _tokenizer: object = None  # a ByteTokenizer (tiny GGUF), or None: llama.cpp's own vocabulary
@@ -240,11 +241,11 @@ def load_llamacpp(name_or_path: str | os.PathLike = "smollm2", threads: int | No
 
 def set_decode_facts(lm: LlamaCppModel, cache_dir: str | os.PathLike | None = None) -> None:
     """Give ``lm`` its measured decode facts (:mod:`unsee.impl.engines.llamacpp.facts`):
-    whether decode == prefill bitwise, the drafts' bound that allows, and where it came from."""
+    the longest forward equal to decoding, the drafts' bound that allows, and where it came from."""
     from unsee.impl.engines.llamacpp.facts import get_decode_facts
 
     facts = get_decode_facts(lm, llama_module(), cache_dir)
-    lm.decode_is_prefill = facts.decode_is_prefill
+    lm.max_forward = facts.max_forward
     lm.draft_bound = facts.get_bound()
     lm.draft_bound_source = facts.describe(lm)
 
