@@ -27,8 +27,9 @@ comparing every logit, until one differs; after two prompt lengths
 draft is verified in its first ``max_forward`` tokens, the rest decoded); a
 decision needs a margin above 0, so an exact tie still falls back (the guard
 stays as a safety net). Otherwise None: drafts off. A measurement on two
-prompts, not a proof: the properties run forget == reset with drafts on. The result is cached in ``llamacpp-facts.json`` under the
-cache dir, keyed by the file's path, size and mtime and the settings.
+prompts, not a proof: the properties run forget == reset with drafts on.
+The result is cached in ``llamacpp-facts.json`` under the cache dir, keyed
+by the file's path, size and mtime and the settings.
 """
 
 from __future__ import annotations
