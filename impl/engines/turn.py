@@ -6,9 +6,9 @@ guard) over a lineage reached through two forward functions.
 The llama.cpp engine decodes through this module; it imports no
 transformers. One addition: ``Turn.max_forward`` caps every verification
 forward (llama.cpp's decode equals its prefill only below a batch size).
-What a turn needs of its engine is :class:`TurnLineage`: the lineage's tokens and last logits, a crop, and two forwards on the lineage's
-KV (the logits after the last token fed, or after every token fed). Logits
-are float32 CPU torch tensors.
+What a turn needs of its engine is :class:`TurnLineage`: the lineage's
+tokens and last logits, a crop, and two forwards on the lineage's KV (the
+logits after the last token fed, or after every token fed). Logits are float32 CPU torch tensors.
 
 The steps, in the order a turn takes them:
 
