@@ -55,7 +55,7 @@ def test_engine_satisfies_the_protocol(engine):
     # the tiny file's linear weights are Q4_1, as SmolLM2's: decode == prefill below 64 tokens,
     # measured at load with flash attention; without it drafts stay off (facts.py says why)
     if engine.lm.flash_attn:
-        assert engine.draft_bound == 0.0 and engine.lm.max_forward == 63
+        assert engine.draft_bound == 0.0 and engine.lm.max_forward >= 2
     else:
         assert engine.draft_bound is None and "drafts off" in engine.lm.draft_bound_source
 
