@@ -37,11 +37,15 @@ same KV in other cells would hash differently.
 
 Decoding applies :mod:`unsee.impl.engines.decoding`' rule (``get_scores`` + ``pick``:
 greedy or the seeded exponential race) to llama.cpp's logits, exactly as
-KVEngine does, and canonicalises a turn as one prefilled chunk. Drafts are
-off (no measured prefill-versus-decode bound for this engine), and the
-prefix cache serves nothing (a B5' under it is B5; ``reused_tokens`` stays
-0). A KV budget evicts parked lineages by the bytes of their rows (the
-rule is :class:`~unsee.impl.engines.lineage.LineageBook`'s, shared by every engine).
+KVEngine does, and canonicalises a turn as one prefilled chunk. Drafts,
+probes and context guesses (impl/engines/turn.py) run where this file's
+decode equals its prefill bitwise, measured at load for forwards up to a
+size (:mod:`~unsee.impl.engines.llamacpp.facts`): bound 0, every
+verification forward capped at that size. The prefix cache serves whole
+matching chunks from parked rows (B5'). A model with sliding-window layers
+has two KV caches, kept full-size and parked whole (``_read_swa_rows``). A
+KV budget evicts parked lineages by the bytes of their rows (the rule is
+:class:`~unsee.impl.engines.lineage.LineageBook`'s, shared by every engine).
 """
 
 from __future__ import annotations
@@ -76,10 +80,11 @@ class LlamaCppEngine(LineageBook):
     """The llama.cpp implementation of :class:`unsee.impl.engines.protocol.Engine`:
     lineages over one :class:`LlamaCppModel`, one resident in the engine's
     context and the others parked on the host as rows (the module docstring
-    has the mapping), with the verbs prefill, generate (canonicalised; no
-    drafts), crop, share_prefix, clone, drop, digest and logits; the KV
-    budget and pins of :class:`~unsee.impl.engines.lineage.LineageBook`; and a
-    prefix cache that serves nothing. Needs no transformers."""
+    has the mapping), with the verbs prefill, generate (canonicalised; drafts,
+    probe and lookup where decode == prefill was measured), crop,
+    share_prefix, clone, drop, digest and logits; the KV budget and pins of
+    :class:`~unsee.impl.engines.lineage.LineageBook`; and a prefix cache that
+    serves whole matching chunks. Needs no transformers."""
 
     def __init__(self, lm: LlamaCppModel, kv_budget: int | None = None):
         lc = llama_module()
