@@ -86,7 +86,7 @@ class SelectiveReplay:
             replay.drafts, draft_info = choose_drafts(self.engine.lm, self.engine.draft_bound, self.graph.blocks(),
                                                       self.steps, checkpoint.boundary, drafts, oracle, pending,
                                                       lookup)
-            draft_info["bound_source"] = getattr(self.engine, "draft_bound_source", None)  # engines/bounds.py
+            draft_info["bound_source"] = self.engine.draft_bound_source
             replay.run(suffix, progress)  # lines 6-10
             if replay.drafts is not None:
                 draft_info["totals"] = replay.drafts.get_totals()

@@ -93,6 +93,8 @@ class Engine(Protocol):
     counters: object
     #: ceiling on |prefill - decode| logits that draft verification needs, or None: drafts off
     draft_bound: float | None
+    #: where ``draft_bound`` came from, in words (a shipped measurement, a calibrated file, the engine's own facts)
+    draft_bound_source: str | None
     #: what the engine guarantees bitwise (:class:`Determinism`)
     determinism: Determinism
     #: the bound on unpinned KV bytes, or None (see :meth:`set_kv_budget`)

@@ -33,6 +33,9 @@ ENGINE_NAMES = {"tiny": ("transformers", "tiny"), "smollm2": ("transformers", "s
 ENGINE_NAMES.update({name: ("transformers", name) for name in (
     "tiny-llama", "tiny-qwen2", "tiny-qwen3", "tiny-mistral", "tiny-gemma2", "tiny-gemma3", "tiny-phi3",
     "tiny-qwen2moe")})
+#: tiny random GGUFs of other families on llama.cpp (impl/engines/llamacpp/tiny_gguf.py)
+ENGINE_NAMES.update({f"llamacpp-tiny-{family}": ("llamacpp", f"tiny-{family}")
+                     for family in ("qwen2", "qwen3", "gemma2", "gemma3")})
 
 
 def parse_engine_name(name: str) -> tuple[str, str]:

@@ -37,11 +37,15 @@ same KV in other cells would hash differently.
 
 Decoding applies :mod:`unsee.impl.engines.decoding`' rule (``get_scores`` + ``pick``:
 greedy or the seeded exponential race) to llama.cpp's logits, exactly as
-KVEngine does, and canonicalises a turn as one prefilled chunk. Drafts are
-off (no measured prefill-versus-decode bound for this engine), and the
-prefix cache serves nothing (a B5' under it is B5; ``reused_tokens`` stays
-0). A KV budget evicts parked lineages by the bytes of their rows (the
-rule is :class:`~unsee.impl.engines.lineage.LineageBook`'s, shared by every engine).
+KVEngine does, and canonicalises a turn as one prefilled chunk. Drafts,
+probes and context guesses (impl/engines/turn.py) run where this file's
+decode equals its prefill bitwise, measured at load for forwards up to a
+size (:mod:`~unsee.impl.engines.llamacpp.facts`): bound 0, every
+verification forward capped at that size. The prefix cache serves whole
+matching chunks from parked rows (B5'). A model with sliding-window layers
+has two KV caches, kept full-size and parked whole (``_read_swa_rows``). A
+KV budget evicts parked lineages by the bytes of their rows (the rule is
+:class:`~unsee.impl.engines.lineage.LineageBook`'s, shared by every engine).
 """
 
 from __future__ import annotations
@@ -49,266 +53,56 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import hashlib
-import os
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 import torch
 
-from unsee.impl.engines.decoding import get_scores, pick
 from unsee.impl.engines.lineage import Counters, LineageBook
-from unsee.impl.engines.llamacpp.state import SeqKV
+from unsee.impl.engines.llamacpp.facts import forward
+from unsee.impl.engines.llamacpp.lineage import LlamaLineage, TurnView
+from unsee.impl.engines.llamacpp.model import (
+    INSTALL_HINT,
+    LlamaCppMissingError,
+    LlamaCppModel,
+    available,
+    llama_module,
+    load_llamacpp,
+)
+from unsee.impl.engines.llamacpp.state import KVState, SeqKV
 from unsee.impl.engines.protocol import Determinism
-
-INSTALL_HINT = ("the llama.cpp engine needs llama-cpp-python, an optional extra: "
-                "CMAKE_ARGS=-DGGML_NATIVE=OFF pip install 'unsee[llamacpp]' "
-                "(`make test` installs it); the transformers engines ('tiny', 'smollm2') need nothing more")
-
-
-class LlamaCppMissingError(ImportError):
-    """The llama.cpp engine was asked for without llama-cpp-python installed."""
-
-
-def _llama():
-    """The ``llama_cpp`` module, or a clear error saying how to install it."""
-    try:
-        import llama_cpp
-    except ImportError as e:
-        raise LlamaCppMissingError(f"{INSTALL_HINT} ({e})") from None
-    return llama_cpp
-
-
-def available() -> bool:
-    """Whether llama-cpp-python is installed (the llama.cpp engine can run)."""
-    try:
-        _llama()
-    except LlamaCppMissingError:
-        return False
-    return True
-
-
-_BACKEND: dict = {}
-
-
-def _init_backend(lc) -> None:
-    """Once per process: initialise ggml and silence llama.cpp's logging
-    (it writes every load's details to stderr)."""
-    if _BACKEND:
-        return
-    lc.llama_backend_init()
-
-    @lc.llama_log_callback
-    def quiet(level, text, user_data):  # errors surface as return codes we raise on
-        return None
-
-    _BACKEND["log"] = quiet  # keep the callback alive: llama.cpp holds only its address
-    lc.llama_log_set(quiet, ctypes.c_void_p(0))
-
-
-# --------------------------------------------------------------- the model
-
-
-@dataclass(eq=False)
-class LlamaCppModel:
-    """A GGUF model loaded in llama.cpp, with the one context the engine
-    computes in. Satisfies :class:`unsee.impl.engines.protocol.ModelInfo`."""
-
-    name: str
-    source: str
-    eos_ids: tuple[int, ...]
-    vocab_size: int
-    n_layer: int
-    n_ctx: int
-    threads: int
-    flash_attn: bool
-    determinism: str
-    device: str = "cpu"
-    dtype: str = "gguf"  # the file's own weight types; the KV is f16
-    info: dict = field(default_factory=dict)
-    chat_template: str | None = None  # the GGUF's tokenizer.chat_template (None: ChatML)
-    special_tokens: dict = field(default_factory=dict)  # bos_token/eos_token texts, for the template
-    _tokenizer: object = None  # a ByteTokenizer (tiny GGUF), or None: llama.cpp's own vocabulary
-    _model: object = None
-    _vocab: object = None
-
-    def encode(self, text: str) -> list[int]:
-        """Token ids of ``text``, without BOS; chat markers map to single ids."""
-        if self._tokenizer is not None:
-            return self._tokenizer.encode(text)
-        lc = _llama()
-        raw = text.encode("utf-8", "surrogatepass")
-        cap = len(raw) + 8
-        buf = (lc.llama_token * cap)()
-        n = lc.llama_tokenize(self._vocab, raw, len(raw), buf, cap, False, True)
-        if n < 0:
-            raise RuntimeError(f"llama_tokenize failed on a text of {len(raw)} bytes ({n})")
-        return list(buf[:n])
-
-    def decode(self, ids: Sequence[int]) -> str:
-        if self._tokenizer is not None:
-            return self._tokenizer.decode(ids)
-        lc = _llama()
-        ids = [int(i) for i in ids]
-        arr = (lc.llama_token * max(1, len(ids)))(*ids)
-        cap = 16 * len(ids) + 16
-        while True:
-            buf = ctypes.create_string_buffer(cap)
-            n = lc.llama_detokenize(self._vocab, arr, len(ids), buf, cap, False, True)
-            if n >= 0:
-                return buf.raw[:n].decode("utf-8", "replace")
-            cap = -n + 16
-
-    def new_context(self, embeddings: bool = False):
-        """A llama.cpp context over this model (each engine owns one): one
-        sequence, n_ctx cells, a chunk of any length is one llama_decode.
-        ``embeddings``: a context that returns the mean-pooled last hidden
-        states of a sequence instead of logits (impl/engines/llamacpp/embed.py)."""
-        lc = _llama()
-        cparams = lc.llama_context_default_params()
-        if embeddings:
-            cparams.embeddings = True
-            cparams.pooling_type = lc.LLAMA_POOLING_TYPE_MEAN
-        cparams.n_ctx = self.n_ctx
-        cparams.n_batch = self.n_ctx
-        cparams.n_ubatch = min(512, self.n_ctx)
-        cparams.n_seq_max = 1
-        cparams.n_threads = self.threads
-        cparams.n_threads_batch = self.threads
-        cparams.flash_attn_type = (lc.LLAMA_FLASH_ATTN_TYPE_ENABLED if self.flash_attn
-                                   else lc.LLAMA_FLASH_ATTN_TYPE_DISABLED)
-        cparams.no_perf = True
-        ctx = lc.llama_init_from_model(self._model, cparams)
-        if not ctx:
-            raise ValueError(f"llama.cpp could not create a context of {self.n_ctx} tokens for {self.source}")
-        return ctx
-
-    @property
-    def n_embd(self) -> int:
-        """The model's hidden size."""
-        return _llama().llama_model_n_embd(self._model)
-
-    def close(self) -> None:
-        lc = _llama()
-        if self._model is not None:
-            lc.llama_model_free(self._model)
-            self._model = None
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:  # interpreter shutdown: the library may be gone
-            pass
-
-
-def _determinism_text(threads: int, flash_attn: bool) -> str:
-    return (f"llama.cpp cpu, {threads} thread(s), flash attention {'on' if flash_attn else 'off'}, f16 KV: "
-            "the same chunking repeats bitwise; crop + continue equals a fresh prefill; other chunkings, "
-            "decode steps and thread counts may differ in the last bits (docs/engines.md)")
-
-
-def load_llamacpp(name_or_path: str | os.PathLike = "smollm2", threads: int | None = None, n_ctx: int | None = None,
-                  flash_attn: bool = True, cache_dir: str | os.PathLike | None = None) -> LlamaCppModel:
-    """Load a GGUF into llama.cpp: ``'smollm2'`` (the embedded SmolLM2 file),
-    ``'tiny'`` (the tiny random GGUF, byte tokenizer), or a ``*.gguf`` path.
-
-    ``threads`` defaults to $UNSEE_LLAMA_THREADS or 1 (the KV may depend on
-    it: docs/engines.md); ``n_ctx`` (the longest lineage) to 4096."""
-    lc = _llama()
-    _init_backend(lc)
-    from unsee.impl.engines.files import ByteTokenizer, smollm2_path
-
-    tokenizer = None
-    key = os.fspath(name_or_path)
-    if key == "smollm2":
-        path, name = smollm2_path(), "smollm2"
-    elif key == "tiny":
-        from unsee.impl.engines.llamacpp.tiny_gguf import tiny_gguf_path
-
-        path, name, tokenizer = tiny_gguf_path(cache_dir), "tiny-gguf", ByteTokenizer()
-    else:
-        path, name = Path(key).expanduser(), key
-        if not (path.is_file() and path.suffix.lower() == ".gguf"):
-            raise ValueError(f"name_or_path={key!r} is neither 'smollm2', 'tiny' nor an existing .gguf file")
-    threads = int(threads or os.environ.get("UNSEE_LLAMA_THREADS") or 1)
-    if threads < 1:
-        raise ValueError(f"threads={threads!r} must be >= 1")
-    n_ctx = int(n_ctx or 4096)
-    mparams = lc.llama_model_default_params()
-    mparams.n_gpu_layers = 0
-    model = lc.llama_model_load_from_file(str(path).encode(), mparams)
-    if not model:
-        raise ValueError(f"llama.cpp could not load {path}")
-    vocab = lc.llama_model_get_vocab(model)
-    n_vocab = lc.llama_vocab_n_tokens(vocab)
-    if tokenizer is not None:
-        eos = (tokenizer.eos_token_id,)
-    else:
-        # as adapter.eos_ids_of does for transformers (the same set on the same
-        # file, so both engines end turns alike): the file's EOS id and the
-        # chat end marker. Not every id llama.cpp calls end-of-generation:
-        # for SmolLM2 it also guesses <|endoftext|> (0) as EOT, where
-        # transformers stops on <|im_end|> (2) alone.
-        ids = {lc.llama_vocab_eos(vocab)}
-        buf = (lc.llama_token * 4)()
-        if lc.llama_tokenize(vocab, b"<|im_end|>", 10, buf, 4, False, True) == 1:
-            ids.add(buf[0])
-        eos = tuple(sorted(i for i in ids if 0 <= i < n_vocab))
-    lm = LlamaCppModel(name=name, source=str(path), eos_ids=eos, vocab_size=n_vocab,
-                       n_layer=lc.llama_model_n_layer(model), n_ctx=n_ctx, threads=threads, flash_attn=flash_attn,
-                       determinism=_determinism_text(threads, flash_attn),
-                       info={"llama_cpp_python": getattr(lc, "__version__", "?")})
-    lm._tokenizer, lm._model, lm._vocab = tokenizer, model, vocab
-    if tokenizer is None:
-        lm.chat_template, lm.special_tokens = get_chat_template(model, vocab)
-    return lm
-
-
-def get_chat_template(model, vocab) -> tuple[str | None, dict]:
-    """The GGUF's ``tokenizer.chat_template`` metadata and the BOS/EOS texts it may name."""
-    lc = _llama()
-    raw = lc.llama_model_chat_template(model, None)
-    template = raw.decode("utf-8") if raw else None
-    tokens = {name: lc.llama_vocab_get_text(vocab, token).decode("utf-8")
-              for name, token in (("bos_token", lc.llama_vocab_bos(vocab)), ("eos_token", lc.llama_vocab_eos(vocab)))
-              if token >= 0}
-    return template, tokens
-
+from unsee.impl.engines.turn import Turn, decode_turn
 
 # ----------------------------------------------------------------- engine
-
-
-class _Lineage:
-    __slots__ = ("tokens", "kv", "last_logits", "last_used")
-
-    def __init__(self, tokens: list[int], kv: SeqKV | None, last_logits: np.ndarray | None):
-        self.tokens = tokens
-        self.kv = kv  # the parked rows; None while resident and changed since parked
-        self.last_logits = last_logits
-        self.last_used = 0
 
 
 class LlamaCppEngine(LineageBook):
     """The llama.cpp implementation of :class:`unsee.impl.engines.protocol.Engine`:
     lineages over one :class:`LlamaCppModel`, one resident in the engine's
     context and the others parked on the host as rows (the module docstring
-    has the mapping), with the verbs prefill, generate (canonicalised; no
-    drafts), crop, share_prefix, clone, drop, digest and logits; the KV
-    budget and pins of :class:`~unsee.impl.engines.lineage.LineageBook`; and a
-    prefix cache that serves nothing. Needs no transformers."""
+    has the mapping), with the verbs prefill, generate (canonicalised; drafts,
+    probe and lookup where decode == prefill was measured), crop,
+    share_prefix, clone, drop, digest and logits; the KV budget and pins of
+    :class:`~unsee.impl.engines.lineage.LineageBook`; and a prefix cache that
+    serves whole matching chunks. Needs no transformers."""
 
     def __init__(self, lm: LlamaCppModel, kv_budget: int | None = None):
-        lc = _llama()
+        lc = llama_module()
         self.lm = lm
         self._lc = lc
         self._ctx = lm.new_context()  # freed with the engine
         self._mem = lc.llama_get_memory(self._ctx)
         self.counters = Counters()
-        self.draft_bound = None  # no prefill-versus-decode bound measured: drafts off
+        #: 0.0 where this file's decode == prefill bitwise for forwards of up to
+        #: lm.max_forward tokens (measured: facts.py), else None (drafts off);
+        #: decode_is_prefill stays False: longer forwards take other kernels
+        self.draft_bound = lm.draft_bound
+        self.draft_bound_source = lm.draft_bound_source  # the file's measured facts (facts.py)
         self.determinism = Determinism(same_chunking_repeats=True, crop_continue_is_fresh=True,
-                                       chunk_invariant=False, decode_is_prefill=False, thread_invariant=False,
-                                       statement=lm.determinism)
+                                       chunk_invariant=False, decode_is_prefill=False,
+                                       thread_invariant=False, statement=lm.determinism)
+        self._serving = False  # inside `prefix_cache()`
+        self._cache_sources: tuple[set[str], int] | None = None  # (handles, first new id); None: all
         self._init_book()
         self._resident: str | None = None  # the lineage sequence 0 holds
         self._batch = lc.llama_batch_init(lm.n_ctx, 0, 1)
@@ -327,7 +121,7 @@ class LlamaCppEngine(LineageBook):
 
     def new_lineage(self) -> str:
         handle = self._fresh_handle()
-        self._lineages[handle] = _Lineage([], None, None)
+        self._lineages[handle] = LlamaLineage([], None, None)
         self._current = handle
         self._touch(handle)
         return handle
@@ -338,8 +132,10 @@ class LlamaCppEngine(LineageBook):
         n = length if n_tokens is None else self._check_prefix_length("share_prefix", n_tokens, length)
         kv = self._parked(lineage or self._current)
         handle = self._fresh_handle()
-        self._lineages[handle] = _Lineage(src.tokens[:n], kv.head(n),
-                                          src.last_logits if n == length else None)
+        lin = LlamaLineage(src.tokens[:n], kv.head(n), src.last_logits if n == length else None)
+        lin.copy_history(src, n)
+        lin.served_last = src.served_last and n == length
+        self._lineages[handle] = lin
         self._touch(handle)
         self.enforce_budget()
         return handle
@@ -355,60 +151,59 @@ class LlamaCppEngine(LineageBook):
     # --------------------------------------------------------------- verbs
 
     def prefill(self, token_ids: Iterable[int]) -> None:
-        """Exactly one ``llama_decode`` over ``token_ids`` on the current lineage."""
+        """Exactly one ``llama_decode`` over ``token_ids`` on the current
+        lineage, or, inside :meth:`prefix_cache`, the same chunk served from a
+        cached lineage."""
         handle = self._need_current()
         lin = self._get(handle)
         ids = self._check_ids(token_ids)
         if len(lin.tokens) + len(ids) > self.lm.n_ctx:
             raise ValueError(f"prefill: {len(lin.tokens)} + {len(ids)} tokens exceed n_ctx={self.lm.n_ctx}")
-        self._make_resident(handle)
-        lin.last_logits = self._forward(ids, len(lin.tokens))
-        lin.tokens.extend(ids)
-        lin.kv = None
-        self.counters.forward_calls += 1
-        self.counters.prefilled_tokens += len(ids)
+        if self._serving and self._serve(handle, lin, ids):
+            self.counters.reused_tokens += len(ids)
+        else:
+            start = len(lin.tokens)
+            self._make_resident(handle)
+            lin.last_logits = self._feed(lin, ids, False)
+            lin.record_chunk(start)
+            lin.served_last = False
+            self.counters.forward_calls += 1
+            self.counters.prefilled_tokens += len(ids)
         self.enforce_budget()
 
     def generate(self, max_new_tokens: int, stop_ids: Iterable[int] | None = None, temperature: float = 0.0,
                  seed: int | None = None, draft: Sequence[int] | None = None,
                  probe: bool = False, lookup: bool = False) -> list[int]:
-        """As :meth:`KVEngine.generate` without drafts (so ``probe``, which
-        only acts on a draft, does nothing here, and ``lookup``, which needs
-        a bound as a draft does, is refused): decode by the rule of
-        impl/engines/decoding.py on llama.cpp's logits, then replace the decode steps by
-        one prefill of the turn (the canonical chunk a replay redoes)."""
-        max_new_tokens = self._check_generate(max_new_tokens, temperature, seed, draft, lookup)  # drafts: off here
+        """As :meth:`KVEngine.generate`: decode by the rule of
+        impl/engines/decoding.py on llama.cpp's logits, with a ``draft``,
+        ``probe`` and ``lookup`` where the engine has a bound (this file's
+        decode == prefill: :mod:`~unsee.impl.engines.llamacpp.facts`), through
+        :func:`unsee.impl.engines.turn.decode_turn`; then commit the turn as
+        one prefilled chunk (the canonical chunk a replay redoes)."""
+        max_new_tokens = self._check_generate(max_new_tokens, temperature, seed, draft, lookup)
         handle = self._need_current()
-        lin = self._get(handle)
-        if lin.last_logits is None:
-            raise RuntimeError(f"generate on lineage {handle!r}: no logits to continue from; "
-                               "prefill first (a new lineage or a crop has none)")
+        lin = self._get_decodable(handle)
+        draft = self._check_ids(draft, allow_empty=True)[:max_new_tokens] if draft is not None else []
         stops = set(self.lm.eos_ids if stop_ids is None else (int(s) for s in stop_ids))
         self._make_resident(handle)
         start, header_logits = len(lin.tokens), lin.last_logits
-        out: list[int] = []
+        lin.decode_logits[start] = header_logits  # what a prefix cache needs to serve this position
+        view = TurnView(lin, self._feed, self._truncate)
+        turn = Turn(view, self.counters, start, torch.from_numpy(header_logits), max_new_tokens, stops,
+                    temperature, seed, self.draft_bound, max_forward=self.lm.max_forward or None)
         try:
-            logits = header_logits
-            while len(out) < max_new_tokens:
-                tok, _ = pick(get_scores(torch.from_numpy(logits), temperature, seed, len(out)))
-                out.append(tok)
-                self.counters.decoded_tokens += 1
-                if tok in stops or len(out) == max_new_tokens:
-                    break  # the last token is not fed: the canonical prefill does it
-                if start + len(out) >= self.lm.n_ctx:
-                    raise ValueError(f"generate: the turn would exceed n_ctx={self.lm.n_ctx}")
-                logits = self._forward([tok], start + len(out) - 1)
-                lin.tokens.append(tok)
-                lin.kv = None
-                self.counters.forward_calls += 1
+            out, committed = decode_turn(turn, draft, probe, lookup)
         except BaseException:
             self._truncate(lin, start)  # interrupted: the lineage as it was
             lin.last_logits = header_logits
             raise
-        if not out:
-            return out
-        self._truncate(lin, start)
-        self.prefill(out)
+        if committed:  # a draft accepted whole: its verification forward is the turn's chunk
+            lin.record_chunk(start)
+            lin.served_last = False
+            self.enforce_budget()
+        elif out:
+            self._truncate(lin, start)
+            self.prefill(out)
         return out
 
     def crop(self, n_tokens: int, lineage: str | None = None) -> None:
@@ -420,10 +215,15 @@ class LlamaCppEngine(LineageBook):
         n = self._check_prefix_length("crop", n_tokens, length)
         self._truncate(lin, n, handle)
         lin.last_logits = None
+        lin.cut(n)
 
     def logits(self, lineage: str | None = None) -> torch.Tensor | None:
-        """The logits after the lineage's last prefill (float32, a copy), or None after a crop."""
-        lin = self._get(lineage)
+        """The logits after the lineage's last prefill (float32, a copy), or
+        None after a crop or a draft accepted whole."""
+        handle = lineage or self._need_current()
+        lin = self._get(handle)
+        if lin.last_logits is None and lin.served_last:
+            self._recompute_served_chunk(handle, lin)
         return None if lin.last_logits is None else torch.from_numpy(lin.last_logits.copy())
 
     def digest(self, lineage: str | None = None) -> str:
@@ -445,13 +245,9 @@ class LlamaCppEngine(LineageBook):
         resident lineage, changed since it was parked, holds none outside the
         context unless ``park`` reads it out (what :meth:`memory` does; the
         budget need not: the resident lineage is current, never evicted)."""
-        lin = self._lineages[handle]
-        if park and lin.kv is None:
+        if park:
             self._parked(handle)
-        out = lin.kv.storages() if lin.kv is not None else {}
-        if lin.last_logits is not None:
-            out[id(lin.last_logits)] = lin.last_logits.nbytes
-        return out
+        return self._lineages[handle].storages()
 
     def _lineage_storages(self, handle: str) -> dict:
         # the resident lineage read out of the context; the context's own
@@ -468,46 +264,160 @@ class LlamaCppEngine(LineageBook):
             self._lc.llama_memory_clear(self._mem, True)
             self._resident = None
 
+    # --------------------------------------------------------- prefix cache
+
     @contextlib.contextmanager
     def prefix_cache(self, sources: Iterable[str] | None = None) -> Iterator["LlamaCppEngine"]:
-        """This engine's prefix cache serves nothing: every prefill inside the
-        block is computed (``reused_tokens`` stays 0), which is trivially
-        equal to computing it. (Serving by chunk history, as KVEngine does,
-        is not built for llama.cpp yet.)"""
-        yield self
+        """Serve prefills inside the block from a prefix cache (B5'), as
+        :meth:`KVEngine.prefix_cache` does: the cache holds the lineages
+        ``sources`` (default: every resident one) and every lineage created
+        inside the block. A prefill of chunk ``c`` on a lineage whose chunks so
+        far are ``c_1..c_k`` is served by a cached lineage whose first
+        ``k + 1`` chunks are ``c_1..c_k, c`` (token ids and boundaries): the
+        lineage then holds that lineage's parked rows of those positions (a
+        slice, no copy; nothing computed, ``reused_tokens`` counts it). Whole
+        chunks of the same chunking only, so the rows are those a prefill
+        would compute, bit for bit (same_chunking_repeats)."""
+        previous = self._serving, self._cache_sources
+        self._serving = True
+        self._cache_sources = None if sources is None else ({h for h in sources if h in self._lineages},
+                                                             self._next_id)
+        try:
+            yield self
+        finally:
+            self._serving, self._cache_sources = previous
+
+    def _serve(self, handle: str, lin: LlamaLineage, ids: list[int]) -> bool:
+        """Serve chunk ``ids`` on ``lin`` from another cached lineage; False if none has it."""
+        start = len(lin.tokens)
+        if not lin.is_chunk_end(start):
+            return False  # the lineage is not a chunk sequence: nothing can match it
+        found = self._find_cached(lin, ids)
+        if found is None:
+            return False
+        src_handle, src, logits = found
+        end = start + len(ids)
+        kv = self._parked(src_handle).head(end)
+        if handle == self._resident:
+            self._free_lineage(handle)  # the rows below replace the context's copy
+        lin.kv = kv
+        lin.tokens.extend(ids)
+        lin.chunk_ends.append(end)
+        lin.decode_logits.update({q: t for q, t in src.decode_logits.items() if start < q <= end})
+        lin.last_logits = logits
+        lin.served_last = logits is None
+        self._touch(src_handle)
+        return True
+
+    def _find_cached(self, lin: LlamaLineage, ids: list[int]):
+        """``(handle, lineage, logits)`` of a cached lineage whose next chunk
+        after ``lin``'s chunks is ``ids``, preferring one that kept the logits
+        after it; or None."""
+        start = len(lin.tokens)
+        end, k = start + len(ids), len(lin.chunk_ends)
+        found = None
+        for handle, src in self._lineages.items():
+            if (src is lin or not self._in_cache(handle) or len(src.chunk_ends) <= k or src.chunk_ends[k] != end
+                    or src.chunk_ends[:k] != lin.chunk_ends or src.tokens[start:end] != ids
+                    or src.tokens[:start] != lin.tokens):
+                continue
+            logits = src.decode_logits.get(end)
+            if logits is None and len(src.tokens) == end:
+                logits = src.last_logits
+            if found is None or logits is not None:
+                found = (handle, src, logits)
+            if logits is not None:
+                break
+        return found
+
+    def _in_cache(self, handle: str) -> bool:
+        """Whether the active prefix cache holds ``handle`` (see `prefix_cache`)."""
+        if self._cache_sources is None:
+            return True
+        cached, first_new = self._cache_sources
+        return handle in cached or int(handle[1:]) >= first_new  # handles are "L<n>", n increasing
+
+    def _get_decodable(self, handle: str) -> LlamaLineage:
+        """The lineage ``handle``, with the logits a decode continues from."""
+        lin = self._get(handle)
+        if lin.last_logits is None and lin.served_last:
+            self._recompute_served_chunk(handle, lin)
+        if lin.last_logits is None:
+            raise RuntimeError(f"generate on lineage {handle!r}: no logits to continue from; "
+                               "prefill first (a new lineage or a crop has none)")
+        return lin
+
+    def _recompute_served_chunk(self, handle: str, lin: LlamaLineage) -> None:
+        """Compute the last (served) chunk for real, for the logits a decode needs."""
+        end = lin.chunk_ends.pop()
+        start = lin.chunk_ends[-1] if lin.chunk_ends else 0
+        ids = lin.tokens[start:end]
+        self._make_resident(handle)
+        self._truncate(lin, start, handle)
+        lin.decode_logits = {p: t for p, t in lin.decode_logits.items() if p <= start}
+        lin.served_last = False
+        self.counters.reused_tokens -= len(ids)  # it was not reused after all
+        lin.last_logits = self._feed(lin, ids, False)
+        lin.chunk_ends.append(end)
+        self.counters.forward_calls += 1
+        self.counters.prefilled_tokens += len(ids)
 
     # ------------------------------------------------------------ helpers
 
-    def _forward(self, ids: list[int], start: int) -> np.ndarray:
-        """One llama_decode of ``ids`` at positions start.. on sequence 0;
-        the logits after the last token (a float32 copy)."""
-        lc, b = self._lc, self._batch
-        n = len(ids)
-        for i, tok in enumerate(ids):
-            b.token[i] = tok
-            b.pos[i] = start + i
-            b.n_seq_id[i] = 1
-            b.seq_id[i][0] = 0
-            b.logits[i] = 0
-        b.logits[n - 1] = 1
-        b.n_tokens = n
-        rc = lc.llama_decode(self._ctx, b)
-        if rc != 0:
-            raise RuntimeError(f"llama_decode returned {rc} for {n} tokens at position {start}")
-        ptr = lc.llama_get_logits_ith(self._ctx, -1)
-        return np.ctypeslib.as_array(ptr, shape=(self.lm.vocab_size,)).copy()
+    def _feed(self, lin: LlamaLineage, ids: list[int], all_logits: bool) -> np.ndarray:
+        """One llama_decode of ``ids`` after ``lin``'s tokens (``lin`` is
+        resident), appending them: the logits after the last token, or after
+        each (n, vocab). Counted by the caller."""
+        start = len(lin.tokens)
+        if start + len(ids) > self.lm.n_ctx:
+            raise ValueError(f"{start} + {len(ids)} tokens exceed n_ctx={self.lm.n_ctx}")
+        logits = forward(self._lc, self._ctx, self._batch, ids, start, all_logits, self.lm.vocab_size)
+        lin.tokens.extend(ids)
+        lin.kv = None
+        return logits
 
-    def _read_seq(self) -> SeqKV:
-        """Sequence 0's KV, read out of the context and parsed."""
+    def _read_blob(self, seq: int, flags: int = 0) -> bytes:
+        """Sequence ``seq``'s state blob (``flags``: llama.cpp's state-seq flags)."""
         lc, ctx = self._lc, self._ctx
-        size = lc.llama_state_seq_get_size(ctx, 0)
+        size = lc.llama_state_seq_get_size_ext(ctx, seq, flags)
         buf = (ctypes.c_uint8 * size)()
-        got = lc.llama_state_seq_get_data(ctx, buf, size, 0)
+        got = lc.llama_state_seq_get_data_ext(ctx, buf, size, seq, flags)
         if got != size:
             raise RuntimeError(f"llama_state_seq_get_data wrote {got} of {size} bytes")
-        return SeqKV.parse(bytes(buf), self.lm.n_layer, self._v_trans)
+        return bytes(buf)
 
-    def _parked(self, handle: str | None) -> SeqKV:
+    def _read_seq(self) -> KVState:
+        """Sequence 0's KV, read out of the context and parsed; with a
+        sliding-window cache, its rows of every position (:meth:`_read_swa_rows`)."""
+        state = KVState.parse(self._read_blob(0), self.lm.n_layer, self._v_trans)
+        if len(state.caches) == 2 and state.caches[1].n:
+            state = state.with_cache(1, self._read_swa_rows(state.caches[1]))
+        return state
+
+    def _read_swa_rows(self, last: SeqKV) -> SeqKV:
+        """The sliding-window cache's rows of every position of sequence 0.
+        llama.cpp keeps them all (the context asks for a full-size SWA cache)
+        but its state writer gives those of the last ``n_swa`` positions only
+        (``last``); the earlier ones are read window by window through
+        sequence 1: give it positions [0, p) (a copy of cell membership, no
+        data), read its sliding-window cache, take sequence 1 away again."""
+        lc, mem = self._lc, self._mem
+        parts = [last]
+        while int(parts[0].positions[0]) > 0:
+            end = int(parts[0].positions[0])
+            lc.llama_memory_seq_cp(mem, 0, 1, 0, end)
+            try:
+                blob = self._read_blob(1, lc.LLAMA_STATE_SEQ_FLAGS_SWA_ONLY)
+            finally:
+                lc.llama_memory_seq_rm(mem, 1, -1, -1)
+            window = SeqKV.parse(blob, len(last.k), self._v_trans)
+            if not window.n or int(window.positions[-1]) != end - 1:
+                raise RuntimeError(f"sliding-window rows before position {end} could not be read "
+                                   "(an unexpected llama.cpp state layout)")
+            parts.insert(0, window)
+        return SeqKV.concat(parts)
+
+    def _parked(self, handle: str | None) -> KVState:
         """The rows of ``handle``, parking (reading) them first if the
         resident copy changed since."""
         lin = self._lineages[handle]
@@ -515,7 +425,7 @@ class LlamaCppEngine(LineageBook):
             if handle == self._resident:
                 lin.kv = self._read_seq()
             elif not lin.tokens:
-                lin.kv = SeqKV.empty(self.lm.n_layer, self._v_trans)
+                lin.kv = KVState((SeqKV.empty(self.lm.n_layer, self._v_trans),))
             else:
                 raise RuntimeError(f"lineage {handle!r} has neither rows nor residency")  # a bug, never input
         return lin.kv
@@ -537,7 +447,7 @@ class LlamaCppEngine(LineageBook):
                 raise RuntimeError(f"llama_state_seq_set_data could not load lineage {handle!r}")
         self._resident = handle
 
-    def _truncate(self, lin: _Lineage, n: int, handle: str | None = None) -> None:
+    def _truncate(self, lin: LlamaLineage, n: int, handle: str | None = None) -> None:
         handle = handle or self._current
         if handle == self._resident:
             if not self._lc.llama_memory_seq_rm(self._mem, 0, n, -1):

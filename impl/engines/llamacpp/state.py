@@ -13,8 +13,11 @@ llama-cpp-python sdist)::
       v_trans == 1: per layer: i32 v_type, u32 v_elem_bytes, u32 n_embd_v,
                     n_embd_v x cell_count elements (one row per channel)
 
-Models with M-RoPE or per-layer n-gram embeddings add a per-cell extension;
-:meth:`SeqKV.parse` refuses them rather than misreading. Needs numpy only.
+A model with sliding-window layers has two KV caches in llama.cpp
+(``llama_kv_cache_iswa``): the blob then holds two such sections after the
+header, the full-attention layers' cache first (:class:`KVState`). Models
+with M-RoPE or per-layer n-gram embeddings add a per-cell extension; the
+parser refuses them rather than misreading. Needs numpy only.
 """
 
 from __future__ import annotations
@@ -53,11 +56,15 @@ class BlobReader:
         return block
 
 
-def read_cell_count(reader: BlobReader) -> int:
-    """The blob's header (magic, sequence id, one stream): its cell count."""
+def read_header(reader: BlobReader) -> None:
+    """The blob's header: magic and sequence id."""
     magic, _seq = reader.take("Ii")
     if magic != STATE_MAGIC:
         raise ValueError(f"sequence state magic {magic:#x}, expected {STATE_MAGIC:#x}")
+
+
+def read_cell_count(reader: BlobReader) -> int:
+    """A cache section's start (one stream): its cell count."""
     (n_stream,) = reader.take("I")
     if n_stream != 1:
         raise ValueError(f"sequence state with {n_stream} KV streams; the engine uses one")
@@ -72,17 +79,19 @@ def read_positions(reader: BlobReader, cells: int) -> np.ndarray:
         pos, n_seq = reader.take("iI")
         if n_seq != 1:
             raise ValueError(f"cell {i}: {n_seq} sequence ids in a one-sequence state")
-        reader.take("i")
+        reader.take("i")  # the sequence id (a window read through sequence 1 has 1)
         positions[i] = pos
     return positions
 
 
-def check_layers(reader: BlobReader, n_layer: int, v_trans: bool) -> None:
-    """The blob's V layout and layer count, which must be the context's."""
+def check_layers(reader: BlobReader, n_layer: int | None, v_trans: bool) -> int:
+    """The section's V layout and layer count, which must be the context's
+    (``n_layer`` None: any count); returns the count."""
     blob_v_trans, layers = reader.take("II")
-    if layers != n_layer or bool(blob_v_trans) != v_trans:
+    if (n_layer is not None and layers != n_layer) or bool(blob_v_trans) != v_trans:
         raise ValueError(f"state blob has {layers} layers, v_trans={blob_v_trans}; "
                          f"expected {n_layer}, {int(v_trans)}")
+    return layers
 
 
 def read_k(reader: BlobReader, cells: int, n_layer: int) -> tuple[list[np.ndarray], list[int]]:
@@ -176,19 +185,28 @@ class SeqKV:
 
     @classmethod
     def parse(cls, blob: bytes, n_layer: int, v_trans: bool, v_elem: tuple[int, ...] = ()) -> "SeqKV":
-        """The rows of a sequence state blob (the module docstring has its
-        layout), ordered by position; a ValueError for a blob of another
-        layout, layer count or V storage than the context's."""
+        """The rows of a one-cache sequence state blob (the module docstring
+        has its layout), ordered by position; a ValueError for a blob of
+        another layout, layer count or V storage than the context's."""
         reader = BlobReader(blob)
-        cells = read_cell_count(reader)
-        if cells == 0:
-            return cls.empty(n_layer, v_trans, v_elem)
-        positions = read_positions(reader, cells)
-        check_layers(reader, n_layer, v_trans)
-        ks, kt = read_k(reader, cells, n_layer)
-        vs, vt, ve = read_v(reader, cells, n_layer, v_trans)
+        read_header(reader)
+        kv = cls.read_section(reader, n_layer, v_trans, v_elem)
         if reader.offset != reader.size:
             raise ValueError(f"state blob: {reader.size - reader.offset} bytes left unparsed (an unsupported layout)")
+        return kv
+
+    @classmethod
+    def read_section(cls, reader: BlobReader, n_layer: int | None, v_trans: bool,
+                     v_elem: tuple[int, ...] = ()) -> "SeqKV":
+        """One cache's section at the reader's offset (``n_layer`` None: any
+        count; an empty section then has none)."""
+        cells = read_cell_count(reader)
+        if cells == 0:
+            return cls.empty(n_layer or 0, v_trans, v_elem)
+        positions = read_positions(reader, cells)
+        n_layer = check_layers(reader, n_layer, v_trans)
+        ks, kt = read_k(reader, cells, n_layer)
+        vs, vt, ve = read_v(reader, cells, n_layer, v_trans)
         # order positions ascending (a loaded or cropped cache keeps them so;
         # sort anyway so that `head` can cut by position)
         order = np.argsort(positions, kind="stable")
@@ -198,9 +216,26 @@ class SeqKV:
             vs = [v[order] for v in vs]
         return cls(positions, tuple(ks), tuple(vs), tuple(kt), tuple(vt), v_trans, tuple(ve))
 
+    @classmethod
+    def concat(cls, parts: list["SeqKV"]) -> "SeqKV":
+        """The rows of ``parts`` (non-empty, of one layout, disjoint
+        positions ascending part by part) as one (a copy)."""
+        parts = [p for p in parts if p.n] or parts[:1]
+        first = parts[0]
+        if len(parts) == 1:
+            return first
+        return cls(np.concatenate([p.positions for p in parts]),
+                   tuple(np.concatenate(rows) for rows in zip(*(p.k for p in parts))),
+                   tuple(np.concatenate(rows) for rows in zip(*(p.v for p in parts))),
+                   first.k_types, first.v_types, first.v_trans, first.v_elem)
+
     def to_blob(self) -> bytes:
         """The sequence state blob that loads these rows (cells in position order)."""
-        parts = [struct.pack("<IiII", STATE_MAGIC, 0, 1, self.n)]
+        return struct.pack("<Ii", STATE_MAGIC, 0) + self.section_bytes()
+
+    def section_bytes(self) -> bytes:
+        """This cache's section of a state blob (one stream, cells in position order)."""
+        parts = [struct.pack("<II", 1, self.n)]
         if self.n == 0:
             return b"".join(parts)
         meta = np.zeros((self.n, 3), dtype=np.int32)  # pos, n_seq_id = 1, seq_id = 0
@@ -222,4 +257,65 @@ class SeqKV:
         return b"".join(parts)
 
 
-__all__ = ["STATE_MAGIC", "BlobReader", "SeqKV"]
+@dataclass(frozen=True)
+class KVState:
+    """A sequence's KV as llama.cpp keeps it: one cache, or for a model with
+    sliding-window layers two (the full-attention layers' cache, then the
+    sliding-window layers'), each a :class:`SeqKV` by position.
+
+    llama.cpp's state writer gives a sliding-window cache's rows of the last
+    ``n_swa`` positions only; the engine gathers the others
+    (``LlamaCppEngine._read_swa_rows``), so that every cache here holds every
+    position, and a prefix of any length is a slice (:meth:`head`)."""
+
+    caches: tuple[SeqKV, ...]
+
+    @property
+    def n(self) -> int:
+        return self.caches[0].n
+
+    @classmethod
+    def parse(cls, blob: bytes, n_layer: int, v_trans: bool) -> "KVState":
+        """Every cache section of a sequence state blob; their layers must add
+        up to the model's ``n_layer``. A ValueError for any other layout."""
+        reader = BlobReader(blob)
+        read_header(reader)
+        caches = []
+        while reader.offset < reader.size and len(caches) < 2:
+            caches.append(SeqKV.read_section(reader, None, v_trans))
+        if reader.offset != reader.size:
+            raise ValueError(f"state blob: {reader.size - reader.offset} bytes left unparsed (an unsupported layout)")
+        layers = sum(len(c.k) for c in caches if c.n)
+        if any(c.n for c in caches) and layers != n_layer:
+            raise ValueError(f"state blob has {layers} layers in {len(caches)} cache(s), v_trans={int(v_trans)}; "
+                             f"expected {n_layer}, {int(v_trans)}")
+        return cls(tuple(caches))
+
+    def head(self, n: int) -> "KVState":
+        return KVState(tuple(c.head(n) for c in self.caches))
+
+    def with_cache(self, i: int, kv: SeqKV) -> "KVState":
+        """This state with cache ``i`` replaced by ``kv``."""
+        return KVState(self.caches[:i] + (kv,) + self.caches[i + 1:])
+
+    def storages(self) -> dict:
+        out: dict = {}
+        for c in self.caches:
+            out.update(c.storages())
+        return out
+
+    def digest_into(self, h) -> None:
+        """As :meth:`SeqKV.digest_into` for one cache (so one-cache digests are
+        those of earlier versions); each cache tagged by its index for two."""
+        if len(self.caches) == 1:
+            self.caches[0].digest_into(h)
+            return
+        for i, c in enumerate(self.caches):
+            h.update(f"cache{i};".encode())
+            c.digest_into(h)
+
+    def to_blob(self) -> bytes:
+        return struct.pack("<Ii", STATE_MAGIC, 0) + b"".join(c.section_bytes() for c in self.caches)
+
+
+__all__ = ["STATE_MAGIC", "BlobReader", "KVState", "SeqKV"]

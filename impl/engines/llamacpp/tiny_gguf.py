@@ -1,11 +1,27 @@
-"""A tiny random Llama as a GGUF file, for fast llama.cpp properties.
+"""Tiny random GGUF files of the architecture families llama.cpp runs, for fast llama.cpp properties.
 
-``tiny_gguf_path()`` writes it once under the cache dir ($UNSEE_CACHE or
-~/.cache/unsee) and returns the path; the file is a pure function of
-:data:`TINY_GGUF_SHAPE` and the seed, so every machine writes the same bytes.
-Written with the ``gguf`` package the project already depends on.
+``tiny_gguf_path(family=...)`` writes one once under the cache dir
+($UNSEE_CACHE or ~/.cache/unsee) and returns the path; each file is a pure
+function of its family, :data:`TINY_GGUF_SHAPE`, the quantisation and the
+seed, so every machine writes the same bytes. Written with the ``gguf``
+package the project already depends on. The families (:data:`FAMILIES`):
 
-Its vocabulary is the tiny transformers model's byte tokenizer
+=========  ===============================================================
+llama      the tiny Llama (``llamacpp-tiny``)
+qwen2      Llama plus q/k/v biases
+qwen3      Llama plus per-head q/k RMS norms
+gemma2     sliding-window attention on every other layer (window
+           :data:`TINY_WINDOW`), post-attention and post-FFN norms, attention
+           and final logit soft-capping, tied embeddings
+gemma3     5 sliding-window layers to 1 global (llama.cpp's fixed pattern
+           for gemma3), q/k norms, a local RoPE base of 10,000 beside the
+           global one
+=========  ===============================================================
+
+llama.cpp keeps two KV caches for the sliding-window families (the engine
+asks for full-size ones, so that crops are exact; state.py parses both).
+
+The vocabulary is the tiny transformers model's byte tokenizer
 (:class:`unsee.impl.engines.files.ByteTokenizer`: ids 0..255 are bytes, then
 ``<|endoftext|>``, ``<|im_start|>``, ``<|im_end|>``). llama.cpp needs a
 vocabulary to load a model, so the file carries one in SentencePiece form
@@ -17,26 +33,65 @@ from __future__ import annotations
 
 import os
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from unsee.impl.engines.files import ByteTokenizer, default_cache_dir
 
-#: Dimensions of the tiny GGUF (those of the tiny transformers model).
+#: Dimensions of the tiny GGUFs (those of the tiny transformers model); gemma3 has 6 layers (its 5:1 pattern).
 TINY_GGUF_SHAPE = {"hidden": 64, "layers": 2, "heads": 4, "kv_heads": 2, "ffn": 128, "context": 4096}
 TINY_GGUF_SEED = 0
-_FORMAT = "v1"  # part of the file name: bump when the writer changes
+#: the sliding window of the windowed families, in tokens: short, so that properties cross it
+TINY_WINDOW = 16
+_FORMAT = "v3"  # part of the file name: bump when the writer changes
+#: how the linear weights are stored: Q4_1, as in SmolLM2's GGUF, whose CPU
+#: kernels give decode == prefill bitwise (facts.py), so drafts run on the
+#: tiny file as on SmolLM2's; "f32" writes every tensor in f32, where
+#: llama.cpp's batched matmul differs from its decode in the last bits
+TINY_GGUF_QUANT = "q4_1"
 
 # SentencePiece token types as llama.cpp reads them (gguf.TokenType)
 _NORMAL, _CONTROL, _BYTE = 1, 3, 6
 
 
-def _weights(rng: np.random.Generator, vocab: int) -> dict[str, np.ndarray]:
-    """Every tensor, drawn in a fixed order; linear weights are (out, in) as
-    in HF checkpoints (the writer stores them in ggml's reversed order).
-    Entries of scale 1/sqrt(fan_in) keep activations and logits of order
-    one, so greedy decisions are not near-ties."""
+@dataclass(frozen=True)
+class Family:
+    """What a family's file holds beyond the Llama layout."""
+
+    arch: str  # the GGUF architecture name llama.cpp dispatches on
+    layers: int = 2
+    qkv_bias: bool = False
+    qk_norm: bool = False
+    fused: bool = False  # phi3's layout: one qkv projection, one gate+up projection (llama.cpp refuses
+    # phi3's vocabulary in this file's byte form, so no family uses it yet)
+    post_norms: bool = False  # gemma: norms after attention and after the FFN
+    tied: bool = False  # no output matrix: the token embedding is the LM head
+    window: int = 0  # sliding window in tokens (0: none)
+    softcap: bool = False  # gemma2's attention and final logit soft-capping
+
+
+FAMILIES = {
+    "llama": Family("llama"),
+    "qwen2": Family("qwen2", qkv_bias=True),
+    "qwen3": Family("qwen3", qk_norm=True),
+    "gemma2": Family("gemma2", post_norms=True, tied=True, window=TINY_WINDOW, softcap=True),
+    "gemma3": Family("gemma3", layers=6, qk_norm=True, post_norms=True, tied=True, window=TINY_WINDOW),
+}
+
+
+def get_family(name: str) -> Family:
+    """The family ``name``, or a ValueError naming the known ones."""
+    if name not in FAMILIES:
+        raise ValueError(f"tiny GGUF family {name!r} is not one of {tuple(FAMILIES)}")
+    return FAMILIES[name]
+
+
+def _layer_weights(rng: np.random.Generator, family: Family, p: str) -> dict[str, np.ndarray]:
+    """One layer's tensors, drawn in a fixed order; linear weights are (out, in)
+    as in HF checkpoints. Entries of scale 1/sqrt(fan_in) keep activations of
+    order one, so greedy decisions are not near-ties."""
     s = TINY_GGUF_SHAPE
     hidden, head_dim = s["hidden"], s["hidden"] // s["heads"]
     kv = s["kv_heads"] * head_dim
@@ -44,41 +99,69 @@ def _weights(rng: np.random.Generator, vocab: int) -> dict[str, np.ndarray]:
     def linear(out: int, inp: int) -> np.ndarray:
         return (rng.standard_normal((out, inp)) / np.sqrt(inp)).astype(np.float32)
 
-    out = {"token_embd.weight": rng.standard_normal((vocab, hidden)).astype(np.float32)}
-    for i in range(s["layers"]):
-        p = f"blk.{i}."
-        out[p + "attn_norm.weight"] = np.ones(hidden, dtype=np.float32)
-        out[p + "attn_q.weight"] = linear(hidden, hidden)
-        out[p + "attn_k.weight"] = linear(kv, hidden)
-        out[p + "attn_v.weight"] = linear(kv, hidden)
-        out[p + "attn_output.weight"] = linear(hidden, hidden)
-        out[p + "ffn_norm.weight"] = np.ones(hidden, dtype=np.float32)
-        out[p + "ffn_gate.weight"] = linear(s["ffn"], hidden)
-        out[p + "ffn_up.weight"] = linear(s["ffn"], hidden)
-        out[p + "ffn_down.weight"] = linear(hidden, s["ffn"])
-    out["output_norm.weight"] = np.ones(hidden, dtype=np.float32)
-    out["output.weight"] = (rng.standard_normal((vocab, hidden)) * 4 / np.sqrt(hidden)).astype(np.float32)
+    def ones(n: int) -> np.ndarray:
+        return np.ones(n, dtype=np.float32)
+
+    out = {p + "attn_norm.weight": ones(hidden)}
+    if family.fused:
+        out[p + "attn_qkv.weight"] = linear(hidden + 2 * kv, hidden)
+    else:
+        out |= {p + "attn_q.weight": linear(hidden, hidden), p + "attn_k.weight": linear(kv, hidden),
+                p + "attn_v.weight": linear(kv, hidden)}
+    if family.qkv_bias:
+        out |= {p + f"attn_{x}.bias": (rng.standard_normal(n) * 0.1).astype(np.float32)
+                for x, n in (("q", hidden), ("k", kv), ("v", kv))}
+    if family.qk_norm:
+        out |= {p + "attn_q_norm.weight": ones(head_dim), p + "attn_k_norm.weight": ones(head_dim)}
+    out[p + "attn_output.weight"] = linear(hidden, hidden)
+    if family.post_norms:
+        out[p + "post_attention_norm.weight"] = ones(hidden)
+    out[p + "ffn_norm.weight"] = ones(hidden)
+    if family.fused:
+        out[p + "ffn_up.weight"] = linear(2 * s["ffn"], hidden)
+    else:
+        out |= {p + "ffn_gate.weight": linear(s["ffn"], hidden), p + "ffn_up.weight": linear(s["ffn"], hidden)}
+    out[p + "ffn_down.weight"] = linear(hidden, s["ffn"])
+    if family.post_norms:
+        out[p + "post_ffw_norm.weight"] = ones(hidden)
     return out
 
 
-def write_tiny_gguf(path: str | os.PathLike, seed: int = TINY_GGUF_SEED) -> Path:
-    """Write the tiny random Llama GGUF to ``path``."""
-    import gguf
+def _weights(rng: np.random.Generator, vocab: int, family: Family) -> dict[str, np.ndarray]:
+    """Every tensor of the file, drawn in a fixed order."""
+    hidden = TINY_GGUF_SHAPE["hidden"]
+    out = {"token_embd.weight": rng.standard_normal((vocab, hidden)).astype(np.float32)}
+    for i in range(family.layers):
+        out |= _layer_weights(rng, family, f"blk.{i}.")
+    out["output_norm.weight"] = np.ones(hidden, dtype=np.float32)
+    if not family.tied:
+        out["output.weight"] = (rng.standard_normal((vocab, hidden)) * 4 / np.sqrt(hidden)).astype(np.float32)
+    return out
 
-    tok = ByteTokenizer()
+
+def _add_hparams(w, family: Family) -> None:
+    """The architecture's metadata: dimensions, RoPE, window, soft-capping."""
     s = TINY_GGUF_SHAPE
-    w = gguf.GGUFWriter(os.fspath(path), "llama")
-    w.add_name("unsee-tiny")
+    head_dim = s["hidden"] // s["heads"]
     w.add_context_length(s["context"])
     w.add_embedding_length(s["hidden"])
-    w.add_block_count(s["layers"])
+    w.add_block_count(family.layers)
     w.add_feed_forward_length(s["ffn"])
     w.add_head_count(s["heads"])
     w.add_head_count_kv(s["kv_heads"])
-    w.add_rope_dimension_count(s["hidden"] // s["heads"])
-    w.add_rope_freq_base(10000.0)
+    w.add_key_length(head_dim)
+    w.add_value_length(head_dim)
+    w.add_rope_dimension_count(head_dim)
+    w.add_rope_freq_base(1_000_000.0 if family.arch == "gemma3" else 10000.0)
     w.add_layer_norm_rms_eps(1e-6)
-    w.add_file_type(0)  # all f32
+    if family.window:
+        w.add_sliding_window(family.window)
+    if family.softcap:
+        w.add_attn_logit_softcapping(50.0)
+        w.add_final_logit_softcapping(30.0)
+
+
+def _add_vocab(w, tok: ByteTokenizer) -> None:
     w.add_tokenizer_model("llama")
     names = [f"<0x{b:02X}>".encode() for b in range(256)] + [t.encode() for t in tok.SPECIALS]
     w.add_token_list(names)
@@ -90,8 +173,29 @@ def write_tiny_gguf(path: str | os.PathLike, seed: int = TINY_GGUF_SEED) -> Path
     w.add_pad_token_id(tok.pad_token_id)
     w.add_add_bos_token(False)
     w.add_add_eos_token(False)
-    for name, array in _weights(np.random.default_rng(seed), tok.vocab_size).items():
-        w.add_tensor(name, array)
+
+
+def write_tiny_gguf(path: str | os.PathLike, seed: int = TINY_GGUF_SEED, quant: str = TINY_GGUF_QUANT,
+                    family: str = "llama") -> Path:
+    """Write the tiny random GGUF of ``family`` (:data:`FAMILIES`) to
+    ``path``, its linear weights in ``quant`` (``"q4_1"`` or ``"f32"``)."""
+    import gguf
+
+    if quant not in ("q4_1", "f32"):
+        raise ValueError(f"quant={quant!r} is not 'q4_1' or 'f32'")
+    fam = get_family(family)
+    tok = ByteTokenizer()
+    w = gguf.GGUFWriter(os.fspath(path), fam.arch)
+    w.add_name("unsee-tiny" if family == "llama" else f"unsee-tiny-{family}")
+    _add_hparams(w, fam)
+    w.add_file_type(0 if quant == "f32" else 3)  # llama_ftype: ALL_F32, MOSTLY_Q4_1
+    _add_vocab(w, tok)
+    for name, array in _weights(np.random.default_rng(seed), tok.vocab_size, fam).items():
+        if quant == "q4_1" and array.ndim == 2 and name != "token_embd.weight":
+            q4_1 = gguf.GGMLQuantizationType.Q4_1
+            w.add_tensor(name, gguf.quants.quantize(array, q4_1), raw_dtype=q4_1)
+        else:  # norms, biases and the embedding table (a row lookup) stay f32
+            w.add_tensor(name, array)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -99,20 +203,25 @@ def write_tiny_gguf(path: str | os.PathLike, seed: int = TINY_GGUF_SEED) -> Path
     return Path(path)
 
 
-def tiny_gguf_path(cache_dir: str | os.PathLike | None = None) -> Path:
+def tiny_gguf_path(cache_dir: str | os.PathLike | None = None, family: str = "llama") -> Path:
     """The tiny GGUF's path, written on first use (to a temporary sibling,
     then renamed, so a concurrent reader never sees half a file)."""
+    get_family(family)
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    path = root / f"unsee-tiny-{_FORMAT}-seed{TINY_GGUF_SEED}.gguf"
+    kind = "" if family == "llama" else f"{family}-"
+    path = root / f"unsee-tiny-{kind}{_FORMAT}-seed{TINY_GGUF_SEED}.gguf"
     if path.is_file():
         return path
     root.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=path.name + ".tmp-", dir=root)
     os.close(fd)
     try:
-        write_tiny_gguf(tmp)
+        write_tiny_gguf(tmp, family=family)
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
     return path
+
+
+__all__ = ["FAMILIES", "TINY_GGUF_SHAPE", "TINY_WINDOW", "Family", "get_family", "tiny_gguf_path", "write_tiny_gguf"]

@@ -1,0 +1,220 @@
+"""Whether llama.cpp's decode equals its prefill, bit for bit, for one model
+file and configuration: measured once, cached, and turned into the drafts'
+guard bound.
+
+Drafts, probes and context guesses (impl/agent/drafts.py) decide tokens on
+logits of a multi-token forward, where the reference decides on one-token
+decode steps. On transformers the two differ in the last bits, so a
+decision must beat its runner-up by twice a measured bound. llama.cpp's CPU
+kernels compute each row of a quantised matmul the same way whatever the
+batch, and for SmolLM2's Q4_1 file prefill and decode logits were bitwise
+equal on every comparison measured (bench/llamacpp_bitwise.py); for f32
+weights they are not (another matmul path serves batches).
+
+But only up to a batch size: measured here, SmolLM2's Q4_1 file and the
+tiny Q4_1 files give decode == prefill bitwise for forwards of up to 63
+tokens, and a forward of 64 or more takes another kernel whose logits differ
+by up to about 1 (flash attention on; 32 tokens without it). So the engine
+measures it per file, thread count, flash-attention setting and
+llama-cpp-python version (:func:`get_decode_facts`): greedy-decode
+:data:`PROBE_DECODE` tokens one step at a time after a fixed pseudo-random
+prompt, then feed the first L of them again as one forward, L = 2, 3, ...,
+comparing every logit, until one differs; after two prompt lengths
+(:data:`PROBE_PROMPTS`), the longest equal size is the engine's
+``max_forward``, and the KV such a forward writes is checked too. With a
+``max_forward`` of 2 or more the bound is 0.0 and every verification forward
+(a draft, a context guess) is at most ``max_forward`` tokens long (a longer
+draft is verified in its first ``max_forward`` tokens, the rest decoded); a
+decision needs a margin above 0, so an exact tie still falls back (the guard
+stays as a safety net). Otherwise None: drafts off. A measurement on two
+prompts, not a proof: the properties run forget == reset with drafts on.
+The result is cached in ``llamacpp-facts.json`` under the cache dir, keyed
+by the file's path, size and mtime and the settings.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from unsee.impl.engines.decoding import get_scores, pick
+from unsee.impl.engines.files import default_cache_dir
+
+#: the probe: prompt lengths (the comparison runs after each), tokens decoded after them
+PROBE_PROMPTS = (24, 160)
+PROBE_DECODE = 96
+#: bump when the measurement changes (old cache entries are then ignored)
+FACTS_VERSION = "v4"
+
+
+@dataclass(frozen=True)
+class DecodeFacts:
+    """What one measurement found: the longest forward (in tokens) whose
+    logits at every position, and the KV it writes, equal decoding the same
+    tokens one by one (0: not even two tokens, or under 2: drafts off); the
+    logit difference at the first size that differed (0.0: none did); how
+    many positions were compared."""
+
+    max_forward: int
+    max_abs_diff: float
+    positions: int
+
+    def get_bound(self) -> float | None:
+        """The drafts' guard bound these facts allow: 0.0, or None (drafts off)."""
+        return 0.0 if self.max_forward >= 2 else None
+
+    def describe(self, lm) -> str:
+        """Where the bound came from, in words (the forget report's draft reason)."""
+        where = (f"llama.cpp {os.path.basename(lm.source)}, {lm.threads} thread(s), flash attention "
+                 f"{'on' if lm.flash_attn else 'off'}")
+        if not lm.flash_attn:
+            return (f"not measured ({where}): without flash attention the forward size from which llama.cpp's "
+                    "logits stop equalling decoding varied with the context (33 to over 96 tokens on the tiny "
+                    "file), so no size is known safe: drafts off")
+        if self.max_forward >= 2:
+            beyond = (f"; {self.max_forward + 1} differ by up to {self.max_abs_diff:.3g}" if self.max_abs_diff
+                      else "")
+            return (f"measured at load: decode == prefill bitwise for forwards of up to {self.max_forward} tokens "
+                    f"({where}; logits at {self.positions} positions and the KV{beyond}): bound 0, drafts and "
+                    f"guesses verified in forwards of at most {self.max_forward} tokens, an exact tie still "
+                    "falls back")
+        return (f"measured at load: decode != prefill ({where}; max |logit difference| {self.max_abs_diff:.3g} "
+                f"over {self.positions} positions): drafts off")
+
+
+def forward(lc, ctx, batch, ids: list[int], start: int, all_logits: bool, vocab: int) -> np.ndarray:
+    """One ``llama_decode`` of ``ids`` at positions start.. on sequence 0: the
+    logits after the last token (vocab,), or after every token (n, vocab), float32 copies."""
+    n = len(ids)
+    for i, tok in enumerate(ids):
+        batch.token[i] = tok
+        batch.pos[i] = start + i
+        batch.n_seq_id[i] = 1
+        batch.seq_id[i][0] = 0
+        batch.logits[i] = int(all_logits)
+    batch.logits[n - 1] = 1
+    batch.n_tokens = n
+    rc = lc.llama_decode(ctx, batch)
+    if rc != 0:
+        raise RuntimeError(f"llama_decode returned {rc} for {n} tokens at position {start}")
+    rows = range(n) if all_logits else (n - 1,)
+    out = np.stack([np.ctypeslib.as_array(lc.llama_get_logits_ith(ctx, i), shape=(vocab,)) for i in rows])
+    return out.copy() if all_logits else out[0].copy()
+
+
+def read_state(lc, ctx) -> bytes:
+    """Sequence 0's state blob (its KV, cell by cell)."""
+    size = lc.llama_state_seq_get_size(ctx, 0)
+    buf = (ctypes.c_uint8 * size)()
+    got = lc.llama_state_seq_get_data(ctx, buf, size, 0)
+    if got != size:
+        raise RuntimeError(f"llama_state_seq_get_data wrote {got} of {size} bytes")
+    return bytes(buf)
+
+
+def measure_decode_facts(lm, lc) -> DecodeFacts:
+    """After each of :data:`PROBE_PROMPTS` (fixed pseudo-random tokens),
+    greedy-decode :data:`PROBE_DECODE` tokens one step at a time, then feed
+    the first L of them again as one forward for L = 2, 3, ... until the
+    logits differ: the longest size equal after every prompt, whose KV is
+    then checked too (the module docstring). ``lc``: the ``llama_cpp`` module.
+    Without flash attention nothing is measured (:meth:`DecodeFacts.describe`
+    says why): drafts off."""
+    if not lm.flash_attn:
+        return DecodeFacts(0, 0.0, 0)
+    n_ctx = max(PROBE_PROMPTS) + PROBE_DECODE + 8
+    ctx = lm.new_context(n_ctx)
+    batch = lc.llama_batch_init(n_ctx, 0, 1)
+    try:
+        limit, worst, positions = PROBE_DECODE, 0.0, 0
+        rng = np.random.default_rng(0)
+        for size in PROBE_PROMPTS:
+            prompt = [int(t) for t in rng.integers(0, lm.vocab_size, size)]
+            limit, diff, compared = get_equal_forward(lc, ctx, batch, lm.vocab_size, prompt, limit)
+            worst, positions = max(worst, diff), positions + compared
+        return DecodeFacts(limit if limit >= 2 else 0, worst, positions)
+    finally:
+        lc.llama_batch_free(batch)
+        lc.llama_free(ctx)
+
+
+def get_equal_forward(lc, ctx, batch, vocab: int, prompt: list[int], limit: int) -> tuple[int, float, int]:
+    """After ``prompt``: the longest forward size up to ``limit`` equal to
+    decoding (logits, then the KV of a forward of that size followed by
+    decode steps); the logit difference at the first size that differed; the
+    positions compared."""
+    mem = lc.llama_get_memory(ctx)
+    lc.llama_memory_clear(mem, True)
+    logits = forward(lc, ctx, batch, prompt, 0, False, vocab)
+    decoded, steps = [], []
+    for i in range(PROBE_DECODE):
+        decoded.append(pick(get_scores(torch.from_numpy(logits), 0.0, None, i))[0])
+        logits = forward(lc, ctx, batch, [decoded[-1]], len(prompt) + i, False, vocab)
+        steps.append(logits)
+    reference, state = np.stack(steps), read_state(lc, ctx)
+    diff, compared = 0.0, 0
+    for size in range(2, limit + 1):
+        lc.llama_memory_seq_rm(mem, 0, len(prompt), -1)
+        got = forward(lc, ctx, batch, decoded[:size], len(prompt), True, vocab)
+        compared += size
+        if not np.array_equal(got, reference[:size]):
+            diff, limit = float(np.abs(got - reference[:size]).max()), size - 1
+            break
+    lc.llama_memory_seq_rm(mem, 0, len(prompt), -1)
+    if limit >= 2:  # the KV such a forward writes, continued by decode steps, is the decode's
+        forward(lc, ctx, batch, decoded[:limit], len(prompt), True, vocab)
+        for i in range(limit, PROBE_DECODE):
+            forward(lc, ctx, batch, [decoded[i]], len(prompt) + i, False, vocab)
+        if read_state(lc, ctx) != state:
+            limit = 0
+    return limit, diff, compared
+
+
+def get_cache_key(lm) -> str:
+    """What the facts depend on: the file (path, size, mtime), threads, flash attention, the library."""
+    stat = Path(lm.source).stat()
+    return (f"{FACTS_VERSION}|{Path(lm.source).resolve()}|{stat.st_size}|{stat.st_mtime_ns}|threads={lm.threads}"
+            f"|fa={int(lm.flash_attn)}|llama_cpp={lm.info.get('llama_cpp_python', '?')}")
+
+
+def get_decode_facts(lm, lc, cache_dir: str | os.PathLike | None = None) -> DecodeFacts:
+    """The decode facts of ``lm``'s file and settings: from the cache, or measured and cached."""
+    path = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    path = path / "llamacpp-facts.json"
+    key = get_cache_key(lm)
+    cached = read_cache(path)
+    if key in cached:
+        return DecodeFacts(**cached[key])
+    facts = measure_decode_facts(lm, lc)
+    cached = read_cache(path)  # another process may have written meanwhile
+    cached[key] = asdict(facts)
+    write_cache(path, cached)
+    return facts
+
+
+def read_cache(path: Path) -> dict:
+    """The cached facts by key; {} when absent or unreadable (then measured again)."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def write_cache(path: Path, data: dict) -> None:
+    """Write the cache whole (a temporary sibling, then renamed: a reader never sees half a file)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=path.name + ".tmp-", dir=path.parent)
+    with os.fdopen(fd, "w") as f:
+        json.dump(data, f, indent=1, sort_keys=True)
+    os.replace(tmp, path)
+
+
+__all__ = ["DecodeFacts", "forward", "get_decode_facts", "measure_decode_facts", "read_state"]

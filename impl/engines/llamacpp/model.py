@@ -1,0 +1,292 @@
+"""The llama.cpp model: a GGUF loaded through llama-cpp-python's ctypes API
+(:class:`LlamaCppModel`, :func:`load_llamacpp`), the context each engine
+computes in, and the install hint when the optional extra is missing.
+
+The engine over it is :mod:`unsee.impl.engines.llamacpp.engine`. Needs no transformers.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+INSTALL_HINT = ("the llama.cpp engine needs llama-cpp-python, an optional extra: "
+                "CMAKE_ARGS=-DGGML_NATIVE=OFF pip install 'unsee[llamacpp]' "
+                "(`make test` installs it); the transformers engines ('tiny', 'smollm2') need nothing more")
+
+
+class LlamaCppMissingError(ImportError):
+    """The llama.cpp engine was asked for without llama-cpp-python installed."""
+
+
+def llama_module():
+    """The ``llama_cpp`` module, or a clear error saying how to install it."""
+    try:
+        import llama_cpp
+    except ImportError as e:
+        raise LlamaCppMissingError(f"{INSTALL_HINT} ({e})") from None
+    return llama_cpp
+
+
+def available() -> bool:
+    """Whether llama-cpp-python is installed (the llama.cpp engine can run)."""
+    try:
+        llama_module()
+    except LlamaCppMissingError:
+        return False
+    return True
+
+
+_BACKEND: dict = {}
+
+
+def _init_backend(lc) -> None:
+    """Once per process: initialise ggml and silence llama.cpp's logging
+    (it writes every load's details to stderr)."""
+    if _BACKEND:
+        return
+    lc.llama_backend_init()
+
+    @lc.llama_log_callback
+    def quiet(level, text, user_data):  # errors surface as return codes we raise on
+        return None
+
+    _BACKEND["log"] = quiet  # keep the callback alive: llama.cpp holds only its address
+    lc.llama_log_set(quiet, ctypes.c_void_p(0))
+
+
+# --------------------------------------------------------------- the model
+
+
+@dataclass(eq=False)
+class LlamaCppModel:
+    """A GGUF model loaded in llama.cpp, with the one context the engine
+    computes in. Satisfies :class:`unsee.impl.engines.protocol.ModelInfo`."""
+
+    name: str
+    source: str
+    eos_ids: tuple[int, ...]
+    vocab_size: int
+    n_layer: int
+    n_ctx: int
+    threads: int
+    flash_attn: bool
+    determinism: str
+    device: str = "cpu"
+    dtype: str = "gguf"  # the file's own weight types; the KV is f16
+    info: dict = field(default_factory=dict)
+    chat_template: str | None = None  # the GGUF's tokenizer.chat_template (None: ChatML)
+    special_tokens: dict = field(default_factory=dict)  # bos_token/eos_token texts, for the template
+    #: drafts' guard bound from this file's measured decode facts (facts.py): 0.0 where
+    #: decode == prefill bitwise for forwards of up to `max_forward` tokens, None (drafts
+    #: off) elsewhere; and where it came from
+    draft_bound: float | None = None
+    draft_bound_source: str = "not measured"
+    max_forward: int = 0
+    #: the sliding window of the model's windowed layers, in tokens (0: none; two KV caches otherwise)
+    n_swa: int = 0
+    _tokenizer: object = None  # a ByteTokenizer (tiny GGUF), or None: llama.cpp's own vocabulary
+    _model: object = None
+    _vocab: object = None
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text``, without BOS; chat markers map to single ids."""
+        if self._tokenizer is not None:
+            return self._tokenizer.encode(text)
+        lc = llama_module()
+        raw = text.encode("utf-8", "surrogatepass")
+        cap = len(raw) + 8
+        buf = (lc.llama_token * cap)()
+        n = lc.llama_tokenize(self._vocab, raw, len(raw), buf, cap, False, True)
+        if n < 0:
+            raise RuntimeError(f"llama_tokenize failed on a text of {len(raw)} bytes ({n})")
+        return list(buf[:n])
+
+    def decode(self, ids: Sequence[int]) -> str:
+        if self._tokenizer is not None:
+            return self._tokenizer.decode(ids)
+        lc = llama_module()
+        ids = [int(i) for i in ids]
+        arr = (lc.llama_token * max(1, len(ids)))(*ids)
+        cap = 16 * len(ids) + 16
+        while True:
+            buf = ctypes.create_string_buffer(cap)
+            n = lc.llama_detokenize(self._vocab, arr, len(ids), buf, cap, False, True)
+            if n >= 0:
+                return buf.raw[:n].decode("utf-8", "replace")
+            cap = -n + 16
+
+    def new_context(self, n_ctx: int | None = None, embeddings: bool = False):
+        """A llama.cpp context over this model (each engine owns one): one
+        sequence, n_ctx cells, a chunk of any length is one llama_decode.
+        Sliding-window layers keep every position (``swa_full``), so that a
+        crop anywhere leaves what a fresh prefill would. ``embeddings``: a
+        context that returns the mean-pooled last hidden states of a sequence
+        instead of logits (impl/engines/llamacpp/embed.py)."""
+        lc = llama_module()
+        n_ctx = n_ctx or self.n_ctx
+        cparams = lc.llama_context_default_params()
+        if embeddings:
+            cparams.embeddings = True
+            cparams.pooling_type = lc.LLAMA_POOLING_TYPE_MEAN
+        cparams.n_ctx = n_ctx
+        cparams.n_batch = n_ctx
+        cparams.n_ubatch = min(512, n_ctx)
+        cparams.swa_full = True
+        cparams.n_seq_max = 1
+        if self.n_swa:
+            # a second sequence, sharing the cells (one stream), through which
+            # the engine reads the sliding-window rows the state writer leaves out
+            cparams.n_seq_max = 2
+            cparams.kv_unified = True
+        cparams.n_threads = self.threads
+        cparams.n_threads_batch = self.threads
+        cparams.flash_attn_type = (lc.LLAMA_FLASH_ATTN_TYPE_ENABLED if self.flash_attn
+                                   else lc.LLAMA_FLASH_ATTN_TYPE_DISABLED)
+        cparams.no_perf = True
+        ctx = lc.llama_init_from_model(self._model, cparams)
+        if not ctx:
+            raise ValueError(f"llama.cpp could not create a context of {n_ctx} tokens for {self.source}")
+        return ctx
+
+    @property
+    def n_embd(self) -> int:
+        """The model's hidden size."""
+        return llama_module().llama_model_n_embd(self._model)
+
+    def close(self) -> None:
+        lc = llama_module()
+        if self._model is not None:
+            lc.llama_model_free(self._model)
+            self._model = None
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown: the library may be gone
+            pass
+
+
+def _determinism_text(threads: int, flash_attn: bool) -> str:
+    return (f"llama.cpp cpu, {threads} thread(s), flash attention {'on' if flash_attn else 'off'}, f16 KV: "
+            "the same chunking repeats bitwise; crop + continue equals a fresh prefill; other chunkings, "
+            "decode steps and thread counts may differ in the last bits (docs/engines.md)")
+
+
+def resolve_gguf(key: str, cache_dir: str | os.PathLike | None = None) -> tuple[Path, str, object]:
+    """``(path, name, tokenizer)`` of a model name: ``'smollm2'``, ``'tiny'``
+    or ``'tiny-<family>'`` (a tiny random GGUF of
+    :data:`~unsee.impl.engines.llamacpp.tiny_gguf.FAMILIES`, written on first
+    use; byte tokenizer), or a ``*.gguf`` path (tokenizer None: llama.cpp's own)."""
+    from unsee.impl.engines.files import ByteTokenizer, smollm2_path
+
+    if key == "smollm2":
+        return smollm2_path(), "smollm2", None
+    if key == "tiny" or key.startswith("tiny-"):
+        from unsee.impl.engines.llamacpp.tiny_gguf import FAMILIES, tiny_gguf_path
+
+        family = "llama" if key == "tiny" else key[len("tiny-"):]
+        if family not in FAMILIES:
+            raise ValueError(f"name_or_path={key!r}: no tiny GGUF family {family!r}; "
+                             f"known: {', '.join('tiny-' + f for f in FAMILIES)}")
+        name = "tiny-gguf" if family == "llama" else f"tiny-gguf-{family}"
+        return tiny_gguf_path(cache_dir, family), name, ByteTokenizer()
+    path = Path(key).expanduser()
+    if not (path.is_file() and path.suffix.lower() == ".gguf"):
+        raise ValueError(f"name_or_path={key!r} is neither 'smollm2', 'tiny', 'tiny-<family>' nor an existing "
+                         ".gguf file")
+    return path, key, None
+
+
+def load_llamacpp(name_or_path: str | os.PathLike = "smollm2", threads: int | None = None, n_ctx: int | None = None,
+                  flash_attn: bool = True, cache_dir: str | os.PathLike | None = None) -> LlamaCppModel:
+    """Load a GGUF into llama.cpp: ``'smollm2'`` (the embedded SmolLM2 file),
+    ``'tiny'`` or ``'tiny-<family>'`` (a tiny random GGUF, byte tokenizer), or
+    a ``*.gguf`` path (:func:`resolve_gguf`).
+
+    ``threads`` defaults to $UNSEE_LLAMA_THREADS or 1 (the KV may depend on
+    it: docs/engines.md); ``n_ctx`` (the longest lineage) to 4096."""
+    lc = llama_module()
+    _init_backend(lc)
+    path, name, tokenizer = resolve_gguf(os.fspath(name_or_path), cache_dir)
+    threads = int(threads or os.environ.get("UNSEE_LLAMA_THREADS") or 1)
+    if threads < 1:
+        raise ValueError(f"threads={threads!r} must be >= 1")
+    n_ctx = int(n_ctx or 4096)
+    mparams = lc.llama_model_default_params()
+    mparams.n_gpu_layers = 0
+    model = lc.llama_model_load_from_file(str(path).encode(), mparams)
+    if not model:
+        raise ValueError(f"llama.cpp could not load {path}")
+    check_exact_layout(lc, model, path)
+    vocab = lc.llama_model_get_vocab(model)
+    n_vocab = lc.llama_vocab_n_tokens(vocab)
+    if tokenizer is not None:
+        eos = (tokenizer.eos_token_id,)
+    else:
+        # as adapter.eos_ids_of does for transformers (the same set on the same
+        # file, so both engines end turns alike): the file's EOS id and the
+        # chat end marker. Not every id llama.cpp calls end-of-generation:
+        # for SmolLM2 it also guesses <|endoftext|> (0) as EOT, where
+        # transformers stops on <|im_end|> (2) alone.
+        ids = {lc.llama_vocab_eos(vocab)}
+        buf = (lc.llama_token * 4)()
+        if lc.llama_tokenize(vocab, b"<|im_end|>", 10, buf, 4, False, True) == 1:
+            ids.add(buf[0])
+        eos = tuple(sorted(i for i in ids if 0 <= i < n_vocab))
+    lm = LlamaCppModel(name=name, source=str(path), eos_ids=eos, vocab_size=n_vocab,
+                       n_layer=lc.llama_model_n_layer(model), n_ctx=n_ctx, threads=threads, flash_attn=flash_attn,
+                       determinism=_determinism_text(threads, flash_attn),
+                       info={"llama_cpp_python": getattr(lc, "__version__", "?")})
+    lm._tokenizer, lm._model, lm._vocab = tokenizer, model, vocab
+    lm.n_swa = max(0, int(lc.llama_model_n_swa(model)))
+    if tokenizer is None:
+        lm.chat_template, lm.special_tokens = get_chat_template(model, vocab)
+    set_decode_facts(lm, cache_dir)
+    return lm
+
+
+def set_decode_facts(lm: LlamaCppModel, cache_dir: str | os.PathLike | None = None) -> None:
+    """Give ``lm`` its measured decode facts (:mod:`unsee.impl.engines.llamacpp.facts`):
+    the longest forward equal to decoding, the drafts' bound that allows, and where it came from."""
+    from unsee.impl.engines.llamacpp.facts import get_decode_facts
+
+    facts = get_decode_facts(lm, llama_module(), cache_dir)
+    lm.max_forward = facts.max_forward
+    lm.draft_bound = facts.get_bound()
+    lm.draft_bound_source = facts.describe(lm)
+
+
+def check_exact_layout(lc, model, path) -> None:
+    """Refuse, before any work, a model whose state the engine cannot crop
+    exactly, naming its architecture and why (the model is freed). KV caches
+    by position, one or two (sliding-window layers), are what it handles."""
+    buf = ctypes.create_string_buffer(128)
+    n = lc.llama_model_meta_val_str(model, b"general.architecture", buf, len(buf))
+    arch = buf.value.decode("utf-8", "replace") if n >= 0 else "?"
+    if lc.llama_model_is_recurrent(model) or lc.llama_model_is_hybrid(model):
+        reason = "its recurrent state is one value per sequence, not KV by position, so it cannot be cropped"
+    elif lc.llama_model_is_diffusion(model):
+        reason = "it does not decode left to right, so a turn has no canonical prefill"
+    else:
+        return
+    lc.llama_model_free(model)
+    raise ValueError(f"the llama.cpp engine refuses architecture {arch!r} ({path}): {reason}")
+
+
+def get_chat_template(model, vocab) -> tuple[str | None, dict]:
+    """The GGUF's ``tokenizer.chat_template`` metadata and the BOS/EOS texts it may name."""
+    lc = llama_module()
+    raw = lc.llama_model_chat_template(model, None)
+    template = raw.decode("utf-8") if raw else None
+    tokens = {name: lc.llama_vocab_get_text(vocab, token).decode("utf-8")
+              for name, token in (("bos_token", lc.llama_vocab_bos(vocab)), ("eos_token", lc.llama_vocab_eos(vocab)))
+              if token >= 0}
+    return template, tokens
+
+
+__all__ = ["INSTALL_HINT", "LlamaCppMissingError", "LlamaCppModel", "available", "get_chat_template",
+           "load_llamacpp"]

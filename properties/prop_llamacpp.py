@@ -1,0 +1,112 @@
+"""The llama.cpp engine with drafts and its prefix cache, episode by episode (``llamacpp-tiny``).
+
+=======================================  ====================================================
+test                                     checks
+=======================================  ====================================================
+forget_with_drafts_equals_reset          forget with drafts, probes and guesses on (bound 0,
+                                         measured at load: decode == prefill) == full reset:
+                                         digest and every token, greedy and seeded sampling;
+                                         the report says where the bound came from
+replay_with_drafts_equals_without        replay with drafts == replay re-decoding every turn,
+                                         decoding no more
+generate_with_drafts_changes_no_token    one turn with no draft, a draft wrong from some
+                                         position, or wrong throughout; probe and lookup on
+                                         or off: the reference's tokens and KV
+reset_prefix_cache_equals_reset          B5' served by the engine's prefix cache == B5, with
+                                         any KV budget (as prop_engine.py on ``tiny``)
+=======================================  ====================================================
+
+Skipped where llama-cpp-python is not installed. Under ``ci`` 30, 20, 60 and
+20 examples; ``nightly`` runs 1,000 of the first.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+from hypothesis import event, given
+from hypothesis import strategies as st
+
+from unsee.impl.conform.episodes import episodes, scaled
+from unsee.properties.differential import (
+    compare_forget_with_reset,
+    compare_prefix_cache_reset_with_reset,
+    compare_replay_with_and_without_drafts,
+    engine_scope,
+)
+from unsee.properties.engines import llamacpp_available, make_engine
+
+pytestmark = [pytest.mark.usefixtures("one_thread"),
+              pytest.mark.skipif(not llamacpp_available(), reason="llama-cpp-python is not installed")]
+
+NAME = "llamacpp-tiny"
+
+#: Episodes with enough model work after the target for drafts to matter.
+drafted_episodes = functools.partial(episodes, min_steps=2, max_steps=6, max_new_tokens=(2, 8))
+
+
+@functools.cache
+def get_engine():
+    return make_engine(NAME)
+
+
+@given(episode=drafted_episodes())
+@scaled(2)
+def test_forget_with_drafts_equals_reset(episode):
+    engine = get_engine()
+    assert engine.draft_bound == 0.0
+    with engine_scope(engine):
+        report = compare_forget_with_reset(engine, episode, drafts=True)
+    assert report.drafts["mode"] == "verify"
+    assert "decode == prefill" in report.drafts["bound_source"]
+    totals = report.drafts.get("totals", {})
+    event(f"draft tokens accepted: {bool(totals.get('accepted'))}, fallbacks: {bool(totals.get('fallbacks'))}")
+
+
+@given(episode=drafted_episodes())
+@scaled(3)
+def test_replay_with_drafts_equals_without(episode):
+    engine = get_engine()
+    with engine_scope(engine):
+        compare_replay_with_and_without_drafts(engine, episode)
+
+
+def run_generate(engine, context: list[int], n: int, **kw) -> tuple[str, list[int]]:
+    handle = engine.new_lineage()
+    engine.prefill(context)
+    out = engine.generate(n, stop_ids=(), **kw)
+    return engine.digest(handle), out
+
+
+@given(context=st.builds(lambda s, k: s * k, st.lists(st.integers(0, 255), min_size=1, max_size=12),
+                         st.integers(1, 3)),
+       max_new_tokens=st.integers(1, 40), draft_kind=st.sampled_from(("none", "right_then_wrong", "wrong")),
+       at=st.integers(1, 12), temperature=st.sampled_from((0.0, 0.7)), seed=st.integers(0, 99),
+       probe=st.booleans(), lookup=st.booleans())
+@scaled(1)
+def test_generate_with_drafts_changes_no_token(context, max_new_tokens, draft_kind, at, temperature, seed, probe,
+                                               lookup):
+    engine = get_engine()
+    kw = {"temperature": temperature, "seed": seed}
+    with engine_scope(engine):
+        digest, expected = run_generate(engine, context, max_new_tokens, **kw)
+        start = 0 if draft_kind == "wrong" else min(at, len(expected))
+        draft = None if draft_kind == "none" else expected[:start] + [(t + 1) % 256 for t in expected[start:]]
+        if draft is None and not lookup:
+            return
+        before = engine.counters.snapshot()
+        got_digest, got = run_generate(engine, context, max_new_tokens, draft=draft,
+                                       probe=probe and draft is not None, lookup=lookup, **kw)
+        spent = engine.counters - before
+        assert (got, got_digest) == (expected, digest), (context, draft, probe, lookup)
+        event(f"accepted: {spent.draft_accepted_tokens + spent.lookup_accepted_tokens > 0}, "
+              f"fallback: {spent.draft_fallbacks > 0}")
+
+
+@given(episode=episodes(), budget=st.one_of(st.none(), st.integers(0, 400_000)))
+@scaled(3)
+def test_reset_prefix_cache_equals_reset(episode, budget):
+    engine = make_engine(NAME, kv_budget=budget)
+    result = compare_prefix_cache_reset_with_reset(engine, episode)
+    event("B5' reused tokens" if result.reused_tokens else "B5' reused nothing")

@@ -1,0 +1,180 @@
+"""The llama.cpp engine's drafts (decode == prefill measured per file) and its B5' prefix cache.
+
+The episode-level properties (forget with drafts == reset, B5' == B5) are
+``properties/prop_llamacpp.py``; here the unit facts: where the bound comes
+from and when it is refused, that the measurement is cached, and the prefix
+cache's exact work on fixed chunks (as tests/test_kv_engine.py checks the
+transformers engine's)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from unsee.impl.engines.lineage import Counters
+from unsee.impl.engines.llamacpp import engine as llamacpp
+from unsee.impl.engines.llamacpp import facts
+from unsee.impl.engines.llamacpp.tiny_gguf import write_tiny_gguf
+from unsee.impl.engines.registry import load_engine
+
+pytestmark = pytest.mark.skipif(not llamacpp.available(), reason="llama-cpp-python is not installed")
+
+
+@pytest.fixture
+def engine(engine_factory):
+    return engine_factory("llamacpp-tiny", n_ctx=512)
+
+
+def ids(engine, n, salt=""):
+    out = engine.lm.encode(f"<|im_start|>user\n{salt}The quick brown fox jumps over the lazy dog. " * 8)
+    return out[:n]
+
+
+def fresh(engine, *chunks):
+    h = engine.new_lineage()
+    for c in chunks:
+        engine.prefill(c)
+    return h
+
+
+def test_q4_1_file_measures_decode_equal_to_prefill_below_a_batch_size(engine):
+    # forwards of 64 tokens or more take another kernel here (facts.py): drafts are verified below that
+    assert engine.draft_bound == 0.0 and engine.lm.max_forward >= 2
+    assert f"decode == prefill bitwise for forwards of up to {engine.lm.max_forward} tokens" in \
+        engine.lm.draft_bound_source
+
+
+def test_a_draft_longer_than_max_forward_is_verified_in_its_first_part(engine):
+    x = ids(engine, 30)
+    ref = fresh(engine, x)
+    n = engine.lm.max_forward + 20
+    expected = engine.generate(n, stop_ids=())
+    drafted = fresh(engine, x)
+    before = engine.counters.snapshot()
+    assert engine.generate(n, stop_ids=(), draft=expected) == expected
+    spent = engine.counters - before
+    assert spent.draft_accepted_tokens == engine.lm.max_forward and spent.decoded_tokens == 20
+    assert engine.digest(drafted) == engine.digest(ref)
+
+
+def test_f32_file_turns_drafts_off_with_the_measured_reason(tmp_path, monkeypatch):
+    monkeypatch.setenv("UNSEE_CACHE", str(tmp_path))
+    path = write_tiny_gguf(tmp_path / "tiny-f32.gguf", quant="f32")
+    engine = load_engine(str(path), backend="llamacpp", threads=1, n_ctx=256)
+    assert engine.draft_bound is None and engine.lm.max_forward == 0
+    assert "decode != prefill" in engine.lm.draft_bound_source and "drafts off" in engine.lm.draft_bound_source
+    engine.new_lineage()
+    engine.prefill([1, 2, 3])
+    with pytest.raises(ValueError, match="bound"):
+        engine.generate(2, draft=[1])
+
+
+def test_facts_are_measured_once_then_read_from_the_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("UNSEE_CACHE", str(tmp_path))
+    first = load_engine("llamacpp-tiny", threads=1, n_ctx=256)
+    assert (tmp_path / "llamacpp-facts.json").is_file()
+
+    def refuse(*args):
+        raise AssertionError("measured again despite the cache")
+
+    monkeypatch.setattr(facts, "measure_decode_facts", refuse)
+    again = load_engine("llamacpp-tiny", threads=1, n_ctx=256)
+    assert again.draft_bound == first.draft_bound and again.lm.draft_bound_source == first.lm.draft_bound_source
+
+
+def test_a_draft_accepted_whole_costs_one_forward_and_no_decode(engine):
+    x = ids(engine, 30)
+    ref = fresh(engine, x)
+    expected = engine.generate(12, stop_ids=())
+    drafted = fresh(engine, x)
+    before = engine.counters.snapshot()
+    assert engine.generate(12, stop_ids=(), draft=expected) == expected
+    spent = engine.counters - before
+    assert spent == Counters(forward_calls=1, prefilled_tokens=12, draft_accepted_tokens=12)
+    assert engine.digest(drafted) == engine.digest(ref)
+    assert engine.logits(drafted) is None  # a prefill must come before the next turn
+
+
+def test_prefix_cache_serves_whole_matching_chunks(engine):
+    x = ids(engine, 60)
+    a = fresh(engine, x[:20], x[20:40], x[40:])
+    before = engine.counters.snapshot()
+    with engine.prefix_cache():
+        b = fresh(engine, x[:20], x[20:40], x[40:50])  # the third chunk differs from a's
+    assert engine.counters - before == Counters(forward_calls=1, prefilled_tokens=10, reused_tokens=40)
+    assert engine.digest(b) == engine.digest(fresh(engine, x[:20], x[20:40], x[40:50]))
+    before = engine.counters.snapshot()
+    with engine.prefix_cache():  # another chunking of the same tokens is never served
+        fresh(engine, x[:40])
+        fresh(engine, x[:10], x[10:20])
+    assert (engine.counters - before).reused_tokens == 0
+    assert engine.digest(a) == engine.digest(fresh(engine, x[:20], x[20:40], x[40:]))
+
+
+def test_prefix_cache_only_serves_its_sources(engine):
+    x = ids(engine, 30)
+    a = fresh(engine, x[:20], x[20:])
+    other = fresh(engine, x[:20], x[20:])
+    before = engine.counters.snapshot()
+    with engine.prefix_cache(sources=[]):
+        fresh(engine, x[:20], x[20:])
+    assert (engine.counters - before).reused_tokens == 0
+    engine.drop(other)
+    with engine.prefix_cache(sources=[a]):
+        c = fresh(engine, x[:20], x[20:])
+    assert (engine.counters - before).reused_tokens == 30
+    assert engine.digest(c) == engine.digest(a)
+
+
+def test_decode_after_a_served_chunk(engine):
+    x = ids(engine, 40)
+    src = fresh(engine, x[:25], x[25:30])
+    g = engine.generate(6, stop_ids=())  # the logits it decoded from are kept
+    ref = engine.digest(src)
+    before = engine.counters.snapshot()
+    with engine.prefix_cache():
+        b = fresh(engine, x[:25], x[25:30])
+        assert engine.generate(6, stop_ids=()) == g  # decoded, never served
+    spent = engine.counters - before
+    assert spent == Counters(forward_calls=5, prefilled_tokens=0, decoded_tokens=6, reused_tokens=36)
+    assert engine.digest(b) == ref
+    engine.drop(src)
+    engine.drop(b)
+    before = engine.counters.snapshot()
+    with engine.prefix_cache():
+        fresh(engine, x[:25], x[25:30])
+        d = fresh(engine, x[:25])  # served, but no lineage kept logits at 25: recomputed for the decode
+        assert engine.generate(3, stop_ids=()) == fresh_generate(engine, x[:25], 3)
+    assert engine.tokens(d)[:25] == x[:25]
+
+
+def fresh_generate(engine, context, n):
+    handle = engine.current
+    fresh(engine, context)
+    out = engine.generate(n, stop_ids=())
+    engine.use(handle)
+    return out
+
+
+def test_the_forward_cap_is_needed(engine_factory):
+    """Verifying a 120-token draft in one forward (the cap removed: the
+    engine passes no ``max_forward`` to the turn) reaches the kernel that
+    differs from decoding, and the turn's tokens or KV then differ from the
+    reference; with the cap they never do (real prefill-versus-decode
+    differences, no noise injected)."""
+    engine = engine_factory("llamacpp-tiny", n_ctx=1024)
+    cap = engine.lm.max_forward
+    differs = {cap: 0, 0: 0}
+    try:
+        for seed in range(4):
+            context = [int(t) for t in np.random.default_rng(seed).integers(0, 256, 30)]
+            kw = {"stop_ids": (), "temperature": 0.7 if seed % 2 else 0.0, "seed": seed}
+            ref = fresh(engine, context)
+            expected = engine.generate(120, **kw)
+            for engine.lm.max_forward in (cap, 0):  # 0: no cap (Turn.max_forward None)
+                drafted = fresh(engine, context)
+                got = engine.generate(120, draft=expected, **kw)
+                differs[engine.lm.max_forward] += got != expected or engine.digest(drafted) != engine.digest(ref)
+    finally:
+        engine.lm.max_forward = cap
+    assert differs[cap] == 0 and differs[0] > 0, differs
