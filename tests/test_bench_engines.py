@@ -15,8 +15,8 @@ from unsee.bench.paper import get_changed_turns
 from unsee.bench.paper import main as paper_main
 from unsee.bench.timing import CATEGORIES, time_engine
 from unsee.impl.agent.runtime import AgentRuntime
-from unsee.impl.engines.llamacpp import engine as llamacpp
 from unsee.impl.engines.files import ByteTokenizer
+from unsee.impl.engines.llamacpp import engine as llamacpp
 from unsee.impl.methods.baselines import apply_method
 from unsee.properties.engines import make_engine
 
@@ -131,3 +131,4 @@ def test_table1_on_two_engines_side_by_side(tmp_path):
     assert "| transformers (tiny, cpu float32) | B7 forget (ours) |" in side
     assert "| llamacpp (tiny-gguf, cpu gguf) | B7 forget (ours) |" in side
     assert "the forget changed" in side
+    assert "| transformers (tiny, cpu float32) | B5/B7 |" in side and "| 9.3x |" in side and "| 1.5x |" in side
