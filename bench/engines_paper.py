@@ -98,6 +98,16 @@ def _changed(name: str, result: Mapping, table: Mapping) -> str:
             f"about the target, {c['independent_changed']} labelled independent)")
 
 
+def _ratio_rows(name: str, result: Mapping, table: Mapping) -> list[list[str]]:
+    """B5/B7 and B5'/B7 on decoded tokens and on Recomp, beside the paper's."""
+    rows = []
+    for r in table.get("ratios", []):
+        if r["method"] == "replay":
+            rows.append([describe_engine(name, result), r["ratio"], f"{r['decoded_tokens']:.2f}x",
+                         f"{r['prefilled_tokens']:.2f}x", f"{r['recomputed_tokens']:.2f}x", f"{r['paper']:.1f}x"])
+    return rows
+
+
 def render_engines(results: Mapping[str, Mapping], table_names: Mapping[str, str]) -> list[str]:
     """Markdown: for each Table 1 shape (``table_names``: key in ``tables`` ->
     title), every engine's methods side by side, then what changed per engine."""
@@ -110,6 +120,10 @@ def render_engines(results: Mapping[str, Mapping], table_names: Mapping[str, str
         rows = [row for n, r in measured.items() for row in _engine_rows(n, r, r["tables"][key])]
         lines += render_table(("engine", "method", "prefilled", "decoded", "cached", "recomputed", "wall p50 s",
                                "x reset (same-round p50)", "x floor (same-round p50)", "digest = reset"), rows)
+        lines += ["", "Each reference over the forget (B7, ours), beside the paper's Recomp ratios:", ""]
+        lines += render_table(("engine", "ratio", "decoded tokens", "prefilled tokens", "Recomp (prefilled + decoded)",
+                               "paper (Recomp)"),
+                              [row for n, r in measured.items() for row in _ratio_rows(n, r, r["tables"][key])])
         lines += ["", "Turns the forget changed:", ""]
         lines += [_changed(n, r, r["tables"][key]) for n, r in measured.items()] + [""]
     return lines

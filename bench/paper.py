@@ -432,9 +432,10 @@ def _describe_changed(t: dict) -> list[str]:
     c = t.get("floor", {}).get("changed")
     if not c:
         return []
-    return [f"Model turns the forget changed (the counterfactual's tokens differ from the pre-forget turn's): "
+    text = (f"Model turns the forget changed (the counterfactual's tokens differ from the pre-forget turn's): "
             f"{c['changed']} of the {c['turns']} after the restore boundary; {c['dependent_changed']} of the "
-            f"{c['dependent']} that ask about the target, {c['independent_changed']} labelled independent.", ""]
+            f"{c['dependent']} that ask about the target, {c['independent_changed']} labelled independent.")
+    return [text, ""]
 
 
 def _render_table1(t: dict, result: dict) -> list[str]:
@@ -724,7 +725,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.engines:
         shapes = {SHAPES[s]: ("the paper's session shape" if s == "paper" else "the current shape")
                   for s in args.shapes}
-        lines = _render_header(next(iter(results.values())), command) + render_engines(results, shapes)
+        first = next(iter(results.values()))
+        engines_line = "Engines: " + "; ".join(describe_engine(n, r) for n, r in results.items()) + "."
+        lines = _render_header(first, command)
+        lines[1] = engines_line + " " + lines[1].split(", ", 2)[-1]  # torch, threads, rounds, tokens per turn
+        lines += render_engines(results, shapes)
         for name, result in results.items():
             lines += [f"## {describe_engine(name, result)}", ""] + render_markdown(result, command).splitlines()[1:]
         out.mkdir(parents=True, exist_ok=True)
