@@ -119,3 +119,12 @@ def test_release_drops_every_cached_block(engine_factory_vllm):
     before = engine.counters.snapshot()
     engine.generate(1)
     assert (engine.counters - before).reused_tokens == 0
+
+
+@needs_vllm
+def test_conform_passes_the_runtime_on_vllm(capsys):
+    """`unsee conform` on the vllm adapter: forget == the counterfactual's plain run."""
+    from unsee.impl.cli.main import main
+
+    assert main(["conform", "--entry", "unsee.impl.conform.adapters:vllm", "--episodes", "3"]) == 0
+    assert "CONFORMS" in capsys.readouterr().out
