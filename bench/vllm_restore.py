@@ -11,7 +11,9 @@ is measured beside it. The bound the vLLM engine uses
 (``impl/engines/vllm/engine.py``, ``RESTORE_BOUNDS``) is at least 10 times the
 largest value seen.
 
-    python -m unsee.bench.vllm_restore --engine vllm-tiny --lengths 128 256 512 1024 --prompts 3 --steps 16
+    python -m unsee.bench.vllm_restore --engine vllm-tiny --lengths 128 256 512 1024 2048 --prompts 3 --steps 16
+    python -m unsee.bench.vllm_restore --engine vllm-tiny-ties --lengths 128 512 1024 2048 --prompts 3 --steps 16
+    python -m unsee.bench.vllm_restore --engine vllm --lengths 128 512 1024 2048 --prompts 2 --steps 16
 """
 
 from __future__ import annotations

@@ -128,3 +128,26 @@ def test_conform_passes_the_runtime_on_vllm(capsys):
 
     assert main(["conform", "--entry", "unsee.impl.conform.adapters:vllm", "--episodes", "3"]) == 0
     assert "CONFORMS" in capsys.readouterr().out
+
+
+@needs_vllm
+def test_the_margin_guard_is_needed(engine_factory):
+    """After a real prefix-cache hit, vLLM's served logits flip near-tied
+    decisions of vllm-tiny-ties (SmolLM2's width, LM-head rows tied to 3e-7)
+    against the cold run; the guard (VllmEngine._guarded) recomputes them cold,
+    so every token equals the cold run's decision. Without the guard, the
+    served token is kept and the comparison below fails at the first flip."""
+    engine = engine_factory("vllm-tiny-ties")
+    block = engine.lm.block_size
+    prompt = _prompt(block + 40, seed=0)
+    warm = engine.new_lineage()
+    engine.prefill(prompt[:block + 7])
+    engine.generate(1, stop_ids=[])  # the request that fills the cache
+    engine.use(engine.share_prefix(warm, block + 7))
+    engine.prefill(prompt[block + 7:])
+    before = engine.counters.snapshot()
+    out = engine.generate(24, stop_ids=[])
+    assert (engine.counters - before).reused_tokens >= block  # real hits (each request after a flip hits too)
+    assert engine.guard_stats["flips"] > 0  # served decisions that the cold run decides otherwise
+    for i, token in enumerate(out):
+        assert pick(engine.cold_logits("any", prompt + out[:i]))[0] == token, f"position {i}: a flipped near-tie"

@@ -34,7 +34,8 @@ DEFAULT_BACKEND = "transformers"
 ENGINE_NAMES = {"tiny": ("transformers", "tiny"), "smollm2": ("transformers", "smollm2"),
                 "llamacpp": ("llamacpp", "smollm2"), "llamacpp-tiny": ("llamacpp", "tiny")}
 # vLLM (the optional extra unsee[vllm], impl/engines/vllm/): SmolLM2's fp32 HF folder, and a tiny random Llama
-ENGINE_NAMES |= {"vllm": ("vllm", "smollm2"), "vllm-tiny": ("vllm", "tiny")}
+# and the near-tie family of its margin guard's test (impl/engines/vllm/models.py)
+ENGINE_NAMES |= {"vllm": ("vllm", "smollm2"), "vllm-tiny": ("vllm", "tiny"), "vllm-tiny-ties": ("vllm", "tiny-ties")}
 
 
 def parse_engine_name(name: str) -> tuple[str, str]:

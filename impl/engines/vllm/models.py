@@ -30,9 +30,16 @@ from unsee.impl.engines.files import ByteTokenizer, default_cache_dir
 from unsee.impl.engines.vllm import adapter
 
 _DONE = "unsee-complete"
-#: the vLLM tiny model's shape (see the module docstring); part of its cache key
-TINY_SHAPE = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1,
-              "intermediate_size": 128, "seed": 0}
+#: the vLLM tiny models' shapes (see the module docstring); part of their cache keys.
+#: ``tiny-ties`` is the near-tie family of the margin guard's test: SmolLM2's width
+#: (576, where vLLM's decode steps move logits by ~3e-6 from the cold run; at 64
+#: and 256 they were bitwise) and LM-head rows tied to 3e-7, so decisions flip.
+TINY_MODELS = {
+    "tiny": {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1,
+             "intermediate_size": 128, "seed": 0},
+    "tiny-ties": {"hidden_size": 576, "num_hidden_layers": 2, "num_attention_heads": 9, "num_key_value_heads": 1,
+                  "intermediate_size": 1152, "seed": 0, "tie_scale": 3e-7},
+}
 
 
 @dataclass(eq=False)
@@ -90,18 +97,19 @@ class _NoTokenizerFiles:
         return None
 
 
-def tiny_folder(cache_dir=None) -> Path:
-    """The vLLM tiny model's HF folder, written once (atomically) under the cache."""
+def tiny_folder(cache_dir=None, name: str = "tiny") -> Path:
+    """A vLLM tiny model's HF folder (:data:`TINY_MODELS`), written once (atomically) under the cache."""
     from unsee.impl.engines.hf import adapter as hf
 
+    shape = TINY_MODELS[name]
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    key = hashlib.sha256(f"vllm-tiny-v1|{sorted(TINY_SHAPE.items())}|{hf.TRANSFORMERS_VERSION}".encode())
-    entry = root / f"vllm-tiny-{key.hexdigest()[:16]}"
+    key = hashlib.sha256(f"vllm-{name}-v1|{sorted(shape.items())}|{hf.TRANSFORMERS_VERSION}".encode())
+    entry = root / f"vllm-{name}-{key.hexdigest()[:16]}"
     if (entry / _DONE).is_file():
         return entry
     tok = ByteTokenizer()
     model = hf.build_tiny_llama(vocab_size=tok.vocab_size, bos_token_id=tok.bos_token_id,
-                                eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, **TINY_SHAPE)
+                                eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, **shape)
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=entry.name + ".tmp-", dir=root))
     try:
@@ -120,9 +128,9 @@ def resolve_folder(name_or_path, cache_dir=None) -> tuple[str, Path, Any, tuple[
     """``(name, folder, tokenizer, eos_ids)`` of a model name or folder, or a
     ValueError naming it."""
     key = os.fspath(name_or_path)
-    if key == "tiny":
+    if key in TINY_MODELS:
         tok = ByteTokenizer()
-        return "vllm-tiny", tiny_folder(cache_dir), tok, (tok.eos_token_id,)
+        return f"vllm-{key}", tiny_folder(cache_dir, key), tok, (tok.eos_token_id,)
     from unsee.impl.engines.hf import adapter as hf
     from unsee.impl.engines.hf.models import load_model
 
@@ -131,7 +139,8 @@ def resolve_folder(name_or_path, cache_dir=None) -> tuple[str, Path, Any, tuple[
         return "smollm2", Path(lm.info["cache_entry"]), lm.tokenizer, lm.eos_ids
     folder = Path(key).expanduser()
     if not (folder / "config.json").is_file():
-        raise ValueError(f"name_or_path={key!r} is neither 'tiny', 'smollm2' nor an HF folder with config.json")
+        raise ValueError(f"name_or_path={key!r} is neither {tuple(TINY_MODELS)}, 'smollm2' nor an HF folder "
+                     "with config.json")
     model, tok = hf.load_checkpoint(folder)
     return key, folder, tok, tuple(hf.eos_ids_of(model, tok))
 
@@ -170,4 +179,4 @@ def load_vllm(name_or_path: str | os.PathLike = "tiny", cache_dir: str | os.Path
                                                 "options": options})
 
 
-__all__ = ["TINY_SHAPE", "VllmModel", "load_vllm", "resolve_folder", "tiny_folder"]
+__all__ = ["TINY_MODELS", "VllmModel", "load_vllm", "resolve_folder", "tiny_folder"]
