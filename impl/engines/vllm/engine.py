@@ -111,8 +111,11 @@ class VllmEngine(LineageBook):
         self.counters = Counters()
         self.draft_bound = None  # no drafts: a turn is one request already
         self.restore_bound = get_restore_bound(lm.name, lm.device, lm.dtype)
+        # decode_is_prefill is False: vLLM's decode steps move raw logits from the cold run's (the
+        # guard absorbs it), and the "turn" chunking it implies keeps a turn's decoded tokens apart
+        # from its header in the block graph (the conformance contract's turns)
         self.determinism = Determinism(same_chunking_repeats=True, crop_continue_is_fresh=True, chunk_invariant=True,
-                                       decode_is_prefill=True, thread_invariant=False, statement=lm.determinism)
+                                       decode_is_prefill=False, thread_invariant=False, statement=lm.determinism)
         self.guard_stats = {"decisions": 0, "cold_recomputes": 0, "flips": 0}
         self._salt_prefix = f"unsee-{secrets.token_hex(6)}"
         self._cold: dict[tuple[int, ...], torch.Tensor] = {}  # the last cold logits, by tokens
