@@ -36,7 +36,8 @@ def measure_engine(name: str, args) -> dict:
     row = measure_episode(engine, episode, TABLE1_METHODS, args.rounds, floor=False)
     methods = {m: {k: row["methods"][m].get(k) for k in FIELDS} for m in row["methods"]}
     return {"engine": name, "model": engine.lm.name, "tau": row["tau"], "boundary": row["boundary"],
-            "prefix_tokens": row["prefix_tokens"], "suffix_tokens": row["suffix_tokens"], "methods": methods}
+            "prefix_tokens": row["prefix_tokens"], "suffix_tokens": row["suffix_tokens"], "methods": methods,
+            "guard": getattr(engine, "guard_stats", None)}  # vLLM: decisions, cold recomputes, flips
 
 
 def render(rows: list[dict], command: str) -> str:

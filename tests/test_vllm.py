@@ -151,3 +151,16 @@ def test_the_margin_guard_is_needed(engine_factory):
     assert engine.guard_stats["flips"] > 0  # served decisions that the cold run decides otherwise
     for i, token in enumerate(out):
         assert pick(engine.cold_logits("any", prompt + out[:i]))[0] == token, f"position {i}: a flipped near-tie"
+
+
+@needs_vllm
+def test_the_forget_report_names_the_residue(engine_factory):
+    """A forget on vLLM reports what stays resident in vLLM's pool until evicted."""
+    from unsee.impl.agent.episode import load_episode
+    from unsee.impl.agent.runtime import AgentRuntime
+
+    episode = load_episode(Path(__file__).resolve().parents[1] / "examples" / "secret_in_tool_result.json")
+    runtime = AgentRuntime.from_episode(engine_factory("vllm-tiny"), episode)
+    residue = runtime.forget(episode.target.source).extra["engine_residue"]
+    assert residue["resident_blocks"] >= 1 and residue["zeroed"] is False
+    assert "until evicted" in residue["statement"]
