@@ -29,9 +29,10 @@ INSTALL_HINT = ("the vLLM engine needs vLLM, an optional extra: `make vllm` (a v
                 "the transformers engines ('tiny', 'smollm2') need nothing more")
 
 #: environment defaults set before vLLM is first imported (a user's own values win):
-#: one in-process engine core; a small CPU KV space (GiB) for a shared machine; quiet logs
+#: one in-process engine core; a small CPU KV space (GiB) for a shared machine; quiet
+#: logs, on stderr (vLLM's default is stdout, which would mix into `unsee run --json`)
 ENV_DEFAULTS = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1",
-                "VLLM_LOGGING_LEVEL": "WARNING"}
+                "VLLM_LOGGING_LEVEL": "WARNING", "VLLM_LOGGING_STREAM": "ext://sys.stderr"}
 
 
 class VllmMissingError(ImportError):
