@@ -164,3 +164,21 @@ def test_the_forget_report_names_the_residue(engine_factory):
     residue = runtime.forget(episode.target.source).extra["engine_residue"]
     assert residue["resident_blocks"] >= 1 and residue["zeroed"] is False
     assert "until evicted" in residue["statement"]
+
+
+def test_scale_out_options_reach_the_loader_only_with_vllm():
+    """--tensor-parallel-size and --distributed-executor-backend go to vLLM's
+    loader (as its CLI takes them); with another engine they are bad input."""
+    from unsee.impl.cli.options import get_vllm_options
+    from unsee.impl.cli.parser import build_parser
+    from unsee.impl.eval.run import EvalConfig, EvalError
+
+    argv = ["run", "x.json", "--tensor-parallel-size", "2", "--distributed-executor-backend", "ray"]
+    args = build_parser().parse_args(argv + ["--engine", "vllm"])
+    assert get_vllm_options(args) == {"tensor_parallel_size": 2, "distributed_executor_backend": "ray"}
+    with pytest.raises(ValueError, match="--engine vllm"):
+        get_vllm_options(build_parser().parse_args(argv))
+    config = EvalConfig(backend="vllm", methods=("replay",), engine_options=(("tensor_parallel_size", 2),))
+    assert dict(config.engine_options) == {"tensor_parallel_size": 2}
+    with pytest.raises(EvalError, match="span-excision"):
+        EvalConfig(backend="vllm", methods=("span-excision",))
