@@ -104,6 +104,8 @@ def test_digest_is_of_tokens_and_logits_are_cold(engine_factory_vllm):
 
 @needs_vllm
 def test_release_drops_every_cached_block(engine_factory_vllm):
+    """release_prefix_cache leaves nothing hittable, and dropping the last
+    lineage (the engine is idle) releases the cache by itself."""
     engine = engine_factory_vllm()
     block = engine.lm.block_size
     a = engine.new_lineage()
@@ -119,6 +121,11 @@ def test_release_drops_every_cached_block(engine_factory_vllm):
     before = engine.counters.snapshot()
     engine.generate(1)
     assert (engine.counters - before).reused_tokens == 0
+    assert engine.residue()["resident_blocks"] >= 1  # that request cached its blocks again
+    engine.drop(a)
+    assert engine.residue()["resident_blocks"] >= 1  # b is left
+    engine.drop(b)
+    assert engine.residue()["resident_blocks"] == 0
 
 
 @needs_vllm

@@ -221,6 +221,13 @@ class VllmEngine(LineageBook):
 
     # ------------------------------------------------------------ residue
 
+    def drop(self, lineage: str) -> None:
+        """Drop ``lineage``; when none is left (the engine is idle and no request
+        can need a block again), release vLLM's prefix cache too."""
+        super().drop(lineage)
+        if not self._lineages:
+            self.release_prefix_cache()
+
     def release_prefix_cache(self) -> bool:
         """Drop every cached block's hash now (the engine is idle between
         verbs): nothing cached before is hittable afterwards."""
