@@ -261,10 +261,11 @@ class VllmEngine(LineageBook):
         self.counters.forward_calls += max(1, len(c.ids))
         return c
 
-    def cold_logits(self, salt: str, tokens: Sequence[int]) -> torch.Tensor:
-        """The logits after ``tokens`` from one run over all of them, no cached block read."""
+    def cold_logits(self, salt: str, tokens: Sequence[int], reuse: bool = True) -> torch.Tensor:
+        """The logits after ``tokens`` from one run over all of them, no cached block read
+        (``reuse``: the last such run's, if it was of the same tokens)."""
         key = tuple(tokens)
-        if key not in self._cold:
+        if key not in self._cold or not reuse:
             c = self.request(salt, tokens, 1, -1, skip_cache=True)
             self._cold = {key: self.dense(c.logits[0])}  # keep only the last
         return self._cold[key]
@@ -281,7 +282,9 @@ class VllmEngine(LineageBook):
         if margin > get_threshold(self.restore_bound, temperature):
             return token
         self.guard_stats["cold_recomputes"] += 1
-        cold, _ = pick(get_scores(self.cold_logits(lin.salt, lin.tokens + out), temperature, seed, len(out)))
+        # computed afresh, so a turn's counts do not depend on what ran before it
+        cold, _ = pick(get_scores(self.cold_logits(lin.salt, lin.tokens + out, reuse=False), temperature, seed,
+                                  len(out)))
         self.guard_stats["flips"] += int(cold != token)
         return cold
 
