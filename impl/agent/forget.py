@@ -172,6 +172,9 @@ class SelectiveReplay:
         extra = {"rendering": self.renderer.describe()}  # how the episode was rendered (impl/agent/render.py)
         for extension in self.extensions:
             extra.update(extension.get_report_fields())
+        residue = getattr(self.engine, "residue", None)  # an engine keeping blocks outside its lineages (vLLM)
+        if residue is not None:
+            extra["engine_residue"] = residue()
         return ForgetReport(
             method=method, source_id=",".join(source_ids), tau=tau, length=self.t,
             boundary=checkpoint.boundary if checkpoint else (self.t if already_forgotten else 0),

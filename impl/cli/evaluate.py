@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from unsee.impl.cli.exits import Exit
-from unsee.impl.cli.options import get_loader_options, get_spelling, parse_method_list
+from unsee.impl.cli.options import get_loader_options, get_spelling, get_vllm_options, parse_method_list
 from unsee.impl.methods.baselines import METHODS
 
 
@@ -27,7 +27,7 @@ def get_eval_config(args: argparse.Namespace):
     return EvalConfig(model=args.model, backend=args.engine, device=args.device, dtype=dtype, methods=methods,
                       samples=args.samples, workers=args.workers, kv_budget=args.kv_budget,
                       max_new_tokens=args.probe_tokens, turn_tokens=args.turn_tokens,
-                      share_identical=not args.no_share)
+                      share_identical=not args.no_share, engine_options=tuple(get_vllm_options(args).items()))
 
 
 def get_eval_methods(args: argparse.Namespace) -> tuple[str, ...]:

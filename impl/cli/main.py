@@ -40,8 +40,9 @@ def get_busy_errors() -> tuple[type[Exception], ...]:
 def get_usage_errors() -> tuple[type[Exception], ...]:
     """Errors meaning bad input (exit 2); each message names the input."""
     from unsee.impl.engines.llamacpp.engine import LlamaCppMissingError
+    from unsee.impl.engines.vllm.adapter import VllmMissingError
 
-    return (EpisodeError, UnknownSourceError, ValueError, LlamaCppMissingError)
+    return (EpisodeError, UnknownSourceError, ValueError, LlamaCppMissingError, VllmMissingError)
 
 
 def main(argv: list[str] | None = None) -> int:

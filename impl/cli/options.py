@@ -91,6 +91,19 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
                         help="bound the KV cache kept of lineages no live runtime extends (e.g. 0, 65536, "
                              "64K, 512M, 2G); older ones are evicted and rebuilt by prefill when a forget "
                              "needs them. Default: no bound")
+    parser.add_argument("--tensor-parallel-size", type=int, default=None, metavar="N",
+                        help="--engine vllm: vLLM's tensor parallel size (GPUs per model replica)")
+    parser.add_argument("--distributed-executor-backend", default=None, choices=("ray", "mp", "uni"),
+                        help="--engine vllm: vLLM's executor for several GPUs or nodes (ray: several nodes)")
+
+
+def get_vllm_options(args: argparse.Namespace) -> dict:
+    """vLLM's scale-out options given on the command line (only with --engine vllm)."""
+    given = {k: getattr(args, k, None) for k in ("tensor_parallel_size", "distributed_executor_backend")}
+    given = {k: v for k, v in given.items() if v is not None}
+    if given and args.engine != "vllm":
+        raise ValueError(f"--{next(iter(given)).replace('_', '-')} is a vLLM option; add --engine vllm")
+    return given
 
 
 def add_attn_option(parser: argparse.ArgumentParser) -> None:

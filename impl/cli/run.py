@@ -13,7 +13,7 @@ import json
 from unsee.impl.agent.episode import Episode, EpisodeError, load_episode
 from unsee.impl.agent.provenance import UnknownSourceError
 from unsee.impl.cli.exits import Exit
-from unsee.impl.cli.options import get_loader_options
+from unsee.impl.cli.options import get_loader_options, get_vllm_options
 from unsee.impl.engines.protocol import Engine
 from unsee.impl.engines.registry import load_engine
 from unsee.impl.methods.baselines import PAPER_NAMES, apply_method
@@ -84,7 +84,7 @@ def get_run_source(args: argparse.Namespace, episode: Episode) -> str | None:
 def build_engine(args: argparse.Namespace) -> Engine:
     """The engine of ``--engine``/``--model``/``--device``/``--dtype``/``--attn``/``--kv-budget``,
     through the registry (a missing llama.cpp extra is bad input: nothing ran)."""
-    options = get_loader_options(args.engine, args.device, args.dtype, getattr(args, "attn", None))
+    options = get_loader_options(args.engine, args.device, args.dtype, getattr(args, "attn", None)) | get_vllm_options(args)
     return load_engine(args.model, args.engine, kv_budget=args.kv_budget, **options)
 
 

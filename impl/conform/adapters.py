@@ -23,9 +23,11 @@ runs as a subprocess:
                target). Its forget equals its own reset exactly (turns and
                digest) and every count is right; only the comparison with the
                plain run of the counterfactual episode catches it. Must be rejected.
+``vllm``       ``reference`` on the vLLM engine (impl/engines/vllm/; ``tiny`` is
+               vllm-tiny). Declares its own engine (``unsee-vllm``). Conforms.
 ============== ================================================================
 
-All four declare the engine :data:`~unsee.impl.conform.harness.REFERENCE_ENGINE` and
+The first four declare the engine :data:`~unsee.impl.conform.harness.REFERENCE_ENGINE` and
 the model they load, so the harness also compares their plain runs' tokens
 with its own reference.
 """
@@ -74,6 +76,15 @@ def get_turns(runtime: AgentRuntime) -> dict[str, list[int]]:
     return turns
 
 
+@functools.cache
+def _load_other(backend: str, model: str):
+    """Another backend's model (vLLM), once per process: it declares its own
+    engine, so the harness compares it with its own counterfactual runs only."""
+    from unsee.impl.engines.registry import load_model_for
+
+    return load_model_for(backend, model)
+
+
 def _state(runtime: AgentRuntime) -> dict:
     return {"turns": get_turns(runtime), "digest": runtime.digest()}
 
@@ -91,11 +102,11 @@ def _reset(runtime: AgentRuntime, source: str) -> int:
 
 
 def _answer(episode_path: str, forget: str | None, model: str, name: str, forget_with: Forget,
-            reset_with: Reset = _reset) -> dict:
+            reset_with: Reset = _reset, backend: str = "transformers") -> dict:
     """Run the episode; with ``forget``, forget on one copy (``forget_with``)
     and reset another (``reset_with``, B5 unless said), both from the same state."""
     with _one_thread():
-        return _run(episode_path, forget, model, name, forget_with, reset_with)
+        return _run(episode_path, forget, model, name, forget_with, reset_with, backend)
 
 
 @contextlib.contextmanager
@@ -115,14 +126,15 @@ def _one_thread() -> Iterator[None]:
 
 
 def _run(episode_path: str, forget: str | None, model: str, name: str, forget_with: Forget,
-         reset_with: Reset) -> dict:
+         reset_with: Reset, backend: str = "transformers") -> dict:
 
     episode = load_episode(episode_path)
-    engine = make_engine(_load(model))
+    engine = make_engine(_load(model) if backend == "transformers" else _load_other(backend, model))
     runtime = AgentRuntime.from_episode(engine, episode)
     run = {"T": runtime.t, **_state(runtime), "checkpoints": [c.boundary for c in runtime.checkpoints.all()]}
+    declared = REFERENCE_ENGINE if backend == "transformers" else f"unsee-{backend}"
     out = {"contract": CONTRACT, "version": CONTRACT_VERSION,
-           "implementation": {"name": name, "engine": REFERENCE_ENGINE, "model": model}, "run": run}
+           "implementation": {"name": name, "engine": declared, "model": model}, "run": run}
     if forget is None:
         return out
     twin = runtime.fork()
@@ -217,7 +229,13 @@ def self_consistent(episode: str, forget: str | None = None, model: str = "tiny"
     return _answer(episode, forget, model, "forget log kept by forget and reset", _logged_forget, _logged_reset)
 
 
-ADAPTERS = {"reference": reference, "memory": memory, "redaction": redaction, "self-consistent": self_consistent}
+def vllm(episode: str, forget: str | None = None, model: str = "tiny") -> dict:
+    """Our runtime on the vLLM engine (the extra unsee[vllm]; ``tiny`` is vllm-tiny): conforms."""
+    return _answer(episode, forget, model, "unsee on vLLM", _forget, backend="vllm")
+
+
+ADAPTERS = {"reference": reference, "memory": memory, "redaction": redaction, "self-consistent": self_consistent,
+            "vllm": vllm}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,4 +1,4 @@
-"""Engines: KV caches as lineages, behind one protocol, on two backends.
+"""Engines: KV caches as lineages, behind one protocol, on three backends.
 
 An engine holds lineages (string handles to KV caches) over one loaded model,
 and offers the verbs the agent runtime replays with (prefill, generate,
@@ -29,6 +29,9 @@ The map:
                ``load_llamacpp``), ``state`` (sequence state blobs as K and V
                rows, :class:`SeqKV`), ``tiny_gguf`` (the tiny random GGUF);
                reaches no transformers
+``vllm/``      the vLLM backend (the extra ``unsee[vllm]``): ``engine`` (:class:`VllmEngine`:
+               lineages as tokens and a cache salt, the cold-run margin guard,
+               the residue report), ``models`` (``load_vllm``), ``adapter`` (every vLLM call)
 
 This package imports nothing on import (no torch): import the module you need,
 or use :func:`registry.load_engine`, which imports a backend only when asked

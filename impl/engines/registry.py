@@ -8,6 +8,10 @@ Backends (each in its own folder beside this file):
 ``llamacpp``      :class:`~unsee.impl.engines.llamacpp.engine.LlamaCppEngine`; models
                   ``smollm2`` (the embedded GGUF), ``tiny`` (a random GGUF) or a
                   ``*.gguf`` file; options ``threads``, ``n_ctx``, ``cache_dir``.
+``vllm``          :class:`~unsee.impl.engines.vllm.engine.VllmEngine`; models ``smollm2``
+                  (the dequantised HF folder), ``tiny`` or an HF folder; options
+                  ``max_model_len``, ``tensor_parallel_size``, ``pipeline_parallel_size``,
+                  ``distributed_executor_backend`` (``ray``), ``dtype``, ``cache_dir``.
 
 ``UNSEE_ENGINE`` and the properties name an engine by one word (:data:`ENGINE_NAMES`):
 ``tiny`` and ``smollm2`` are transformers models, ``llamacpp`` and ``llamacpp-tiny``
@@ -24,7 +28,7 @@ import os
 
 from unsee.impl.engines.protocol import Engine
 
-BACKENDS = ("transformers", "llamacpp")
+BACKENDS = ("transformers", "llamacpp", "vllm")
 DEFAULT_BACKEND = "transformers"
 #: One-word engine names (``UNSEE_ENGINE``): name -> (backend, model).
 ENGINE_NAMES = {"tiny": ("transformers", "tiny"), "smollm2": ("transformers", "smollm2"),
@@ -36,6 +40,9 @@ ENGINE_NAMES.update({name: ("transformers", name) for name in (
 #: tiny random GGUFs of other families on llama.cpp (impl/engines/llamacpp/tiny_gguf.py)
 ENGINE_NAMES.update({f"llamacpp-tiny-{family}": ("llamacpp", f"tiny-{family}")
                      for family in ("qwen2", "qwen3", "gemma2", "gemma3")})
+# vLLM (the optional extra unsee[vllm], impl/engines/vllm/): SmolLM2's fp32 HF folder, and a tiny random Llama
+# and the near-tie family of its margin guard's test (impl/engines/vllm/models.py)
+ENGINE_NAMES |= {"vllm": ("vllm", "smollm2"), "vllm-tiny": ("vllm", "tiny"), "vllm-tiny-ties": ("vllm", "tiny-ties")}
 
 
 def parse_engine_name(name: str) -> tuple[str, str]:
@@ -54,7 +61,11 @@ def check_backend(backend: str) -> str:
 
 def load_model_for(backend: str, model: str | os.PathLike, **options):
     """The loaded model of ``backend`` (what :func:`make_engine` wraps)."""
-    if check_backend(backend) == "llamacpp":
+    if check_backend(backend) == "vllm":
+        from unsee.impl.engines.vllm.models import load_vllm
+
+        return load_vllm(model, **options)
+    if backend == "llamacpp":
         from unsee.impl.engines.llamacpp.engine import load_llamacpp
 
         return load_llamacpp(model, **options)
@@ -65,6 +76,10 @@ def load_model_for(backend: str, model: str | os.PathLike, **options):
 
 def make_engine(lm, kv_budget: int | None = None) -> Engine:
     """An engine over an already loaded model (several engines may share one)."""
+    if type(lm).__name__ == "VllmModel":
+        from unsee.impl.engines.vllm.engine import VllmEngine
+
+        return VllmEngine(lm, kv_budget=kv_budget)
     if type(lm).__name__ == "LlamaCppModel":
         from unsee.impl.engines.llamacpp.engine import LlamaCppEngine
 

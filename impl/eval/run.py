@@ -72,7 +72,8 @@ CONFIG_FIELDS = ("backend", "model", "device", "dtype", "samples", "temperature"
 #: the backend of a row written before rows recorded one (every such run was on transformers)
 LEGACY_BACKEND = "transformers"
 #: per backend, the methods it cannot run, and why (refused before any work)
-UNSUPPORTED_METHODS = {"llamacpp": {"span-excision": "the llama.cpp engine cannot cut a span out of its KV"}}
+UNSUPPORTED_METHODS = {"llamacpp": {"span-excision": "the llama.cpp engine cannot cut a span out of its KV"},
+                       "vllm": {"span-excision": "vLLM exposes no KV to cut a span out of"}}
 
 
 class EvalError(ValueError):
@@ -99,6 +100,8 @@ class EvalConfig:
     #: of the episode already reached in this process (exact by A1: the same
     #: state decodes the same tokens); the row names that method in ``asked_from``
     share_identical: bool = True
+    #: vLLM's scale-out options as (name, value) pairs: tensor_parallel_size, distributed_executor_backend
+    engine_options: tuple = ()
 
     def __attrs_post_init__(self) -> None:
         from unsee.impl.engines.registry import BACKENDS
@@ -542,6 +545,7 @@ def load_engine(config: EvalConfig):
     from unsee.impl.engines.registry import load_engine
 
     options = {"device": config.device, "dtype": config.dtype} if config.backend == "transformers" else {}
+    options |= dict(config.engine_options)
     return load_engine(config.model, config.backend, kv_budget=config.kv_budget, **options)
 
 

@@ -1,0 +1,191 @@
+"""The vLLM engine's own parts (impl/engines/vllm/): the install hint, the
+restore as a prefix-cache hit under the lineage's salt, a reset that is cold,
+decisions equal to the cold run's, and the residue report.
+
+Runs where vLLM is installed (``make test-vllm``: the venv .venv-vllm, on the
+tiny model); elsewhere only the install hint is checked. The runtime on vLLM
+is checked by properties/prop_impl_engines.py with ``UNSEE_ENGINE=vllm-tiny``."""
+
+from __future__ import annotations
+
+import random
+import sys
+from pathlib import Path
+
+import pytest
+
+from unsee.impl.engines.decoding import pick
+from unsee.impl.engines.protocol import Engine
+from unsee.impl.engines.registry import load_engine
+from unsee.impl.engines.vllm import adapter
+
+needs_vllm = pytest.mark.skipif(not adapter.available(), reason="vLLM is not installed (make vllm)")
+
+
+def test_missing_extra_says_how_to_install(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "vllm", None)  # import vllm now raises ImportError
+    with pytest.raises(adapter.VllmMissingError, match=r"make vllm.*unsee\[vllm\]"):
+        load_engine("vllm-tiny")
+    from unsee.impl.cli.main import main
+
+    episode = Path(__file__).resolve().parents[1] / "examples" / "secret_in_tool_result.json"
+    assert main(["run", str(episode), "--engine", "vllm", "--model", "tiny"]) == 2
+    assert "unsee[vllm]" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def engine_factory_vllm(engine_factory):
+    return lambda: engine_factory("vllm-tiny")
+
+
+def _prompt(n: int, seed: int = 0) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(3, 256) for _ in range(n)]
+
+
+@needs_vllm
+def test_engine_satisfies_the_protocol(engine_factory_vllm):
+    engine = engine_factory_vllm()
+    assert isinstance(engine, Engine)
+    assert engine.lm.block_size > 1 and engine.draft_bound is None
+
+
+@needs_vllm
+def test_restore_is_a_block_rounded_hit_and_reset_is_cold(engine_factory_vllm):
+    """share_prefix then a request: the cache serves the checkpoint's tokens
+    rounded down to the block size; a new lineage (a reset) is served nothing;
+    both decode the same tokens."""
+    engine = engine_factory_vllm()
+    block = engine.lm.block_size
+    prompt = _prompt(2 * block + 40)
+    first = engine.new_lineage()
+    engine.prefill(prompt)
+    engine.generate(8)
+    checkpoint = 2 * block + 17
+    restored = engine.share_prefix(first, checkpoint)
+    engine.use(restored)
+    engine.prefill([7, 8, 9])
+    before = engine.counters.snapshot()
+    forgot = engine.generate(12)
+    spent = engine.counters - before
+    assert spent.reused_tokens == 2 * block  # the checkpoint's 2 full blocks, not its 17-token tail
+    engine.new_lineage()
+    engine.prefill(prompt[:checkpoint] + [7, 8, 9])
+    before = engine.counters.snapshot()
+    assert engine.generate(12) == forgot
+    assert (engine.counters - before).reused_tokens == 0
+
+
+@needs_vllm
+def test_decisions_are_the_cold_runs(engine_factory_vllm):
+    """generate's tokens are greedy on the cold logits, position by position."""
+    engine = engine_factory_vllm()
+    engine.new_lineage()
+    prompt = _prompt(150, seed=1)
+    engine.prefill(prompt)
+    out = engine.generate(10, stop_ids=[])
+    for i, token in enumerate(out):
+        assert pick(engine.cold_logits("other-salt", prompt + out[:i]))[0] == token
+
+
+@needs_vllm
+def test_digest_is_of_tokens_and_logits_are_cold(engine_factory_vllm):
+    engine = engine_factory_vllm()
+    a = engine.new_lineage()
+    engine.prefill(_prompt(140, seed=2))
+    b = engine.new_lineage()
+    engine.prefill(_prompt(140, seed=2)[:70])
+    engine.prefill(_prompt(140, seed=2)[70:])
+    assert engine.digest(a) == engine.digest(b)
+    assert engine.logits(a).numpy().tobytes() == engine.logits(b).numpy().tobytes()
+    engine.crop(139, b)
+    assert engine.digest(a) != engine.digest(b) and engine.logits(b) is None
+
+
+@needs_vllm
+def test_release_drops_every_cached_block(engine_factory_vllm):
+    """release_prefix_cache leaves nothing hittable, and dropping the last
+    lineage (the engine is idle) releases the cache by itself."""
+    engine = engine_factory_vllm()
+    block = engine.lm.block_size
+    a = engine.new_lineage()
+    engine.prefill(_prompt(block + 10, seed=3))
+    engine.generate(2)
+    assert engine.residue()["resident_blocks"] >= 1
+    assert engine.residue()["events"].get("BlockStored", 0) >= 1
+    assert engine.release_prefix_cache()
+    assert engine.residue()["resident_blocks"] == 0
+    b = engine.share_prefix(a)
+    engine.use(b)
+    engine.prefill([5])
+    before = engine.counters.snapshot()
+    engine.generate(1)
+    assert (engine.counters - before).reused_tokens == 0
+    assert engine.residue()["resident_blocks"] >= 1  # that request cached its blocks again
+    engine.drop(a)
+    assert engine.residue()["resident_blocks"] >= 1  # b is left
+    engine.drop(b)
+    assert engine.residue()["resident_blocks"] == 0
+
+
+@needs_vllm
+def test_conform_passes_the_runtime_on_vllm(capsys):
+    """`unsee conform` on the vllm adapter: forget == the counterfactual's plain run."""
+    from unsee.impl.cli.main import main
+
+    assert main(["conform", "--entry", "unsee.impl.conform.adapters:vllm", "--episodes", "3"]) == 0
+    assert "CONFORMS" in capsys.readouterr().out
+
+
+@needs_vllm
+def test_the_margin_guard_is_needed(engine_factory):
+    """After a real prefix-cache hit, vLLM's served logits flip near-tied
+    decisions of vllm-tiny-ties (SmolLM2's width, LM-head rows tied to 3e-7)
+    against the cold run; the guard (VllmEngine._guarded) recomputes them cold,
+    so every token equals the cold run's decision. Without the guard, the
+    served token is kept and the comparison below fails at the first flip."""
+    engine = engine_factory("vllm-tiny-ties")
+    block = engine.lm.block_size
+    prompt = _prompt(block + 40, seed=0)
+    warm = engine.new_lineage()
+    engine.prefill(prompt[:block + 7])
+    engine.generate(1, stop_ids=[])  # the request that fills the cache
+    engine.use(engine.share_prefix(warm, block + 7))
+    engine.prefill(prompt[block + 7:])
+    before = engine.counters.snapshot()
+    out = engine.generate(24, stop_ids=[])
+    assert (engine.counters - before).reused_tokens >= block  # real hits (each request after a flip hits too)
+    assert engine.guard_stats["flips"] > 0  # served decisions that the cold run decides otherwise
+    for i, token in enumerate(out):
+        assert pick(engine.cold_logits("any", prompt + out[:i]))[0] == token, f"position {i}: a flipped near-tie"
+
+
+@needs_vllm
+def test_the_forget_report_names_the_residue(engine_factory):
+    """A forget on vLLM reports what stays resident in vLLM's pool until evicted."""
+    from unsee.impl.agent.episode import load_episode
+    from unsee.impl.agent.runtime import AgentRuntime
+
+    episode = load_episode(Path(__file__).resolve().parents[1] / "examples" / "secret_in_tool_result.json")
+    runtime = AgentRuntime.from_episode(engine_factory("vllm-tiny"), episode)
+    residue = runtime.forget(episode.target.source).extra["engine_residue"]
+    assert residue["resident_blocks"] >= 1 and residue["zeroed"] is False
+    assert "until evicted" in residue["statement"]
+
+
+def test_scale_out_options_reach_the_loader_only_with_vllm():
+    """--tensor-parallel-size and --distributed-executor-backend go to vLLM's
+    loader (as its CLI takes them); with another engine they are bad input."""
+    from unsee.impl.cli.options import get_vllm_options
+    from unsee.impl.cli.parser import build_parser
+    from unsee.impl.eval.run import EvalConfig, EvalError
+
+    argv = ["run", "x.json", "--tensor-parallel-size", "2", "--distributed-executor-backend", "ray"]
+    args = build_parser().parse_args(argv + ["--engine", "vllm"])
+    assert get_vllm_options(args) == {"tensor_parallel_size": 2, "distributed_executor_backend": "ray"}
+    with pytest.raises(ValueError, match="--engine vllm"):
+        get_vllm_options(build_parser().parse_args(argv))
+    config = EvalConfig(backend="vllm", methods=("replay",), engine_options=(("tensor_parallel_size", 2),))
+    assert dict(config.engine_options) == {"tensor_parallel_size": 2}
+    with pytest.raises(EvalError, match="span-excision"):
+        EvalConfig(backend="vllm", methods=("span-excision",))
