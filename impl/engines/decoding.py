@@ -25,12 +25,12 @@ DRAFT_BOUNDS: Mapping[tuple[str, str, str], float] = {
     ("tiny-ties", "cpu", "float32"): 5e-5,
 }
 #: The architecture zoo (impl/engines/hf/zoo.py), cpu float32, same method and
-#: factor (verify + resume paths, 60-token greedy turns); tiny-llama is tiny.
-#: tiny-qwen2: max 2.3e-6 over 5,400 positions (30 prompts, 1 and 2 threads); 5e-5, 22x.
-#: tiny-qwen3: max 2.2e-6, tiny-mistral: 2.2e-6, tiny-phi3: 1.7e-6, tiny-qwen2moe:
-#:   2.2e-6, each over 450 positions (5 prompts, 1 thread); 5e-5, 23-30x.
-#: tiny-gemma2: max 3.8e-6, tiny-gemma3: 6.0e-6 (soft-capped logits twice as
-#:   spread), over 450 positions each; 1e-4, 26x and 17x.
+#: factor (verify + resume paths, 30 prompts of 60-token greedy turns, 1 and 2
+#: threads: 5,400 positions each); tiny-llama is tiny.
+#: tiny-qwen2: max 2.3e-6; tiny-qwen3: 2.4e-6; tiny-mistral: 2.2e-6; tiny-phi3:
+#:   2.4e-6; tiny-qwen2moe: 2.3e-6; bound 5e-5, 21-23x each.
+#: tiny-gemma2: max 4.8e-6, tiny-gemma3: 8.8e-6 (soft-capped, twice as spread
+#:   logits); bound 1e-4, 21x and 11x.
 DRAFT_BOUNDS = {**DRAFT_BOUNDS, **{(name, "cpu", "float32"): bound for name, bound in (
     ("tiny-llama", 5e-5), ("tiny-qwen2", 5e-5), ("tiny-qwen3", 5e-5), ("tiny-mistral", 5e-5),
     ("tiny-gemma2", 1e-4), ("tiny-gemma3", 1e-4), ("tiny-phi3", 5e-5), ("tiny-qwen2moe", 5e-5))}}

@@ -7,8 +7,12 @@ methods moved between releases (4.54+ per-layer objects, 5.x's meaning of
 `crop(n)`), so those facts are kept here, and everything above sees only
 these functions.
 
+Sliding-window layers are kept whole by :class:`FullWindowLayer`, which
+shows the attention exactly what transformers' own windowed layer would, so
+every verb works on every layer kind (docs/engines.md, "Model families").
+
 Functions:
-    new_cache(model)               -> empty DynamicCache
+    new_cache(model)               -> empty DynamicCache (FullWindowLayer for sliding layers)
     cache_length(cache), crop_cache(cache, keep), excise_cache_span(cache, a, b),
     cache_tensors(cache), clone_cache(cache), share_cache_prefix(model, cache, keep),
     cache_storages(cache), add_storage(out, tensor)
