@@ -132,23 +132,23 @@ def _hook_forwards(engine, out: Breakdown) -> Iterator[None]:
             for handle in handles:
                 handle.remove()
         return
-    forward = getattr(engine, "_forward", None)  # llama.cpp: one llama_decode per call
-    if forward is None:
+    feed = getattr(engine, "_feed", None)  # llama.cpp: one llama_decode per call of _feed(lineage, ids, ...)
+    if feed is None:
         yield
         return
 
-    def timed_forward(ids, *args, **kwargs):
+    def timed_feed(lineage, ids, *args, **kwargs):
         started = time.perf_counter()
         try:
-            return forward(ids, *args, **kwargs)
+            return feed(lineage, ids, *args, **kwargs)
         finally:
             _time_forward(out, len(ids), started)
 
-    engine._forward = timed_forward
+    engine._feed = timed_feed
     try:
         yield
     finally:
-        del engine._forward
+        del engine._feed
 
 
 @contextlib.contextmanager
