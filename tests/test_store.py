@@ -589,7 +589,7 @@ def test_a_store_without_an_engine_record_is_a_transformers_session(lm, tmp_path
     capsys.readouterr()
     assert cli_main(["verify", str(path), "--receipt", str(receipt), "--value", SECRET]) == 0, capsys.readouterr()
     capsys.readouterr()
-    for key, value, message in [("backend", "vllm", "made by engine 'vllm', which this build does not have"),
+    for key, value, message in [("backend", "sglang", "made by engine 'sglang', which this build does not have"),
                                 ("engine_options", "[1]", "engine_options '[1]' is not a JSON object")]:
         copy = tmp_path / f"{key}.db"
         shutil.copy(path, copy)

@@ -35,7 +35,9 @@ from unsee.impl.store.schema import StoreError
 LEGACY_BACKEND = DEFAULT_BACKEND
 #: Per backend, the loader options recorded because the KV bits depend on
 #: them (llama.cpp's thread count, attention kernel and context size).
-RECORDED_OPTIONS = {"transformers": ("attn",), "llamacpp": ("threads", "flash_attn", "n_ctx")}
+RECORDED_OPTIONS = {"transformers": ("attn",), "llamacpp": ("threads", "flash_attn", "n_ctx"),
+                    # vLLM's digest covers token ids only, which no loader option changes
+                    "vllm": ()}
 #: The attention of a transformers store that records none (written before ``--attn`` existed).
 LEGACY_ATTN = "unsee_eager"
 #: llama.cpp's model names whose loaded name differs from the name to load.
