@@ -1,13 +1,13 @@
 """Each site of the draft guard is needed at its own site (issue 20, item 8).
 
-The guard (docs/drafts.md, "The exactness guard"; impl/engines/hf/generate.py)
+The guard (docs/drafts.md, "The exactness guard"; impl/engines/turn.py)
 accepts a token decided on logits from a multi-token forward, or on KV such a
 forward built, only when its margin clears ``get_threshold(bound, temperature)``.
 It sits at three places, and each property below fails when the guard is
 removed at its own site alone, and holds with it:
 
 ============================================  ==================================================================
-test                                          site (impl/engines/hf/generate.py) and what the strategy feeds it
+test                                          site (impl/engines/turn.py) and what the strategy feeds it
 ============================================  ==================================================================
 verified_draft_positions_are_guarded          ``get_accepted``: a draft position decided on the verification
                                               forward's logits. The draft is the reference's own tokens up to

@@ -1,14 +1,16 @@
-"""One decoding turn with drafts, a probe and context lookup, for an engine
-that is not transformers: the procedure of
-:mod:`unsee.impl.engines.hf.generate` (impl/agent/drafts.py explains the
-guard) over a lineage reached through two forward functions.
+"""One decoding turn with drafts, a probe and context lookup: the procedure
+every engine's ``generate`` runs (impl/agent/drafts.py explains the guard),
+over a lineage reached through two forward functions.
 
-The llama.cpp engine decodes through this module; it imports no
-transformers. One addition: ``Turn.max_forward`` caps every verification
-forward (llama.cpp's decode equals its prefill only below a batch size).
-What a turn needs of its engine is :class:`TurnLineage`: the lineage's
-tokens and last logits, a crop, and two forwards on the lineage's KV (the
-logits after the last token fed, or after every token fed). Logits are float32 CPU torch tensors.
+The transformers engine reaches it through
+:class:`unsee.impl.engines.hf.generate.HFTurnLineage`, the llama.cpp engine
+through its own lineage view; this module imports no transformers.
+``Turn.max_forward`` caps every verification forward (llama.cpp's decode
+equals its prefill only below a batch size; None elsewhere). What a turn
+needs of its engine is :class:`TurnLineage`: the lineage's tokens and last
+logits, a crop, and two forwards on the lineage's KV (the logits after the
+last token fed, or after every token fed). Logits are float32 CPU torch
+tensors.
 
 The steps, in the order a turn takes them:
 

@@ -1,3 +1,3 @@
-"""The transformers backend: ``engine`` (KVEngine), ``generate`` (one decoding
-turn), ``lineage`` (one cache and its chunk history), ``models`` (load_model)
+"""The transformers backend: ``engine`` (KVEngine), ``generate`` (the lineage as the
+decoding turn of ``engines/turn.py`` sees it), ``lineage`` (one cache and its chunk history), ``models`` (load_model)
 and ``adapter`` (every transformers call)."""

@@ -18,7 +18,8 @@ A "lineage" is one cache, named by a string handle. A compaction rewrites
 the prompt prefix and so starts a new lineage; a checkpoint names the lineage
 it crops. Handles are never reused, even after `drop`. A lineage's cache
 and chunk history are :class:`~unsee.impl.engines.hf.lineage.Lineage`; one
-`generate` turn (drafts, probe, lookup) is :mod:`unsee.impl.engines.hf.generate`;
+`generate` turn (drafts, probe, lookup) is :mod:`unsee.impl.engines.turn` over
+:class:`~unsee.impl.engines.hf.generate.HFTurnLineage`;
 every transformers call goes through :mod:`unsee.impl.engines.hf.adapter`.
 
 Three engine-level services:
@@ -54,11 +55,12 @@ import torch
 from unsee.impl.engines.bounds import get_bound_of
 from unsee.impl.engines.hf import adapter
 from unsee.impl.engines.hf.attention import get_determinism_facts
-from unsee.impl.engines.hf.generate import Turn, decode_turn
+from unsee.impl.engines.hf.generate import HFTurnLineage
 from unsee.impl.engines.hf.lineage import Lineage
 from unsee.impl.engines.hf.models import LoadedModel, retain_freed_host_memory
 from unsee.impl.engines.lineage import Counters, LineageBook, as_int
 from unsee.impl.engines.protocol import Determinism
+from unsee.impl.engines.turn import Turn, decode_turn
 
 
 class KVEngine(LineageBook):
@@ -212,8 +214,8 @@ class KVEngine(LineageBook):
         stops = set(self.lm.eos_ids if stop_ids is None else (int(s) for s in stop_ids))
         start, header_logits = len(lin.tokens), lin.last_logits
         lin.decode_logits[start] = header_logits  # what a prefix cache needs to serve this position
-        turn = Turn(self.lm.model, lin, self.counters, start, header_logits, max_new_tokens, stops, temperature,
-                    seed, self.draft_bound)
+        turn = Turn(HFTurnLineage(self.lm.model, lin), self.counters, start, header_logits, max_new_tokens, stops,
+                    temperature, seed, self.draft_bound)
         try:
             out, committed = decode_turn(turn, draft, probe, lookup)
         except BaseException:

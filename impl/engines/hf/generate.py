@@ -1,253 +1,57 @@
 """One turn of :meth:`KVEngine.generate <unsee.impl.engines.hf.engine.KVEngine.generate>`:
-which tokens the decoding rule gives, with a draft to verify, a probe, and
-context lookup (impl/agent/drafts.py explains the guard).
+the transformers lineage as the engine-independent turn procedure sees it.
 
-The engine checks the arguments, and commits the turn afterwards; the
-functions here decide the tokens and leave on the lineage's cache what they
-fed. The steps, in the order a turn takes them:
-
-* :func:`decode_turn`: check the draft's first token on the header's own
-  logits, then verify the draft (:func:`decode_with_draft`), or decode with
-  lookup, and fall back to the reference procedure on an unstable decision;
-* :func:`decode_with_draft`: probe (one decode step) when asked, verify the
-  draft in one forward (:func:`get_accepted`), decode on from the first
-  disagreement;
-* :func:`decode`: one token at a time, each decided token fed alone or with a
-  guess from the lineage's own tokens (:func:`verify_guess`).
-
-A decision on logits a verification built (not the reference's own) must
-clear the guard's threshold; one that does not makes the step return None
-(unstable), and the turn is decoded again the reference way.
+The procedure itself (check the draft's first token, verify, probe, decode
+with context guesses, the guard, the fall-back to the reference) is
+:mod:`unsee.impl.engines.turn`, which the llama.cpp engine decodes through
+too; here it reaches the model through :class:`HFTurnLineage`'s two
+forwards on the lineage's cache.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from unsee.impl.engines.decoding import get_lookup, get_scores, get_threshold, pick
 from unsee.impl.engines.hf import adapter
 from unsee.impl.engines.hf.lineage import Lineage
-from unsee.impl.engines.lineage import Counters
 
 
-@dataclass
-class Turn:
-    """What one turn decodes with: the model and the lineage, where the turn
-    starts and the logits it starts from (the header's), the decoding rule's
-    settings, the turn's limits, and the counters its work adds to."""
+class HFTurnLineage:
+    """A transformers lineage as :class:`unsee.impl.engines.turn.TurnLineage`:
+    its tokens, last logits and crop are the lineage's own; a forward feeds
+    ids through the adapter on its cache and appends them to its tokens."""
 
-    model: Any
-    lin: Lineage
-    counters: Counters
-    start: int
-    header_logits: torch.Tensor
-    max_new_tokens: int
-    stops: set[int]
-    temperature: float
-    seed: int | None
-    draft_bound: float | None
+    __slots__ = ("model", "lin")
 
-    def decide(self, logits: torch.Tensor, position: int) -> tuple[int, float]:
-        """The decoding rule's token at ``position`` of the turn, and its margin."""
-        return pick(get_scores(logits, self.temperature, self.seed, position))
+    def __init__(self, model: Any, lin: Lineage):
+        self.model, self.lin = model, lin
 
-    def is_done(self, out: list[int]) -> bool:
-        """Whether ``out`` ends the turn (a stop id, or max_new_tokens)."""
-        return bool(out) and (out[-1] in self.stops or len(out) == self.max_new_tokens)
+    @property
+    def tokens(self) -> list[int]:
+        return self.lin.tokens
 
-    def get_threshold(self) -> float:
-        return get_threshold(self.draft_bound, self.temperature)
+    @property
+    def last_logits(self) -> torch.Tensor | None:
+        return self.lin.last_logits
 
+    @last_logits.setter
+    def last_logits(self, logits: torch.Tensor | None) -> None:
+        self.lin.last_logits = logits
 
-def decode_turn(turn: Turn, draft: list[int], probe: bool, lookup: bool) -> tuple[list[int], bool]:
-    """The turn's tokens, and whether the verification chunk on the cache is
-    the turn's canonical chunk (a draft accepted whole)."""
-    out, committed = None, False
-    if draft and turn.decide(turn.header_logits, 0)[0] != draft[0]:
-        # The first decision is taken on the header's own logits, the
-        # reference's: a draft wrong there is known wrong without
-        # prefilling it, and decoding from here *is* the reference.
-        count_draft(turn.counters, len(draft), 0, fallback=False)
-        draft = []
-    if draft:
-        out, committed = decode_with_draft(turn, draft, probe, lookup)
-    elif lookup:
-        # decided on the header's own logits until the first guess; guarded from there
-        out = decode(turn, [], turn.header_logits, None, lookup=True)
-        turn.counters.draft_fallbacks += int(out is None)
-    if out is None:  # no draft or lookup, or an unstable decision: the reference procedure
-        turn.lin.truncate(turn.start)
-        turn.lin.last_logits = turn.header_logits
-        out = decode(turn, [], turn.header_logits, None)
-    return out, committed
+    def truncate(self, n: int) -> None:
+        self.lin.truncate(n)
+
+    def forward_last(self, ids: list[int]) -> torch.Tensor:
+        logits = adapter.forward_last_logits(self.model, ids, self.lin.cache)
+        self.lin.tokens.extend(ids)
+        return logits
+
+    def forward_all(self, ids: list[int]) -> torch.Tensor:
+        logits = adapter.forward_all_logits(self.model, ids, self.lin.cache)
+        self.lin.tokens.extend(ids)
+        return logits
 
 
-def decode(turn: Turn, out: list[int], logits: torch.Tensor, threshold: float | None,
-           lookup: bool = False) -> list[int] | None:
-    """Decode one token at a time from ``logits``, at position ``len(out)``
-    of the turn, appending to ``out``. With a threshold (decoding on KV a
-    verification prefill built), a decision whose margin does not clear it
-    returns None: unstable.
-
-    With ``lookup``, a decided token is fed together with a guess at what
-    follows it (:func:`get_guess`) in one forward (:func:`verify_guess`).
-    From the first such forward on the KV is not the reference's, so every
-    later decision of the turn is guarded."""
-    lin, counters = turn.lin, turn.counters
-    while len(out) < turn.max_new_tokens:
-        tok, margin = turn.decide(logits, len(out))
-        if threshold is not None and margin <= threshold:
-            return None
-        out.append(tok)
-        counters.decoded_tokens += 1
-        if turn.is_done(out):
-            break  # the last token is not fed: the canonical prefill does it
-        lin.tokens.append(tok)  # fed just below, alone or with a guess
-        guess = get_guess(turn, len(out)) if lookup else []
-        if not guess:
-            logits = adapter.forward_last_logits(turn.model, [tok], lin.cache)
-            counters.forward_calls += 1
-            continue
-        threshold = turn.get_threshold()
-        verified = verify_guess(turn, tok, guess, out, threshold)
-        if verified is None:
-            return None
-        if turn.is_done(out):
-            break  # the canonical prefill replaces what the verification fed
-        logits = verified
-    return out
-
-
-def get_guess(turn: Turn, decided: int) -> list[int]:
-    """A guess at the tokens after the ``decided`` ones (``decoding.get_lookup``
-    over the lineage's tokens), cut after its first stop id: a guess that
-    ends the turn needs nothing after it."""
-    guess = get_lookup(turn.lin.tokens, turn.max_new_tokens - decided)
-    ends = [i for i, g in enumerate(guess) if g in turn.stops]
-    if ends:
-        del guess[ends[0] + 1:]
-    return guess
-
-
-def verify_guess(turn: Turn, tok: int, guess: list[int], out: list[int], threshold: float) -> torch.Tensor | None:
-    """Feed the decided ``tok`` (the lineage's last token) with ``guess`` in
-    one forward, and append the guess's longest stable agreeing prefix to
-    ``out``. Returns the logits the next token is decided on, or None:
-    unstable. Where the turn is done, the cache keeps what was fed (the
-    canonical prefill replaces it); otherwise it keeps what was accepted."""
-    lin, counters = turn.lin, turn.counters
-    fed = len(lin.tokens)  # the lineage's length with `tok` fed
-    verify = adapter.forward_all_logits(turn.model, [tok] + guess, lin.cache)
-    lin.tokens.extend(guess)
-    counters.forward_calls += 1
-    counters.lookup_forwards += 1
-    counters.prefilled_tokens += len(guess)
-    accepted = 0
-    for proposed, row in zip(guess, verify):
-        guessed, margin = turn.decide(row, len(out))
-        if margin <= threshold:
-            count_lookup(counters, len(guess), 0)
-            return None
-        if guessed != proposed:
-            break  # decided on these logits by the caller
-        out.append(guessed)
-        accepted += 1
-        if turn.is_done(out):
-            break
-    count_lookup(counters, len(guess), accepted)
-    if not turn.is_done(out):
-        lin.truncate(fed + accepted)
-    return verify[accepted]
-
-
-def decode_with_draft(turn: Turn, draft: list[int], probe: bool = False,
-                      lookup: bool = False) -> tuple[list[int] | None, bool]:
-    """Verify ``draft`` with one forward; accept its longest stable agreeing
-    prefix, then decode on. Returns (tokens, committed): tokens None means
-    an unstable decision (the caller falls back to the reference);
-    committed means the verification chunk is the turn's canonical chunk.
-    The caller has checked the draft's first token on the header logits."""
-    lin = turn.lin
-    probed = None  # the reference's own logits at position 1, when probed
-    if probe and len(draft) >= 2 and draft[0] not in turn.stops and turn.max_new_tokens >= 2:
-        probed = feed_probe(turn, draft[0])
-        if turn.decide(probed, 1)[0] != draft[1]:
-            # Wrong at position 1, decided on the reference's own logits on
-            # the reference's own KV (header prefill + one decode step): the
-            # rest of the turn is the reference's decode, with no guard
-            # until a context guess (lookup) is fed.
-            out = decode(turn, [draft[0]], probed, None, lookup)
-            count_draft(turn.counters, len(draft), 1 if out is not None else 0, fallback=out is None)
-            return out, False
-        # Right there: the verification forward below recomputes position 0
-        # as part of the turn's chunk (a canonical chunk must be one forward).
-        lin.truncate(turn.start)
-    verify = adapter.forward_all_logits(turn.model, draft, lin.cache)
-    lin.tokens.extend(draft)
-    turn.counters.forward_calls += 1
-    turn.counters.prefilled_tokens += len(draft)
-    out, stable = get_accepted(turn, draft, probed, verify)
-    accepted = len(out)
-    if stable and turn.is_done(out) and accepted == len(draft):
-        lin.last_logits = None  # see KVEngine.generate: not the canonical chunk's logits
-        count_draft(turn.counters, len(draft), accepted, fallback=False)
-        return out, True
-    result: list[int] | None = out
-    if stable and not turn.is_done(out):
-        # Resume at the first disagreement (or after a draft that ended
-        # early) on the KV of the accepted prefix. With nothing accepted the
-        # KV is the header's alone: decoding from it *is* the reference, so
-        # no guard is needed there.
-        lin.truncate(turn.start + accepted)
-        logits = turn.header_logits if accepted == 0 else verify[accepted - 1]
-        result = decode(turn, out, logits, None if accepted == 0 else turn.get_threshold(), lookup)
-    count_draft(turn.counters, len(draft), accepted if stable and result is not None else 0,
-                fallback=not stable or result is None)
-    return (result if stable else None), False
-
-
-def feed_probe(turn: Turn, first: int) -> torch.Tensor:
-    """Feed the draft's ``first`` token as one decode step, exactly as the
-    reference would; the logits at position 1."""
-    probed = adapter.forward_last_logits(turn.model, [first], turn.lin.cache)
-    turn.lin.tokens.append(first)
-    turn.counters.forward_calls += 1
-    turn.counters.draft_probes += 1
-    return probed
-
-
-def get_accepted(turn: Turn, draft: list[int], probed: torch.Tensor | None,
-                 verify: torch.Tensor) -> tuple[list[int], bool]:
-    """The draft's longest prefix the decoding rule agrees with, and whether
-    every decision on the way was stable. Position 0 is decided on the
-    header's own logits, exactly as the reference decides it (and position 1
-    on the probe's, when probed); later ones on the verification's logits,
-    guarded."""
-    threshold = turn.get_threshold()
-    out: list[int] = []
-    for k, proposed in enumerate(draft):
-        exact = k == 0 or (k == 1 and probed is not None)
-        logits = turn.header_logits if k == 0 else probed if exact else verify[k - 1]
-        tok, margin = turn.decide(logits, k)
-        if not exact and margin <= threshold:
-            return out, False
-        if tok != proposed:
-            break
-        out.append(tok)
-        if turn.is_done(out):
-            break
-    return out, True
-
-
-def count_draft(counters: Counters, offered: int, accepted: int, fallback: bool) -> None:
-    counters.draft_accepted_tokens += accepted
-    counters.draft_rejected_tokens += offered - accepted
-    counters.draft_fallbacks += int(fallback)
-
-
-def count_lookup(counters: Counters, offered: int, accepted: int) -> None:
-    counters.lookup_accepted_tokens += accepted
-    counters.lookup_rejected_tokens += offered - accepted
+__all__ = ["HFTurnLineage"]
