@@ -357,3 +357,32 @@ class LineageBook:
         if bad:
             raise ValueError(f"prefill: token ids {bad[:5]} outside [0, {self.lm.vocab_size})")
         return ids
+
+
+def find_cached_chunk(lineages, is_cached, lin, ids: Sequence[int]):
+    """The prefix cache's lookup (B5'): ``(handle, source, logits)`` of a
+    cached lineage other than ``lin`` whose chunks begin with ``lin``'s and
+    whose next chunk is ``ids``, or None. ``lineages`` maps handles to
+    lineages with ``tokens``, ``chunk_ends``, ``decode_logits`` and
+    ``last_logits``; ``is_cached(handle)`` says whether one may serve.
+
+    Logits are only kept where a decode started (or after a lineage's last
+    prefill), so a source that kept the logits after the chunk is preferred;
+    without them the next verb is usually a prefill, which needs none, and a
+    generate recomputes this one chunk (``logits`` None)."""
+    start = len(lin.tokens)
+    end, k = start + len(ids), len(lin.chunk_ends)
+    found = None
+    for handle, src in lineages.items():
+        if (src is lin or not is_cached(handle) or len(src.chunk_ends) <= k or src.chunk_ends[k] != end
+                or src.chunk_ends[:k] != lin.chunk_ends or src.tokens[start:end] != ids
+                or src.tokens[:start] != lin.tokens):
+            continue
+        logits = src.decode_logits.get(end)
+        if logits is None and len(src.tokens) == end:
+            logits = src.last_logits
+        if found is None or logits is not None:
+            found = (handle, src, logits)
+        if logits is not None:
+            break
+    return found

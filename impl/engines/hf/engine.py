@@ -58,7 +58,7 @@ from unsee.impl.engines.hf.attention import get_determinism_facts
 from unsee.impl.engines.hf.generate import HFTurnLineage
 from unsee.impl.engines.hf.lineage import Lineage
 from unsee.impl.engines.hf.models import LoadedModel, retain_freed_host_memory
-from unsee.impl.engines.lineage import Counters, LineageBook, as_int
+from unsee.impl.engines.lineage import Counters, LineageBook, as_int, find_cached_chunk
 from unsee.impl.engines.protocol import Determinism
 from unsee.impl.engines.turn import Turn, decode_turn
 
@@ -340,26 +340,8 @@ class KVEngine(LineageBook):
         start = len(lin.tokens)
         if not lin.is_chunk_end(start):
             return False  # the lineage is not a chunk sequence: nothing can match it
-        end, k = start + len(ids), len(lin.chunk_ends)
-        found = None
-        for handle, src in self._lineages.items():
-            if not self._in_cache(handle):
-                continue
-            if (src is lin or len(src.chunk_ends) <= k or src.chunk_ends[k] != end
-                    or src.chunk_ends[:k] != lin.chunk_ends or src.tokens[start:end] != ids
-                    or src.tokens[:start] != lin.tokens):
-                continue
-            # Logits are only kept where a decode started (or after a
-            # lineage's last prefill); prefer a source that has them. Without
-            # them the next verb is usually a prefill, which needs none, and
-            # a generate recomputes this one chunk.
-            logits = src.decode_logits.get(end)
-            if logits is None and len(src.tokens) == end:
-                logits = src.last_logits
-            if found is None or logits is not None:
-                found = (handle, src, logits)
-            if logits is not None:
-                break
+        end = start + len(ids)
+        found = find_cached_chunk(self._lineages, self._in_cache, lin, ids)
         if found is None:
             return False
         handle, src, logits = found

@@ -58,7 +58,7 @@ from typing import Iterable, Iterator, Sequence
 import numpy as np
 import torch
 
-from unsee.impl.engines.lineage import Counters, LineageBook
+from unsee.impl.engines.lineage import Counters, LineageBook, find_cached_chunk
 from unsee.impl.engines.llamacpp.facts import forward
 from unsee.impl.engines.llamacpp.lineage import LlamaLineage, TurnView
 from unsee.impl.engines.llamacpp.model import (
@@ -292,7 +292,7 @@ class LlamaCppEngine(LineageBook):
         start = len(lin.tokens)
         if not lin.is_chunk_end(start):
             return False  # the lineage is not a chunk sequence: nothing can match it
-        found = self._find_cached(lin, ids)
+        found = find_cached_chunk(self._lineages, self._in_cache, lin, ids)
         if found is None:
             return False
         src_handle, src, logits = found
@@ -308,27 +308,6 @@ class LlamaCppEngine(LineageBook):
         lin.served_last = logits is None
         self._touch(src_handle)
         return True
-
-    def _find_cached(self, lin: LlamaLineage, ids: list[int]):
-        """``(handle, lineage, logits)`` of a cached lineage whose next chunk
-        after ``lin``'s chunks is ``ids``, preferring one that kept the logits
-        after it; or None."""
-        start = len(lin.tokens)
-        end, k = start + len(ids), len(lin.chunk_ends)
-        found = None
-        for handle, src in self._lineages.items():
-            if (src is lin or not self._in_cache(handle) or len(src.chunk_ends) <= k or src.chunk_ends[k] != end
-                    or src.chunk_ends[:k] != lin.chunk_ends or src.tokens[start:end] != ids
-                    or src.tokens[:start] != lin.tokens):
-                continue
-            logits = src.decode_logits.get(end)
-            if logits is None and len(src.tokens) == end:
-                logits = src.last_logits
-            if found is None or logits is not None:
-                found = (handle, src, logits)
-            if logits is not None:
-                break
-        return found
 
     def _in_cache(self, handle: str) -> bool:
         """Whether the active prefix cache holds ``handle`` (see `prefix_cache`)."""
