@@ -386,3 +386,29 @@ def find_cached_chunk(lineages, is_cached, lin, ids: Sequence[int]):
         if logits is not None:
             break
     return found
+
+
+def take_served_chunk(lin, src, ids: Sequence[int], logits) -> None:
+    """Record on ``lin`` the chunk ``ids`` that :func:`find_cached_chunk` found on
+    ``src`` (the caller has already given ``lin`` the source's cache rows): the
+    tokens, the chunk's end, the decode logits ``src`` kept inside the chunk, and
+    the logits after it (None: ``served_last``, a decode recomputes the chunk)."""
+    start = len(lin.tokens)
+    end = start + len(ids)
+    lin.tokens.extend(ids)
+    lin.chunk_ends.append(end)
+    lin.decode_logits.update({q: t for q, t in src.decode_logits.items() if start < q <= end})
+    lin.last_logits = logits
+    lin.served_last = logits is None
+
+
+def is_cache_source(sources, handle: str) -> bool:
+    """Whether an active prefix cache may serve from ``handle``: ``sources`` is
+    None (every lineage may) or ``(cached handles, first new handle number)``,
+    since lineages made after the cache opened may serve too (handles are
+    ``"L<n>"`` with ``n`` increasing)."""
+    if sources is None:
+        return True
+    cached, first_new = sources
+    return handle in cached or int(handle[1:]) >= first_new
+

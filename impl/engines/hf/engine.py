@@ -58,7 +58,14 @@ from unsee.impl.engines.hf.attention import get_determinism_facts
 from unsee.impl.engines.hf.generate import HFTurnLineage
 from unsee.impl.engines.hf.lineage import Lineage
 from unsee.impl.engines.hf.models import LoadedModel, retain_freed_host_memory
-from unsee.impl.engines.lineage import Counters, LineageBook, as_int, find_cached_chunk
+from unsee.impl.engines.lineage import (
+    Counters,
+    LineageBook,
+    as_int,
+    find_cached_chunk,
+    is_cache_source,
+    take_served_chunk,
+)
 from unsee.impl.engines.protocol import Determinism
 from unsee.impl.engines.turn import Turn, decode_turn
 
@@ -346,20 +353,13 @@ class KVEngine(LineageBook):
             return False
         handle, src, logits = found
         lin.cache = adapter.share_cache_prefix(self.lm.model, src.cache, end)
-        lin.tokens.extend(ids)
-        lin.chunk_ends.append(end)
-        lin.decode_logits.update({q: t for q, t in src.decode_logits.items() if start < q <= end})
-        lin.last_logits = logits
-        lin.served_last = logits is None
+        take_served_chunk(lin, src, ids, logits)
         self._touch(handle)
         return True
 
     def _in_cache(self, handle: str) -> bool:
         """Whether the active prefix cache holds ``handle`` (see `prefix_cache`)."""
-        if self._cache_sources is None:
-            return True
-        cached, first_new = self._cache_sources
-        return handle in cached or int(handle[1:]) >= first_new  # handles are "L<n>", n increasing
+        return is_cache_source(self._cache_sources, handle)
 
     def _recompute_served_chunk(self, lin: Lineage) -> None:
         """Compute the last (served) chunk for real, for the logits a decode needs."""

@@ -58,7 +58,7 @@ from typing import Iterable, Iterator, Sequence
 import numpy as np
 import torch
 
-from unsee.impl.engines.lineage import Counters, LineageBook, find_cached_chunk
+from unsee.impl.engines.lineage import Counters, LineageBook, find_cached_chunk, is_cache_source, take_served_chunk
 from unsee.impl.engines.llamacpp.facts import forward
 from unsee.impl.engines.llamacpp.lineage import LlamaLineage, TurnView
 from unsee.impl.engines.llamacpp.model import (
@@ -301,20 +301,13 @@ class LlamaCppEngine(LineageBook):
         if handle == self._resident:
             self._free_lineage(handle)  # the rows below replace the context's copy
         lin.kv = kv
-        lin.tokens.extend(ids)
-        lin.chunk_ends.append(end)
-        lin.decode_logits.update({q: t for q, t in src.decode_logits.items() if start < q <= end})
-        lin.last_logits = logits
-        lin.served_last = logits is None
+        take_served_chunk(lin, src, ids, logits)
         self._touch(src_handle)
         return True
 
     def _in_cache(self, handle: str) -> bool:
         """Whether the active prefix cache holds ``handle`` (see `prefix_cache`)."""
-        if self._cache_sources is None:
-            return True
-        cached, first_new = self._cache_sources
-        return handle in cached or int(handle[1:]) >= first_new  # handles are "L<n>", n increasing
+        return is_cache_source(self._cache_sources, handle)
 
     def _get_decodable(self, handle: str) -> LlamaLineage:
         """The lineage ``handle``, with the logits a decode continues from."""
