@@ -66,8 +66,10 @@ def test_compute_bound_refuses_nothing_measured():
 
 def test_where_a_bound_comes_from(tmp_path):
     eager = make_engine(load_model("tiny", attn="eager", cache_dir=tmp_path))
-    assert eager.draft_bound == 5e-5 and eager.draft_bound_source.startswith("measured: DRAFT_BOUNDS")
-    lm = load_model("tiny", attn="sdpa", cache_dir=tmp_path)
+    assert eager.draft_bound == 5e-5 and eager.draft_bound_source.startswith("measured: DRAFT_BOUNDS(")
+    shipped_sdpa = make_engine(load_model("tiny", attn="sdpa", cache_dir=tmp_path))
+    assert shipped_sdpa.draft_bound_source.startswith("measured: SDPA_DRAFT_BOUNDS('tiny', 'cpu', 'float32')")
+    lm = load_model("tiny", attn="sdpa", dtype="bfloat16", cache_dir=tmp_path)  # no shipped row
     sdpa = make_engine(lm)
     assert sdpa.draft_bound is None and sdpa.draft_bound_source.startswith("none")
     key = bounds.get_key_of(lm)

@@ -36,10 +36,38 @@ DRAFT_BOUNDS = {**DRAFT_BOUNDS, **{(name, "cpu", "float32"): bound for name, bou
     ("tiny-gemma2", 1e-4), ("tiny-gemma3", 1e-4), ("tiny-phi3", 5e-5), ("tiny-qwen2moe", 5e-5))}}
 
 
-def get_draft_bound(name: str, device: str, dtype: str) -> float | None:
-    """The measured discrepancy bound of a configuration, or None (drafts off)."""
+#: The same measurement with ``attn="sdpa"`` (``python -m unsee.bench.discrepancy
+#: --model M --attn sdpa``, the eager rows' prompts, tokens, threads and factor;
+#: torch 2.13.0+cpu, transformers 5.23.0): sdpa rounds the attention its own way,
+#: so its rows are its own.
+#:
+#: tiny cpu float32: max 2.2e-6 over 3,600 positions (20 prompts); bound 5e-5, 23x.
+#: tiny-ties cpu float32: max 1.8e-6 over 3,600 positions; bound 5e-5, 28x.
+SDPA_DRAFT_BOUNDS: Mapping[tuple[str, str, str], float] = {
+    ("tiny", "cpu", "float32"): 5e-5,
+    ("tiny-ties", "cpu", "float32"): 5e-5,
+}
+
+#: The shipped table of each attention implementation. ``unsee_eager`` gives
+#: eager's bits (docs/engines.md, "Attention and dtypes"), so it reads eager's rows.
+DRAFT_BOUNDS_BY_ATTN: Mapping[str, tuple[str, Mapping[tuple[str, str, str], float]]] = {
+    "eager": ("DRAFT_BOUNDS", DRAFT_BOUNDS), "unsee_eager": ("DRAFT_BOUNDS", DRAFT_BOUNDS),
+    "sdpa": ("SDPA_DRAFT_BOUNDS", SDPA_DRAFT_BOUNDS)}
+
+
+def get_draft_bound_row(name: str, device: str, dtype: str, attn: str = "eager") -> tuple[float, str] | None:
+    """The shipped bound of a configuration and the row it came from, in words
+    (``DRAFT_BOUNDS('tiny', 'cpu', 'float32')``), or None where no row holds it."""
     kind = "cuda" if device.startswith("cuda") else device
-    return DRAFT_BOUNDS.get((name, kind, dtype))
+    table_name, table = DRAFT_BOUNDS_BY_ATTN.get(attn, ("", {}))
+    bound = table.get((name, kind, dtype))
+    return None if bound is None else (bound, f"{table_name}{(name, kind, dtype)}")
+
+
+def get_draft_bound(name: str, device: str, dtype: str, attn: str = "eager") -> float | None:
+    """The measured discrepancy bound of a configuration, or None (drafts off)."""
+    row = get_draft_bound_row(name, device, dtype, attn)
+    return None if row is None else row[0]
 
 
 def get_scores(logits: torch.Tensor, temperature: float, seed: int | None, position: int) -> torch.Tensor:
