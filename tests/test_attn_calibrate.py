@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -14,6 +15,8 @@ from unsee.impl.engines.hf.models import load_model
 from unsee.impl.engines.registry import make_engine
 from unsee.impl.store.backend import LEGACY_ATTN, get_engine_meta, read_stored_engine
 from unsee.impl.store.receipt import environment
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "secret_in_tool_result.json"
 
 
 @pytest.mark.parametrize("attn,device,dtype,message", [
@@ -37,12 +40,47 @@ def test_the_attention_is_loaded_and_recorded(attn):
     assert engine.determinism.canonical_chunking == "turn"  # decode != prefill measured for every CPU attention
 
 
-def test_the_default_is_ours_on_the_cpu_and_legacy_stores_keep_it():
-    assert load_model("tiny").attn == attention.get_default_attn("cpu") == "unsee_eager"
+def test_the_default_is_sdpa_on_the_cpu_and_legacy_stores_keep_ours():
+    assert load_model("tiny").attn == attention.get_default_attn("cpu") == "sdpa"
+    assert attention.get_default_attn("cuda") == "unsee_eager"  # nothing measured on CUDA here
     legacy = read_stored_engine({"model": "tiny", "dtype": "float32"})
     assert legacy.get_loader_options({"dtype": "float32"})["attn"] == LEGACY_ATTN == "unsee_eager"
     recorded = read_stored_engine({"model": "tiny", "dtype": "float32", "engine_options": '{"attn": "sdpa"}'})
     assert recorded.get_loader_options({"dtype": "float32"})["attn"] == "sdpa"
+
+
+def test_a_family_without_the_default_falls_back_to_ours():
+    """Gemma 2's soft-capped attention has no sdpa path in transformers: the default
+    loads it with ours; naming sdpa for it is transformers' error, naming the class."""
+    assert load_model("tiny-gemma2").attn == "unsee_eager"
+    assert "attention unsee_eager" in load_model("tiny-gemma2").determinism
+    with pytest.raises(ValueError, match="Gemma2ForCausalLM"):
+        load_model("tiny-gemma2", attn="sdpa")
+
+
+def test_a_session_stored_before_the_switch_rebuilds_with_its_attention(tmp_path, capsys):
+    """A store written under the old default (``unsee_eager`` recorded, or no
+    ``engine_options`` at all, from before ``--attn``) is rebuilt with ours, not
+    with today's default: its KV bits, and so its digests, are ours'."""
+    import sqlite3
+
+    from unsee.impl.store.backend import load_stored_engine
+    from unsee.impl.store.sqlite import SessionStore
+
+    path = tmp_path / "old.db"
+    assert main(["run", str(EXAMPLE), "--model", "tiny", "--attn", "unsee_eager",
+                 "--store", str(path)]) == 0
+    capsys.readouterr()
+    with SessionStore.open(path) as store:
+        meta = store.get_meta()
+    assert json.loads(meta["engine_options"]) == {"attn": "unsee_eager"}
+    assert load_stored_engine(meta).lm.attn == "unsee_eager"
+    with sqlite3.connect(path) as conn:  # as a store from before --attn: no engine record at all
+        conn.execute("DELETE FROM meta WHERE key IN ('backend', 'model_ref', 'engine_options')")
+    legacy = {key: value for key, value in meta.items() if key not in ("backend", "model_ref", "engine_options")}
+    assert load_stored_engine(legacy).lm.attn == "unsee_eager" != attention.get_default_attn("cpu")
+    assert main(["show", str(path), "--json", "--model", "tiny"]) == 0
+    assert json.loads(capsys.readouterr().out)["verified"]  # its digest rebuilt, bit for bit
 
 
 def test_unmeasured_configurations_get_the_conservative_facts():
