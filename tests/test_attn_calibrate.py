@@ -140,3 +140,15 @@ def test_calibrate_writes_the_bound_engines_then_use(tmp_path, capsys):
     assert 0 <= out["decisions_clearing_threshold"] <= 1 and "margins" not in out
     engine = make_engine(load_model("tiny", dtype="bfloat16", attn="sdpa", cache_dir=tmp_path))
     assert (engine.draft_bound, engine.draft_bound_source) == (out["bound"], f"calibrated: {out['path']}")
+
+
+def test_the_help_says_the_default(capsys):
+    """``--attn``'s help names each device's default (options.ATTN_DEFAULT_HELP is
+    written out so that ``unsee --help`` loads no transformers; this keeps it true)."""
+    from unsee.impl.cli.options import ATTN_DEFAULT_HELP
+
+    for kind, name in attention.DEFAULT_ATTN.items():
+        assert f"{name} on {kind}" in ATTN_DEFAULT_HELP
+    with pytest.raises(SystemExit):
+        main(["run", "--help"])
+    assert "sdpa on cpu" in " ".join(capsys.readouterr().out.split())
