@@ -79,10 +79,20 @@ def test_splice_equals_counterfactual_with_drafts(episode):
 
 
 #: The smallest episode a full (shrinking) search found where forget with the
-#: guard removed differs from the reset on ``tiny-ties``: the third turn's
-#: second token is a near-tie that the verification prefill and the reset's
-#: decode step break differently.
+#: guard removed differs from the reset on ``tiny-ties`` under the CPU default,
+#: sdpa (the search of ``test_guard_is_needed`` with the shrink phase,
+#: 2026-11-24): a near tie in a later turn that the verification prefill and
+#: the reset's decode step break differently.
 NEAR_TIE_COUNTEREXAMPLE = parse_episode({
+    "format": "unsee.episode", "version": 2, "system": "You are a helpful agent.",
+    "settings": {"max_new_tokens": 2, "temperature": 0.0, "seed": 0, "checkpoint_policy": "every_turn"},
+    "steps": [{"id": "t1", "kind": "user", "text": "4417 Elm", "source": "secret"},
+              {"id": "t2", "kind": "user", "text": "tea"}, {"id": "t3", "kind": "user", "text": "tea"}],
+    "target": {"source": "secret", "value": "4417 Elm"}})
+#: The same search's result under eager attention (the default before sdpa): the
+#: third turn's second token. Under sdpa the guard-free forget happens to equal
+#: the reset on it; kept: with the guard, it must stay exact.
+NEAR_TIE_COUNTEREXAMPLE_EAGER = parse_episode({
     "format": "unsee.episode", "version": 2, "system": "You are a helpful agent.",
     "settings": {"max_new_tokens": 8, "temperature": 0.0, "seed": 0, "checkpoint_policy": "every_turn"},
     "steps": [{"id": "t1", "kind": "user", "text": "4417 Elm", "source": "secret"},
@@ -101,6 +111,7 @@ NEAR_TIE_COUNTEREXAMPLE_BEFORE_PROBES = parse_episode({
 
 @given(episode=drafted_episodes())
 @example(episode=NEAR_TIE_COUNTEREXAMPLE)
+@example(episode=NEAR_TIE_COUNTEREXAMPLE_EAGER)
 @example(episode=NEAR_TIE_COUNTEREXAMPLE_BEFORE_PROBES)
 @scaled(2)
 def test_splice_equals_counterfactual_with_drafts_on_near_ties(episode):

@@ -7,7 +7,8 @@ test                              checks (the family is in every id: ``[tiny-gem
 engine_verbs_on_family            each property of ``prop_engine_verbs.py`` on the family's engine
 forget_equals_reset_on_family     forget with drafts and context guesses == full reset (digest and
                                   every token id), greedy and seeded sampling; drafts verified
-                                  under the family's measured bound (DRAFT_BOUNDS)
+                                  under the family's measured bound (the row of its attention:
+                                  SDPA_DRAFT_BOUNDS, or DRAFT_BOUNDS for ours)
 forget_under_budget_on_family     the same under drawn KV budgets (evictions, rebuilds), windowed
                                   families only (their lineages hold the full sequence)
 refused_family_fails_first        a family in ``zoo.REFUSED`` fails by name, with the reason,
@@ -86,7 +87,7 @@ drafted_episodes = functools.partial(episodes, min_steps=2, max_steps=6, max_new
 @zoo_settings()
 def test_forget_equals_reset_on_family(family, episode):
     engine = get_engine(family)
-    assert engine.draft_bound and engine.draft_bound > 0, f"{family}: no measured draft bound (DRAFT_BOUNDS)"
+    assert engine.draft_bound and engine.draft_bound > 0, f"{family}: no measured draft bound ({engine.draft_bound_source})"
     with engine_scope(engine):
         report = compare_forget_with_reset(engine, episode, drafts=True)
         assert report.drafts["mode"] == "verify"

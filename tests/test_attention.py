@@ -9,6 +9,7 @@ from transformers.models.llama.modeling_llama import LlamaAttention, eager_atten
 
 from unsee.impl.engines.hf import adapter
 from unsee.impl.engines.registry import make_engine
+from unsee.properties.engines import get_model
 
 
 def get_attention_module(heads: int, kv_heads: int) -> LlamaAttention:
@@ -60,8 +61,8 @@ def run_episode(lm) -> tuple[str, list[int]]:
     return engine.digest(), out
 
 
-def test_models_load_with_grouped_attention_and_keep_eager_bits(monkeypatch, tiny_model):
-    lm = tiny_model  # 4 query heads over 2 key/value heads
+def test_models_load_with_grouped_attention_and_keep_eager_bits(monkeypatch, one_thread):
+    lm = get_model("tiny", attn="unsee_eager")  # 4 query heads over 2 key/value heads (sdpa is the default)
     assert lm.model.config._attn_implementation == adapter.ATTN_IMPLEMENTATION == "unsee_eager"
     monkeypatch.setattr(adapter, "GROUPED_ATTENTION_FROM", 10**9)  # the model's eager function throughout
     eager = run_episode(lm)

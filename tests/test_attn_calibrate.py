@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -14,6 +15,8 @@ from unsee.impl.engines.hf.models import load_model
 from unsee.impl.engines.registry import make_engine
 from unsee.impl.store.backend import LEGACY_ATTN, get_engine_meta, read_stored_engine
 from unsee.impl.store.receipt import environment
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "secret_in_tool_result.json"
 
 
 @pytest.mark.parametrize("attn,device,dtype,message", [
@@ -37,12 +40,47 @@ def test_the_attention_is_loaded_and_recorded(attn):
     assert engine.determinism.canonical_chunking == "turn"  # decode != prefill measured for every CPU attention
 
 
-def test_the_default_is_ours_on_the_cpu_and_legacy_stores_keep_it():
-    assert load_model("tiny").attn == attention.get_default_attn("cpu") == "unsee_eager"
+def test_the_default_is_sdpa_on_the_cpu_and_legacy_stores_keep_ours():
+    assert load_model("tiny").attn == attention.get_default_attn("cpu") == "sdpa"
+    assert attention.get_default_attn("cuda") == "unsee_eager"  # nothing measured on CUDA here
     legacy = read_stored_engine({"model": "tiny", "dtype": "float32"})
     assert legacy.get_loader_options({"dtype": "float32"})["attn"] == LEGACY_ATTN == "unsee_eager"
     recorded = read_stored_engine({"model": "tiny", "dtype": "float32", "engine_options": '{"attn": "sdpa"}'})
     assert recorded.get_loader_options({"dtype": "float32"})["attn"] == "sdpa"
+
+
+def test_a_family_without_the_default_falls_back_to_ours():
+    """Gemma 2's soft-capped attention has no sdpa path in transformers: the default
+    loads it with ours; naming sdpa for it is transformers' error, naming the class."""
+    assert load_model("tiny-gemma2").attn == "unsee_eager"
+    assert "attention unsee_eager" in load_model("tiny-gemma2").determinism
+    with pytest.raises(ValueError, match="Gemma2ForCausalLM"):
+        load_model("tiny-gemma2", attn="sdpa")
+
+
+def test_a_session_stored_before_the_switch_rebuilds_with_its_attention(tmp_path, capsys):
+    """A store written under the old default (``unsee_eager`` recorded, or no
+    ``engine_options`` at all, from before ``--attn``) is rebuilt with ours, not
+    with today's default: its KV bits, and so its digests, are ours'."""
+    import sqlite3
+
+    from unsee.impl.store.backend import load_stored_engine
+    from unsee.impl.store.sqlite import SessionStore
+
+    path = tmp_path / "old.db"
+    assert main(["run", str(EXAMPLE), "--model", "tiny", "--attn", "unsee_eager",
+                 "--store", str(path)]) == 0
+    capsys.readouterr()
+    with SessionStore.open(path) as store:
+        meta = store.get_meta()
+    assert json.loads(meta["engine_options"]) == {"attn": "unsee_eager"}
+    assert load_stored_engine(meta).lm.attn == "unsee_eager"
+    with sqlite3.connect(path) as conn:  # as a store from before --attn: no engine record at all
+        conn.execute("DELETE FROM meta WHERE key IN ('backend', 'model_ref', 'engine_options')")
+    legacy = {key: value for key, value in meta.items() if key not in ("backend", "model_ref", "engine_options")}
+    assert load_stored_engine(legacy).lm.attn == "unsee_eager" != attention.get_default_attn("cpu")
+    assert main(["show", str(path), "--json", "--model", "tiny"]) == 0
+    assert json.loads(capsys.readouterr().out)["verified"]  # its digest rebuilt, bit for bit
 
 
 def test_unmeasured_configurations_get_the_conservative_facts():
@@ -66,8 +104,10 @@ def test_compute_bound_refuses_nothing_measured():
 
 def test_where_a_bound_comes_from(tmp_path):
     eager = make_engine(load_model("tiny", attn="eager", cache_dir=tmp_path))
-    assert eager.draft_bound == 5e-5 and eager.draft_bound_source.startswith("measured: DRAFT_BOUNDS")
-    lm = load_model("tiny", attn="sdpa", cache_dir=tmp_path)
+    assert eager.draft_bound == 5e-5 and eager.draft_bound_source.startswith("measured: DRAFT_BOUNDS(")
+    shipped_sdpa = make_engine(load_model("tiny", attn="sdpa", cache_dir=tmp_path))
+    assert shipped_sdpa.draft_bound_source.startswith("measured: SDPA_DRAFT_BOUNDS('tiny', 'cpu', 'float32')")
+    lm = load_model("tiny", attn="sdpa", dtype="bfloat16", cache_dir=tmp_path)  # no shipped row
     sdpa = make_engine(lm)
     assert sdpa.draft_bound is None and sdpa.draft_bound_source.startswith("none")
     key = bounds.get_key_of(lm)
@@ -100,3 +140,15 @@ def test_calibrate_writes_the_bound_engines_then_use(tmp_path, capsys):
     assert 0 <= out["decisions_clearing_threshold"] <= 1 and "margins" not in out
     engine = make_engine(load_model("tiny", dtype="bfloat16", attn="sdpa", cache_dir=tmp_path))
     assert (engine.draft_bound, engine.draft_bound_source) == (out["bound"], f"calibrated: {out['path']}")
+
+
+def test_the_help_says_the_default(capsys):
+    """``--attn``'s help names each device's default (options.ATTN_DEFAULT_HELP is
+    written out so that ``unsee --help`` loads no transformers; this keeps it true)."""
+    from unsee.impl.cli.options import ATTN_DEFAULT_HELP
+
+    for kind, name in attention.DEFAULT_ATTN.items():
+        assert f"{name} on {kind}" in ATTN_DEFAULT_HELP
+    with pytest.raises(SystemExit):
+        main(["run", "--help"])
+    assert "sdpa on cpu" in " ".join(capsys.readouterr().out.split())

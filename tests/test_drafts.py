@@ -7,7 +7,14 @@ import torch
 
 from unsee.impl.agent.episode import parse_episode
 from unsee.impl.agent.runtime import AgentRuntime
-from unsee.impl.engines.decoding import get_draft_bound, get_lookup, get_scores, pick
+from unsee.impl.engines.decoding import (
+    SDPA_DRAFT_BOUNDS,
+    get_draft_bound,
+    get_draft_bound_row,
+    get_lookup,
+    get_scores,
+    pick,
+)
 from unsee.impl.engines.hf import adapter
 from unsee.impl.engines.registry import make_engine
 from unsee.properties.engines import get_model
@@ -90,6 +97,17 @@ def test_bounds_are_known_only_where_measured():
     assert get_draft_bound("smollm2", "cuda", "bfloat16") is None
     assert get_draft_bound("smollm2", "cpu", "bfloat16") is None
     assert get_draft_bound("/some/checkpoint", "cpu", "float32") is None
+
+
+def test_each_attention_reads_its_own_rows():
+    """sdpa rounds differently from eager, so its bounds are its own rows; ours
+    (unsee_eager) gives eager's bits and reads eager's; an unknown one has none."""
+    assert get_draft_bound_row("tiny", "cpu", "float32", "unsee_eager") == (
+        get_draft_bound("tiny", "cpu", "float32"), "DRAFT_BOUNDS('tiny', 'cpu', 'float32')")
+    assert get_draft_bound_row("tiny", "cpu", "float32", "sdpa") == (
+        SDPA_DRAFT_BOUNDS[("tiny", "cpu", "float32")], "SDPA_DRAFT_BOUNDS('tiny', 'cpu', 'float32')")
+    assert get_draft_bound("tiny", "cpu", "bfloat16", "sdpa") is None
+    assert get_draft_bound("tiny", "cpu", "float32", "flash_attention_2") is None
 
 
 def test_exponential_race_depends_on_seed_and_position_only():

@@ -38,6 +38,7 @@ from unsee.impl.store.sqlite import (
     session_files,
 )
 from unsee.impl.util.exclusive import SessionBusyError
+from unsee.properties.engines import get_model
 
 CHILD = Path(__file__).with_name("store_child.py")
 SECRET = "738215 Quillmere Road"
@@ -575,7 +576,8 @@ def test_a_store_without_an_engine_record_is_a_transformers_session(lm, tmp_path
     import sqlite3
 
     path = tmp_path / "s.db"
-    with PersistentSession.create(path, run(lm, EPISODE, 4)) as session:
+    ours = get_model("tiny", attn="unsee_eager")  # such stores ran with ours, the only attention then
+    with PersistentSession.create(path, run(ours, EPISODE, 4)) as session:
         meta = session.store.get_meta()
     assert (meta["backend"], meta["model_ref"], json.loads(meta["engine_options"])) == ("transformers", "tiny",
                                                                                        {"attn": "unsee_eager"})

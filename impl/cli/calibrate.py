@@ -15,6 +15,7 @@ import argparse
 import json
 import platform
 
+from unsee.impl.cli.options import ATTN_DEFAULT_HELP
 from unsee.impl.util.progress import open_bar
 
 # engines.bounds (and torch behind it) are imported where used: the parser imports this
@@ -29,7 +30,7 @@ def add_calibrate_parser(sub) -> argparse.ArgumentParser:
     cal.add_argument("--device", default="cpu", help="cpu or cuda")
     cal.add_argument("--dtype", default="float32", help="float32, bfloat16 or float16")
     cal.add_argument("--attn", default=None, help="unsee_eager, eager, sdpa, or flash_attention_2 on CUDA "
-                                                  "(default: the device's)")
+                                                  f"({ATTN_DEFAULT_HELP})")
     cal.add_argument("--prompts", type=int, default=20, help="greedy turns measured per thread count (default 20)")
     cal.add_argument("--tokens", type=int, default=60, help="tokens per turn (default 60)")
     cal.add_argument("--threads", default="1,2", help="torch thread counts measured, comma-separated (default 1,2)")

@@ -106,12 +106,17 @@ def get_vllm_options(args: argparse.Namespace) -> dict:
     return given
 
 
+#: What ``--attn`` defaults to, in words: hf/attention.py's DEFAULT_ATTN (not imported
+#: here: it loads transformers, which ``unsee --help`` does not need; a test compares them).
+ATTN_DEFAULT_HELP = ("default: the device's fastest exact one, sdpa on cpu (unsee_eager for a model "
+                     "without an sdpa path), unsee_eager on cuda")
+
+
 def add_attn_option(parser: argparse.ArgumentParser) -> None:
     """``--attn``: the transformers engine's attention implementation (docs/engines.md,
     "Attention and dtypes")."""
-    parser.add_argument("--attn", default=None,
-                        help="transformers: unsee_eager, eager, sdpa, or flash_attention_2 on CUDA where "
-                             "installed (default: the device's fastest exact one)")
+    parser.add_argument("--attn", default=None, help="transformers: unsee_eager, eager, sdpa, or flash_attention_2 "
+                                                     f"on CUDA where installed ({ATTN_DEFAULT_HELP})")
 
 
 def get_loader_options(backend: str, device: str, dtype: str, attn: str | None = None) -> dict:
@@ -156,6 +161,6 @@ def get_method_help(default: str) -> str:
             f"(default: {default})")
 
 
-__all__ = ["DeprecatedAlias", "add_alias", "add_attn_option", "add_engine_options", "add_json_option", "add_stored_engine_option",
+__all__ = ["ATTN_DEFAULT_HELP", "DeprecatedAlias", "add_alias", "add_attn_option", "add_engine_options", "add_json_option", "add_stored_engine_option",
            "add_stored_model_options",
            "get_loader_options", "get_method_help", "get_spelling", "parse_bytes", "parse_method", "parse_method_list"]

@@ -4,9 +4,10 @@ Draft verification (impl/agent/drafts.py) accepts a decision taken on prefill lo
 when its margin clears twice a ceiling on |logit_prefill - logit_decode| for the model,
 device, dtype and attention that run it. That ceiling comes from, in order:
 
-1. a shipped row of :data:`~unsee.impl.engines.decoding.DRAFT_BOUNDS`, measured by
-   ``python -m unsee.bench.discrepancy`` with eager attention (``unsee_eager`` gives
-   eager's bits), so it holds for ``eager`` and ``unsee_eager`` only;
+1. a shipped row of the configuration's attention, measured by
+   ``python -m unsee.bench.discrepancy --attn A``: :data:`~unsee.impl.engines.decoding.DRAFT_BOUNDS`
+   for ``eager`` and ``unsee_eager`` (eager's bits), ``SDPA_DRAFT_BOUNDS`` for ``sdpa``
+   (:data:`~unsee.impl.engines.decoding.DRAFT_BOUNDS_BY_ATTN`);
 2. a calibrated file that ``unsee calibrate`` wrote beside the model in the cache folder
    (``$UNSEE_CACHE`` or ``~/.cache/unsee``, under ``bounds/``), named by the model's
    identity, the device kind, the dtype, the attention and the torch and transformers
@@ -28,11 +29,11 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from unsee.impl.engines.decoding import get_draft_bound
+from unsee.impl.engines.decoding import DRAFT_BOUNDS_BY_ATTN, get_draft_bound_row
 from unsee.impl.engines.files import default_cache_dir
 
-#: The attention implementations the shipped rows were measured with.
-SHIPPED_ATTN = ("unsee_eager", "eager")
+#: The attention implementations with shipped rows (each its own table: decoding.DRAFT_BOUNDS_BY_ATTN).
+SHIPPED_ATTN = tuple(DRAFT_BOUNDS_BY_ATTN)
 #: A calibrated bound is at least this many times the measured maximum (as the shipped rows are).
 SAFETY_FACTOR = 10
 BOUNDS_FOLDER = "bounds"
@@ -127,10 +128,9 @@ def read_calibration(key: BoundKey, cache_dir: str | os.PathLike | None = None) 
 def get_bound(key: BoundKey, name: str, cache_dir: str | os.PathLike | None = None) -> tuple[float | None, str]:
     """``(bound, source)`` of a configuration (module docstring): a shipped row, a
     calibrated file, or ``(None, "none ...")``."""
-    if key.attn in SHIPPED_ATTN:
-        shipped = get_draft_bound(name, key.device, key.dtype)
-        if shipped is not None:
-            return shipped, f"measured: DRAFT_BOUNDS{(name, key.device, key.dtype)} (bench/discrepancy.py)"
+    shipped = get_draft_bound_row(name, key.device, key.dtype, key.attn)
+    if shipped is not None:
+        return shipped[0], f"measured: {shipped[1]} (bench/discrepancy.py)"
     found = read_calibration(key, cache_dir)
     if found is not None:
         return found[0], f"calibrated: {found[1]}"

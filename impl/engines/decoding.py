@@ -36,10 +36,48 @@ DRAFT_BOUNDS = {**DRAFT_BOUNDS, **{(name, "cpu", "float32"): bound for name, bou
     ("tiny-gemma2", 1e-4), ("tiny-gemma3", 1e-4), ("tiny-phi3", 5e-5), ("tiny-qwen2moe", 5e-5))}}
 
 
-def get_draft_bound(name: str, device: str, dtype: str) -> float | None:
-    """The measured discrepancy bound of a configuration, or None (drafts off)."""
+#: The same measurement with ``attn="sdpa"`` (``python -m unsee.bench.discrepancy
+#: --model M --attn sdpa``, the eager rows' prompts, tokens, threads and factor;
+#: torch 2.13.0+cpu, transformers 5.23.0): sdpa rounds the attention its own way,
+#: so its rows are its own.
+#:
+#: smollm2 cpu float32: max 9.9e-5 over 1,440 positions (8 prompts; p99 5.8e-5);
+#:   bound 1e-3, 10x (eager's: 7.5e-5, 13x).
+#: tiny cpu float32: max 2.2e-6 over 3,600 positions (20 prompts); bound 5e-5, 23x.
+#: tiny-ties cpu float32: max 1.8e-6 over 3,600 positions; bound 5e-5, 28x.
+#: The zoo (``--prompts 30``, 5,400 positions each; tiny-gemma2 has no sdpa path in
+#: transformers, so it runs ours and reads its eager row): tiny-llama max 2.1e-6,
+#: tiny-qwen2 2.4e-6, tiny-qwen3 2.6e-6, tiny-mistral 2.0e-6, tiny-phi3 2.4e-6,
+#: tiny-qwen2moe 2.4e-6: bound 5e-5, 19-25x; tiny-gemma3 7.9e-6: bound 1e-4, 13x.
+SDPA_DRAFT_BOUNDS: Mapping[tuple[str, str, str], float] = {
+    ("smollm2", "cpu", "float32"): 1e-3,
+    ("tiny", "cpu", "float32"): 5e-5,
+    ("tiny-ties", "cpu", "float32"): 5e-5,
+    **{(name, "cpu", "float32"): bound for name, bound in (
+        ("tiny-llama", 5e-5), ("tiny-qwen2", 5e-5), ("tiny-qwen3", 5e-5), ("tiny-mistral", 5e-5),
+        ("tiny-gemma3", 1e-4), ("tiny-phi3", 5e-5), ("tiny-qwen2moe", 5e-5))},
+}
+
+#: The shipped table of each attention implementation. ``unsee_eager`` gives
+#: eager's bits (docs/engines.md, "Attention and dtypes"), so it reads eager's rows.
+DRAFT_BOUNDS_BY_ATTN: Mapping[str, tuple[str, Mapping[tuple[str, str, str], float]]] = {
+    "eager": ("DRAFT_BOUNDS", DRAFT_BOUNDS), "unsee_eager": ("DRAFT_BOUNDS", DRAFT_BOUNDS),
+    "sdpa": ("SDPA_DRAFT_BOUNDS", SDPA_DRAFT_BOUNDS)}
+
+
+def get_draft_bound_row(name: str, device: str, dtype: str, attn: str = "eager") -> tuple[float, str] | None:
+    """The shipped bound of a configuration and the row it came from, in words
+    (``DRAFT_BOUNDS('tiny', 'cpu', 'float32')``), or None where no row holds it."""
     kind = "cuda" if device.startswith("cuda") else device
-    return DRAFT_BOUNDS.get((name, kind, dtype))
+    table_name, table = DRAFT_BOUNDS_BY_ATTN.get(attn, ("", {}))
+    bound = table.get((name, kind, dtype))
+    return None if bound is None else (bound, f"{table_name}{(name, kind, dtype)}")
+
+
+def get_draft_bound(name: str, device: str, dtype: str, attn: str = "eager") -> float | None:
+    """The measured discrepancy bound of a configuration, or None (drafts off)."""
+    row = get_draft_bound_row(name, device, dtype, attn)
+    return None if row is None else row[0]
 
 
 def get_scores(logits: torch.Tensor, temperature: float, seed: int | None, position: int) -> torch.Tensor:

@@ -48,10 +48,14 @@ ATTN_FACTS: Mapping[tuple[str, str, str], tuple[bool, bool, bool, bool, bool]] =
 UNMEASURED = (True, True, False, False, False)
 
 #: The default implementation per device kind: the fastest exact one with a shipped draft
-#: bound (docs/engines.md, "Attention and dtypes", has the speeds and the reasoning). On CUDA
-#: nothing has been measured here, so it stays eager's bits (``unsee_eager`` runs eager off
-#: the CPU) until ``make gpu`` (docs/gpu.md) measures the others there.
-DEFAULT_ATTN = {"cpu": "unsee_eager", "cuda": "unsee_eager"}
+#: bound (docs/engines.md, "Attention and dtypes", has the speeds and the reasoning). On the
+#: CPU that is ``sdpa``: exact under the canonical chunking (its facts above), faster than
+#: ours in prefill and decode (``python -m unsee.bench.attention``), with its own shipped
+#: rows (decoding.SDPA_DRAFT_BOUNDS). A store records the attention it ran with, and is
+#: rebuilt with that one, not with this default (store/backend.py). On CUDA nothing has been
+#: measured here, so it stays eager's bits (``unsee_eager`` runs eager off the CPU) until
+#: ``make gpu`` (docs/gpu.md) measures the others there.
+DEFAULT_ATTN = {"cpu": "sdpa", "cuda": "unsee_eager"}
 
 
 def flash_available(name: str) -> bool:
@@ -96,6 +100,18 @@ def set_attention(model, attn: str):
     return model
 
 
+def set_default_attention(model, attn: str):
+    """``(model, name)``: the device's default ``attn`` on ``model``, or ours where the
+    model's class has no ``attn`` path (transformers refuses it: Gemma 2's soft-capped
+    attention has no sdpa one), so that a default never refuses a model."""
+    try:
+        return set_attention(model, attn), attn
+    except ValueError:
+        if attn == OURS:
+            raise
+        return set_attention(model, OURS), OURS
+
+
 def get_determinism_facts(device: str, attn: str, dtype: str) -> dict[str, bool]:
     """The measured bitwise facts of a configuration (:data:`ATTN_FACTS`), by field name."""
     key = (get_device_kind(device), "unsee_eager" if attn == OURS else attn, dtype)
@@ -110,4 +126,4 @@ def is_measured(device: str, attn: str, dtype: str) -> bool:
 
 
 __all__ = ["ATTN_FACTS", "ATTN_NAMES", "DEFAULT_ATTN", "FLASH", "OURS", "check_attn", "flash_available",
-           "get_default_attn", "get_determinism_facts", "is_measured", "set_attention"]
+           "get_default_attn", "get_determinism_facts", "is_measured", "set_attention", "set_default_attention"]

@@ -350,13 +350,17 @@ def load_model(
     """
     dtype_name, torch_dtype = _check_dtype(dtype)
     device = _check_device(device)
-    attn = attention.check_attn(attn, device, dtype_name)
+    chosen = attention.check_attn(attn, device, dtype_name)
     source = resolve_source(name_or_path)
-    determinism = _set_determinism(device, dtype_name) + f"; attention {attn}"
+    determinism = _set_determinism(device, dtype_name)
 
     t0 = time.perf_counter()
     model, tok, eos_ids, info = load_weights(source, cache_dir)
-    model = attention.set_attention(adapter.place(model, device, torch_dtype), attn)
+    model = adapter.place(model, device, torch_dtype)
+    # a default the model's class lacks falls back to ours; a named one is that one or an error
+    model, attn = attention.set_default_attention(model, chosen) if attn is None else (
+        attention.set_attention(model, chosen), chosen)
+    determinism += f"; attention {attn}"
     info.update(load_s=round(time.perf_counter() - t0, 3), transformers=adapter.TRANSFORMERS_VERSION,
                 torch=torch.__version__, cache_dir=str(cache_dir if cache_dir is not None else default_cache_dir()))
     return LoadedModel(
