@@ -31,6 +31,7 @@ from tqdm import tqdm
 
 from unsee.impl.agent.episode import CHECKPOINT_POLICIES, Episode
 from unsee.impl.agent.runtime import AgentRuntime
+from unsee.impl.cli.options import check_vllm_scale_out
 from unsee.impl.engines import registry
 from unsee.impl.engines.protocol import Engine
 from unsee.impl.eval.paper import (
@@ -706,8 +707,8 @@ VLLM_OPTIONS = ("tensor_parallel_size", "distributed_executor_backend")
 def get_engine_spec(name: str, model: str, device: str, dtype: str,
                     vllm_options: dict | None = None) -> tuple[str, str, dict]:
     """``(backend, model, options)`` that ``name`` (a backend or a one-word
-    engine name) stands for: ``--device``/``--dtype`` go to transformers,
-    ``vllm_options`` to vLLM; a ValueError naming both lists otherwise."""
+    engine name) stands for: ``--device``/``--dtype`` go to transformers
+    and vLLM (whose restore bound is looked up by them), ``vllm_options`` to vLLM; a ValueError naming both lists otherwise."""
     if name in registry.BACKENDS:
         backend, named_model = name, model
     elif name in registry.ENGINE_NAMES:
@@ -715,7 +716,8 @@ def get_engine_spec(name: str, model: str, device: str, dtype: str,
     else:
         raise ValueError(f"engine {name!r} is neither a backend {registry.BACKENDS} nor an engine name "
                          f"{tuple(registry.ENGINE_NAMES)}")
-    options = {"transformers": {"device": device, "dtype": dtype}, "vllm": dict(vllm_options or {})}
+    options = {"transformers": {"device": device, "dtype": dtype},
+               "vllm": {"device": device, "dtype": dtype, **(vllm_options or {})}}
     return backend, named_model, options.get(backend, {})
 
 
@@ -732,6 +734,7 @@ def get_engine_specs(names: list[str], args) -> dict[str, tuple[str, str, dict]]
     """Every name's :func:`get_engine_spec`; vLLM's scale-out options given
     with no vLLM engine among ``names`` are bad input (a ValueError)."""
     vllm_options = {k: getattr(args, k) for k in VLLM_OPTIONS if getattr(args, k, None) is not None}
+    check_vllm_scale_out(vllm_options)
     specs = {name: get_engine_spec(name, args.model, args.device, args.dtype, vllm_options) for name in names}
     if vllm_options and not any(backend == "vllm" for backend, _, _ in specs.values()):
         raise ValueError(f"--{next(iter(vllm_options)).replace('_', '-')} is a vLLM option; no engine of "

@@ -94,7 +94,7 @@ def test_engine_names_resolve_through_the_registry():
     assert get_engine_spec("llamacpp", "smollm2", "cpu", "float32") == ("llamacpp", "smollm2", {})
     assert get_engine_spec("llamacpp-tiny", "smollm2", "cpu", "float32") == ("llamacpp", "tiny", {})
     assert get_engine_spec("vllm-tiny", "smollm2", "cpu", "float32", {"tensor_parallel_size": 2}) == (
-        "vllm", "tiny", {"tensor_parallel_size": 2})
+        "vllm", "tiny", {"device": "cpu", "dtype": "float32", "tensor_parallel_size": 2})
     with pytest.raises(ValueError, match="engine 'vlm' is neither a backend"):
         get_engine_spec("vlm", "smollm2", "cpu", "float32")
     assert parse_engines(" transformers, llamacpp,transformers ") == ["transformers", "llamacpp"]
@@ -107,9 +107,10 @@ def test_scale_out_options_reach_the_vllm_engines_only():
     vLLM engine of --engines (the loader's options), to no other; given with
     no vLLM engine, they are bad input."""
     argv = ["--engines", "vllm,tiny,llamacpp-tiny", "--tensor-parallel-size", "2",
-            "--distributed-executor-backend", "ray"]
+            "--distributed-executor-backend", "mp"]
     specs = get_engine_specs(parse_engines("vllm,tiny,llamacpp-tiny"), get_parser().parse_args(argv))
-    assert specs["vllm"] == ("vllm", "smollm2", {"tensor_parallel_size": 2, "distributed_executor_backend": "ray"})
+    assert specs["vllm"] == ("vllm", "smollm2", {"device": "cpu", "dtype": "float32", "tensor_parallel_size": 2,
+                                                 "distributed_executor_backend": "mp"})
     assert specs["tiny"][2] == {"device": "cpu", "dtype": "float32"} and specs["llamacpp-tiny"][2] == {}
     with pytest.raises(ValueError, match="--tensor-parallel-size is a vLLM option"):
         get_engine_specs(["tiny"], get_parser().parse_args(["--tensor-parallel-size", "2"]))
