@@ -299,3 +299,23 @@ def test_ray_absent_or_gpu_workers_are_clear_errors(monkeypatch, tmp_path, capsy
     assert main(base + ["--workers", "2", "--tensor-parallel-size", "2"]) == 2
     assert "--workers 1 and scale one engine with --tensor-parallel-size" in capsys.readouterr().err
     assert not (tmp_path / "e").exists() and not (tmp_path / "p").exists()  # nothing ran, nothing written
+
+
+@needs_vllm
+def test_table1_runs_each_method_on_a_session_of_its_own(engine_factory_vllm):
+    """bench/paper.py on vLLM: B7's counts after B7-oracle in the same round
+    equal B7's alone, and repeat over rounds. On forks of one session the
+    oracle's replay leaves blocks under the session's salt that B7's replay
+    hits (one 128-token block more served, one less prefilled)."""
+    from types import SimpleNamespace
+
+    from unsee.bench.paper import is_serving_engine, make_table1_episode, measure_episode
+
+    engine = engine_factory_vllm()
+    assert is_serving_engine(engine)
+    episode = make_table1_episode(engine, SimpleNamespace(turns_after=4, tau=3, max_new_tokens=8), "current")
+    fields = ("prefilled_tokens", "decoded_tokens", "reused_tokens")
+    alone = measure_episode(engine, episode, ("replay",), 1)["methods"]["replay"]
+    after = measure_episode(engine, episode, ("replay-oracle", "replay"), 2)  # rounds: counts checked equal
+    assert {k: after["methods"]["replay"][k] for k in fields} == {k: alone[k] for k in fields}
+    assert "floor" not in after  # vLLM's prefill computes nothing until a request: no floor to time
