@@ -196,15 +196,23 @@ def test_scale_out_options_reach_the_loader_only_with_vllm(monkeypatch):
 
 # --- unsee eval and the benches on vLLM ------------------------------------------------------------
 
+#: engines a test loaded and must outlive it: freeing a vLLM LLM tears down vLLM's
+#: process-wide parallel groups, which breaks every other vLLM engine of the process
+_KEEP_ALIVE: list = []
+
+
 @needs_vllm
-def test_eval_runs_end_to_end_on_vllm_tiny(tmp_path, capsys):
+def test_eval_runs_end_to_end_on_vllm_tiny(tmp_path, capsys, monkeypatch):
     """`unsee eval --engine vllm` on vllm-tiny: the CLI loads one vLLM engine in
     this process, B5 and B7 rows are written with vLLM's backend, the forget
     reaches the reset's digest, and the distributional audit ran."""
     import json
 
     from unsee.impl.cli.main import main
+    from unsee.impl.eval import run as eval_run
 
+    load = eval_run.load_engine
+    monkeypatch.setattr(eval_run, "load_engine", lambda config: _KEEP_ALIVE.append(load(config)) or _KEEP_ALIVE[-1])
     out = tmp_path / "eval"
     argv = ["eval", "--engine", "vllm", "--model", "tiny", "--suite", "memory", "--episodes", "1", "--method",
             "replay", "--samples", "1", "--turn-tokens", "4", "--out", str(out), "--quiet"]
@@ -217,6 +225,7 @@ def test_eval_runs_end_to_end_on_vllm_tiny(tmp_path, capsys):
     assert rows["replay"]["efficiency"]["reused_tokens"] > 0  # its restore was served by vLLM's prefix cache
     assert rows["replay"]["dist"]["sets"]["a"]["texts"]  # the audit sampled on vLLM
     assert "report.md" in capsys.readouterr().out
+    assert [e.lm.name for e in _KEEP_ALIVE] == ["vllm-tiny"]  # the loader ran once, in this process
 
 
 class _LLMBuilt(Exception):
