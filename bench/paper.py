@@ -31,6 +31,8 @@ from tqdm import tqdm
 
 from unsee.impl.agent.episode import CHECKPOINT_POLICIES, Episode
 from unsee.impl.agent.runtime import AgentRuntime
+from unsee.impl.cli.options import check_vllm_scale_out
+from unsee.impl.engines import registry
 from unsee.impl.engines.protocol import Engine
 from unsee.impl.eval.paper import (
     INDEP1_WALL_P50_S,
@@ -44,7 +46,6 @@ from unsee.impl.eval.paper import (
 from unsee.impl.eval.report import fmt, render_table
 from unsee.impl.methods.baselines import METHODS, PAPER_NAMES, apply_method
 
-from .engines_paper import describe_engine, load_engines, parse_engines, render_engines
 from .episodes import HISTORY_KINDS, make_bench_episode, make_indep_episode
 from .floor import compute_floor, get_excess
 from .sweep import fit_r2
@@ -85,71 +86,120 @@ def get_methods(wanted: Sequence[str], notes: list[str]) -> list[str]:
     return out
 
 
+def is_serving_engine(engine: Engine) -> bool:
+    """Whether ``engine`` serves requests from one prefix cache that all its
+    lineages share (vLLM: blocks under the session's salt, dropped by
+    ``release_prefix_cache``). Measured alike on forks of one session, one
+    method's run would serve the next's (a forget's replay hits the blocks the
+    oracle's replay left under the session's salt: on vllm-tiny one block of
+    128 tokens, prefilled once and served to the other), and one round would
+    serve the next; so every method run there gets a session of its own, the
+    cache released first. Its prefill computes nothing until a request, so the
+    compute floor's raw run (bench/floor.py: prefill and crop only) would time
+    nothing: no floor is measured there."""
+    return callable(getattr(engine, "release_prefix_cache", None))
+
+
+def new_session(engine: Engine, episode: Episode, keep: set[str]) -> AgentRuntime:
+    """``episode`` run on a session of its own: every lineage not in ``keep``
+    dropped and, on a serving engine, its prefix cache released first, so
+    nothing an earlier run cached can serve this one."""
+    _drop_new(engine, keep)
+    if is_serving_engine(engine):
+        engine.release_prefix_cache()
+    return AgentRuntime.from_episode(engine, episode)
+
+
+def run_rounds(engine: Engine, episode: Episode, methods: Sequence[str], rounds: int, floor: bool,
+               keep: set[str]) -> tuple[AgentRuntime, dict[str, list[dict]], list[dict]]:
+    """Every method ``rounds`` times, each run a fork of one session of
+    ``episode`` (on a serving engine, :func:`is_serving_engine`, a session of
+    its own), and the compute floor once per round: ``(the last session, the
+    rows per method, the floors)``."""
+    serving = is_serving_engine(engine)
+    base, used = new_session(engine, episode, keep), False
+    source = episode.target.source
+    boundary = base.checkpoints.latest_before(base.graph.first_entry(source)).boundary
+    runs: dict[str, list[dict]] = {m: [] for m in methods}
+    floors: list[dict] = []
+    for _ in range(rounds):
+        for method in methods:
+            if serving and used:
+                base = new_session(engine, episode, keep)
+            used, kept = True, set(engine.lineages)
+            cpu_started = time.thread_time()
+            runtime, result = apply_method(base, method, source)
+            # the model work on a loaded machine (one torch thread: it runs in this thread);
+            # it includes the fork, a copy-on-write share that costs microseconds
+            cpu = time.thread_time() - cpu_started
+            row = {k: getattr(result, k) for k in COST_FIELDS}
+            row.update({k: getattr(result, k, 0) for k in OPTIONAL_FIELDS})
+            row.update(wall_s=result.wall_s, cpu_s=cpu, digest=result.digest,
+                       boundary=result.report.boundary if result.report else None,
+                       draft_turns=(result.report.drafts or {}).get("turns", []) if result.report else [])
+            runs[method].append(row)
+            if floor and method == "reset" and len(floors) < rounds:
+                floors.append(compute_floor(engine, base, runtime, boundary).to_json())
+            _drop_new(engine, kept)
+        if floor and "reset" not in methods:
+            kept = set(engine.lineages)
+            runtime, _ = apply_method(base, "reset", source)
+            floors.append(compute_floor(engine, base, runtime, boundary).to_json())
+            _drop_new(engine, kept)
+    return base, runs, floors
+
+
 def measure_episode(engine: Engine, episode: Episode, methods: Sequence[str], rounds: int,
                     floor: bool = True, profile: Sequence[str] = ()) -> dict:
     """Run ``episode`` once, then every method ``rounds`` times on forks of it
-    (and the compute floor once per round). Every cache made here is dropped.
-    Each method of ``profile`` then runs once more under
+    (and the compute floor once per round; :func:`run_rounds`). Every cache
+    made here is dropped. Each method of ``profile`` then runs once more under
     :func:`bench.timing.time_engine` (outside the timed rounds): where its
     time goes, in ``breakdown``."""
     before = set(engine.lineages)
+    floor = floor and not is_serving_engine(engine)
     try:
-        base = AgentRuntime.from_episode(engine, episode)
+        base, runs, floors = run_rounds(engine, episode, methods, rounds, floor, before)
         source = episode.target.source
         tau = base.graph.first_entry(source)
         boundary = base.checkpoints.latest_before(tau).boundary
-        runs: dict[str, list[dict]] = {m: [] for m in methods}
-        floors: list[dict] = []
-        for _ in range(rounds):
-            for method in methods:
-                kept = set(engine.lineages)
-                cpu_started = time.thread_time()
-                runtime, result = apply_method(base, method, source)
-                # the model work on a loaded machine (one torch thread: it runs in this thread);
-                # it includes the fork, a copy-on-write share that costs microseconds
-                cpu = time.thread_time() - cpu_started
-                row = {k: getattr(result, k) for k in COST_FIELDS}
-                row.update({k: getattr(result, k, 0) for k in OPTIONAL_FIELDS})
-                row.update(wall_s=result.wall_s, cpu_s=cpu, digest=result.digest,
-                           boundary=result.report.boundary if result.report else None,
-                           draft_turns=(result.report.drafts or {}).get("turns", []) if result.report else [])
-                runs[method].append(row)
-                if floor and method == "reset" and len(floors) < rounds:
-                    floors.append(compute_floor(engine, base, runtime, boundary).to_json())
-                _drop_new(engine, kept)
-            if floor and "reset" not in methods:
-                kept = set(engine.lineages)
-                runtime, _ = apply_method(base, "reset", source)
-                floors.append(compute_floor(engine, base, runtime, boundary).to_json())
-                _drop_new(engine, kept)
-        breakdowns = {m: get_breakdown(engine, base, m, source) for m in profile if m in runs}
-        reset_digest = runs["reset"][0]["digest"] if "reset" in runs else None
         # the tokens every exact forget keeps (under every_turn: the whole history before the target)
         prefix = base.checkpoints.latest_before(tau).token_offset
         out = {"T": len(episode.steps), "tau": tau, "boundary": boundary,
                "policy": episode.settings.checkpoint_policy, "prefix_tokens": prefix,
                "suffix_tokens": engine.length(base.lineage) - prefix, "methods": {}}
+        breakdowns = {m: get_breakdown(engine, base if not is_serving_engine(engine)
+                                       else new_session(engine, episode, before), m, source)
+                      for m in profile if m in runs}
+        reset_digest = runs["reset"][0]["digest"] if "reset" in runs else None
         for method, rows in runs.items():
             out["methods"][method] = summarise(rows, reset_digest)
             if method in breakdowns:
                 out["methods"][method]["breakdown"] = breakdowns[method]
         if floors:
-            out["floor"] = {k: floors[0][k] for k in ("prefilled", "decoded", "recomputed", "forwards", "blocks")}
-            out["floor"]["wall_p50_s"] = statistics.median(f["wall_s"] for f in floors)
-            out["floor"]["wall_s"] = [f["wall_s"] for f in floors]
-            out["floor"]["cpu_p50_s"] = statistics.median(f["cpu_s"] for f in floors)
-            out["floor"]["cpu_s"] = [f["cpu_s"] for f in floors]
-            out["floor"]["changed_turns"] = len(floors[0]["changed_turns"])
-            out["floor"]["changed"] = get_changed_turns(episode, floors[0], boundary)
-            for row in out["methods"].values():
-                row["excess"] = get_excess(row["draft_turns"], floors[0]) if row["draft_turns"] else []
-                row["x_floor_wall"] = row["wall_p50_s"] / out["floor"]["wall_p50_s"]
-                row["x_floor_paired"] = get_paired_ratio(row["wall_s"], out["floor"]["wall_s"])
-                row["x_floor_cpu"] = row["cpu_p50_s"] / out["floor"]["cpu_p50_s"]
-                row["x_floor_recomputed"] = row["recomputed_tokens"] / max(out["floor"]["recomputed"], 1)
+            add_floor(out, floors, episode)
         return out
     finally:
         _drop_new(engine, before)
+
+
+def add_floor(out: dict, floors: list[dict], episode: Episode) -> None:
+    """The compute floor's counts and walls into ``out`` (a row of
+    :func:`measure_episode`), the turns it changed, and every method's ratio
+    to it."""
+    out["floor"] = {k: floors[0][k] for k in ("prefilled", "decoded", "recomputed", "forwards", "blocks")}
+    out["floor"]["wall_p50_s"] = statistics.median(f["wall_s"] for f in floors)
+    out["floor"]["wall_s"] = [f["wall_s"] for f in floors]
+    out["floor"]["cpu_p50_s"] = statistics.median(f["cpu_s"] for f in floors)
+    out["floor"]["cpu_s"] = [f["cpu_s"] for f in floors]
+    out["floor"]["changed_turns"] = len(floors[0]["changed_turns"])
+    out["floor"]["changed"] = get_changed_turns(episode, floors[0], out["boundary"])
+    for row in out["methods"].values():
+        row["excess"] = get_excess(row["draft_turns"], floors[0]) if row["draft_turns"] else []
+        row["x_floor_wall"] = row["wall_p50_s"] / out["floor"]["wall_p50_s"]
+        row["x_floor_paired"] = get_paired_ratio(row["wall_s"], out["floor"]["wall_s"])
+        row["x_floor_cpu"] = row["cpu_p50_s"] / out["floor"]["cpu_p50_s"]
+        row["x_floor_recomputed"] = row["recomputed_tokens"] / max(out["floor"]["recomputed"], 1)
 
 
 def get_breakdown(engine: Engine, base: AgentRuntime, method: str, source: str) -> dict:
@@ -394,9 +444,9 @@ def _describe_fit(name: str, fit: dict) -> str:
 
 def _render_header(result: dict, command: str) -> list[str]:
     lines = [f"<!-- generated by: {command} -->",
-             f"Model {result['model']}, {result['device']} {result['dtype']}, torch {result['torch']}, "
+             (f"Model {result['model']}, {result['device']} {result['dtype']}, torch {result['torch']}, "
              f"{result['threads']} threads, {result['rounds']} rounds (wall: p50), "
-             f"{result['max_new_tokens']} new tokens per turn. Command:", "", "```sh", command, "```", ""]
+             f"{result['max_new_tokens']} new tokens per turn. Command:"), "", "```sh", command, "```", ""]
     lines += [f"- note: {note}" for note in result["notes"]]
     return lines + ([""] if result["notes"] else [])
 
@@ -414,13 +464,13 @@ def _describe_shape(t: dict) -> str:
 def _render_table1_lead(t: dict, result: dict) -> list[str]:
     """Wall time first (same-round ratios), then decoded tokens, then the
     paper's Recomp with its prefilled and decoded parts apart."""
-    lines = [f"Wall time, the forget over each reference in the same round (median of {result['rounds']} "
-             "rounds; every round's ratio beside it):", ""]
+    lines = [(f"Wall time, the forget over each reference in the same round (median of {result['rounds']} "
+             "rounds; every round's ratio beside it):"), ""]
     lines += render_table(("ratio", "wall, same-round p50", "per round"), [
         _cells(w["ratio"], f"{w['p50']:.2f}x", ", ".join(f"{x:.2f}" for x in w["rounds"])) for w in t["walls"]])
-    lines += ["", "Tokens, each reference over the forget: decoded first (on this CPU a decoded token costs "
+    lines += ["", ("Tokens, each reference over the forget: decoded first (on this CPU a decoded token costs "
               "far more than a prefilled one), then prefilled, then Recomp as the paper counts it (prefilled + "
-              "decoded), beside the paper's ratios (impl/eval/paper.py: Recomp of B5 1235, B5' 202, B7 133).", ""]
+              "decoded), beside the paper's ratios (impl/eval/paper.py: Recomp of B5 1235, B5' 202, B7 133)."), ""]
     lines += render_table(("ratio", "decoded tokens", "prefilled tokens", "Recomp (prefilled + decoded)",
                            "paper (Recomp)"), [
         _cells(r["ratio"], f"{r['decoded_tokens']:.2f}x", f"{r['prefilled_tokens']:.2f}x",
@@ -445,15 +495,15 @@ def _render_table1(t: dict, result: dict) -> list[str]:
              f"{_describe_shape(t)} ![Table 1]({png})", ""]
     lines += _render_table1_lead(t, result)
     rows = [_method_row(method, m, _fmt(TABLE1_RECOMPUTED.get(method))) for method, m in t["methods"].items()]
-    lines += render_table(METHOD_HEADER, rows + [_floor_row(t["floor"])])
+    lines += render_table(METHOD_HEADER, rows + ([_floor_row(t["floor"])] if "floor" in t else []))
     lines += [""] + _describe_changed(t) + render_breakdown(t)
-    lines += ["", "B7 is this build's `forget` (verified draft replay where the build has drafts: see the draft "
-              "acceptance column); the paper's B7 assumes an attribution oracle (our B7-oracle).", ""]
+    lines += ["", ("B7 is this build's `forget` (verified draft replay where the build has drafts: see the draft "
+              "acceptance column); the paper's B7 assumes an attribution oracle (our B7-oracle)."), ""]
     excess = t["methods"].get("replay", {}).get("excess")
     if excess:
-        lines += ["Where B7 (ours) differs from the floor, turn by turn (`bench.floor.get_excess`): what a "
+        lines += [("Where B7 (ours) differs from the floor, turn by turn (`bench.floor.get_excess`): what a "
                   "replay cannot know before it verifies a draft, and (negative decoded) the decode steps "
-                  "that context guesses saved.", ""]
+                  "that context guesses saved."), ""]
         lines += render_table(("reason", "turns", "prefilled beyond the canonical chunk", "decoded beyond the floor",
                                "probe steps"), [
             _cells(e["why"], f"{len(e['turns'])} ({', '.join(e['turns'])})", e["prefilled"], e["decoded"],
@@ -465,9 +515,9 @@ def _render_table1(t: dict, result: dict) -> list[str]:
 def _render_tau(t: dict, result: dict) -> list[str]:
     fit = t["replay_fit"]["recomputed_tokens"]
     lines = ["### Tau sweep: transitions T - tau + 1", "",
-             f"`make_bench_episode`, T = {t['T']}. All B7 transitions equal T - tau + 1: "
+             (f"`make_bench_episode`, T = {t['T']}. All B7 transitions equal T - tau + 1: "
              f"{t['all_transitions_ok']}. B7 recomputed tokens against tau: slope {fit['slope']:.1f}, "
-             f"R^2 = {fit['r2']:.3f}. ![tau sweep](tau.png)", ""]
+             f"R^2 = {fit['r2']:.3f}. ![tau sweep](tau.png)"), ""]
     rows = []
     for r in t["rows"]:
         a, b = r["methods"]["replay"], r["methods"]["reset"]
@@ -484,7 +534,8 @@ def _indep_row(r: dict, methods: Sequence[str]) -> list[str]:
     cells = _cells(r["indep"])
     for m in methods:
         cells += _cells(r["methods"][m]["decoded_tokens"], _fmt(r["methods"][m]["wall_p50_s"]))
-    cells += _cells(r["floor"]["decoded"], _fmt(r["floor"]["wall_p50_s"]))
+    f = r.get("floor") or {}
+    cells += _cells(f.get("decoded", "-"), _fmt(f.get("wall_p50_s")))
     cells += ([_fmt(a["wall_p50_s"] / b["wall_p50_s"]), _fmt(a["cpu_p50_s"] / b["cpu_p50_s"])] if a and b
               else ["-", "-"])
     return cells + [_fmt(a.get("x_floor_wall") if a else None), _fmt(a.get("x_floor_cpu") if a else None)]
@@ -494,9 +545,9 @@ def _render_indep(t: dict, result: dict) -> list[str]:
     methods = list(t["rows"][0]["methods"]) if t["rows"] else []
     fits = "; ".join(_describe_fit(LABELS.get(m, m), t["decoded_fit"][m]) for m in methods)
     lines = ["### Indep sweep: decode cost against indep", "",
-             f"Decoded tokens against indep: {fits}. Paper: B5' decodes {INDEP_B5PRIME_DECODED}; at indep 1, B7 "
+             (f"Decoded tokens against indep: {fits}. Paper: B5' decodes {INDEP_B5PRIME_DECODED}; at indep 1, B7 "
              f"{INDEP1_WALL_P50_S[PAPER_B7]} s against B5 {INDEP1_WALL_P50_S['reset']} s p50. "
-             "![indep sweep](indep.png)", ""]
+             "![indep sweep](indep.png)"), ""]
     header = ["indep"] + [h for m in methods for h in (f"{LABELS.get(m, m)} decoded", "wall p50 s")]
     header += ["floor decoded", "floor wall p50 s", "B7 / B5 wall", "B7 / B5 cpu", "B7 x floor (wall)",
                "B7 x floor (cpu)"]
@@ -520,9 +571,9 @@ def _render_granularity(t: dict, result: dict) -> list[str]:
 
 def _render_position(t: dict, result: dict) -> list[str]:
     lines = ["### Target position: forget against reset", "",
-             f"`make_bench_episode`, T = {result['length']}. Paper: ratio to reset "
+             (f"`make_bench_episode`, T = {result['length']}. Paper: ratio to reset "
              f"{POSITION_RATIO_TO_RESET['early']} (early) -> {POSITION_RATIO_TO_RESET['late']} (late). "
-             "![position](position.png)", ""]
+             "![position](position.png)"), ""]
     rows = [_cells(r["where"], r["tau"], f"{r['token_ratio_to_reset']:.2f}", f"{r['wall_ratio_to_reset']:.2f}",
                    _fmt(POSITION_RATIO_TO_RESET.get(r["where"])), r["methods"]["replay"]["equal_to_reset"])
             for r in t["rows"]]
@@ -560,9 +611,10 @@ def _save(fig, out: Path, name: str, title: str) -> str:
 
 
 def _plot_table1(plt, t: dict):
-    names = list(t["methods"]) + ["floor"]
-    pre = [t["methods"][m]["prefilled_tokens"] for m in t["methods"]] + [t["floor"]["prefilled"]]
-    dec = [t["methods"][m]["decoded_tokens"] for m in t["methods"]] + [t["floor"]["decoded"]]
+    floor = [t["floor"]] if "floor" in t else []
+    names = list(t["methods"]) + ["floor"] * len(floor)
+    pre = [t["methods"][m]["prefilled_tokens"] for m in t["methods"]] + [f["prefilled"] for f in floor]
+    dec = [t["methods"][m]["decoded_tokens"] for m in t["methods"]] + [f["decoded"] for f in floor]
     fig, ax = plt.subplots(figsize=(8, 4))
     xs = range(len(names))
     ax.bar(xs, pre, label="prefilled")
@@ -594,8 +646,9 @@ def _plot_indep(plt, rows: list[dict]):
     for method in rows[0]["methods"]:
         left.plot(xs, [r["methods"][method]["decoded_tokens"] for r in rows], "o-", label=LABELS.get(method))
         right.plot(xs, [r["methods"][method]["wall_p50_s"] for r in rows], "o-", label=LABELS.get(method))
-    left.plot(xs, [r["floor"]["decoded"] for r in rows], ":", color="gray", label="floor")
-    right.plot(xs, [r["floor"]["wall_p50_s"] for r in rows], ":", color="gray", label="floor")
+    if all("floor" in r for r in rows):
+        left.plot(xs, [r["floor"]["decoded"] for r in rows], ":", color="gray", label="floor")
+        right.plot(xs, [r["floor"]["wall_p50_s"] for r in rows], ":", color="gray", label="floor")
     left.set(xlabel="indep", ylabel="decoded tokens")
     right.set(xlabel="indep", ylabel="wall p50 (s)")
     left.legend(fontsize=8)
@@ -618,8 +671,13 @@ def _plot_pairs(plt, rows: list[dict], key: str, xlab: str):
 
 
 def plot(result: dict, out: Path) -> list[str]:
-    """One PNG per table; returns the file names."""
-    import matplotlib
+    """One PNG per table; returns the file names (none, with a note, where
+    matplotlib is not installed: the vLLM venv has no ``plot`` extra)."""
+    try:
+        import matplotlib
+    except ImportError:
+        result["notes"].append("no plots: matplotlib is not installed (pip install 'unsee[plot]')")
+        return []
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -639,6 +697,141 @@ def plot(result: dict, out: Path) -> list[str]:
     return written
 
 
+# --- several engines in one run -------------------------------------------------------------
+
+#: vLLM's scale-out options (``--tensor-parallel-size``, ``--distributed-executor-backend``),
+#: passed to every vLLM engine of ``--engines`` as vLLM's own CLI takes them.
+VLLM_OPTIONS = ("tensor_parallel_size", "distributed_executor_backend")
+
+
+def get_engine_spec(name: str, model: str, device: str, dtype: str,
+                    vllm_options: dict | None = None) -> tuple[str, str, dict]:
+    """``(backend, model, options)`` that ``name`` (a backend or a one-word
+    engine name) stands for: ``--device``/``--dtype`` go to transformers
+    and vLLM (whose restore bound is looked up by them), ``vllm_options`` to vLLM; a ValueError naming both lists otherwise."""
+    if name in registry.BACKENDS:
+        backend, named_model = name, model
+    elif name in registry.ENGINE_NAMES:
+        backend, named_model = registry.parse_engine_name(name)
+    else:
+        raise ValueError(f"engine {name!r} is neither a backend {registry.BACKENDS} nor an engine name "
+                         f"{tuple(registry.ENGINE_NAMES)}")
+    options = {"transformers": {"device": device, "dtype": dtype},
+               "vllm": {"device": device, "dtype": dtype, **(vllm_options or {})}}
+    return backend, named_model, options.get(backend, {})
+
+
+def parse_engines(text: str) -> list[str]:
+    """The comma-separated names of ``--engines``, each once, in order; a
+    ValueError for an empty list."""
+    names = list(dict.fromkeys(n.strip() for n in text.split(",") if n.strip()))
+    if not names:
+        raise ValueError(f"--engines {text!r}: expected one or more comma-separated engine names")
+    return names
+
+
+def get_engine_specs(names: list[str], args) -> dict[str, tuple[str, str, dict]]:
+    """Every name's :func:`get_engine_spec`; vLLM's scale-out options given
+    with no vLLM engine among ``names`` are bad input (a ValueError)."""
+    vllm_options = {k: getattr(args, k) for k in VLLM_OPTIONS if getattr(args, k, None) is not None}
+    check_vllm_scale_out(vllm_options)
+    specs = {name: get_engine_spec(name, args.model, args.device, args.dtype, vllm_options) for name in names}
+    if vllm_options and not any(backend == "vllm" for backend, _, _ in specs.values()):
+        raise ValueError(f"--{next(iter(vllm_options)).replace('_', '-')} is a vLLM option; no engine of "
+                         f"--engines {','.join(names)} runs on vLLM")
+    return specs
+
+
+def load_engines(specs: dict[str, tuple[str, str, dict]]) -> dict[str, Engine]:
+    """Every engine of ``specs``, loaded now: a missing extra (the backend's
+    ImportError, with its install hint) fails here, before any measurement."""
+    return {name: registry.load_engine(m, backend, **options) for name, (backend, m, options) in specs.items()}
+
+
+def describe_engine(name: str, result: dict) -> str:
+    return f"{name} ({result['model']}, {result['device']} {result['dtype']})"
+
+
+#: Table 1's methods in the side-by-side table, with the paper's names.
+METHOD_NAMES = {"reset": "B5 reset", "reset-prefix-cache": "B5' prefix cache", "replay-oracle": "B7-oracle",
+                "replay": "B7 forget (ours)"}
+
+
+def _ratio(walls: list[dict], name: str) -> str:
+    row = next((w for w in walls if w["ratio"] == name), None)
+    return "-" if row is None else f"{row['p50']:.2f}x"
+
+
+def _engine_rows(name: str, result: dict, table: dict) -> list[list[str]]:
+    label = describe_engine(name, result)
+    rows = []
+    for method, m in table["methods"].items():
+        ours = method in ("replay", "replay-oracle")
+        prefix = "B7" if method == "replay" else "B7-oracle"
+        rows.append([label, METHOD_NAMES.get(method, method), str(m["prefilled_tokens"]), str(m["decoded_tokens"]),
+                     str(m.get("reused_tokens", 0)), str(m["recomputed_tokens"]), fmt(m["wall_p50_s"], 2),
+                     _ratio(table["walls"], f"{prefix}/B5") if ours else "-",
+                     _ratio(table["walls"], f"{prefix}/floor") if ours else "-", str(m["equal_to_reset"])])
+    f = table.get("floor")
+    if f:
+        rows.append([label, "compute floor", str(f["prefilled"]), str(f["decoded"]), "0", str(f["recomputed"]),
+                     fmt(f["wall_p50_s"], 2), "-", "1.00x", "-"])
+    return rows
+
+
+def _changed(name: str, table: dict) -> str:
+    c = (table.get("floor") or {}).get("changed")
+    if not c:
+        return f"- {name}: - (no compute floor on a serving engine: `is_serving_engine`)"
+    return (f"- {name}: tau = {table['tau']}, {table.get('prefix_tokens', '-')} tokens kept before the restore "
+            f"boundary, {table.get('suffix_tokens', '-')} after it; the forget changed {c['changed']} of the "
+            f"{c['turns']} model turns after the boundary ({c['dependent_changed']} of {c['dependent']} that ask "
+            f"about the target, {c['independent_changed']} labelled independent)")
+
+
+def _ratio_rows(name: str, result: dict, table: dict) -> list[list[str]]:
+    """B5/B7 and B5'/B7 on decoded tokens and on Recomp, beside the paper's."""
+    return [[describe_engine(name, result), r["ratio"], f"{r['decoded_tokens']:.2f}x", f"{r['prefilled_tokens']:.2f}x",
+             f"{r['recomputed_tokens']:.2f}x", f"{r['paper']:.1f}x"]
+            for r in table.get("ratios", []) if r["method"] == "replay"]
+
+
+def _describe_sessions(results: dict[str, dict]) -> list[str]:
+    """How each engine's runs were isolated, and the vLLM margin guard's counts."""
+    lines = []
+    for name, r in results.items():
+        how = ("every method run on a session of its own, the prefix cache released before it"
+               if r.get("serving") else "every method run on forks of one session per episode")
+        guard = r.get("guard")
+        if guard:
+            how += (f"; the margin guard took {guard['decisions']} decisions, recomputed {guard['cold_recomputes']} "
+                    f"cold, {guard['flips']} flipped")
+        lines.append(f"- {describe_engine(name, r)}: {how}")
+    return lines + [""]
+
+
+def render_engines(results: dict[str, dict], table_names: dict[str, str]) -> list[str]:
+    """Markdown: for each Table 1 shape (``table_names``: key in ``tables`` ->
+    title), every engine's methods side by side ("cached": prompt tokens the
+    engine's prefix cache served), then what changed per engine."""
+    lines = ["Sessions:", ""] + _describe_sessions(results)
+    for key, title in table_names.items():
+        measured = {n: r for n, r in results.items() if key in r["tables"]}
+        if not measured:
+            continue
+        lines += [f"### Table 1 on {len(measured)} engines: {title}", ""]
+        rows = [row for n, r in measured.items() for row in _engine_rows(n, r, r["tables"][key])]
+        lines += render_table(("engine", "method", "prefilled", "decoded", "cached", "recomputed", "wall p50 s",
+                               "x reset (same-round p50)", "x floor (same-round p50)", "digest = reset"), rows)
+        lines += ["", "Each reference over the forget (B7, ours), beside the paper's Recomp ratios:", ""]
+        lines += render_table(("engine", "ratio", "decoded tokens", "prefilled tokens", "Recomp (prefilled + decoded)",
+                               "paper (Recomp)"),
+                              [row for n, r in measured.items() for row in _ratio_rows(n, r, r["tables"][key])])
+        lines += ["", "Turns the forget changed:", ""]
+        lines += [_changed(n, r["tables"][key]) for n, r in measured.items()] + [""]
+    return lines
+
+
 def run_engine(engine: Engine, args, tables: list[str], command: str, out: Path) -> dict:
     """Every table of ``tables`` on ``engine``; writes ``paper.json``,
     ``paper.md`` and the plots into ``out`` and returns the result."""
@@ -648,9 +841,11 @@ def run_engine(engine: Engine, args, tables: list[str], command: str, out: Path)
               "torch": torch.__version__, "machine": platform.machine(), "threads": torch.get_num_threads(),
               "rounds": args.rounds, "max_new_tokens": args.max_new_tokens, "length": args.length,
               "shapes": args.shapes, "history_tokens": args.history_tokens, "history_kind": args.history_kind,
-              "paper": get_paper_figures(), "notes": notes, "tables": {}}
+              "paper": get_paper_figures(), "notes": notes, "serving": is_serving_engine(engine), "tables": {}}
     for name in tqdm(tables, desc="tables", unit="table"):
         result["tables"][name] = TABLES[name](engine, args, notes)
+    if getattr(engine, "guard_stats", None) is not None:  # vLLM's margin guard, over the whole run
+        result["guard"] = dict(engine.guard_stats)
     result["all_equal_to_reset"] = all(
         m["equal_to_reset"] in (True, None) for t in result["tables"].values()
         for row in (t.get("rows") or [t]) for method, m in row.get("methods", {}).items() if method in EXACT_METHODS)
@@ -669,6 +864,10 @@ def get_parser() -> argparse.ArgumentParser:
                              "(impl/engines/registry.py); all are loaded before any work. Default: transformers")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--tensor-parallel-size", type=int, default=None, metavar="N",
+                        help="vLLM engines of --engines: vLLM's tensor parallel size (GPUs per model replica)")
+    parser.add_argument("--distributed-executor-backend", default=None, choices=("ray", "mp", "uni"),
+                        help="vLLM engines of --engines: vLLM's executor for several GPUs or nodes (ray: nodes)")
     parser.add_argument("--rounds", type=int, default=3, help="repeats of every method (wall: p50)")
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--turns-after", type=int, default=12, help="model turns past the target (Table 1: 12)")
@@ -715,8 +914,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(parser, argv)
     command = "python -m unsee.bench.paper " + " ".join(shlex.quote(a) for a in argv)
     try:
-        names = parse_engines(args.engines or "transformers")
-        engines = load_engines(names, args.model, args.device, args.dtype)
+        engines = load_engines(get_engine_specs(parse_engines(args.engines or "transformers"), args))
     except (ValueError, ImportError) as e:  # an unknown name, or an extra not installed: before any work
         parser.error(str(e))
     out = Path(args.out)

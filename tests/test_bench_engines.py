@@ -1,5 +1,4 @@
-"""Table 1 on several engines in one run (bench/engines_paper.py, ``bench/paper.py
---engines``), the paper shape's memory history (bench/episodes.py) and where
+"""Table 1 on several engines in one run (``bench/paper.py --engines``), the paper shape's memory history (bench/episodes.py) and where
 a forget's time goes (bench/timing.py), on the tiny models."""
 
 from __future__ import annotations
@@ -9,9 +8,8 @@ import sys
 
 import pytest
 
-from unsee.bench.engines_paper import get_engine_spec, parse_engines
 from unsee.bench.episodes import HISTORY_KINDS, SECRET, estimate_history_tokens, make_indep_episode
-from unsee.bench.paper import get_changed_turns
+from unsee.bench.paper import get_changed_turns, get_engine_spec, get_engine_specs, get_parser, parse_engines
 from unsee.bench.paper import main as paper_main
 from unsee.bench.timing import CATEGORIES, time_engine
 from unsee.impl.agent.runtime import AgentRuntime
@@ -95,11 +93,27 @@ def test_engine_names_resolve_through_the_registry():
         "transformers", "smollm2", {"device": "cpu", "dtype": "float32"})
     assert get_engine_spec("llamacpp", "smollm2", "cpu", "float32") == ("llamacpp", "smollm2", {})
     assert get_engine_spec("llamacpp-tiny", "smollm2", "cpu", "float32") == ("llamacpp", "tiny", {})
+    assert get_engine_spec("vllm-tiny", "smollm2", "cpu", "float32", {"tensor_parallel_size": 2}) == (
+        "vllm", "tiny", {"device": "cpu", "dtype": "float32", "tensor_parallel_size": 2})
     with pytest.raises(ValueError, match="engine 'vlm' is neither a backend"):
         get_engine_spec("vlm", "smollm2", "cpu", "float32")
     assert parse_engines(" transformers, llamacpp,transformers ") == ["transformers", "llamacpp"]
     with pytest.raises(ValueError, match="expected one or more"):
         parse_engines(" , ")
+
+
+def test_scale_out_options_reach_the_vllm_engines_only():
+    """--tensor-parallel-size and --distributed-executor-backend go to every
+    vLLM engine of --engines (the loader's options), to no other; given with
+    no vLLM engine, they are bad input."""
+    argv = ["--engines", "vllm,tiny,llamacpp-tiny", "--tensor-parallel-size", "2",
+            "--distributed-executor-backend", "mp"]
+    specs = get_engine_specs(parse_engines("vllm,tiny,llamacpp-tiny"), get_parser().parse_args(argv))
+    assert specs["vllm"] == ("vllm", "smollm2", {"device": "cpu", "dtype": "float32", "tensor_parallel_size": 2,
+                                                 "distributed_executor_backend": "mp"})
+    assert specs["tiny"][2] == {"device": "cpu", "dtype": "float32"} and specs["llamacpp-tiny"][2] == {}
+    with pytest.raises(ValueError, match="--tensor-parallel-size is a vLLM option"):
+        get_engine_specs(["tiny"], get_parser().parse_args(["--tensor-parallel-size", "2"]))
 
 
 def test_a_missing_extra_stops_before_any_work(tmp_path, monkeypatch, capsys):

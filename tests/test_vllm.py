@@ -173,13 +173,16 @@ def test_the_forget_report_names_the_residue(engine_factory):
     assert "until evicted" in residue["statement"]
 
 
-def test_scale_out_options_reach_the_loader_only_with_vllm():
+def test_scale_out_options_reach_the_loader_only_with_vllm(monkeypatch):
     """--tensor-parallel-size and --distributed-executor-backend go to vLLM's
     loader (as its CLI takes them); with another engine they are bad input."""
+    import types
+
     from unsee.impl.cli.options import get_vllm_options
     from unsee.impl.cli.parser import build_parser
     from unsee.impl.eval.run import EvalConfig, EvalError
 
+    monkeypatch.setitem(sys.modules, "ray", types.ModuleType("ray"))  # installed, as far as the check can tell
     argv = ["run", "x.json", "--tensor-parallel-size", "2", "--distributed-executor-backend", "ray"]
     args = build_parser().parse_args(argv + ["--engine", "vllm"])
     assert get_vllm_options(args) == {"tensor_parallel_size": 2, "distributed_executor_backend": "ray"}
@@ -189,3 +192,139 @@ def test_scale_out_options_reach_the_loader_only_with_vllm():
     assert dict(config.engine_options) == {"tensor_parallel_size": 2}
     with pytest.raises(EvalError, match="span-excision"):
         EvalConfig(backend="vllm", methods=("span-excision",))
+
+
+# --- unsee eval and the benches on vLLM ------------------------------------------------------------
+
+#: engines a test loaded and must outlive it: freeing a vLLM LLM tears down vLLM's
+#: process-wide parallel groups, which breaks every other vLLM engine of the process
+_KEEP_ALIVE: list = []
+
+
+@needs_vllm
+def test_eval_runs_end_to_end_on_vllm_tiny(tmp_path, capsys, monkeypatch):
+    """`unsee eval --engine vllm` on vllm-tiny: the CLI loads one vLLM engine in
+    this process, B5 and B7 rows are written with vLLM's backend, the forget
+    reaches the reset's digest, and the distributional audit ran."""
+    import json
+
+    from unsee.impl.cli.main import main
+    from unsee.impl.eval import run as eval_run
+
+    load = eval_run.load_engine
+    monkeypatch.setattr(eval_run, "load_engine", lambda config: _KEEP_ALIVE.append(load(config)) or _KEEP_ALIVE[-1])
+    out = tmp_path / "eval"
+    argv = ["eval", "--engine", "vllm", "--model", "tiny", "--suite", "memory", "--episodes", "1", "--method",
+            "replay", "--samples", "1", "--turn-tokens", "4", "--out", str(out), "--quiet"]
+    assert main(argv) == 0
+    rows = {r["method"]: r for r in map(json.loads, (out / "rows.jsonl").read_text().splitlines())}
+    assert set(rows) == {"reset", "replay"}
+    assert {(r["backend"], r["model"], r["device"], r["dtype"]) for r in rows.values()} == {
+        ("vllm", "tiny", "cpu", "float32")}
+    assert rows["replay"]["equals_reset"] is True and rows["replay"]["digest"] == rows["reset"]["digest"]
+    assert rows["replay"]["efficiency"]["reused_tokens"] > 0  # its restore was served by vLLM's prefix cache
+    assert rows["replay"]["dist"]["sets"]["a"]["texts"]  # the audit sampled on vLLM
+    assert "report.md" in capsys.readouterr().out
+    assert [e.lm.name for e in _KEEP_ALIVE] == ["vllm-tiny"]  # the loader ran once, in this process
+
+
+class _LLMBuilt(Exception):
+    """Raised by the fake ``vllm.LLM`` with the keyword arguments it was given."""
+
+
+@pytest.fixture
+def fake_vllm(monkeypatch):
+    """A ``vllm`` module whose ``LLM(...)`` records its arguments and stops:
+    what the CLI and the benches would build, without vLLM (or a GPU)."""
+    import types
+
+    fake = types.ModuleType("vllm")
+
+    def llm(**kwargs):
+        raise _LLMBuilt(kwargs)
+
+    fake.LLM, fake.__version__ = llm, "fake"
+    config = types.ModuleType("vllm.config")
+    config.KVEventsConfig = lambda **kwargs: kwargs
+    monkeypatch.setitem(sys.modules, "vllm", fake)
+    monkeypatch.setitem(sys.modules, "vllm.config", config)
+    monkeypatch.setitem(sys.modules, "ray", types.ModuleType("ray"))  # installed, as far as the check can tell
+
+
+SCALE_OUT = ["--tensor-parallel-size", "2", "--distributed-executor-backend", "ray"]
+
+
+def _built(load) -> dict:
+    with pytest.raises(_LLMBuilt) as built:
+        load()
+    return built.value.args[0]
+
+
+def test_scale_out_flags_reach_vllms_llm_from_eval_and_the_benches(fake_vllm, tmp_path):
+    """--tensor-parallel-size and --distributed-executor-backend arrive in
+    ``vllm.LLM(...)`` from `unsee eval` (its EvalConfig, then the loader a
+    worker calls), `unsee run`, and bench/paper.py --engines; the rest of
+    the engine's settings (prefix caching, raw logits, fp32) stay as built."""
+    from unsee.bench import paper
+    from unsee.impl.cli.evaluate import get_eval_config
+    from unsee.impl.cli.options import get_loader_options, get_vllm_options
+    from unsee.impl.cli.parser import build_parser
+    from unsee.impl.engines.registry import load_engine
+    from unsee.impl.eval.run import load_engine as load_eval_engine
+
+    wanted = {"tensor_parallel_size": 2, "distributed_executor_backend": "ray"}
+    args = build_parser().parse_args(["eval", "--engine", "vllm", "--model", "tiny", "--suite", "memory",
+                                      "--out", str(tmp_path), *SCALE_OUT])
+    from_eval = _built(lambda: load_eval_engine(get_eval_config(args)))
+    args = build_parser().parse_args(["run", "x.json", "--engine", "vllm", "--model", "tiny", *SCALE_OUT])
+    options = get_loader_options(args.engine, args.device, args.dtype) | get_vllm_options(args)
+    from_run = _built(lambda: load_engine(args.model, args.engine, **options))
+    bench_args = paper.get_parser().parse_args(["--model", "tiny", "--engines", "vllm,tiny", *SCALE_OUT])
+    from_bench = _built(lambda: paper.load_engines(paper.get_engine_specs(["vllm", "tiny"], bench_args)))
+    for kwargs in (from_eval, from_run, from_bench):
+        assert {k: kwargs.get(k) for k in wanted} == wanted
+        assert kwargs["enable_prefix_caching"] is True and kwargs["logprobs_mode"] == "raw_logits"
+        assert kwargs["dtype"] == "float32" and kwargs["skip_tokenizer_init"] is True
+    without = _built(lambda: load_engine("vllm-tiny"))
+    assert without["tensor_parallel_size"] == 1 and "distributed_executor_backend" not in without
+
+
+def test_ray_absent_or_gpu_workers_are_clear_errors(monkeypatch, tmp_path, capsys):
+    """Ray asked for and not installed: a usage error naming the install, from
+    `unsee eval` and bench/paper.py, before any model loads (vLLM's own is a
+    pydantic ValidationError); --workers > 1 with vLLM on GPUs: each worker
+    would load its own vLLM onto the same devices."""
+    from unsee.bench import paper
+    from unsee.impl.cli.main import main
+
+    monkeypatch.setitem(sys.modules, "ray", None)  # find_spec("ray") is now None: not installed
+    base = ["eval", "--engine", "vllm", "--model", "tiny", "--suite", "memory", "--out", str(tmp_path / "e")]
+    assert main(base + ["--distributed-executor-backend", "ray"]) == 2
+    assert "pip install ray" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as stop:
+        paper.main(["--model", "tiny", "--engines", "vllm", "--distributed-executor-backend", "ray",
+                    "--out", str(tmp_path / "p")])
+    assert stop.value.code == 2 and "pip install ray" in capsys.readouterr().err
+    assert main(base + ["--workers", "2", "--tensor-parallel-size", "2"]) == 2
+    assert "--workers 1 and scale one engine with --tensor-parallel-size" in capsys.readouterr().err
+    assert not (tmp_path / "e").exists() and not (tmp_path / "p").exists()  # nothing ran, nothing written
+
+
+@needs_vllm
+def test_table1_runs_each_method_on_a_session_of_its_own(engine_factory_vllm):
+    """bench/paper.py on vLLM: B7's counts after B7-oracle in the same round
+    equal B7's alone, and repeat over rounds. On forks of one session the
+    oracle's replay leaves blocks under the session's salt that B7's replay
+    hits (one 128-token block more served, one less prefilled)."""
+    from types import SimpleNamespace
+
+    from unsee.bench.paper import is_serving_engine, make_table1_episode, measure_episode
+
+    engine = engine_factory_vllm()
+    assert is_serving_engine(engine)
+    episode = make_table1_episode(engine, SimpleNamespace(turns_after=4, tau=3, max_new_tokens=8), "current")
+    fields = ("prefilled_tokens", "decoded_tokens", "reused_tokens")
+    alone = measure_episode(engine, episode, ("replay",), 1)["methods"]["replay"]
+    after = measure_episode(engine, episode, ("replay-oracle", "replay"), 2)  # rounds: counts checked equal
+    assert {k: after["methods"]["replay"][k] for k in fields} == {k: alone[k] for k in fields}
+    assert "floor" not in after  # vLLM's prefill computes nothing until a request: no floor to time

@@ -22,12 +22,26 @@ def get_eval_config(args: argparse.Namespace):
     if args.episodes <= 0:
         raise EvalError(f"{get_spelling(args, 'episodes')} must be a positive integer, got {args.episodes}")
     methods = get_eval_methods(args)
+    check_vllm_workers(args)
     # llama.cpp runs the file's own weight types on the cpu: its rows say dtype 'gguf', as its stores do
     dtype = get_loader_options(args.engine, args.device, args.dtype).get("dtype", "gguf")
     return EvalConfig(model=args.model, backend=args.engine, device=args.device, dtype=dtype, methods=methods,
                       samples=args.samples, workers=args.workers, kv_budget=args.kv_budget,
                       max_new_tokens=args.probe_tokens, turn_tokens=args.turn_tokens,
                       share_identical=not args.no_share, engine_options=tuple(get_vllm_options(args).items()))
+
+
+def check_vllm_workers(args: argparse.Namespace) -> None:
+    """An EvalError for ``--workers`` above 1 with vLLM on GPUs: every worker
+    loads a vLLM engine of its own (on the CPU, each with its own KV space),
+    and on GPUs each would claim the same devices' memory."""
+    from unsee.impl.eval.run import EvalError
+
+    gpus = args.device != "cpu" or (args.tensor_parallel_size or 1) > 1
+    if args.engine == "vllm" and args.workers > 1 and gpus:
+        raise EvalError(f"--workers {args.workers} with --engine vllm on GPUs: each worker would load its own vLLM "
+                        "on the same GPUs; use --workers 1 and scale one engine with --tensor-parallel-size "
+                        "(and --distributed-executor-backend ray across nodes)")
 
 
 def get_eval_methods(args: argparse.Namespace) -> tuple[str, ...]:
@@ -90,7 +104,7 @@ def write_report_or_say_why(rows: list[dict], out: Path) -> int:
 
     try:
         path = write_report(rows, out)
-    except Exception as exc:  # whatever it is, the finished rows must not end in a traceback
+    except Exception as exc:  # noqa: BLE001 - whatever it is, the finished rows must not end in a traceback
         why = f"{type(exc).__name__}: {exc}"
         path = out / "report.md"
         path.write_text(f"# unsee eval\n\nThe report could not be rendered from the {len(rows)} rows in "

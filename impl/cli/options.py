@@ -103,6 +103,7 @@ def get_vllm_options(args: argparse.Namespace) -> dict:
     given = {k: v for k, v in given.items() if v is not None}
     if given and args.engine != "vllm":
         raise ValueError(f"--{next(iter(given)).replace('_', '-')} is a vLLM option; add --engine vllm")
+    check_vllm_scale_out(given)
     return given
 
 
@@ -110,6 +111,26 @@ def get_vllm_options(args: argparse.Namespace) -> dict:
 #: here: it loads transformers, which ``unsee --help`` does not need; a test compares them).
 ATTN_DEFAULT_HELP = ("default: the device's fastest exact one, sdpa on cpu (unsee_eager for a model "
                      "without an sdpa path), unsee_eager on cuda")
+
+
+def check_vllm_scale_out(options: dict) -> None:
+    """A ValueError, before any model loads, for scale-out options vLLM
+    would refuse less clearly: a tensor parallel size below 1, or Ray asked
+    for and not installed (vLLM's own message is a pydantic ValidationError
+    of its ParallelConfig)."""
+    import importlib.util
+
+    size = options.get("tensor_parallel_size")
+    if size is not None and size < 1:
+        raise ValueError(f"--tensor-parallel-size {size}: expected 1 or more")
+    try:
+        has_ray = importlib.util.find_spec("ray") is not None
+    except ValueError:  # imported already, with no spec (a stand-in module): it is there
+        has_ray = True
+    if options.get("distributed_executor_backend") == "ray" and not has_ray:
+        raise ValueError("--distributed-executor-backend ray needs Ray, which is not installed here: "
+                         "pip install ray (in the vLLM venv: .venv-vllm/bin/python -m pip install ray), "
+                         "or use --distributed-executor-backend mp on one node")
 
 
 def add_attn_option(parser: argparse.ArgumentParser) -> None:
@@ -161,6 +182,6 @@ def get_method_help(default: str) -> str:
             f"(default: {default})")
 
 
-__all__ = ["ATTN_DEFAULT_HELP", "DeprecatedAlias", "add_alias", "add_attn_option", "add_engine_options", "add_json_option", "add_stored_engine_option",
-           "add_stored_model_options",
+__all__ = ["ATTN_DEFAULT_HELP", "DeprecatedAlias", "add_alias", "add_attn_option", "add_engine_options", "add_json_option",
+           "add_stored_engine_option", "add_stored_model_options", "check_vllm_scale_out",
            "get_loader_options", "get_method_help", "get_spelling", "parse_bytes", "parse_method", "parse_method_list"]

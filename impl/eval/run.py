@@ -544,7 +544,7 @@ def run_evaluation(cases: Sequence[EvalCase], config: EvalConfig, out: str | Pat
 def load_engine(config: EvalConfig):
     from unsee.impl.engines.registry import load_engine
 
-    options = {"device": config.device, "dtype": config.dtype} if config.backend == "transformers" else {}
+    options = {"device": config.device, "dtype": config.dtype} if config.backend != "llamacpp" else {}
     options |= dict(config.engine_options)
     return load_engine(config.model, config.backend, kv_budget=config.kv_budget, **options)
 
@@ -560,7 +560,7 @@ def _worker(cases: list[EvalCase], config: EvalConfig, done: dict, queue) -> Non
             for row in run_case(engine, case, config, done.get((case.suite, case.id))):
                 queue.put(("row", row))
         queue.put(("done", None))
-    except BaseException as exc:  # reported by the parent, which keeps the finished rows
+    except BaseException as exc:  # noqa: BLE001 - reported by the parent, which keeps the finished rows
         queue.put(("error", f"{type(exc).__name__}: {exc}"))
 
 
@@ -593,7 +593,7 @@ def _run_workers(cases: Sequence[EvalCase], config: EvalConfig, done: dict, emit
         raise RuntimeError("evaluation worker failed: " + "; ".join(errors))
 
 
-__all__ = ["EvalConfig", "EvalError", "LEGACY_BACKEND", "ROWS_FILE", "UNSUPPORTED_METHODS", "check_eval_extras",
+__all__ = ["LEGACY_BACKEND", "ROWS_FILE", "UNSUPPORTED_METHODS", "EvalConfig", "EvalError", "check_eval_extras",
            "check_out_dir", "evaluate_state", "generate_cases", "get_suite_names",
            "make_runtime", "pick_option", "read_rows",
            "run_case", "run_evaluation"]
