@@ -39,7 +39,7 @@ ENGINE_NAMES.update({name: ("transformers", name) for name in (
     "tiny-qwen2moe")})
 #: tiny random GGUFs of other families on llama.cpp (impl/engines/llamacpp/tiny_gguf.py)
 ENGINE_NAMES.update({f"llamacpp-tiny-{family}": ("llamacpp", f"tiny-{family}")
-                     for family in ("qwen2", "qwen3", "gemma2", "gemma3")})
+                     for family in ("qwen2", "qwen3", "gemma2", "gemma3", "phi3", "qwen2moe")})
 # vLLM (the optional extra unsee[vllm], impl/engines/vllm/): SmolLM2's fp32 HF folder, and a tiny random Llama
 # and the near-tie family of its margin guard's test (impl/engines/vllm/models.py)
 ENGINE_NAMES |= {"vllm": ("vllm", "smollm2"), "vllm-tiny": ("vllm", "tiny"), "vllm-tiny-ties": ("vllm", "tiny-ties")}

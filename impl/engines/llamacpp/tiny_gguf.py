@@ -16,7 +16,17 @@ gemma2     sliding-window attention on every other layer (window
 gemma3     5 sliding-window layers to 1 global (llama.cpp's fixed pattern
            for gemma3), q/k norms, a local RoPE base of 10,000 beside the
            global one
+phi3       one fused qkv projection, one fused gate+up projection; the file
+           carries a window (:data:`TINY_WINDOW`) as converted Phi-3 files
+           do, which llama.cpp turns off for this architecture (one cache)
+qwen2moe   Qwen2's q/k/v biases, and a mixture of :data:`TINY_MOE` experts
+           (top 2, softmax router) beside a shared expert behind a sigmoid
+           gate, in every layer
 =========  ===============================================================
+
+Mistral has no family here: llama.cpp converts it to the ``llama``
+architecture, whose loader reads no sliding window (a ``llama`` file that
+carries one loads with ``n_swa == 0``), so it would be ``llama`` again.
 
 llama.cpp keeps two KV caches for the sliding-window families (the engine
 asks for full-size ones, so that crops are exact; state.py parses both).
@@ -27,6 +37,17 @@ The vocabulary is the tiny transformers model's byte tokenizer
 vocabulary to load a model, so the file carries one in SentencePiece form
 (byte tokens named ``<0xNN>``), but the engine tokenises with
 ``ByteTokenizer`` itself and only ever hands llama.cpp token ids.
+
+The files' ``general.name`` is ``unsee-tiny-<family>``, but for phi3:
+llama.cpp's vocabulary loader recognises Phi-3 by a model name containing
+``phi3`` or ``phi-3`` and then sets text-tokenizer attributes on the tokens
+``<s>``, ``</s>``, ``<unk>`` and ``<|endoftext|>``, looked up by text with
+``unordered_map::at``; the byte vocabulary has no ``<s>``, ``</s>`` or
+``<unk>``, so the load fails ("error loading model vocabulary:
+unordered_map::at"). Those attributes only change how llama.cpp splits
+text around special tokens, which the engine never asks it to do, so the
+phi3 file is named ``unsee-tiny-phi_3`` instead of growing the vocabulary
+past the byte tokenizer's 259 ids.
 """
 
 from __future__ import annotations
@@ -45,6 +66,9 @@ TINY_GGUF_SHAPE = {"hidden": 64, "layers": 2, "heads": 4, "kv_heads": 2, "ffn": 
 TINY_GGUF_SEED = 0
 #: the sliding window of the windowed families, in tokens: short, so that properties cross it
 TINY_WINDOW = 16
+#: the mixture of experts of qwen2moe (the transformers zoo's tiny-qwen2moe): experts, experts used per token,
+#: each expert's FFN width and the shared expert's
+TINY_MOE = {"experts": 4, "used": 2, "ffn": 32, "shared_ffn": 64}
 _FORMAT = "v3"  # part of the file name: bump when the writer changes
 #: how the linear weights are stored: Q4_1, as in SmolLM2's GGUF, whose CPU
 #: kernels give decode == prefill bitwise (facts.py), so drafts run on the
@@ -64,12 +88,13 @@ class Family:
     layers: int = 2
     qkv_bias: bool = False
     qk_norm: bool = False
-    fused: bool = False  # phi3's layout: one qkv projection, one gate+up projection (llama.cpp refuses
-    # phi3's vocabulary in this file's byte form, so no family uses it yet)
+    fused: bool = False  # phi3's layout: one qkv projection, one gate+up projection
+    moe: bool = False  # qwen2moe's FFN: TINY_MOE's experts and a gated shared expert
     post_norms: bool = False  # gemma: norms after attention and after the FFN
     tied: bool = False  # no output matrix: the token embedding is the LM head
     window: int = 0  # sliding window in tokens (0: none)
     softcap: bool = False  # gemma2's attention and final logit soft-capping
+    name: str = ""  # general.name, when not unsee-tiny-<family> (phi3: see the module's docstring)
 
 
 FAMILIES = {
@@ -78,7 +103,25 @@ FAMILIES = {
     "qwen3": Family("qwen3", qk_norm=True),
     "gemma2": Family("gemma2", post_norms=True, tied=True, window=TINY_WINDOW, softcap=True),
     "gemma3": Family("gemma3", layers=6, qk_norm=True, post_norms=True, tied=True, window=TINY_WINDOW),
+    "phi3": Family("phi3", fused=True, window=TINY_WINDOW, name="unsee-tiny-phi_3"),
+    "qwen2moe": Family("qwen2moe", qkv_bias=True, moe=True),
 }
+
+
+#: the transformers zoo's families (``impl/engines/hf/zoo.py``, by name) that exist on llama.cpp: zoo name ->
+#: family here (engine ``llamacpp-tiny`` for llama, ``llamacpp-tiny-<family>`` for the others)
+ZOO_FAMILIES = {"tiny-llama": "llama", "tiny-qwen2": "qwen2", "tiny-qwen3": "qwen3", "tiny-gemma2": "gemma2",
+                "tiny-gemma3": "gemma3", "tiny-phi3": "phi3", "tiny-qwen2moe": "qwen2moe"}
+#: the zoo's families with no tiny GGUF, and why
+NOT_ON_LLAMACPP = {"tiny-mistral": "llama.cpp converts Mistral to the llama architecture, whose loader reads no "
+                                   "sliding window (a llama file that carries one loads with n_swa 0): it would be "
+                                   "llamacpp-tiny again"}
+
+
+def get_engine_name(family: str) -> str:
+    """The one-word engine name (``UNSEE_ENGINE``) of tiny GGUF ``family``."""
+    get_family(family)
+    return "llamacpp-tiny" if family == "llama" else f"llamacpp-tiny-{family}"
 
 
 def get_family(name: str) -> Family:
@@ -117,14 +160,36 @@ def _layer_weights(rng: np.random.Generator, family: Family, p: str) -> dict[str
     if family.post_norms:
         out[p + "post_attention_norm.weight"] = ones(hidden)
     out[p + "ffn_norm.weight"] = ones(hidden)
-    if family.fused:
+    if family.moe:
+        out |= _moe_weights(rng, p)
+    elif family.fused:
         out[p + "ffn_up.weight"] = linear(2 * s["ffn"], hidden)
     else:
         out |= {p + "ffn_gate.weight": linear(s["ffn"], hidden), p + "ffn_up.weight": linear(s["ffn"], hidden)}
-    out[p + "ffn_down.weight"] = linear(hidden, s["ffn"])
+    if not family.moe:
+        out[p + "ffn_down.weight"] = linear(hidden, s["ffn"])
     if family.post_norms:
         out[p + "post_ffw_norm.weight"] = ones(hidden)
     return out
+
+
+def _moe_weights(rng: np.random.Generator, p: str) -> dict[str, np.ndarray]:
+    """qwen2moe's FFN tensors (llama.cpp's names): the router, each expert's
+    gate, up and down projections stacked (experts, out, in), the shared
+    expert's sigmoid gate (one row) and its projections."""
+    hidden, m = TINY_GGUF_SHAPE["hidden"], TINY_MOE
+
+    def linear(*shape: int) -> np.ndarray:
+        return (rng.standard_normal(shape) / np.sqrt(shape[-1])).astype(np.float32)
+
+    return {p + "ffn_gate_inp.weight": linear(m["experts"], hidden),
+            p + "ffn_gate_exps.weight": linear(m["experts"], m["ffn"], hidden),
+            p + "ffn_up_exps.weight": linear(m["experts"], m["ffn"], hidden),
+            p + "ffn_down_exps.weight": linear(m["experts"], hidden, m["ffn"]),
+            p + "ffn_gate_inp_shexp.weight": linear(hidden),
+            p + "ffn_gate_shexp.weight": linear(m["shared_ffn"], hidden),
+            p + "ffn_up_shexp.weight": linear(m["shared_ffn"], hidden),
+            p + "ffn_down_shexp.weight": linear(hidden, m["shared_ffn"])}
 
 
 def _weights(rng: np.random.Generator, vocab: int, family: Family) -> dict[str, np.ndarray]:
@@ -140,7 +205,7 @@ def _weights(rng: np.random.Generator, vocab: int, family: Family) -> dict[str, 
 
 
 def _add_hparams(w, family: Family) -> None:
-    """The architecture's metadata: dimensions, RoPE, window, soft-capping."""
+    """The architecture's metadata: dimensions, RoPE, window, soft-capping, experts."""
     s = TINY_GGUF_SHAPE
     head_dim = s["hidden"] // s["heads"]
     w.add_context_length(s["context"])
@@ -159,6 +224,11 @@ def _add_hparams(w, family: Family) -> None:
     if family.softcap:
         w.add_attn_logit_softcapping(50.0)
         w.add_final_logit_softcapping(30.0)
+    if family.moe:
+        w.add_expert_count(TINY_MOE["experts"])
+        w.add_expert_used_count(TINY_MOE["used"])
+        w.add_expert_feed_forward_length(TINY_MOE["ffn"])
+        w.add_expert_shared_feed_forward_length(TINY_MOE["shared_ffn"])
 
 
 def _add_vocab(w, tok: ByteTokenizer) -> None:
@@ -175,6 +245,15 @@ def _add_vocab(w, tok: ByteTokenizer) -> None:
     w.add_add_eos_token(False)
 
 
+def is_quantised(name: str, array: np.ndarray) -> bool:
+    """Whether a Q4_1 file stores tensor ``name`` in Q4_1: the linear weights,
+    experts' stacks included. Norms, biases, the embedding table (a row
+    lookup) and the MoE routers stay f32, as llama.cpp's own quantiser keeps
+    ``ffn_gate_inp`` (the router decides which experts run, so it keeps full
+    precision)."""
+    return array.ndim >= 2 and name != "token_embd.weight" and "ffn_gate_inp" not in name
+
+
 def write_tiny_gguf(path: str | os.PathLike, seed: int = TINY_GGUF_SEED, quant: str = TINY_GGUF_QUANT,
                     family: str = "llama") -> Path:
     """Write the tiny random GGUF of ``family`` (:data:`FAMILIES`) to
@@ -186,15 +265,15 @@ def write_tiny_gguf(path: str | os.PathLike, seed: int = TINY_GGUF_SEED, quant: 
     fam = get_family(family)
     tok = ByteTokenizer()
     w = gguf.GGUFWriter(os.fspath(path), fam.arch)
-    w.add_name("unsee-tiny" if family == "llama" else f"unsee-tiny-{family}")
+    w.add_name(fam.name or ("unsee-tiny" if family == "llama" else f"unsee-tiny-{family}"))
     _add_hparams(w, fam)
     w.add_file_type(0 if quant == "f32" else 3)  # llama_ftype: ALL_F32, MOSTLY_Q4_1
     _add_vocab(w, tok)
     for name, array in _weights(np.random.default_rng(seed), tok.vocab_size, fam).items():
-        if quant == "q4_1" and array.ndim == 2 and name != "token_embd.weight":
+        if quant == "q4_1" and is_quantised(name, array):
             q4_1 = gguf.GGMLQuantizationType.Q4_1
             w.add_tensor(name, gguf.quants.quantize(array, q4_1), raw_dtype=q4_1)
-        else:  # norms, biases and the embedding table (a row lookup) stay f32
+        else:
             w.add_tensor(name, array)
     w.write_header_to_file()
     w.write_kv_data_to_file()
@@ -224,4 +303,5 @@ def tiny_gguf_path(cache_dir: str | os.PathLike | None = None, family: str = "ll
     return path
 
 
-__all__ = ["FAMILIES", "TINY_GGUF_SHAPE", "TINY_WINDOW", "Family", "get_family", "tiny_gguf_path", "write_tiny_gguf"]
+__all__ = ["FAMILIES", "NOT_ON_LLAMACPP", "TINY_GGUF_SHAPE", "TINY_MOE", "TINY_WINDOW", "ZOO_FAMILIES", "Family",
+           "get_engine_name", "get_family", "is_quantised", "tiny_gguf_path", "write_tiny_gguf"]
