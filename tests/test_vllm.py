@@ -189,3 +189,47 @@ def test_scale_out_options_reach_the_loader_only_with_vllm():
     assert dict(config.engine_options) == {"tensor_parallel_size": 2}
     with pytest.raises(EvalError, match="span-excision"):
         EvalConfig(backend="vllm", methods=("span-excision",))
+
+
+@needs_vllm
+def test_a_stored_session_reopens_on_vllm(engine_factory_vllm, monkeypatch, tmp_path, capsys):
+    """`unsee run --engine vllm --store`, then `unsee forget`, `show` and
+    `verify` on that store: each rebuilds the engine from what the store
+    recorded (the backend, the model to load, and the options vLLM's results
+    depend on: block size, max_model_len, parallel sizes; impl/store/backend.py),
+    and the committed forget equals `unsee run --method reset`. The loader
+    hands back the test's shared model (one vLLM load for the test) after
+    checking that the options it was given rebuild that model's configuration."""
+    import json
+
+    from unsee.impl.cli.main import main
+    from unsee.impl.engines.vllm import models
+
+    lm = engine_factory_vllm().lm
+    rebuilt = []
+
+    def load_vllm(name_or_path, **options):
+        assert name_or_path == "tiny" and options.get("dtype") == lm.dtype
+        if "block_size" in options:  # a reopen: the recorded options name this model's configuration
+            rebuilt.append(options)
+            assert options == {"device": "cpu", "dtype": lm.dtype, "block_size": lm.block_size,
+                               "max_model_len": lm.max_model_len, "tensor_parallel_size": 1,
+                               "pipeline_parallel_size": 1}
+        return lm
+
+    monkeypatch.setattr(models, "load_vllm", load_vllm)
+    episode = str(Path(__file__).resolve().parents[1] / "examples" / "secret_in_tool_result.json")
+    store, receipt = str(tmp_path / "s.db"), str(tmp_path / "receipt.json")
+    assert main(["run", episode, "--engine", "vllm", "--model", "tiny", "--method", "none", "--store", store,
+                 "--json"]) == 0
+    capsys.readouterr()
+    assert main(["forget", store, "--forget", "notes.address", "--receipt", receipt, "--json"]) == 0
+    forgot = json.loads(capsys.readouterr().out)
+    assert main(["run", episode, "--engine", "vllm", "--model", "tiny", "--method", "reset", "--json"]) == 0
+    reset = json.loads(capsys.readouterr().out)
+    assert forgot["digest"] == reset["result"]["digest"] != reset["digest_before"]
+    assert main(["show", store]) == 0
+    assert "on the vllm engine" in capsys.readouterr().out
+    assert main(["verify", store, "--receipt", receipt]) == 0
+    assert "verified" in capsys.readouterr().out
+    assert len(rebuilt) == 2  # forget and verify rebuilt the engine; show needs none

@@ -89,6 +89,19 @@ class VllmModel:
 
         return hf.special_tokens_of(self.tokenizer)
 
+    # the loader options a stored session records (impl/store/backend.py), read as attributes
+    @property
+    def max_model_len(self) -> int:
+        return self.info["options"].max_model_len
+
+    @property
+    def tensor_parallel_size(self) -> int:
+        return self.info["options"].tensor_parallel_size
+
+    @property
+    def pipeline_parallel_size(self) -> int:
+        return self.info["options"].pipeline_parallel_size
+
 
 class _NoTokenizerFiles:
     """vLLM runs with ``skip_tokenizer_init``: the tiny folder needs no tokenizer files."""
@@ -155,12 +168,13 @@ def _determinism_text(block: int) -> str:
 def load_vllm(name_or_path: str | os.PathLike = "tiny", cache_dir: str | os.PathLike | None = None,
               max_model_len: int | None = None, tensor_parallel_size: int | None = None,
               pipeline_parallel_size: int | None = None, distributed_executor_backend: str | None = None,
-              dtype: str | None = None, device: str | None = None) -> VllmModel:
+              dtype: str | None = None, device: str | None = None, block_size: int | None = None) -> VllmModel:
     """Load ``'tiny'``, ``'smollm2'`` or an HF folder into vLLM (fp32 on the
     CPU unless ``dtype`` says otherwise; ``device`` is vLLM's: the CPU build
     runs on the CPU, a CUDA build on the GPUs). Tensor/pipeline parallel
     sizes and the distributed executor backend (``ray``, ``mp``) go to vLLM as
-    its CLI takes them."""
+    its CLI takes them; ``block_size`` is the prefix cache's (None: the
+    platform's, 128 on the CPU)."""
     adapter.import_vllm()  # the install hint before any work
     if device not in (None, "cpu", "cuda"):
         raise ValueError(f"device={device!r}: vLLM picks its platform itself; pass 'cpu', 'cuda' or nothing")
@@ -168,7 +182,8 @@ def load_vllm(name_or_path: str | os.PathLike = "tiny", cache_dir: str | os.Path
     options = adapter.LLMOptions(dtype=dtype or "float32", max_model_len=int(max_model_len or 4096),
                                  tensor_parallel_size=int(tensor_parallel_size or 1),
                                  pipeline_parallel_size=int(pipeline_parallel_size or 1),
-                                 distributed_executor_backend=distributed_executor_backend)
+                                 distributed_executor_backend=distributed_executor_backend,
+                                 block_size=None if block_size is None else int(block_size))
     t0 = time.perf_counter()
     llm = adapter.build_llm(str(folder), options)
     block = adapter.block_size(llm)
