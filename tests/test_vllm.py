@@ -233,3 +233,31 @@ def test_a_stored_session_reopens_on_vllm(engine_factory_vllm, monkeypatch, tmp_
     assert main(["verify", store, "--receipt", receipt]) == 0
     assert "verified" in capsys.readouterr().out
     assert len(rebuilt) == 2  # forget and verify rebuilt the engine; show needs none
+
+
+@needs_vllm
+def test_a_restore_keeps_the_checkpoint_rounded_down_to_blocks(engine_factory):
+    """A forget on vLLM restores a checkpoint whose offset is not on a block
+    boundary: the report says the restore keeps the checkpoint's tokens
+    rounded down to the block size and recomputes the rest (the engine's
+    declared restore_granularity); the first request of the restored lineage
+    is served whole blocks only, up to where its prompt leaves the pre-forget
+    lineage's tokens, rounded down; and the forget equals the full reset."""
+    from unsee.impl.agent.episode import load_episode
+    from unsee.impl.agent.runtime import AgentRuntime
+
+    episode = load_episode(Path(__file__).resolve().parents[1] / "examples" / "secret_in_tool_result.json")
+    runtime = AgentRuntime.from_episode(engine_factory("vllm-tiny"), episode)
+    block = runtime.engine.lm.block_size
+    assert runtime.engine.determinism.restore_granularity == block
+    report = runtime.forget(episode.target.source)
+    restore = report.extra["restore"]
+    offset = restore["checkpoint_tokens"]
+    assert offset % block != 0 and restore["shared"]  # the case under test: a checkpoint inside a block
+    assert (restore["cached_tokens"], restore["recomputed_tokens"]) == (offset // block * block, offset % block)
+    served = restore["served"]
+    assert served["prefix_tokens"] == offset <= served["matching_tokens"] <= served["prompt_tokens"]
+    assert served["cached_tokens"] == served["matching_tokens"] // block * block >= restore["cached_tokens"]
+    reset = AgentRuntime.from_episode(engine_factory("vllm-tiny"), episode)
+    assert reset.full_reset(episode.target.source).digest == report.digest
+    assert reset.engine.tokens(reset.lineage) == runtime.engine.tokens(runtime.lineage)
