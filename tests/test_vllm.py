@@ -225,6 +225,9 @@ def test_a_stored_session_reopens_on_vllm(engine_factory_vllm, monkeypatch, tmp_
     capsys.readouterr()
     assert main(["forget", store, "--forget", "notes.address", "--receipt", receipt, "--json"]) == 0
     forgot = json.loads(capsys.readouterr().out)
+    restore = forgot["extra"]["restore"]  # a reopened session rebuilds its checkpoint: nothing kept from a cache
+    assert not restore["shared"] and restore["cached_tokens"] == 0
+    assert restore["recomputed_tokens"] == restore["checkpoint_tokens"] > 0
     assert main(["run", episode, "--engine", "vllm", "--model", "tiny", "--method", "reset", "--json"]) == 0
     reset = json.loads(capsys.readouterr().out)
     assert forgot["digest"] == reset["result"]["digest"] != reset["digest_before"]
