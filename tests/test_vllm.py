@@ -264,3 +264,19 @@ def test_a_restore_keeps_the_checkpoint_rounded_down_to_blocks(engine_factory):
     reset = AgentRuntime.from_episode(engine_factory("vllm-tiny"), episode)
     assert reset.full_reset(episode.target.source).digest == report.digest
     assert reset.engine.tokens(reset.lineage) == runtime.engine.tokens(runtime.lineage)
+
+
+def test_one_tokenizer_path():
+    """vLLM's model info tokenizes through the transformers engine's methods,
+    written once (impl/engines/hf/tokenizer.py), not a copy of them."""
+    from unsee.impl.engines.files import ByteTokenizer
+    from unsee.impl.engines.hf.models import LoadedModel
+    from unsee.impl.engines.hf.tokenizer import TokenizerMethods
+    from unsee.impl.engines.vllm.models import VllmModel
+
+    for name in ("encode", "decode", "chat_template", "special_tokens"):
+        shared = TokenizerMethods.__dict__[name]
+        assert all(name not in cls.__dict__ and getattr(cls, name) is shared for cls in (LoadedModel, VllmModel))
+    lm = VllmModel(name="vllm-tiny", source="", llm=None, tokenizer=ByteTokenizer(), eos_ids=(2,), vocab_size=259,
+                   block_size=128, determinism="")
+    assert lm.decode(lm.encode("héllo")) == "héllo" and lm.chat_template is None and lm.special_tokens == {}

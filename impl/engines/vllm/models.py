@@ -21,12 +21,12 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from unsee.impl.engines.files import ByteTokenizer, default_cache_dir
+from unsee.impl.engines.hf.tokenizer import TokenizerMethods
 from unsee.impl.engines.vllm import adapter
 
 _DONE = "unsee-complete"
@@ -43,9 +43,11 @@ TINY_MODELS = {
 
 
 @dataclass(eq=False)
-class VllmModel:
+class VllmModel(TokenizerMethods):
     """A model loaded in vLLM, with our tokenizer and what it promises
-    (satisfies :class:`unsee.impl.engines.protocol.ModelInfo`)."""
+    (satisfies :class:`unsee.impl.engines.protocol.ModelInfo`; the tokenizer's
+    methods are the transformers engine's,
+    :class:`~unsee.impl.engines.hf.tokenizer.TokenizerMethods`)."""
 
     name: str
     source: str  # the HF folder vLLM read
@@ -58,36 +60,6 @@ class VllmModel:
     device: str = "cpu"
     dtype: str = "float32"
     info: dict = field(default_factory=dict)
-
-    def encode(self, text: str) -> list[int]:
-        if isinstance(self.tokenizer, ByteTokenizer):
-            return self.tokenizer.encode(text)
-        from unsee.impl.engines.hf import adapter as hf
-
-        return hf.hf_encode(self.tokenizer, text)
-
-    def decode(self, ids: Sequence[int]) -> str:
-        if isinstance(self.tokenizer, ByteTokenizer):
-            return self.tokenizer.decode(ids)
-        from unsee.impl.engines.hf import adapter as hf
-
-        return hf.hf_decode(self.tokenizer, ids)
-
-    @property
-    def chat_template(self) -> str | None:
-        if isinstance(self.tokenizer, ByteTokenizer):
-            return None
-        from unsee.impl.engines.hf import adapter as hf
-
-        return hf.chat_template_of(self.tokenizer)
-
-    @property
-    def special_tokens(self) -> Mapping[str, str]:
-        if isinstance(self.tokenizer, ByteTokenizer):
-            return {}
-        from unsee.impl.engines.hf import adapter as hf
-
-        return hf.special_tokens_of(self.tokenizer)
 
     # the loader options a stored session records (impl/store/backend.py), read as attributes
     @property
