@@ -131,7 +131,8 @@ def resolve_folder(name_or_path, cache_dir=None) -> tuple[str, Path, Any, tuple[
 
 
 def _determinism_text(block: int) -> str:
-    return (f"vLLM cpu float32, prefix caching in blocks of {block} tokens: a prefix-cache hit moves logits in the "
+    return (f"vLLM cpu float32, prefix caching in blocks of {block} tokens (a restore keeps whole blocks: prefill "
+            "resumes at a block boundary); a prefix-cache hit moves logits in the "
             "last bits (docs/engines.md, vLLM); every decision whose margin is under the measured bound is "
             "recomputed cold (skip_reading_prefix_cache), so the tokens are a function of the tokens before them; "
             "the digest covers token ids (vLLM exposes no KV), and logits() is the cold run's")
