@@ -13,7 +13,7 @@ largest value seen.
 
     python -m unsee.bench.vllm_restore --engine vllm-tiny --lengths 128 256 512 1024 2048 --prompts 3 --steps 16
     python -m unsee.bench.vllm_restore --engine vllm-tiny-ties --lengths 128 512 1024 2048 --prompts 3 --steps 16
-    python -m unsee.bench.vllm_restore --engine vllm --lengths 128 512 1024 --prompts 1 --steps 8
+    python -m unsee.bench.vllm_restore --engine vllm --lengths 128 256 384 512 768 1024 --prompts 4 --steps 24
 """
 
 from __future__ import annotations

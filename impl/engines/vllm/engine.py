@@ -67,12 +67,12 @@ from unsee.impl.engines.vllm import adapter
 #: vllm-tiny-ties cpu float32 (SmolLM2's width): max 3.6e-6 over 384 positions
 #:   (prefixes of 128 to 2048 tokens; the same with and without a hit: decode
 #:   steps, not the hit, move these logits); bound 5e-5, 14x.
-#: smollm2 cpu float32: max 6.1e-5 over 48 positions (prefixes of 128, 512 and
-#:   1024 tokens, 1 prompt, 8 decoded tokens, with and without a hit; the
-#:   issue's own probe saw 2.1e-5 on a 896-token hit); bound 1e-3, 16x, as the
-#:   transformers drafts' bound for SmolLM2 (impl/engines/decoding.py).
+#: smollm2 cpu float32: max 1.1e-4 over 1,152 positions (prefixes of 128, 256,
+#:   384, 512, 768 and 1024 tokens, 4 prompts each, 24 decoded tokens, with and
+#:   without a hit; the issue's own probe saw 2.1e-5 on a 896-token hit); bound
+#:   1.8e-3, 16x, the factor of the first bound (1e-3 over 48 positions, max 6.1e-5).
 RESTORE_BOUNDS: Mapping[tuple[str, str, str], float] = {
-    ("smollm2", "cpu", "float32"): 1e-3,
+    ("smollm2", "cpu", "float32"): 1.8e-3,
     ("vllm-tiny", "cpu", "float32"): 1e-6,
     ("vllm-tiny-ties", "cpu", "float32"): 5e-5,
 }
