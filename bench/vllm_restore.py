@@ -13,7 +13,7 @@ largest value seen.
 
     python -m unsee.bench.vllm_restore --engine vllm-tiny --lengths 128 256 512 1024 2048 --prompts 3 --steps 16
     python -m unsee.bench.vllm_restore --engine vllm-tiny-ties --lengths 128 512 1024 2048 --prompts 3 --steps 16
-    python -m unsee.bench.vllm_restore --engine vllm --lengths 128 512 1024 --prompts 1 --steps 8
+    python -m unsee.bench.vllm_restore --engine vllm --lengths 128 256 384 512 768 1024 --prompts 4 --steps 24
 """
 
 from __future__ import annotations
@@ -27,15 +27,22 @@ from unsee.impl.engines.registry import load_engine
 from unsee.impl.util.progress import open_bar
 
 
-def measure_turn(engine, prompt: list[int], warm: int | None, steps: int) -> tuple[list[float], int]:
-    """Per decoded position, max |served - cold| logits; and the tokens the cache served."""
+def measure_turn(engine, prompt: list[int], warm: int | None, steps: int,
+                 colds: dict | None = None) -> tuple[list[float], int]:
+    """Per decoded position, max |served - cold| logits; and the tokens the cache served.
+    ``colds`` keeps the cold runs' logits by tokens, so the turn with a hit and the one
+    without share their cold runs (cold runs repeat bitwise: the engine's own premise)."""
+    colds = {} if colds is None else colds
     salt = f"bench-{random.getrandbits(48):x}"
     if warm is not None:
         engine.request(salt, prompt[:warm], 1, 1)
     served = engine.request(salt, prompt, steps, -1)
     out, diffs = [], []
     for token, logits in zip(served.ids, served.logits):
-        cold = engine.cold_logits(salt, prompt + out)
+        key = tuple(prompt + out)
+        if key not in colds:
+            colds[key] = engine.cold_logits(salt, prompt + out)
+        cold = colds[key]
         diffs.append(float((engine.dense(logits) - cold).abs().max()))
         out.append(token)
     return diffs, served.cached_tokens
@@ -63,16 +70,26 @@ def main(argv=None) -> dict:
         hit, plain, cached = [], [], []
         for _ in range(args.prompts):
             prompt = [rng.randrange(3, engine.lm.vocab_size) for _ in range(length + 40)]
-            diffs, served = measure_turn(engine, prompt, length + 7, args.steps)
+            colds: dict = {}
+            diffs, served = measure_turn(engine, prompt, length + 7, args.steps, colds)
             hit += diffs
             cached.append(served)
-            plain += measure_turn(engine, prompt, None, args.steps)[0]
+            plain += measure_turn(engine, prompt, None, args.steps, colds)[0]
         rows.append({"prefix": length, "cached_tokens": cached, "hit": summarize(hit), "no_hit": summarize(plain)})
+        write_report(args, engine, rows)  # after each length, so a long run that is stopped keeps what it measured
         bar.update(1)
     bar.close()
-    report = {"engine": args.engine, "block_size": engine.lm.block_size, "steps": args.steps, "rows": rows,
-              "max": max(max(r["hit"]["max"], r["no_hit"]["max"]) for r in rows)}
+    report = write_report(args, engine, rows)
     print(json.dumps(report, indent=1))
+    return report
+
+
+def write_report(args, engine, rows: list[dict]) -> dict:
+    """The report of the rows so far (written to ``--out`` if given)."""
+    report = {"engine": args.engine, "block_size": engine.lm.block_size, "steps": args.steps,
+              "prompts": args.prompts, "rows": rows,
+              "positions": sum(r["hit"]["n"] + r["no_hit"]["n"] for r in rows),
+              "max": max(max(r["hit"]["max"], r["no_hit"]["max"]) for r in rows)}
     if args.out:
         with open(args.out, "w") as f:
             json.dump(report, f, indent=1)

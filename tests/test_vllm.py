@@ -328,3 +328,94 @@ def test_table1_runs_each_method_on_a_session_of_its_own(engine_factory_vllm):
     after = measure_episode(engine, episode, ("replay-oracle", "replay"), 2)  # rounds: counts checked equal
     assert {k: after["methods"]["replay"][k] for k in fields} == {k: alone[k] for k in fields}
     assert "floor" not in after  # vLLM's prefill computes nothing until a request: no floor to time
+
+
+@needs_vllm
+def test_a_stored_session_reopens_on_vllm(engine_factory_vllm, monkeypatch, tmp_path, capsys):
+    """`unsee run --engine vllm --store`, then `unsee forget`, `show` and
+    `verify` on that store: each rebuilds the engine from what the store
+    recorded (the backend, the model to load, and the options vLLM's results
+    depend on: block size, max_model_len, parallel sizes; impl/store/backend.py),
+    and the committed forget equals `unsee run --method reset`. The loader
+    hands back the test's shared model (one vLLM load for the test) after
+    checking that the options it was given rebuild that model's configuration."""
+    import json
+
+    from unsee.impl.cli.main import main
+    from unsee.impl.engines.vllm import models
+
+    lm = engine_factory_vllm().lm
+    rebuilt = []
+
+    def load_vllm(name_or_path, **options):
+        assert name_or_path == "tiny" and options.get("dtype") == lm.dtype
+        if "block_size" in options:  # a reopen: the recorded options name this model's configuration
+            rebuilt.append(options)
+            assert options == {"device": "cpu", "dtype": lm.dtype, "block_size": lm.block_size,
+                               "max_model_len": lm.max_model_len, "tensor_parallel_size": 1,
+                               "pipeline_parallel_size": 1}
+        return lm
+
+    monkeypatch.setattr(models, "load_vllm", load_vllm)
+    episode = str(Path(__file__).resolve().parents[1] / "examples" / "secret_in_tool_result.json")
+    store, receipt = str(tmp_path / "s.db"), str(tmp_path / "receipt.json")
+    assert main(["run", episode, "--engine", "vllm", "--model", "tiny", "--method", "none", "--store", store,
+                 "--json"]) == 0
+    capsys.readouterr()
+    assert main(["forget", store, "--forget", "notes.address", "--receipt", receipt, "--json"]) == 0
+    forgot = json.loads(capsys.readouterr().out)
+    restore = forgot["extra"]["restore"]  # a reopened session rebuilds its checkpoint: nothing kept from a cache
+    assert not restore["shared"] and restore["cached_tokens"] == 0
+    assert restore["recomputed_tokens"] == restore["checkpoint_tokens"] > 0
+    assert main(["run", episode, "--engine", "vllm", "--model", "tiny", "--method", "reset", "--json"]) == 0
+    reset = json.loads(capsys.readouterr().out)
+    assert forgot["digest"] == reset["result"]["digest"] != reset["digest_before"]
+    assert main(["show", store]) == 0
+    assert "on the vllm engine" in capsys.readouterr().out
+    assert main(["verify", store, "--receipt", receipt]) == 0
+    assert "verified" in capsys.readouterr().out
+    assert len(rebuilt) == 2  # forget and verify rebuilt the engine; show needs none
+
+
+@needs_vllm
+def test_a_restore_keeps_the_checkpoint_rounded_down_to_blocks(engine_factory):
+    """A forget on vLLM restores a checkpoint whose offset is not on a block
+    boundary: the report says the restore keeps the checkpoint's tokens
+    rounded down to the block size and recomputes the rest (the engine's
+    declared restore_granularity); the first request of the restored lineage
+    is served whole blocks only, up to where its prompt leaves the pre-forget
+    lineage's tokens, rounded down; and the forget equals the full reset."""
+    from unsee.impl.agent.episode import load_episode
+    from unsee.impl.agent.runtime import AgentRuntime
+
+    episode = load_episode(Path(__file__).resolve().parents[1] / "examples" / "secret_in_tool_result.json")
+    runtime = AgentRuntime.from_episode(engine_factory("vllm-tiny"), episode)
+    block = runtime.engine.lm.block_size
+    assert runtime.engine.determinism.restore_granularity == block
+    report = runtime.forget(episode.target.source)
+    restore = report.extra["restore"]
+    offset = restore["checkpoint_tokens"]
+    assert offset % block != 0 and restore["shared"]  # the case under test: a checkpoint inside a block
+    assert (restore["cached_tokens"], restore["recomputed_tokens"]) == (offset // block * block, offset % block)
+    served = restore["served"]
+    assert served["prefix_tokens"] == offset <= served["matching_tokens"] <= served["prompt_tokens"]
+    assert served["cached_tokens"] == served["matching_tokens"] // block * block >= restore["cached_tokens"]
+    reset = AgentRuntime.from_episode(engine_factory("vllm-tiny"), episode)
+    assert reset.full_reset(episode.target.source).digest == report.digest
+    assert reset.engine.tokens(reset.lineage) == runtime.engine.tokens(runtime.lineage)
+
+
+def test_one_tokenizer_path():
+    """vLLM's model info tokenizes through the transformers engine's methods,
+    written once (impl/engines/hf/tokenizer.py), not a copy of them."""
+    from unsee.impl.engines.files import ByteTokenizer
+    from unsee.impl.engines.hf.models import LoadedModel
+    from unsee.impl.engines.hf.tokenizer import TokenizerMethods
+    from unsee.impl.engines.vllm.models import VllmModel
+
+    for name in ("encode", "decode", "chat_template", "special_tokens"):
+        shared = TokenizerMethods.__dict__[name]
+        assert all(name not in cls.__dict__ and getattr(cls, name) is shared for cls in (LoadedModel, VllmModel))
+    lm = VllmModel(name="vllm-tiny", source="", llm=None, tokenizer=ByteTokenizer(), eos_ids=(2,), vocab_size=259,
+                   block_size=128, determinism="")
+    assert lm.decode(lm.encode("héllo")) == "héllo" and lm.chat_template is None and lm.special_tokens == {}

@@ -39,6 +39,27 @@ class AmbiguousTargetError(LookupError):
 
 
 
+def get_restore_fields(engine, checkpoint_tokens: int, shared: bool, lineage: str) -> dict:
+    """What a forget's restore of ``checkpoint_tokens`` kept and what it recomputed.
+
+    The engine declares where a prefill resumes after a restore
+    (:attr:`Determinism.restore_granularity`: 1, or vLLM's block size), so a
+    shared checkpoint keeps its tokens rounded down to it and the replay's first
+    prefill recomputes the rest; a checkpoint rebuilt from its manifest (evicted,
+    or a session reopened from its store) keeps nothing. ``served``: what the
+    engine saw its restored lineage's first request served, where it says
+    (vLLM: whole cached blocks, which may run past the checkpoint into the
+    unchanged steps after it, or fall short of it where blocks were evicted)."""
+    kept, recomputed = engine.determinism.get_restore_split(checkpoint_tokens) if shared else (0, checkpoint_tokens)
+    fields = {"checkpoint_tokens": checkpoint_tokens, "granularity": engine.determinism.restore_granularity,
+              "shared": shared, "cached_tokens": kept, "recomputed_tokens": recomputed}
+    observe = getattr(engine, "get_restore", None)
+    served = observe(lineage) if observe is not None and lineage in engine.lineages else None
+    if served is not None:
+        fields["served"] = served
+    return fields
+
+
 class SelectiveReplay:
     """The forget verbs, a part of :class:`~unsee.impl.agent.runtime.AgentRuntime`
     (which supplies the state, ``_restore``, ``_spawn`` and ``_adopt``)."""
@@ -79,7 +100,9 @@ class SelectiveReplay:
             tau = min(taus)
             closure = self._closure(pending)  # line 3
             checkpoint = self.checkpoints.latest_before(tau)  # line 4
+            shared = checkpoint.lineage in self.engine.lineages  # else _restore rebuilds it from the manifest
             replay = self._restore(checkpoint)  # line 5: share the kept prefix of the lineage (a crop, no copy)
+            restored = replay.lineage
             suffix = [self._sanitize(s, pending) for s in self.steps[checkpoint.boundary:]]  # line 7
             transitions_before = replay.transitions
             replay._update(forgotten=(*self._state.forgotten, *pending))
@@ -88,13 +111,15 @@ class SelectiveReplay:
                                                       lookup)
             draft_info["bound_source"] = self.engine.draft_bound_source
             replay.run(suffix, progress)  # lines 6-10
+            restore = get_restore_fields(self.engine, checkpoint.token_offset, shared, restored)
             if replay.drafts is not None:
                 draft_info["totals"] = replay.drafts.get_totals()
                 draft_info["turns"] = [attrs.asdict(t) for t in replay.drafts.turns]
             replay.drafts = None
             self._adopt(replay)
             return self._report("replay-oracle" if oracle else "replay", source_ids, tau, checkpoint, closure,
-                                self.transitions - transitions_before, started, before, drafts=draft_info)
+                                self.transitions - transitions_before, started, before, drafts=draft_info,
+                                restore=restore)
 
     def full_reset(self, source_id: str | Sequence[str], progress: Progress | None = None,
                    wait: bool = True, upto: int | None = None) -> ForgetReport:
@@ -166,7 +191,8 @@ class SelectiveReplay:
 
     def _report(self, method: str, source_ids: Sequence[str], tau: int, checkpoint: Checkpoint | None,
                 closure: Sequence[str], invocations: int, started: float, before,
-                already_forgotten: bool = False, drafts: dict | None = None) -> ForgetReport:
+                already_forgotten: bool = False, drafts: dict | None = None,
+                restore: dict | None = None) -> ForgetReport:
         spent = self.engine.counters.snapshot() - before
         digest, assumptions = self.digest(), self.get_assumptions()
         extra = {"rendering": self.renderer.describe()}  # how the episode was rendered (impl/agent/render.py)
@@ -175,6 +201,8 @@ class SelectiveReplay:
         residue = getattr(self.engine, "residue", None)  # an engine keeping blocks outside its lineages (vLLM)
         if residue is not None:
             extra["engine_residue"] = residue()
+        if restore is not None:
+            extra["restore"] = restore
         return ForgetReport(
             method=method, source_id=",".join(source_ids), tau=tau, length=self.t,
             boundary=checkpoint.boundary if checkpoint else (self.t if already_forgotten else 0),
@@ -190,4 +218,5 @@ class SelectiveReplay:
             drafts=drafts or {"mode": "off", "why": "no replay of model turns from drafts"})
 
 
-__all__ = ["AmbiguousTargetError", "Progress", "SelectiveReplay", "TargetNotFoundError", "sanitize_step"]
+__all__ = ["AmbiguousTargetError", "Progress", "SelectiveReplay", "TargetNotFoundError", "get_restore_fields",
+           "sanitize_step"]

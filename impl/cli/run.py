@@ -119,6 +119,24 @@ def print_forget_lines(rep: dict) -> None:
     print("A1-A3    " + "; ".join(f"{k}: {'holds' if v['holds'] else 'FAILS'}"
                                   for k, v in rep["assumptions"].items()))
     print(f"drafts   {describe_drafts(rep['drafts'])}")
+    restore = describe_restore(rep.get("extra", {}).get("restore"))
+    if restore:
+        print(f"restore  {restore}")
+
+
+def describe_restore(restore: dict | None) -> str:
+    """One line on what a restore kept from the engine's cache, where its
+    engine resumes a prefill only at multiples of more than one token (vLLM's
+    blocks); empty elsewhere (a crop keeps every token of the checkpoint)."""
+    if not restore or restore["granularity"] <= 1:
+        return ""
+    line = (f"{restore['cached_tokens']} of the checkpoint's {restore['checkpoint_tokens']} tokens kept "
+            f"(whole blocks of {restore['granularity']}), {restore['recomputed_tokens']} recomputed")
+    served = restore.get("served")
+    if served and "cached_tokens" in served:
+        line += (f"; the first request was served {served['cached_tokens']} of its {served['prompt_tokens']} "
+                 "prompt tokens from the cache")
+    return line
 
 
 def describe_drafts(drafts: dict) -> str:

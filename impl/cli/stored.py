@@ -11,7 +11,7 @@ import json
 import sys
 
 from unsee.impl.cli.exits import Exit
-from unsee.impl.cli.run import describe_drafts
+from unsee.impl.cli.run import describe_drafts, describe_restore
 from unsee.impl.util.progress import progress_bar
 
 #: How often `unsee forget` redoes a forget that lost a commit race.
@@ -122,6 +122,8 @@ def print_forget_report(report, source: str, path: str) -> None:
               f"{report.prefilled_tokens} prefilled + {report.decoded_tokens} decoded tokens, "
               f"{report.wall_s:.2f} s")
         print(f"drafts   {describe_drafts(report.drafts)}")
+        if describe_restore(report.extra.get("restore")):
+            print(f"restore  {describe_restore(report.extra.get('restore'))}")
     print(f"T        {report.length}")
     print(f"digest   {report.digest}")
 

@@ -21,8 +21,9 @@ reused. Verbs act on the current lineage unless one is named.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Mapping, Protocol, Sequence, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,11 @@ class Determinism:
     decode_is_prefill       decoding tokens one by one == prefilling them
     thread_invariant        the KV does not depend on the thread count
     statement               the same in words, with where it was measured
+    restore_granularity     a restore of a lineage's first n tokens keeps the KV of
+                            the first n - n % g of them, and the next prefill
+                            resumes there, recomputing the rest: 1 where a crop
+                            keeps any prefix (transformers, llama.cpp), the block
+                            size where the cache is full blocks (vLLM: 128 on the CPU)
     """
 
     same_chunking_repeats: bool
@@ -49,6 +55,14 @@ class Determinism:
     decode_is_prefill: bool
     thread_invariant: bool
     statement: str
+    restore_granularity: int = 1
+
+    def get_restore_split(self, n_tokens: int) -> tuple[int, int]:
+        """``(kept, recomputed)`` of a restore of ``n_tokens``: the tokens whose KV
+        the restore keeps (rounded down to :attr:`restore_granularity`) and the
+        ones the next prefill recomputes."""
+        kept = n_tokens - n_tokens % self.restore_granularity
+        return kept, n_tokens - kept
 
     @property
     def canonical_chunking(self) -> str:

@@ -11,7 +11,9 @@ A store's ``meta`` records, besides ``model`` (the loaded model's name) and
                     (llama.cpp: ``threads``, ``flash_attn``, ``n_ctx``;
                     transformers: ``attn``, the attention implementation, besides
                     ``dtype``; the device is the caller's. A transformers store
-                    without ``attn`` was made with ``unsee_eager``, the only one then)
+                    without ``attn`` was made with ``unsee_eager``, the only one then;
+                    vLLM: ``block_size``, ``max_model_len``, ``tensor_parallel_size``,
+                    ``pipeline_parallel_size``, see :data:`RECORDED_OPTIONS`)
 
 ``unsee forget``, ``show`` and ``verify`` rebuild the engine from these
 through :mod:`unsee.impl.engines.registry`. A store written before these keys
@@ -35,13 +37,23 @@ from unsee.impl.store.schema import StoreError
 LEGACY_BACKEND = DEFAULT_BACKEND
 #: Per backend, the loader options recorded because the KV bits depend on
 #: them (llama.cpp's thread count, attention kernel and context size).
+#: vLLM's digest covers token ids only, but what a reopened session computes depends on:
+#: ``block_size`` (a restore is a prefix-cache hit rounded down to it: the forget's cached
+#: and recomputed tokens, and which logits a hit serves), ``max_model_len`` (which turns fit),
+#: the tensor and pipeline parallel sizes (the cold run's reductions, so the logits' last bits
+#: and the near-ties the margin guard recomputes). The executor (``ray``, ``mp``) computes the
+#: same bits and is the caller's; salts are not recorded: a reopened session holds no cached
+#: block and draws fresh ones (impl/engines/vllm/engine.py).
 RECORDED_OPTIONS = {"transformers": ("attn",), "llamacpp": ("threads", "flash_attn", "n_ctx"),
-                    # vLLM's digest covers token ids only, which no loader option changes
-                    "vllm": ()}
+                    "vllm": ("block_size", "max_model_len", "tensor_parallel_size", "pipeline_parallel_size")}
 #: The attention of a transformers store that records none (written before ``--attn`` existed).
 LEGACY_ATTN = "unsee_eager"
 #: llama.cpp's model names whose loaded name differs from the name to load.
 LLAMACPP_LOADED_NAMES = {"tiny-gguf": "tiny"}
+#: vLLM's model names whose loaded name differs from the name to load (impl/engines/vllm/models.py).
+VLLM_LOADED_NAMES = {"vllm-tiny": "tiny", "vllm-tiny-ties": "tiny-ties"}
+#: Per backend, its table of loaded name -> name to load.
+LOADED_NAMES = {"llamacpp": LLAMACPP_LOADED_NAMES, "vllm": VLLM_LOADED_NAMES}
 
 
 @attrs.frozen
@@ -55,7 +67,10 @@ class StoredEngine:
 
     def get_loader_options(self, meta: dict[str, str], device: str = "cpu") -> dict[str, Any]:
         """The registry's loader options: transformers takes ``device`` and the
-        stored ``dtype``; llama.cpp its recorded options, on the cpu only."""
+        stored ``dtype``; vLLM the same and its recorded options; llama.cpp its
+        recorded options, on the cpu only."""
+        if self.backend == "vllm":
+            return {"device": device, "dtype": meta["dtype"], **self.options}
         if self.backend == "llamacpp":
             if device != "cpu":
                 raise ValueError(f"the session was made by the llamacpp engine, which runs on the cpu here; "
@@ -66,7 +81,8 @@ class StoredEngine:
 
 def get_backend_of(engine: Engine) -> str:
     """The registry backend of a built engine (as the registry's ``make_engine`` tells them apart)."""
-    return "llamacpp" if type(engine.lm).__name__ == "LlamaCppModel" else "transformers"
+    kind = type(engine.lm).__name__
+    return {"LlamaCppModel": "llamacpp", "VllmModel": "vllm"}.get(kind, "transformers")
 
 
 def get_engine_meta(engine: Engine) -> dict[str, str]:
@@ -74,7 +90,7 @@ def get_engine_meta(engine: Engine) -> dict[str, str]:
     backend = get_backend_of(engine)
     lm = engine.lm
     name = str(lm.name)
-    model_ref = LLAMACPP_LOADED_NAMES.get(name, name) if backend == "llamacpp" else name
+    model_ref = LOADED_NAMES.get(backend, {}).get(name, name)
     options = {key: getattr(lm, key, None) for key in RECORDED_OPTIONS[backend]}
     return {"backend": backend, "model_ref": model_ref, "engine_options": json.dumps(options, sort_keys=True)}
 
@@ -121,5 +137,6 @@ def load_stored_engine(meta: dict[str, str], device: str = "cpu", kv_budget: int
                        **stored.get_loader_options(meta, device))
 
 
-__all__ = ["LEGACY_ATTN", "LEGACY_BACKEND", "LLAMACPP_LOADED_NAMES", "RECORDED_OPTIONS", "StoredEngine", "check_engine_choice",
-           "get_backend_of", "get_engine_meta", "load_stored_engine", "load_stored_model", "read_stored_engine"]
+__all__ = ["LEGACY_ATTN", "LEGACY_BACKEND", "LLAMACPP_LOADED_NAMES", "LOADED_NAMES", "RECORDED_OPTIONS",
+           "VLLM_LOADED_NAMES", "StoredEngine", "check_engine_choice", "get_backend_of", "get_engine_meta",
+           "load_stored_engine", "load_stored_model", "read_stored_engine"]

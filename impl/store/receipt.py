@@ -36,7 +36,8 @@ RECEIPT_VERSION = 1
 #: here" instead of "failed". (``python`` and ``sqlite`` are recorded, not
 #: compared: neither enters the digest.)
 DIGEST_FACTS = ("engine", "device", "dtype", "threads", "torch", "transformers", "machine", "cpu_capability",
-                "cpu_flags", "flash_attn", "n_ctx", "llama_cpp_python", "attn")
+                "cpu_flags", "flash_attn", "n_ctx", "llama_cpp_python", "attn", "vllm", "block_size",
+                "tensor_parallel_size", "pipeline_parallel_size")
 
 #: The CPU flags that select torch's CPU kernels (and so the bits of a
 #: float reduction); the full /proc/cpuinfo list would differ between
@@ -124,6 +125,8 @@ def environment(engine) -> dict:
     lm = engine.lm
     if type(lm).__name__ == "LlamaCppModel":
         return llamacpp_environment(engine)
+    if type(lm).__name__ == "VllmModel":
+        return vllm_environment(engine)
     from unsee.impl.engines.hf import adapter
 
     return {"engine": f"{type(engine).__module__}.{type(engine).__qualname__}", "device": lm.device,
@@ -143,6 +146,21 @@ def llamacpp_environment(engine) -> dict:
             "dtype": lm.dtype, "threads": lm.threads, "flash_attn": lm.flash_attn, "n_ctx": lm.n_ctx,
             "llama_cpp_python": lm.info.get("llama_cpp_python", "?"), "python": platform.python_version(),
             "sqlite": sqlite3.sqlite_version, **cpu_features()}
+
+
+def vllm_environment(engine) -> dict:
+    """What a vLLM engine's tokens depend on: the engine, dtype, the prefix
+    cache's block size, the parallel sizes (the cold run's reductions), the
+    vLLM, torch and transformers builds and the CPU (vLLM's digest is of token
+    ids: these facts name what could move a near-tie the guard recomputes)."""
+    import torch
+
+    lm = engine.lm
+    return {"engine": f"{type(engine).__module__}.{type(engine).__qualname__}", "device": lm.device,
+            "dtype": lm.dtype, "block_size": lm.block_size, "tensor_parallel_size": lm.tensor_parallel_size,
+            "pipeline_parallel_size": lm.pipeline_parallel_size, "vllm": lm.info.get("vllm", "?"),
+            "torch": torch.__version__, "python": platform.python_version(), "sqlite": sqlite3.sqlite_version,
+            **cpu_features()}
 
 
 def environment_differences(recorded: Mapping[str, Any], here: Mapping[str, Any]) -> list[str]:
@@ -250,4 +268,4 @@ def receipt_summary(body: Mapping[str, Any]) -> str:
 
 __all__ = ["DIGEST_FACTS", "RECEIPT_FORMAT", "RECEIPT_VERSION", "ReceiptError", "build_receipt", "cpu_features",
            "environment", "environment_differences", "generated_hash", "generated_of", "llamacpp_environment",
-           "log_hash", "parse_receipt", "receipt_summary", "weights_hash"]
+           "log_hash", "parse_receipt", "receipt_summary", "vllm_environment", "weights_hash"]

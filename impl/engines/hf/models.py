@@ -28,7 +28,6 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,6 +36,7 @@ import torch
 
 from unsee.impl.engines.files import ByteTokenizer, default_cache_dir, smollm2_path
 from unsee.impl.engines.hf import adapter, attention, zoo
+from unsee.impl.engines.hf.tokenizer import TokenizerMethods
 
 _CACHE_FORMAT = "hf-safetensors-v1"  # layout of a cache entry; part of its key
 _DONE = "unsee-complete"  # written last into a cache entry
@@ -60,10 +60,11 @@ _DTYPES = {
 
 
 @dataclass(eq=False)
-class LoadedModel:
+class LoadedModel(TokenizerMethods):
     """A transformers model loaded for a :class:`~unsee.impl.engines.hf.engine.KVEngine`,
     with its tokenizer and what it promises (satisfies
-    :class:`unsee.impl.engines.protocol.ModelInfo`)."""
+    :class:`unsee.impl.engines.protocol.ModelInfo`; the tokenizer's methods are
+    :class:`~unsee.impl.engines.hf.tokenizer.TokenizerMethods`)."""
 
     model: Any  # a transformers causal LM, eval mode, on `device`
     tokenizer: Any  # ByteTokenizer or a transformers tokenizer
@@ -76,31 +77,6 @@ class LoadedModel:
     source: str = ""  # file or folder the weights came from
     attn: str = attention.OURS  # the attention implementation (hf/attention.py)
     info: dict = field(default_factory=dict)  # load timing, cache hit, versions
-
-    def encode(self, text: str) -> list[int]:
-        """Token ids for `text`, without BOS; chat markers map to single ids."""
-        if isinstance(self.tokenizer, ByteTokenizer):
-            return self.tokenizer.encode(text)
-        return adapter.hf_encode(self.tokenizer, text)
-
-    def decode(self, ids: Sequence[int]) -> str:
-        if isinstance(self.tokenizer, ByteTokenizer):
-            return self.tokenizer.decode(ids)
-        return adapter.hf_decode(self.tokenizer, ids)
-
-    @property
-    def chat_template(self) -> str | None:
-        """The tokenizer's chat template (None for the byte tokenizer: ChatML)."""
-        if isinstance(self.tokenizer, ByteTokenizer):
-            return None
-        return adapter.chat_template_of(self.tokenizer)
-
-    @property
-    def special_tokens(self) -> dict[str, str]:
-        """The special tokens' texts a chat template names."""
-        if isinstance(self.tokenizer, ByteTokenizer):
-            return {}
-        return adapter.special_tokens_of(self.tokenizer)
 
 
 # ----------------------------------------------------------------- settings

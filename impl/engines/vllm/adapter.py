@@ -76,6 +76,8 @@ class LLMOptions:
     distributed_executor_backend: str | None = None
     kv_events: bool = True
     seed: int = 0
+    #: the prefix cache's block size in tokens, or None: the platform's (128 on the CPU, 16 on a GPU)
+    block_size: int | None = None
 
 
 def build_llm(folder: str, options: LLMOptions):
@@ -91,6 +93,8 @@ def build_llm(folder: str, options: LLMOptions):
         extra["kv_events_config"] = KVEventsConfig(enable_kv_cache_events=True, publisher="null")
     if options.distributed_executor_backend is not None:
         extra["distributed_executor_backend"] = options.distributed_executor_backend
+    if options.block_size is not None:
+        extra["block_size"] = options.block_size
     return vllm.LLM(model=folder, skip_tokenizer_init=True, dtype=options.dtype, enforce_eager=True, max_num_seqs=1,
                     enable_prefix_caching=True, logprobs_mode="raw_logits", max_logprobs=-1,
                     max_model_len=options.max_model_len, seed=options.seed,

@@ -21,12 +21,12 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from unsee.impl.engines.files import ByteTokenizer, default_cache_dir
+from unsee.impl.engines.hf.tokenizer import TokenizerMethods
 from unsee.impl.engines.vllm import adapter
 
 _DONE = "unsee-complete"
@@ -43,9 +43,11 @@ TINY_MODELS = {
 
 
 @dataclass(eq=False)
-class VllmModel:
+class VllmModel(TokenizerMethods):
     """A model loaded in vLLM, with our tokenizer and what it promises
-    (satisfies :class:`unsee.impl.engines.protocol.ModelInfo`)."""
+    (satisfies :class:`unsee.impl.engines.protocol.ModelInfo`; the tokenizer's
+    methods are the transformers engine's,
+    :class:`~unsee.impl.engines.hf.tokenizer.TokenizerMethods`)."""
 
     name: str
     source: str  # the HF folder vLLM read
@@ -59,35 +61,18 @@ class VllmModel:
     dtype: str = "float32"
     info: dict = field(default_factory=dict)
 
-    def encode(self, text: str) -> list[int]:
-        if isinstance(self.tokenizer, ByteTokenizer):
-            return self.tokenizer.encode(text)
-        from unsee.impl.engines.hf import adapter as hf
-
-        return hf.hf_encode(self.tokenizer, text)
-
-    def decode(self, ids: Sequence[int]) -> str:
-        if isinstance(self.tokenizer, ByteTokenizer):
-            return self.tokenizer.decode(ids)
-        from unsee.impl.engines.hf import adapter as hf
-
-        return hf.hf_decode(self.tokenizer, ids)
+    # the loader options a stored session records (impl/store/backend.py), read as attributes
+    @property
+    def max_model_len(self) -> int:
+        return self.info["options"].max_model_len
 
     @property
-    def chat_template(self) -> str | None:
-        if isinstance(self.tokenizer, ByteTokenizer):
-            return None
-        from unsee.impl.engines.hf import adapter as hf
-
-        return hf.chat_template_of(self.tokenizer)
+    def tensor_parallel_size(self) -> int:
+        return self.info["options"].tensor_parallel_size
 
     @property
-    def special_tokens(self) -> Mapping[str, str]:
-        if isinstance(self.tokenizer, ByteTokenizer):
-            return {}
-        from unsee.impl.engines.hf import adapter as hf
-
-        return hf.special_tokens_of(self.tokenizer)
+    def pipeline_parallel_size(self) -> int:
+        return self.info["options"].pipeline_parallel_size
 
 
 class _NoTokenizerFiles:
@@ -146,7 +131,8 @@ def resolve_folder(name_or_path, cache_dir=None) -> tuple[str, Path, Any, tuple[
 
 
 def _determinism_text(block: int) -> str:
-    return (f"vLLM cpu float32, prefix caching in blocks of {block} tokens: a prefix-cache hit moves logits in the "
+    return (f"vLLM cpu float32, prefix caching in blocks of {block} tokens (a restore keeps whole blocks: prefill "
+            "resumes at a block boundary); a prefix-cache hit moves logits in the "
             "last bits (docs/engines.md, vLLM); every decision whose margin is under the measured bound is "
             "recomputed cold (skip_reading_prefix_cache), so the tokens are a function of the tokens before them; "
             "the digest covers token ids (vLLM exposes no KV), and logits() is the cold run's")
@@ -155,12 +141,13 @@ def _determinism_text(block: int) -> str:
 def load_vllm(name_or_path: str | os.PathLike = "tiny", cache_dir: str | os.PathLike | None = None,
               max_model_len: int | None = None, tensor_parallel_size: int | None = None,
               pipeline_parallel_size: int | None = None, distributed_executor_backend: str | None = None,
-              dtype: str | None = None, device: str | None = None) -> VllmModel:
+              dtype: str | None = None, device: str | None = None, block_size: int | None = None) -> VllmModel:
     """Load ``'tiny'``, ``'smollm2'`` or an HF folder into vLLM (fp32 on the
     CPU unless ``dtype`` says otherwise; ``device`` is vLLM's: the CPU build
     runs on the CPU, a CUDA build on the GPUs). Tensor/pipeline parallel
     sizes and the distributed executor backend (``ray``, ``mp``) go to vLLM as
-    its CLI takes them."""
+    its CLI takes them; ``block_size`` is the prefix cache's (None: the
+    platform's, 128 on the CPU)."""
     adapter.import_vllm()  # the install hint before any work
     if device not in (None, "cpu", "cuda"):
         raise ValueError(f"device={device!r}: vLLM picks its platform itself; pass 'cpu', 'cuda' or nothing")
@@ -168,7 +155,8 @@ def load_vllm(name_or_path: str | os.PathLike = "tiny", cache_dir: str | os.Path
     options = adapter.LLMOptions(dtype=dtype or "float32", max_model_len=int(max_model_len or 4096),
                                  tensor_parallel_size=int(tensor_parallel_size or 1),
                                  pipeline_parallel_size=int(pipeline_parallel_size or 1),
-                                 distributed_executor_backend=distributed_executor_backend)
+                                 distributed_executor_backend=distributed_executor_backend,
+                                 block_size=None if block_size is None else int(block_size))
     t0 = time.perf_counter()
     llm = adapter.build_llm(str(folder), options)
     block = adapter.block_size(llm)
