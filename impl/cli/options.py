@@ -115,22 +115,15 @@ ATTN_DEFAULT_HELP = ("default: the device's fastest exact one, sdpa on cpu (unse
 
 def check_vllm_scale_out(options: dict) -> None:
     """A ValueError, before any model loads, for scale-out options vLLM
-    would refuse less clearly: a tensor parallel size below 1, or Ray asked
-    for and not installed (vLLM's own message is a pydantic ValidationError
-    of its ParallelConfig)."""
-    import importlib.util
+    would refuse less clearly (the vLLM adapter's checks that need no device:
+    a tensor parallel size below 1, or Ray asked for and not installed)."""
+    from unsee.impl.engines.vllm import adapter
 
     size = options.get("tensor_parallel_size")
     if size is not None and size < 1:
         raise ValueError(f"--tensor-parallel-size {size}: expected 1 or more")
-    try:
-        has_ray = importlib.util.find_spec("ray") is not None
-    except ValueError:  # imported already, with no spec (a stand-in module): it is there
-        has_ray = True
-    if options.get("distributed_executor_backend") == "ray" and not has_ray:
-        raise ValueError("--distributed-executor-backend ray needs Ray, which is not installed here: "
-                         "pip install ray (in the vLLM venv: .venv-vllm/bin/python -m pip install ray), "
-                         "or use --distributed-executor-backend mp on one node")
+    if options.get("distributed_executor_backend") == "ray" and not adapter.is_ray_installed():
+        raise ValueError(adapter.RAY_HINT)
 
 
 def add_attn_option(parser: argparse.ArgumentParser) -> None:

