@@ -8,7 +8,7 @@ PY     := $(VENV)/bin/python
 #   make test TORCH_SPEC='torch==2.11.*'
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: demo test nightly bench paper install clean gpu gpu-wheels vllm test-vllm
+.PHONY: demo test lint nightly bench paper install clean gpu gpu-wheels vllm test-vllm
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,10 +29,15 @@ $(VENV)/.test-installed: $(VENV)/.installed pyproject.toml
 	CMAKE_ARGS="-DGGML_NATIVE=OFF" $(PY) -m pip install -q -e '.[test]'
 	touch $@
 
+# ruff over the whole tree (pyproject's [tool.ruff]); `make test` runs it first
+lint: $(VENV)/.installed
+	$(PY) -m ruff check .
+
 demo: $(VENV)/.installed
 	$(PY) -m unsee.impl.cli demo
 
 test: $(VENV)/.test-installed
+	$(PY) -m ruff check .
 	$(PY) -m pytest -q
 	$(MAKE) test-vllm
 

@@ -142,8 +142,8 @@ def compute_floor(engine: Engine, base_runtime: AgentRuntime, reset_runtime: Age
                 generated = len(block.tokens) - (block.chunks[0] if block.chunks else 0)
                 changed[block.id] = FloorTurn(block.id, generated, first)
     chunks = [len(chunk) for block in blocks for chunk in block.get_chunks()]
-    floor_counts = dict(prefilled=sum(chunks), decoded=sum(t.decoded for t in changed.values()),
-                        forwards=len(chunks) + sum(t.forwards for t in changed.values()))
+    floor_counts = {"prefilled": sum(chunks), "decoded": sum(t.decoded for t in changed.values()),
+                    "forwards": len(chunks) + sum(t.forwards for t in changed.values())}
 
     # set-up (untimed): the restored prefix, as a restore would leave it
     previous = engine.current

@@ -216,7 +216,7 @@ def get_ratios(rows: list[dict], key: str) -> dict:
     out: dict = {}
     for r in rows:
         out.setdefault(r["method"], {}).setdefault(str(r["chunk"]), {})[r["n"]] = r[key]
-    for method, by_chunk in out.items():
+    for by_chunk in out.values():
         for chunk, by_n in by_chunk.items():
             lo, hi = by_n[min(by_n)], by_n[max(by_n)]
             by_chunk[chunk] = hi / lo if lo > 0 and hi > 0 else None

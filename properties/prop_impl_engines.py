@@ -44,7 +44,7 @@ from unsee.properties.prop_impl import (
     ACROSS_SESSIONS,
     AFTER_COMPACTION,
     SpliceEqualsCounterfactualMachine,
-    engine_for,  # noqa: F401 (a fixture)
+    engine_for,
     note_coverage,
 )
 

@@ -284,7 +284,7 @@ def test_replay_cost_is_suffix_length(case, data):
     """replay_cost_is_suffix_length (Corollary 1, upper bound): splice invokes F
     T - c* times, T - tau + 1 with a checkpoint at tau - 1; full_reset invokes
     it T times; the gain is T / (T - tau + 1)."""
-    step, initial, stream, target = split(case)
+    step, initial, _stream, target = split(case)
     length, tau = case.run.length, case.tau
     stored = run_session(step, initial, case.run)
     assert replay_cost_is_suffix_length(step, initial, case.run, target, case.checkpoints)

@@ -13,8 +13,16 @@ from collections.abc import Callable, Iterable, Sequence
 import attrs
 
 from .environment import Run, get_environment_at, get_replay_environment, replay_tools
-from .transition import (InvocationCounter, Observation, State, StepFunction, counterfactual_stream,
-                         first_entry, sanitize_observation, trajectory)
+from .transition import (
+    InvocationCounter,
+    Observation,
+    State,
+    StepFunction,
+    counterfactual_stream,
+    first_entry,
+    sanitize_observation,
+    trajectory,
+)
 
 Sanitizer = Callable[[Observation, str], Observation]
 

@@ -22,8 +22,15 @@ from collections.abc import Iterable, Sequence
 from .environment import Run
 from .provenance import ProvenanceGraph, get_certified_clean_set, get_influence_set, get_prefix_graph
 from .splice import compute_replay_invocations, run_session, splice
-from .transition import (Observation, State, StepFunction, counterfactual_stream, counterfactual_trajectory,
-                         first_entry, trajectory)
+from .transition import (
+    Observation,
+    State,
+    StepFunction,
+    counterfactual_stream,
+    counterfactual_trajectory,
+    first_entry,
+    trajectory,
+)
 
 
 def prefix_is_shared(step: StepFunction, initial: State, observations: Sequence[Observation], target: str) -> bool:
@@ -38,7 +45,7 @@ def influence_is_monotone(graph: ProvenanceGraph, target: str) -> bool:
     """Lemma 2 (i): ``I_t(z) ⊆ I_{t+1}(z)`` for every turn of an append-only graph."""
     last = max((a.turn for a in graph.artifacts), default=0)
     sets = [get_influence_set(get_prefix_graph(graph, t), target) for t in range(last + 1)]
-    return all(earlier <= later for earlier, later in zip(sets, sets[1:]))
+    return all(earlier <= later for earlier, later in itertools.pairwise(sets))
 
 
 def certified_clean_is_prefix(graph: ProvenanceGraph, target: str, tau: int) -> bool:

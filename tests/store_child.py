@@ -177,9 +177,9 @@ def zygote() -> None:
     _setup()
     import concurrency_child  # (beside this script)
 
-    import unsee.impl.cli.main  # noqa: F401
-    import unsee.impl.engines.hf.models  # noqa: F401
-    import unsee.impl.store.sqlite  # noqa: F401
+    import unsee.impl.cli.main
+    import unsee.impl.engines.hf.models
+    import unsee.impl.store.sqlite
     import unsee.impl.store.verify  # noqa: F401
 
     print(json.dumps({"ready": True}), flush=True)

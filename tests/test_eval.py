@@ -102,7 +102,7 @@ def by(rows, suite, method):
 
 
 def test_every_method_on_every_case(run):
-    out, config, rows = run
+    out, _config, rows = run
     assert {(r["suite"], r["method"]) for r in rows} == {(c().suite, m) for c in CASES for m in METHODS}
     assert len(rows) == len(CASES) * len(METHODS)
     assert read_rows(out / ROWS_FILE) == json.loads(json.dumps(rows))  # written as they came
@@ -236,7 +236,7 @@ def test_rows_of_an_older_build_get_the_security_field(run, engine, tmp_path):
 
 
 def test_corrupt_rows_are_an_error_naming_the_line(run, tmp_path):
-    out, config, rows = run
+    out, config, _rows = run
     lines = (out / ROWS_FILE).read_text().splitlines(keepends=True)
     lines[2] = lines[2][:30] + "\n"
     (tmp_path / ROWS_FILE).write_text("".join(lines))

@@ -124,7 +124,7 @@ def test_each_necessary_defence_fails_without_it(old, zygote, window, tmp_path, 
     holds the target's bytes: deleted cells and freed pages not zeroed
     (secure_delete off), the old pages kept in a persistent journal, or kept
     in the database file while the new ones sit in a write-ahead log."""
-    found, db = killed_raw(zygote, old, tmp_path, "stmt", window["vacuum"], weaken=defence)
+    found, _db = killed_raw(zygote, old, tmp_path, "stmt", window["vacuum"], weaken=defence)
     assert found, f"without {defence} the window held no residue: the defence would be redundant"
     print(f"without {defence}: {found[:2]}")
 

@@ -92,7 +92,7 @@ def test_behavioral_cases_come_in_counterbalanced_pairs():
         assert (a.order, b.order) == (0, 1)
         assert a.options == b.options and a.avoided == b.avoided and a.offered == b.offered[::-1]
         assert a.other != a.avoided and {a.other, a.avoided} == set(a.options)
-        listing = [s for s in first.episode.steps if s.kind == "tool"][0]
+        listing = next(s for s in first.episode.steps if s.kind == "tool")
         assert [i.text.split(":")[0] for i in listing.items] == list(a.offered)
         # the revoked preference names the avoided option; its reason is the target value
         target = next(i for s in first.episode.steps for i in s.items if i.source == first.episode.target.source)

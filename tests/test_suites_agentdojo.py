@@ -17,7 +17,7 @@ BILL_IBAN, ATTACKER_IBAN = "UK12345678901234567890", "US133000000121212121212"
 
 agentdojo = pytest.importorskip("agentdojo", reason="the optional package agentdojo==0.1.35 is not installed "
                                                     "(pip install 'unsee[test]'; make test installs it)")
-from unsee.impl.eval import agentdojo as ad  # noqa: E402  (needs the package)
+from unsee.impl.eval import agentdojo as ad
 
 
 @pytest.fixture(scope="module")

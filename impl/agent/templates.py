@@ -21,6 +21,7 @@ sequence (it never sees it: only the probe is rendered by the template).
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Callable, Mapping, Sequence
 
@@ -100,7 +101,7 @@ def compile_template(template: str, special_tokens: Mapping[str, str]) -> Render
             return compiled.render(messages=list(messages), add_generation_prompt=add_generation_prompt, **tokens)
         except TemplateError:
             raise
-        except Exception as exc:  # a template's own error on a conversation it does not accept
+        except Exception as exc:  # noqa: BLE001 (a template's own error on a conversation it does not accept)
             raise TemplateError(f"the chat template failed on the probe conversation: {exc}") from None
     return render
 
@@ -142,7 +143,7 @@ def check_append_only(renderings: Sequence[tuple[str, str]], encode: Callable[[s
     encoding turns ``1..k`` and then turn ``k+1`` gives the tokens of
     ``1..k+1`` at once. Raises :class:`TemplateError` naming the model, the
     turn added and the first earlier turn it changes."""
-    for (_, before), (label, after) in zip(renderings, renderings[1:]):
+    for (_, before), (label, after) in itertools.pairwise(renderings):
         head, whole = encode(before), encode(after)
         if after.startswith(before) and head + encode(after[len(before):]) == whole:
             continue
@@ -161,7 +162,7 @@ def check_append_only(renderings: Sequence[tuple[str, str]], encode: Callable[[s
 
 def get_turn_at(renderings: Sequence[tuple[str, str]], offset: int) -> str:
     """The label of the rendering whose own text holds character ``offset``."""
-    for (_, before), (label, after) in zip(renderings, renderings[1:]):
+    for (_, before), (label, after) in itertools.pairwise(renderings):
         if len(before) <= offset < len(after):
             return label
     return renderings[-1][0]

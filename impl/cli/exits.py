@@ -40,4 +40,4 @@ def render_exit_table() -> str:
     return "\n".join(lines) + "\n"
 
 
-__all__ = ["Exit", "MEANINGS", "render_exit_table"]
+__all__ = ["MEANINGS", "Exit", "render_exit_table"]

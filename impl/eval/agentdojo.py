@@ -38,7 +38,7 @@ from __future__ import annotations
 import random
 import re
 from collections.abc import Iterator, Mapping, Sequence
-from functools import lru_cache
+from functools import cache
 from typing import Any
 
 from unsee.impl.agent.episode import FORMAT, VERSION, Episode, parse_episode
@@ -89,7 +89,7 @@ def _require_agentdojo():
     return get_suite
 
 
-@lru_cache(maxsize=None)
+@cache
 def _suite(name: str):
     return _require_agentdojo()(BENCHMARK_VERSION, name)
 
@@ -120,12 +120,12 @@ def _run_ground_truth(suite, user_task, injections: Mapping[str, str]) -> list[t
 
 
 # Per task, not per pair: a suite has up to 40 user tasks and 14 injection tasks.
-@lru_cache(maxsize=None)
+@cache
 def _defaults(suite_name: str) -> dict[str, str]:
     return _suite(suite_name).get_injection_vector_defaults()
 
 
-@lru_cache(maxsize=None)
+@cache
 def _injected_vector(suite_name: str, user_task_id: str) -> str | None:
     """The first injection vector that shows in exactly one output of the
     user task's ground-truth reads before its first consequential call
@@ -140,13 +140,13 @@ def _injected_vector(suite_name: str, user_task_id: str) -> str | None:
     return next((v for v in canaries if sum(canaries[v] in text for _, text in seen[:-1]) == 1), None)
 
 
-@lru_cache(maxsize=None)
+@cache
 def _clean_run(suite_name: str, user_task_id: str) -> list[tuple[Any, str]]:
     suite = _suite(suite_name)
     return _run_ground_truth(suite, suite.get_user_task_by_id(user_task_id), _defaults(suite_name))
 
 
-@lru_cache(maxsize=None)
+@cache
 def _markers(suite_name: str, injection_task_id: str) -> tuple[str, ...]:
     suite = _suite(suite_name)
     return get_markers(suite, suite.get_injection_task_by_id(injection_task_id))

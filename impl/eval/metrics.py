@@ -243,6 +243,20 @@ def get_efficiency(result) -> dict:
             "wall_s": result.wall_s}
 
 
-__all__ = ["Action", "LeakScore", "SURFACES", "Sink", "action_distance", "apply_sink_policy", "compute_cad", "edit_distance",
-           "find_action_leaks", "get_actions", "get_efficiency", "get_sink_class", "is_fact_kept",
-           "normalized_edit_distance", "score_leaks"]
+__all__ = [
+    "SURFACES",
+    "Action",
+    "LeakScore",
+    "Sink",
+    "action_distance",
+    "apply_sink_policy",
+    "compute_cad",
+    "edit_distance",
+    "find_action_leaks",
+    "get_actions",
+    "get_efficiency",
+    "get_sink_class",
+    "is_fact_kept",
+    "normalized_edit_distance",
+    "score_leaks",
+]

@@ -223,7 +223,7 @@ def make_memory_case(seed: int, i: int) -> EvalCase:
         add({"kind": "memory", "records": [{"source": f"mem.{k}", "text": _MEMORY_KINDS[k][0].format(u=user,
                                                                                                    v=values[k])}
                                            for k in batch]})
-        asked = rng.choice([k for k in others if k in sum(batches[:session + 1], [])] or others)
+        asked = rng.choice([k for k in others if any(k in b for b in batches[:session + 1])] or others)
         add({"kind": "user", "text": _MEMORY_KINDS[asked][1]})
         if session == 0:
             add({"kind": "remember"})
@@ -573,7 +573,26 @@ def get_plan_steps(episode: Episode) -> list[Step]:
     return [s for s in episode.steps if s.kind == "plan"]
 
 
-__all__ = ["Behavior", "EvalCase", "Fact", "IDENTIFIER_SINKS", "SINK_CLASSES", "SUITES", "Sink", "SuiteError",
-           "TOOL_SINKS", "check_case", "find_label_leaks", "generate_suite", "get_plan_steps", "get_sinks",
-           "get_case_tools", "get_suite_tools", "load_suite", "make_behavioral_case", "make_memory_case", "make_tool_case",
-           "write_suite"]
+__all__ = [
+    "IDENTIFIER_SINKS",
+    "SINK_CLASSES",
+    "SUITES",
+    "TOOL_SINKS",
+    "Behavior",
+    "EvalCase",
+    "Fact",
+    "Sink",
+    "SuiteError",
+    "check_case",
+    "find_label_leaks",
+    "generate_suite",
+    "get_case_tools",
+    "get_plan_steps",
+    "get_sinks",
+    "get_suite_tools",
+    "load_suite",
+    "make_behavioral_case",
+    "make_memory_case",
+    "make_tool_case",
+    "write_suite",
+]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import Self
 
 from unsee.impl.agent.episode import Step
 from unsee.impl.agent.forget import Progress
@@ -52,7 +53,7 @@ class PersistentSession:
     def close(self) -> None:
         self.store.close()
 
-    def __enter__(self) -> PersistentSession:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -48,7 +48,7 @@ import uuid
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 from unsee.impl.agent.loading import UnknownExtensionError, load_runtime
 from unsee.impl.agent.report import ForgetReport
@@ -188,7 +188,7 @@ class SessionStore:
         with self._lock:
             self._conn.close()
 
-    def __enter__(self) -> SessionStore:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -389,7 +389,7 @@ class SessionStore:
                     receipt = build_receipt(
                         session_id=meta.get("session_id", ""), generation=generation, record=record,
                         digest=digest.hex(), engine=runtime.engine, report=report, forgotten_now=forgotten_now,
-                        committed_at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
+                        committed_at=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"))
                     self._log_forget(generation, report, forgotten_now, receipt)
                 if scrub:
                     c.execute("UPDATE meta SET value = '1' WHERE key = 'scrub_pending'")

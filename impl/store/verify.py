@@ -254,7 +254,7 @@ def _record_mismatches(rebuilt: dict, stored: dict, T: int) -> list[str]:
             out.append(f"block {block_id!r} differs in {fields}")
     # lineage labels are process-local; a checkpoint taken live records the real world's snapshot, which
     # after an irrevocable divergence (A3) is not the counterfactual's: neither enters the digest
-    strip = lambda cs: [{k: v for k, v in c.items() if k not in ("lineage", "env_snapshot")}  # noqa: E731
+    strip = lambda cs: [{k: v for k, v in c.items() if k not in ("lineage", "env_snapshot")}
                         for c in cs if c["boundary"] < T]
     if strip(rebuilt["checkpoints"]) != strip(stored["checkpoints"]):
         out.append("checkpoints differ")
@@ -345,5 +345,13 @@ def _threads(n: int | None) -> Iterator[None]:
         torch.set_num_threads(previous)
 
 
-__all__ = ["ALLOWED_PLACES", "CANNOT", "Check", "FAILED", "VERIFIED", "Verdict", "forgotten_mentions",
-           "verify_store"]
+__all__ = [
+    "ALLOWED_PLACES",
+    "CANNOT",
+    "FAILED",
+    "VERIFIED",
+    "Check",
+    "Verdict",
+    "forgotten_mentions",
+    "verify_store",
+]

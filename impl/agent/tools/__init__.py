@@ -33,7 +33,24 @@ from unsee.impl.agent.tools.environment import Environment, SnapshotStore, snaps
 from unsee.impl.agent.tools.layer import TOOLS, ToolLayer
 from unsee.impl.agent.tools.runtime import ToolAgentRuntime
 
-__all__ = ["ADDRESS", "Call", "DEFAULT_READ_MODE", "DIVERGENCE_KINDS", "Environment", "FILLERS", "MAX_ARG_CHARS",
-           "READ_MODES",
-           "SnapshotStore", "TOOLS", "Tool", "ToolAgentRuntime", "ToolLayer", "call_id_for", "clean_value",
-           "default_tools", "parse_arguments", "result_source", "snapshot_id"]
+__all__ = [
+    "ADDRESS",
+    "DEFAULT_READ_MODE",
+    "DIVERGENCE_KINDS",
+    "FILLERS",
+    "MAX_ARG_CHARS",
+    "READ_MODES",
+    "TOOLS",
+    "Call",
+    "Environment",
+    "SnapshotStore",
+    "Tool",
+    "ToolAgentRuntime",
+    "ToolLayer",
+    "call_id_for",
+    "clean_value",
+    "default_tools",
+    "parse_arguments",
+    "result_source",
+    "snapshot_id",
+]

@@ -37,7 +37,7 @@ FILLERS = ("model", "request", "address")
 
 ADDRESS = re.compile(r"[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)+")
 _SPECIAL = re.compile(r"<\|[^|<>]{0,40}\|>")
-_NAMED = re.compile(r"\s*([A-Za-z_][A-Za-z0-9_]*)\s*=(.*)\Z", re.S)
+_NAMED = re.compile(r"\s*([A-Za-z_][A-Za-z0-9_]*)\s*=(.*)\Z", re.DOTALL)
 MAX_ARG_CHARS = 80
 
 #: The divergence kinds a forget report lists.
@@ -122,5 +122,16 @@ def parse_arguments(params: tuple[str, ...], text: str) -> tuple[dict[str, str],
     return args, closed
 
 
-__all__ = ["ADDRESS", "Call", "DEFAULT_READ_MODE", "DIVERGENCE_KINDS", "FILLERS", "MAX_ARG_CHARS", "READ_MODES",
-           "call_id_for", "clean_value", "parse_arguments", "result_source"]
+__all__ = [
+    "ADDRESS",
+    "DEFAULT_READ_MODE",
+    "DIVERGENCE_KINDS",
+    "FILLERS",
+    "MAX_ARG_CHARS",
+    "READ_MODES",
+    "Call",
+    "call_id_for",
+    "clean_value",
+    "parse_arguments",
+    "result_source",
+]

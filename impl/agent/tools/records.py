@@ -32,7 +32,7 @@ def get_environment_record(env: Environment) -> dict:
 
 
 def load_environment(record: dict, store: SnapshotStore) -> Environment:
-    env = Environment(dict((k, v) for k, v in record["data"]), store)
+    env = Environment({k: v for k, v in record["data"]}, store)
     env.ledger = {c["call_id"]: load_call(c) for c in record["ledger"]}
     env.executions = Counter({cid: n for cid, n in record["executions"]})
     env.blocked = list(record["blocked"])

@@ -40,7 +40,7 @@ class ToolAgentRuntime(AgentRuntime):
         super().__init__(engine, system, settings, extensions=extensions)
         layer = self.get_extension(TOOLS)
         if not isinstance(layer, ToolLayer):
-            raise ValueError(f"a ToolAgentRuntime needs a ToolLayer among its extensions; got {self.extensions}")
+            raise TypeError(f"a ToolAgentRuntime needs a ToolLayer among its extensions; got {self.extensions}")
         self.tool_layer: ToolLayer = layer
 
     world = _layer_view("world", "The real environment.")

@@ -23,7 +23,7 @@ class HFTurnLineage:
     its tokens, last logits and crop are the lineage's own; a forward feeds
     ids through the adapter on its cache and appends them to its tokens."""
 
-    __slots__ = ("model", "lin")
+    __slots__ = ("lin", "model")
 
     def __init__(self, model: Any, lin: Lineage):
         self.model, self.lin = model, lin

@@ -14,8 +14,17 @@ from unsee.impl.engines.hf import adapter
 class Lineage:
     """One cache plus what we know about it (:class:`~unsee.impl.engines.hf.engine.KVEngine`'s)."""
 
-    __slots__ = ("cache", "tokens", "last_logits", "chunk_ends", "chunked", "decode_logits", "served_last",
-                 "last_used", "_storages")
+    __slots__ = (
+        "_storages",
+        "cache",
+        "chunk_ends",
+        "chunked",
+        "decode_logits",
+        "last_logits",
+        "last_used",
+        "served_last",
+        "tokens",
+    )
 
     def __init__(self, cache, tokens: list[int], last_logits: torch.Tensor | None):
         self.cache = cache
@@ -46,7 +55,7 @@ class Lineage:
         else:
             self.chunked = False
 
-    def copy_history(self, src: "Lineage", n: int) -> None:
+    def copy_history(self, src: Lineage, n: int) -> None:
         """Take ``src``'s chunk history and decode logits up to ``n`` tokens."""
         self.chunk_ends = [e for e in src.chunk_ends if e <= n]
         self.chunked = src.chunked and n == (self.chunk_ends[-1] if self.chunk_ends else 0)

@@ -53,7 +53,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import hashlib
-from typing import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -114,7 +114,7 @@ class LlamaCppEngine(LineageBook):
         try:
             self._lc.llama_batch_free(self._batch)
             self._lc.llama_free(self._ctx)
-        except Exception:  # a half-built engine, or interpreter shutdown
+        except Exception:  # noqa: BLE001, S110 (a half-built engine, or interpreter shutdown: nothing to free)
             pass
 
     # ------------------------------------------------------------ lineages
@@ -267,7 +267,7 @@ class LlamaCppEngine(LineageBook):
     # --------------------------------------------------------- prefix cache
 
     @contextlib.contextmanager
-    def prefix_cache(self, sources: Iterable[str] | None = None) -> Iterator["LlamaCppEngine"]:
+    def prefix_cache(self, sources: Iterable[str] | None = None) -> Iterator[LlamaCppEngine]:
         """Serve prefills inside the block from a prefix cache (B5'), as
         :meth:`KVEngine.prefix_cache` does: the cache holds the lineages
         ``sources`` (default: every resident one) and every lineage created

@@ -4,7 +4,7 @@ matches on); and the view a decoding turn (impl/engines/turn.py) has of it."""
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -15,8 +15,16 @@ from unsee.impl.engines.llamacpp.state import KVState
 class LlamaLineage:
     """What :class:`~unsee.impl.engines.llamacpp.engine.LlamaCppEngine` knows of one lineage."""
 
-    __slots__ = ("tokens", "kv", "last_logits", "last_used", "chunk_ends", "chunked", "decode_logits",
-                 "served_last")
+    __slots__ = (
+        "chunk_ends",
+        "chunked",
+        "decode_logits",
+        "kv",
+        "last_logits",
+        "last_used",
+        "served_last",
+        "tokens",
+    )
 
     def __init__(self, tokens: list[int], kv: KVState | None, last_logits: np.ndarray | None):
         self.tokens = tokens
@@ -43,7 +51,7 @@ class LlamaLineage:
         else:
             self.chunked = False
 
-    def copy_history(self, src: "LlamaLineage", n: int) -> None:
+    def copy_history(self, src: LlamaLineage, n: int) -> None:
         """Take ``src``'s chunk history and decode logits up to ``n`` tokens."""
         self.chunk_ends = [e for e in src.chunk_ends if e <= n]
         self.chunked = src.chunked and n == (self.chunk_ends[-1] if self.chunk_ends else 0)

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import ctypes
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
 
 INSTALL_HINT = ("the llama.cpp engine needs llama-cpp-python, an optional extra: "
                 "CMAKE_ARGS=-DGGML_NATIVE=OFF pip install 'unsee[llamacpp]' "
@@ -166,7 +166,7 @@ class LlamaCppModel:
     def __del__(self):
         try:
             self.close()
-        except Exception:  # interpreter shutdown: the library may be gone
+        except Exception:  # noqa: BLE001, S110 (interpreter shutdown: the library may be gone)
             pass
 
 

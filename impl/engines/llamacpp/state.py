@@ -150,13 +150,13 @@ class SeqKV:
         return int(self.positions.shape[0])
 
     @classmethod
-    def empty(cls, n_layer: int, v_trans: bool, v_elem: tuple[int, ...] = ()) -> "SeqKV":
+    def empty(cls, n_layer: int, v_trans: bool, v_elem: tuple[int, ...] = ()) -> SeqKV:
         """No positions: what an empty sequence's blob parses to."""
         rows = np.zeros((0, 0), dtype=np.uint8)
         return cls(np.zeros(0, dtype=np.int32), (rows,) * n_layer, (rows,) * n_layer, (-1,) * n_layer,
                    (-1,) * n_layer, v_trans, v_elem or (0,) * n_layer)
 
-    def head(self, n: int) -> "SeqKV":
+    def head(self, n: int) -> SeqKV:
         """The first ``n`` positions (views, no copy)."""
         keep = int(np.searchsorted(self.positions, n))
         return SeqKV(self.positions[:keep], tuple(a[:keep] for a in self.k), tuple(a[:keep] for a in self.v),
@@ -184,7 +184,7 @@ class SeqKV:
             h.update(np.ascontiguousarray(v[order]).tobytes())
 
     @classmethod
-    def parse(cls, blob: bytes, n_layer: int, v_trans: bool, v_elem: tuple[int, ...] = ()) -> "SeqKV":
+    def parse(cls, blob: bytes, n_layer: int, v_trans: bool, v_elem: tuple[int, ...] = ()) -> SeqKV:
         """The rows of a one-cache sequence state blob (the module docstring
         has its layout), ordered by position; a ValueError for a blob of
         another layout, layer count or V storage than the context's."""
@@ -197,7 +197,7 @@ class SeqKV:
 
     @classmethod
     def read_section(cls, reader: BlobReader, n_layer: int | None, v_trans: bool,
-                     v_elem: tuple[int, ...] = ()) -> "SeqKV":
+                     v_elem: tuple[int, ...] = ()) -> SeqKV:
         """One cache's section at the reader's offset (``n_layer`` None: any
         count; an empty section then has none)."""
         cells = read_cell_count(reader)
@@ -217,7 +217,7 @@ class SeqKV:
         return cls(positions, tuple(ks), tuple(vs), tuple(kt), tuple(vt), v_trans, tuple(ve))
 
     @classmethod
-    def concat(cls, parts: list["SeqKV"]) -> "SeqKV":
+    def concat(cls, parts: list[SeqKV]) -> SeqKV:
         """The rows of ``parts`` (non-empty, of one layout, disjoint
         positions ascending part by part) as one (a copy)."""
         parts = [p for p in parts if p.n] or parts[:1]
@@ -275,7 +275,7 @@ class KVState:
         return self.caches[0].n
 
     @classmethod
-    def parse(cls, blob: bytes, n_layer: int, v_trans: bool) -> "KVState":
+    def parse(cls, blob: bytes, n_layer: int, v_trans: bool) -> KVState:
         """Every cache section of a sequence state blob; their layers must add
         up to the model's ``n_layer``. A ValueError for any other layout."""
         reader = BlobReader(blob)
@@ -291,10 +291,10 @@ class KVState:
                              f"expected {n_layer}, {int(v_trans)}")
         return cls(tuple(caches))
 
-    def head(self, n: int) -> "KVState":
+    def head(self, n: int) -> KVState:
         return KVState(tuple(c.head(n) for c in self.caches))
 
-    def with_cache(self, i: int, kv: SeqKV) -> "KVState":
+    def with_cache(self, i: int, kv: SeqKV) -> KVState:
         """This state with cache ``i`` replaced by ``kv``."""
         return KVState(self.caches[:i] + (kv,) + self.caches[i + 1:])
 
