@@ -60,6 +60,7 @@ WINDOWED = [n for n in zoo_families() if "sliding_window" in getattr(zoo.ZOO.get
 per_family = pytest.mark.parametrize("family", zoo_families())
 VERBS = [verbs.test_crop_then_continue, verbs.test_clone_is_independent, verbs.test_generate_follows_the_rule,
          verbs.test_drop_frees_the_lineage, verbs.test_digest_sees_every_position]
+per_verb = pytest.mark.parametrize("verb", VERBS, ids=[v.__name__.removeprefix("test_") for v in VERBS])
 
 
 def zoo_settings() -> settings:
@@ -69,12 +70,13 @@ def zoo_settings() -> settings:
 
 
 @functools.cache
-def get_engine(family: str):
-    return make_engine(family)
+def get_engine(name: str):
+    """One engine per name for the module (a family, or its llama.cpp engine)."""
+    return make_engine(name)
 
 
 @per_family
-@pytest.mark.parametrize("verb", VERBS, ids=[v.__name__.removeprefix("test_") for v in VERBS])
+@per_verb
 def test_engine_verbs_on_family(family, verb):
     verb(engine_name=family)
 

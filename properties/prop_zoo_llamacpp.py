@@ -25,16 +25,14 @@ counts; ``nightly``: 1,000). Skipped where llama-cpp-python is not installed.
 
 from __future__ import annotations
 
-import functools
-
 import pytest
 from hypothesis import event, given
 
 from unsee.impl.engines.hf import zoo
 from unsee.impl.engines.llamacpp.tiny_gguf import NOT_ON_LLAMACPP, ZOO_FAMILIES, get_engine_name
 from unsee.properties.differential import compare_forget_with_reset, engine_scope
-from unsee.properties.engines import llamacpp_available, make_engine
-from unsee.properties.prop_zoo import VERBS, drafted_episodes, zoo_families, zoo_settings
+from unsee.properties.engines import llamacpp_available
+from unsee.properties.prop_zoo import drafted_episodes, get_engine, per_verb, zoo_families, zoo_settings
 
 pytestmark = [pytest.mark.usefixtures("one_thread"),
               pytest.mark.skipif(not llamacpp_available(), reason="llama-cpp-python is not installed")]
@@ -44,13 +42,8 @@ ENGINES = [get_engine_name(ZOO_FAMILIES[n]) for n in zoo_families() if n in ZOO_
 per_engine = pytest.mark.parametrize("engine_name", ENGINES)
 
 
-@functools.cache
-def get_engine(name: str):
-    return make_engine(name)
-
-
 @per_engine
-@pytest.mark.parametrize("verb", VERBS, ids=[v.__name__.removeprefix("test_") for v in VERBS])
+@per_verb
 def test_engine_verbs_on_gguf_family(engine_name, verb):
     verb(engine_name=engine_name)
 

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import operator
 import weakref
-from collections.abc import Container, Iterable, Sequence
+from collections.abc import Container, Iterable, Iterator, Sequence
 from dataclasses import dataclass, fields, replace
 
 
@@ -164,7 +165,12 @@ class LineageBook:
                                    outside this book, before it is dropped or
                                    evicted (default: nothing)
 
-    Its lineage objects need ``tokens`` and ``last_used``."""
+    It also holds the prefix cache (B5', :meth:`prefix_cache`): the engine's
+    prefill asks :meth:`_find_served_chunk` inside the block and gives the
+    lineage the source's rows its own way.
+
+    Its lineage objects need ``tokens`` and ``last_used`` (and, to be served,
+    ``chunk_ends``, ``decode_logits``, ``last_logits`` and ``is_chunk_end``)."""
 
     def _init_book(self) -> None:
         self._lineages: dict = {}
@@ -176,6 +182,39 @@ class LineageBook:
         self.kv_budget: int | None = None
         self.peak_unpinned_bytes = 0  # the most unpinned bytes held when a verb returned
         self.evictions = 0
+        self._serving = False  # inside `prefix_cache()`
+        self._cache_sources: tuple[set[str], int] | None = None  # (handles, first new id); None: all
+
+    @contextlib.contextmanager
+    def prefix_cache(self, sources: Iterable[str] | None = None) -> Iterator[LineageBook]:
+        """Serve prefills inside the block from a prefix cache (B5').
+
+        The cache holds the lineages ``sources`` (default: every resident
+        one) and every lineage created inside the block, as a serving engine
+        caches what it computes. A prefill of chunk ``c`` on a lineage whose
+        chunks so far are ``c_1..c_k`` is served by another cached lineage
+        whose first ``k + 1`` chunks are ``c_1..c_k, c``, token ids and
+        boundaries both: the lineage then holds that lineage's KV of those
+        positions (nothing is computed; ``reused_tokens`` counts it). Whole
+        chunks of the same chunking only, so the KV is the one a prefill
+        would compute, bit for bit (the engine's same-chunking identity).
+        Evicted sources are simply not in the cache."""
+        previous = self._serving, self._cache_sources
+        self._serving = True
+        self._cache_sources = None if sources is None else ({h for h in sources if h in self._lineages},
+                                                             self._next_id)
+        try:
+            yield self
+        finally:
+            self._serving, self._cache_sources = previous
+
+    def _find_served_chunk(self, lin, ids: Sequence[int]):
+        """Inside :meth:`prefix_cache`, :func:`find_cached_chunk`'s answer for
+        chunk ``ids`` on ``lin`` among the cached lineages, or None (outside the
+        block, or ``lin`` is not an unbroken chunk sequence)."""
+        if not self._serving or not lin.is_chunk_end(len(lin.tokens)):
+            return None
+        return find_cached_chunk(self._lineages, lambda handle: is_cache_source(self._cache_sources, handle), lin, ids)
 
     def rebuild(self, chunks: Iterable[Sequence[int]]) -> str:
         """A new lineage (made current) holding ``chunks``, one prefill each:

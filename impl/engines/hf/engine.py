@@ -46,9 +46,8 @@ Three engine-level services:
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 
 import torch
 
@@ -62,8 +61,6 @@ from unsee.impl.engines.lineage import (
     Counters,
     LineageBook,
     as_int,
-    find_cached_chunk,
-    is_cache_source,
     take_served_chunk,
 )
 from unsee.impl.engines.protocol import Determinism
@@ -104,8 +101,6 @@ class KVEngine(LineageBook):
         #: freed KV buffers stay in the process for reuse on the host
         #: (models.retain_freed_host_memory): a restore then costs the same at any length
         self.host_memory_retained = retain_freed_host_memory() if lm.device == "cpu" else False
-        self._serving = False  # inside `prefix_cache()`
-        self._cache_sources: tuple[set[str], int] | None = None  # (handles, first new id); None: all
         self.set_kv_budget(kv_budget)
 
     # ------------------------------------------------------------ lineages
@@ -162,7 +157,7 @@ class KVEngine(LineageBook):
         """Exactly one forward over `token_ids` on the current lineage."""
         lin = self._get(None)
         ids = self._check_ids(token_ids)
-        if self._serving and self._serve(lin, ids):
+        if self._serve(lin, ids):
             self.counters.reused_tokens += len(ids)
         else:
             start = len(lin.tokens)
@@ -319,47 +314,16 @@ class KVEngine(LineageBook):
 
     # --------------------------------------------------------- prefix cache
 
-    @contextlib.contextmanager
-    def prefix_cache(self, sources: Iterable[str] | None = None) -> Iterator[KVEngine]:
-        """Serve prefills inside the block from a prefix cache (B5').
-
-        The cache holds the lineages ``sources`` (default: every resident
-        one) and every lineage created inside the block, as a serving
-        engine caches what it computes. A prefill of chunk ``c`` on a
-        lineage whose chunks so far are ``c_1..c_k`` is served by another
-        cached lineage whose first ``k + 1`` chunks are ``c_1..c_k, c``,
-        token ids and boundaries both: the lineage then holds views of that
-        lineage's KV (nothing is computed; ``reused_tokens`` counts it).
-        Whole chunks of the same chunking only, so the KV is the one a
-        prefill would compute, bit for bit (the engine's same-chunking
-        identity). Evicted sources are simply not in the cache."""
-        previous = self._serving, self._cache_sources
-        self._serving = True
-        self._cache_sources = None if sources is None else ({h for h in sources if h in self._lineages},
-                                                             self._next_id)
-        try:
-            yield self
-        finally:
-            self._serving, self._cache_sources = previous
-
     def _serve(self, lin: Lineage, ids: list[int]) -> bool:
         """Serve chunk ``ids`` on ``lin`` from another lineage; False if none has it."""
-        start = len(lin.tokens)
-        if not lin.is_chunk_end(start):
-            return False  # the lineage is not a chunk sequence: nothing can match it
-        end = start + len(ids)
-        found = find_cached_chunk(self._lineages, self._in_cache, lin, ids)
+        found = self._find_served_chunk(lin, ids)
         if found is None:
             return False
         handle, src, logits = found
-        lin.cache = adapter.share_cache_prefix(self.lm.model, src.cache, end)
+        lin.cache = adapter.share_cache_prefix(self.lm.model, src.cache, len(lin.tokens) + len(ids))
         take_served_chunk(lin, src, ids, logits)
         self._touch(handle)
         return True
-
-    def _in_cache(self, handle: str) -> bool:
-        """Whether the active prefix cache holds ``handle`` (see `prefix_cache`)."""
-        return is_cache_source(self._cache_sources, handle)
 
     def _recompute_served_chunk(self, lin: Lineage) -> None:
         """Compute the last (served) chunk for real, for the logits a decode needs."""

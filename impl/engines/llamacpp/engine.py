@@ -50,15 +50,14 @@ KV budget evicts parked lineages by the bytes of their rows (the rule is
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import hashlib
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 import torch
 
-from unsee.impl.engines.lineage import Counters, LineageBook, find_cached_chunk, is_cache_source, take_served_chunk
+from unsee.impl.engines.lineage import Counters, LineageBook, take_served_chunk
 from unsee.impl.engines.llamacpp.facts import forward
 from unsee.impl.engines.llamacpp.lineage import LlamaLineage, TurnView
 from unsee.impl.engines.llamacpp.model import (
@@ -101,8 +100,6 @@ class LlamaCppEngine(LineageBook):
         self.determinism = Determinism(same_chunking_repeats=True, crop_continue_is_fresh=True,
                                        chunk_invariant=False, decode_is_prefill=False,
                                        thread_invariant=False, statement=lm.determinism)
-        self._serving = False  # inside `prefix_cache()`
-        self._cache_sources: tuple[set[str], int] | None = None  # (handles, first new id); None: all
         self._init_book()
         self._resident: str | None = None  # the lineage sequence 0 holds
         self._batch = lc.llama_batch_init(lm.n_ctx, 0, 1)
@@ -159,7 +156,7 @@ class LlamaCppEngine(LineageBook):
         ids = self._check_ids(token_ids)
         if len(lin.tokens) + len(ids) > self.lm.n_ctx:
             raise ValueError(f"prefill: {len(lin.tokens)} + {len(ids)} tokens exceed n_ctx={self.lm.n_ctx}")
-        if self._serving and self._serve(handle, lin, ids):
+        if self._serve(handle, lin, ids):
             self.counters.reused_tokens += len(ids)
         else:
             start = len(lin.tokens)
@@ -266,48 +263,19 @@ class LlamaCppEngine(LineageBook):
 
     # --------------------------------------------------------- prefix cache
 
-    @contextlib.contextmanager
-    def prefix_cache(self, sources: Iterable[str] | None = None) -> Iterator[LlamaCppEngine]:
-        """Serve prefills inside the block from a prefix cache (B5'), as
-        :meth:`KVEngine.prefix_cache` does: the cache holds the lineages
-        ``sources`` (default: every resident one) and every lineage created
-        inside the block. A prefill of chunk ``c`` on a lineage whose chunks so
-        far are ``c_1..c_k`` is served by a cached lineage whose first
-        ``k + 1`` chunks are ``c_1..c_k, c`` (token ids and boundaries): the
-        lineage then holds that lineage's parked rows of those positions (a
-        slice, no copy; nothing computed, ``reused_tokens`` counts it). Whole
-        chunks of the same chunking only, so the rows are those a prefill
-        would compute, bit for bit (same_chunking_repeats)."""
-        previous = self._serving, self._cache_sources
-        self._serving = True
-        self._cache_sources = None if sources is None else ({h for h in sources if h in self._lineages},
-                                                             self._next_id)
-        try:
-            yield self
-        finally:
-            self._serving, self._cache_sources = previous
-
     def _serve(self, handle: str, lin: LlamaLineage, ids: list[int]) -> bool:
         """Serve chunk ``ids`` on ``lin`` from another cached lineage; False if none has it."""
-        start = len(lin.tokens)
-        if not lin.is_chunk_end(start):
-            return False  # the lineage is not a chunk sequence: nothing can match it
-        found = find_cached_chunk(self._lineages, self._in_cache, lin, ids)
+        found = self._find_served_chunk(lin, ids)
         if found is None:
             return False
         src_handle, src, logits = found
-        end = start + len(ids)
-        kv = self._parked(src_handle).head(end)
+        kv = self._parked(src_handle).head(len(lin.tokens) + len(ids))
         if handle == self._resident:
             self._free_lineage(handle)  # the rows below replace the context's copy
         lin.kv = kv
         take_served_chunk(lin, src, ids, logits)
         self._touch(src_handle)
         return True
-
-    def _in_cache(self, handle: str) -> bool:
-        """Whether the active prefix cache holds ``handle`` (see `prefix_cache`)."""
-        return is_cache_source(self._cache_sources, handle)
 
     def _get_decodable(self, handle: str) -> LlamaLineage:
         """The lineage ``handle``, with the logits a decode continues from."""
