@@ -140,20 +140,20 @@ def test_guard_is_needed():
     saved = engine.draft_bound
     engine.draft_bound = 0.0
     try:
-        # generation only: shrinking the counterexample would cost minutes on the
-        # tiny model; NEAR_TIE_COUNTEREXAMPLE is the shrunk one a full search found
+        # Generation only: shrinking would cost minutes on the tiny model. Which
+        # episode flips is a fact of this CPU's kernels (a near tie broken in the
+        # last bits), so the test asserts on what the search finds here; the
+        # counterexamples found elsewhere are pinned only as @example above,
+        # where they must stay exact with the guard.
         found = find(drafted_episodes(), lambda e: is_forget_different_from_reset(engine, e),
                      settings=settings(max_examples=100, database=None, derandomize=True, deadline=None,
                                        phases=(Phase.generate,)))
-        pinned_fails = is_forget_different_from_reset(engine, NEAR_TIE_COUNTEREXAMPLE)
     except NoSuchExample:
         pytest.fail("no counterexample with the guard removed: the near-tie family no longer exercises it")
     finally:
         engine.draft_bound = saved
     print("counterexample without the guard:", describe_episode(found))
-    assert pinned_fails
-    # ... and the guard, put back, makes those very episodes exact again
-    assert not is_forget_different_from_reset(engine, NEAR_TIE_COUNTEREXAMPLE)
+    # ... and the guard, put back, makes that very episode exact again
     assert not is_forget_different_from_reset(engine, found)
 
 
