@@ -1,0 +1,67 @@
+"""The lock: every package the tests and the bits depend on is pinned.
+
+The bit-level facts the project rests on (which forwards agree bit for bit,
+which bounds hold) are facts of torch, transformers, llama.cpp and numpy at
+one version each. A fresh clone must install those versions, not whatever
+PyPI serves that day, so the Makefile installs through constraints/*.txt
+(made by ``make lock``). These checks fail when a dependency is added or
+changed in pyproject.toml without re-locking, and when the Makefile stops
+installing through the lock.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+#: The lock each venv is installed through, and the extras that venv takes
+#: (the Makefile's install lines).
+LOCKS = {"constraints/main.txt": ("dev", "plot", "eval", "test"),
+         "constraints/vllm.txt": ("dev", "eval", "vllm")}
+
+
+def get_name(requirement: str) -> str:
+    """The normalised distribution name of a requirement or a pin."""
+    return re.sub(r"[-_.]+", "-", re.split(r"[\s<>=!~;\[@]", requirement.strip(), maxsplit=1)[0]).lower()
+
+
+def get_pins(path: Path) -> dict[str, str]:
+    pins = {}
+    for line in path.read_text().splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            name, sep, version = line.partition("==")
+            assert sep, f"{path.name}: {line!r} is not an exact pin"
+            pins[get_name(name)] = version
+    return pins
+
+
+def get_requirements(extras: tuple[str, ...]) -> list[str]:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    optional = project["optional-dependencies"]
+    return project["dependencies"] + [r for extra in extras for r in optional[extra]]
+
+
+@pytest.mark.parametrize("lock", sorted(LOCKS))
+def test_every_dependency_is_pinned(lock):
+    path = ROOT / lock
+    if not path.exists():
+        pytest.fail(f"{lock} is missing: run `make lock`")
+    pins = get_pins(path)
+    missing = sorted({get_name(r) for r in get_requirements(LOCKS[lock])} - set(pins))
+    assert not missing, f"{lock} pins none of {missing}: run `make lock` after changing pyproject.toml"
+    # the packages whose bits the facts are measured on
+    for name in ("torch", "transformers", "numpy", "hypothesis"):
+        assert name in pins, f"{lock} does not pin {name}"
+
+
+def test_make_installs_through_the_lock():
+    makefile = (ROOT / "Makefile").read_text()
+    installs = [line for line in makefile.splitlines() if re.search(r"\$\((PY|VLLM_PY)\) -m pip install", line)]
+    assert installs
+    unpinned = [line.strip() for line in installs if "$(PIP_C" not in line]
+    assert not unpinned, f"installs that bypass the lock: {unpinned}"
