@@ -101,7 +101,7 @@ class KVEngine(LineageBook):
         #: freed KV buffers stay in the process for reuse on the host
         #: (models.retain_freed_host_memory): a restore then costs the same at any length
         self.host_memory_retained = retain_freed_host_memory() if lm.device == "cpu" else False
-        self.set_kv_budget(kv_budget)
+        self.budget.set(kv_budget)
 
     # ------------------------------------------------------------ lineages
 
@@ -113,7 +113,7 @@ class KVEngine(LineageBook):
         self._touch(handle)
         return handle
 
-    def share_prefix(self, lineage: str | None = None, n_tokens: int | None = None) -> str:
+    def fork(self, lineage: str, n_tokens: int | None = None) -> str:
         """A new lineage holding the first ``n_tokens`` (default: all) of
         ``lineage`` without copying them: its cache holds views of the
         source's tensors, and either side's later prefills, crops or drop
@@ -123,7 +123,7 @@ class KVEngine(LineageBook):
         current lineage is not changed."""
         src = self._get(lineage)
         length = len(src.tokens)
-        n = length if n_tokens is None else self._check_prefix_length("share_prefix", n_tokens, length)
+        n = length if n_tokens is None else self._check_prefix_length("fork", n_tokens, length)
         handle = self._fresh_handle()
         lin = Lineage(adapter.share_cache_prefix(self.lm.model, src.cache, n), src.tokens[:n],
                        src.last_logits if n == length else None)
@@ -133,27 +133,9 @@ class KVEngine(LineageBook):
         self._touch(handle)
         return handle
 
-    def clone(self, lineage: str | None = None) -> str:
-        """Deep copy (cache, tokens, last logits) as a new lineage, e.g. for a
-        baseline branching from the same base state. The current lineage is
-        not changed; `use` the clone to work on it."""
-        src = self._get(lineage)
-        handle = self._fresh_handle()
-        logits = None if src.last_logits is None else src.last_logits.clone()
-        lin = Lineage(adapter.clone_cache(src.cache), list(src.tokens), logits)
-        lin.copy_history(src, len(src.tokens))
-        lin.served_last = src.served_last
-        self._lineages[handle] = lin
-        self._touch(handle)
-        self.enforce_budget()
-        return handle
-
-    def length(self, lineage: str | None = None) -> int:
-        return adapter.cache_length(self._get(lineage).cache)
-
     # --------------------------------------------------------------- verbs
 
-    def prefill(self, token_ids: Iterable[int]) -> None:
+    def _prefill(self, token_ids: Iterable[int]) -> None:
         """Exactly one forward over `token_ids` on the current lineage."""
         lin = self._get(None)
         ids = self._check_ids(token_ids)
@@ -168,9 +150,9 @@ class KVEngine(LineageBook):
             self.counters.forward_calls += 1
             self.counters.prefilled_tokens += len(ids)
         lin.changed()
-        self.enforce_budget()
+        self.budget.enforce()
 
-    def generate(
+    def _generate(
         self,
         max_new_tokens: int,
         stop_ids: Iterable[int] | None = None,
@@ -247,25 +229,14 @@ class KVEngine(LineageBook):
             lin.record_chunk(start)
             lin.served_last = False
             lin.changed()
-            self.enforce_budget()
+            self.budget.enforce()
         elif out:
             # Canonicalise: decode steps (and verification chunks) wrote the turn in
             # other chunks; replace them by one prefill of g_1..g_n, which a replay can redo.
             lin.truncate(start)
-            self.prefill(out)
+            self._prefill(out)
 
-    def crop(self, n_tokens: int, lineage: str | None = None) -> None:
-        """Keep the first n_tokens of a lineage. Clears its last logits: they
-        belonged to the removed suffix, so a prefill must come next."""
-        lin = self._get(lineage)
-        length = adapter.cache_length(lin.cache)
-        n_tokens = self._check_prefix_length("crop", n_tokens, length)
-        adapter.crop_cache(lin.cache, n_tokens)
-        del lin.tokens[n_tokens:]
-        lin.last_logits = None
-        lin.cut(n_tokens)
-
-    def excise(self, start: int, end: int, lineage: str | None = None) -> None:
+    def excise(self, lineage: str, start: int, end: int) -> None:
         """Remove the tokens ``[start, end)`` of a lineage from its cache and
         keep the rest as computed (span-only excision, a baseline of the
         paper's invalidation-boundary ablation; never used by a forget). The
@@ -281,7 +252,7 @@ class KVEngine(LineageBook):
         lin.last_logits = None
         lin.cut(a)
 
-    def logits(self, lineage: str | None = None) -> torch.Tensor | None:
+    def logits(self, lineage: str) -> torch.Tensor | None:
         """The logits after the lineage's last prefill (float32, on the CPU, a
         copy), or None where a crop or a fully accepted draft left none."""
         lin = self._get(lineage)
@@ -289,7 +260,7 @@ class KVEngine(LineageBook):
             self._recompute_served_chunk(lin)
         return None if lin.last_logits is None else lin.last_logits.detach().to("cpu", torch.float32).clone()
 
-    def digest(self, lineage: str | None = None) -> str:
+    def digest(self, lineage: str) -> str:
         """sha256 over every layer's key and value tensors (dtype, shape,
         bytes), taken from contiguous CPU copies. Equal digests mean bitwise
         equal KV. Any empty cache has the same digest, however it got empty."""

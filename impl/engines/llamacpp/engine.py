@@ -105,7 +105,7 @@ class LlamaCppEngine(LineageBook):
         self._batch = lc.llama_batch_init(lm.n_ctx, 0, 1)
         self._v_trans = not lm.flash_attn  # llama.cpp stores V transposed without flash attention
         lc.llama_memory_clear(self._mem, True)
-        self.set_kv_budget(kv_budget)
+        self.budget.set(kv_budget)
 
     def __del__(self):
         try:
@@ -123,31 +123,23 @@ class LlamaCppEngine(LineageBook):
         self._touch(handle)
         return handle
 
-    def share_prefix(self, lineage: str | None = None, n_tokens: int | None = None) -> str:
+    def fork(self, lineage: str, n_tokens: int | None = None) -> str:
         src = self._get(lineage)
         length = len(src.tokens)
-        n = length if n_tokens is None else self._check_prefix_length("share_prefix", n_tokens, length)
-        kv = self._parked(lineage or self._current)
+        n = length if n_tokens is None else self._check_prefix_length("fork", n_tokens, length)
+        kv = self._parked(lineage)
         handle = self._fresh_handle()
         lin = LlamaLineage(src.tokens[:n], kv.head(n), src.last_logits if n == length else None)
         lin.copy_history(src, n)
         lin.served_last = src.served_last and n == length
         self._lineages[handle] = lin
         self._touch(handle)
-        self.enforce_budget()
+        self.budget.enforce()
         return handle
-
-    def clone(self, lineage: str | None = None) -> str:
-        """A lineage equal to ``lineage``. Its rows are the source's parked
-        rows, which nothing ever writes to: independent both ways."""
-        return self.share_prefix(lineage)
-
-    def length(self, lineage: str | None = None) -> int:
-        return len(self._get(lineage).tokens)
 
     # --------------------------------------------------------------- verbs
 
-    def prefill(self, token_ids: Iterable[int]) -> None:
+    def _prefill(self, token_ids: Iterable[int]) -> None:
         """Exactly one ``llama_decode`` over ``token_ids`` on the current
         lineage, or, inside :meth:`prefix_cache`, the same chunk served from a
         cached lineage."""
@@ -166,9 +158,10 @@ class LlamaCppEngine(LineageBook):
             lin.served_last = False
             self.counters.forward_calls += 1
             self.counters.prefilled_tokens += len(ids)
-        self.enforce_budget()
+        self.budget.enforce()
 
-    def generate(self, max_new_tokens: int, stop_ids: Iterable[int] | None = None, temperature: float = 0.0,
+    def _generate(
+        self, max_new_tokens: int, stop_ids: Iterable[int] | None = None, temperature: float = 0.0,
                  seed: int | None = None, draft: Sequence[int] | None = None,
                  probe: bool = False, lookup: bool = False) -> list[int]:
         """As :meth:`KVEngine.generate`: decode by the rule of
@@ -197,36 +190,25 @@ class LlamaCppEngine(LineageBook):
         if committed:  # a draft accepted whole: its verification forward is the turn's chunk
             lin.record_chunk(start)
             lin.served_last = False
-            self.enforce_budget()
+            self.budget.enforce()
         elif out:
             self._truncate(lin, start)
-            self.prefill(out)
+            self._prefill(out)
         return out
 
-    def crop(self, n_tokens: int, lineage: str | None = None) -> None:
-        """Keep the first ``n_tokens``: ``llama_memory_seq_rm`` of the tail on
-        the resident lineage, a slice of the rows on a parked one."""
-        handle = lineage or self._need_current()
-        lin = self._get(handle)
-        length = len(lin.tokens)
-        n = self._check_prefix_length("crop", n_tokens, length)
-        self._truncate(lin, n, handle)
-        lin.last_logits = None
-        lin.cut(n)
-
-    def logits(self, lineage: str | None = None) -> torch.Tensor | None:
+    def logits(self, lineage: str) -> torch.Tensor | None:
         """The logits after the lineage's last prefill (float32, a copy), or
         None after a crop or a draft accepted whole."""
-        handle = lineage or self._need_current()
+        handle = lineage
         lin = self._get(handle)
         if lin.last_logits is None and lin.served_last:
             self._recompute_served_chunk(handle, lin)
         return None if lin.last_logits is None else torch.from_numpy(lin.last_logits.copy())
 
-    def digest(self, lineage: str | None = None) -> str:
+    def digest(self, lineage: str) -> str:
         """sha256 over the K and V rows by position (see :meth:`SeqKV.digest_into`).
         Any empty lineage has the same digest, however it got empty."""
-        handle = lineage or self._need_current()
+        handle = lineage
         lin = self._get(handle)
         h = hashlib.sha256(b"unsee-llamacpp-kv-v1")
         h.update(f"len={len(lin.tokens)};".encode())
