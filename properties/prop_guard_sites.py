@@ -80,9 +80,9 @@ def run_turn(engine: KVEngine, context: list[int], max_new_tokens: int, **kw) ->
     """One turn on a fresh lineage after ``context`` (no stop ids): the
     lineage's digest, the turn's tokens, and the counters it spent."""
     handle = engine.new_lineage()
-    engine.prefill(context)
+    engine.prefill(handle, context)
     before = engine.counters.snapshot()
-    tokens = engine.generate(max_new_tokens, stop_ids=(), **kw)
+    tokens = engine.generate(handle, max_new_tokens, stop_ids=(), **kw)
     return engine.digest(handle), tokens, engine.counters.snapshot() - before
 
 

@@ -74,8 +74,8 @@ def test_replay_with_drafts_equals_without(episode):
 
 def run_generate(engine, context: list[int], n: int, **kw) -> tuple[str, list[int]]:
     handle = engine.new_lineage()
-    engine.prefill(context)
-    out = engine.generate(n, stop_ids=(), **kw)
+    engine.prefill(handle, context)
+    out = engine.generate(handle, n, stop_ids=(), **kw)
     return engine.digest(handle), out
 
 

@@ -262,6 +262,14 @@ def rebuild(engine, chunks: Iterable[Sequence[int]]) -> str:
     return handle
 
 
+def crop(engine, lineage: str, n_tokens: int) -> str:
+    """Crop as a fork: a lineage holding the first ``n_tokens`` of
+    ``lineage``, which is dropped; returns the new handle."""
+    handle = engine.fork(lineage, n_tokens)
+    engine.drop(lineage)
+    return handle
+
+
 class LineageBook:
     """The bookkeeping every engine shares, whatever holds its KV: string
     handles to lineages, the lineage the last verb worked on (never evicted

@@ -28,7 +28,7 @@ capabilities (:class:`PrefixCache`, :class:`SpanExcision`, :class:`Residue`,
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -266,6 +266,23 @@ class RestoreReport(Protocol):
         """What the first request of a forked lineage was served, or None."""
 
 
+@runtime_checkable
+class MarginGuard(Protocol):
+    """An engine that decides each token under a margin guard (vLLM) and counts
+    its decisions: ``{"decisions", "cold_recomputes", "flips"}``."""
+
+    guard_stats: dict
+
+
+@runtime_checkable
+class ForwardHooks(Protocol):
+    """An engine that can report each model forward (for a profiler)."""
+
+    def hook_forwards(self, on_forward: Callable[[int, float], None]) -> contextlib.AbstractContextManager:
+        """A block inside which every forward calls ``on_forward(n_tokens,
+        started)`` when it ends (``started``: its ``time.perf_counter()``)."""
+
+
 def get_draft_bound(engine: Engine) -> tuple[float | None, str | None]:
     """``(draft_bound, draft_bound_source)`` of an engine with :class:`Drafts`;
     ``(None, None)`` (drafts off) for one without."""
@@ -274,6 +291,6 @@ def get_draft_bound(engine: Engine) -> tuple[float | None, str | None]:
     return None, None
 
 
-__all__ = ["Assist", "Determinism", "Drafts", "Engine", "KVBudget", "ModelInfo", "PrefixCache", "Residue",
+__all__ = ["Assist", "Determinism", "Drafts", "Engine", "ForwardHooks", "KVBudget", "MarginGuard", "ModelInfo", "PrefixCache", "Residue",
            "RestoreReport", "SpanExcision",
            "get_draft_bound"]

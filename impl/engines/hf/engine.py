@@ -46,8 +46,10 @@ Three engine-level services:
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
-from collections.abc import Iterable, Sequence
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import torch
 
@@ -276,6 +278,27 @@ class KVEngine(LineageBook):
                 # view as bytes: works for bfloat16, which numpy cannot hold
                 h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
         return h.hexdigest()
+
+    @contextlib.contextmanager
+    def hook_forwards(self, on_forward: Callable[[int, float], None]) -> Iterator[None]:
+        """Call ``on_forward(n_tokens, started)`` after every model forward in the block (torch hooks)."""
+        model = self.lm.model
+        starts: list[float] = []
+
+        def before(module, args, kwargs):
+            starts.append(time.perf_counter())
+
+        def after(module, args, kwargs, output):
+            ids = kwargs.get("input_ids", args[0] if args else None)
+            on_forward(int(ids.shape[-1]) if ids is not None else 0, starts.pop())
+
+        handles = [model.register_forward_pre_hook(before, with_kwargs=True),
+                   model.register_forward_hook(after, with_kwargs=True)]
+        try:
+            yield
+        finally:
+            for handle in handles:
+                handle.remove()
 
     # ------------------------------------------------------------ memory
 

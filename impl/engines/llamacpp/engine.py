@@ -50,9 +50,11 @@ KV budget evicts parked lineages by the bytes of their rows (the rule is
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
-from collections.abc import Iterable, Sequence
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -216,6 +218,24 @@ class LlamaCppEngine(LineageBook):
         if kv.n:
             kv.digest_into(h)
         return h.hexdigest()
+
+    @contextlib.contextmanager
+    def hook_forwards(self, on_forward: Callable[[int, float], None]) -> Iterator[None]:
+        """Call ``on_forward(n_tokens, started)`` after every ``llama_decode`` in the block."""
+        feed = self._feed
+
+        def timed_feed(lin, ids, *args, **kwargs):
+            started = time.perf_counter()
+            try:
+                return feed(lin, ids, *args, **kwargs)
+            finally:
+                on_forward(len(ids), started)
+
+        self._feed = timed_feed
+        try:
+            yield
+        finally:
+            del self._feed
 
     # ------------------------------------------------------------ memory
 
