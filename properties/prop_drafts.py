@@ -288,7 +288,8 @@ def run_generate(engine: KVEngine, context: list[int], n: int, **kw) -> tuple[st
     handle = engine.new_lineage()
     engine.prefill(handle, context)
     before = engine.counters.snapshot()
-    out = engine.generate(handle, n, stop_ids=(), **kw)
+    assist = Assist(**{k: kw.pop(k) for k in ("draft", "probe", "lookup") if k in kw})
+    out = engine.generate(handle, n, stop_ids=(), assist=assist, **kw)
     return engine.digest(handle), out, engine.counters.snapshot() - before
 
 

@@ -9,7 +9,7 @@ episode-level property runs.
 =============================  ==============================================================
 test                           checks (every comparison bitwise: digests and logits)
 =============================  ==============================================================
-crop_then_continue             crop(n) at a chunk boundary, then a prefill == prefilling the
+crop_then_continue             fork(n) at a chunk boundary, then a prefill == prefilling the
                                first n tokens in the same chunks, then the same prefill
 clone_is_independent           a clone (and a shared prefix) equals its source, and later
                                prefills or crops on either side leave the other unchanged;
@@ -80,8 +80,10 @@ def test_crop_then_continue(engine_name, parts, cut, more):
     cut = min(cut, len(parts))
     n = sum(len(p) for p in parts[:cut])
     cropped = prefilled(engine, parts)
-    cropped = crop(engine, cropped, n)
-    assert len(engine.tokens(cropped)) == n and engine.logits(cropped) is None, "crop: length or logits not cut"
+    whole = n == len(engine.tokens(cropped))
+    cropped = crop(engine, cropped, n)  # a fork at n: the logits come along only when it is the whole lineage
+    assert len(engine.tokens(cropped)) == n and (whole or engine.logits(cropped) is None), \
+        "crop: length or logits not cut"
     engine.prefill(cropped, more)
     fresh = prefilled(engine, parts[:cut] + [more])
     assert state(engine, cropped) == state(engine, fresh), "crop: crop + continue differs from a fresh prefill"
@@ -95,7 +97,6 @@ def test_clone_is_independent(engine_name, parts, more, other, cut):
     src = prefilled(engine, parts)
     before = state(engine, src)
     clone = engine.fork(src)
-    assert before == src, "clone: changed the current lineage"
     assert state(engine, clone) == before, "clone: not equal to its source"
     n = sum(len(p) for p in parts[:cut])
     prefix = engine.fork(src, n)
@@ -158,10 +159,9 @@ def test_drop_frees_the_lineage(engine_name, parts, keep):
     engine.drop(gone)
     engine.drop(clone)
     assert gone not in engine.budget.lineages and clone not in engine.budget.lineages, "drop: handle still listed"
-    for verb in (engine.length, engine.digest, engine.use):
+    for verb in (engine.tokens, engine.digest, lambda h: engine.prefill(h, [1])):
         with pytest.raises(KeyError):
             verb(gone)
-    assert gone is None, "drop: the dropped current lineage is still current"
     assert engine.budget.memory().held_bytes == before, "drop: the lineage's memory was not released"
     assert set(engine.budget.lineages) == handles and engine.tokens(kept) == [t for p in keep for t in p]
     assert engine.new_lineage() not in (gone, clone, kept), "drop: a handle was reused"

@@ -36,14 +36,16 @@ def reference(eng, n=12, **kw):
     """A lineage that decoded a turn the reference way; returns (handle, tokens)."""
     h = eng.new_lineage()
     eng.prefill(h, eng.lm.encode(PROMPT))
-    return h, eng.generate(h, n, stop_ids=(), **kw)
+    assist = Assist(**{k: kw.pop(k) for k in ("draft", "probe", "lookup") if k in kw})
+    return h, eng.generate(h, n, stop_ids=(), assist=assist, **kw)
 
 
 def drafted(eng, draft, n=12, **kw):
     h = eng.new_lineage()
     eng.prefill(h, eng.lm.encode(PROMPT))
     before = eng.counters.snapshot()
-    out = eng.generate(h, n, stop_ids=(), **kw, assist=Assist(draft=draft))
+    assist = Assist(draft=draft, **{k: kw.pop(k) for k in ("probe", "lookup") if k in kw})
+    out = eng.generate(h, n, stop_ids=(), assist=assist, **kw)
     return h, out, eng.counters.snapshot() - before
 
 
@@ -319,7 +321,8 @@ def lookup_run(eng, prompt, n, **kw):
     h = eng.new_lineage()
     eng.prefill(h, eng.lm.encode(prompt))
     before = eng.counters.snapshot()
-    out = eng.generate(h, n, stop_ids=(), **kw)
+    assist = Assist(**{k: kw.pop(k) for k in ("draft", "probe", "lookup") if k in kw})
+    out = eng.generate(h, n, stop_ids=(), assist=assist, **kw)
     return h, out, eng.counters.snapshot() - before
 
 

@@ -3,8 +3,7 @@ crop, canonicalised generation, sampling, lineages and counters."""
 
 import pytest
 
-from unsee.impl.engines.lineage import crop
-from unsee.impl.engines.lineage import Counters
+from unsee.impl.engines.lineage import Counters, crop
 
 
 def ids(lm, n, salt=""):

@@ -9,8 +9,7 @@ import sys
 
 import pytest
 
-from unsee.impl.engines.lineage import crop, rebuild
-from unsee.impl.engines.lineage import Counters, EvictedLineageError
+from unsee.impl.engines.lineage import Counters, EvictedLineageError, crop, rebuild
 from unsee.impl.engines.registry import make_engine
 
 

@@ -216,7 +216,7 @@ def test_probe_does_not_change_the_state(eng):
     answer = runtime.probe("Where does the user live?", max_new_tokens=5)
     assert isinstance(answer, str)
     assert runtime.digest() == before
-    assert runtime.lineage == lineage and runtime == lineage
+    assert runtime.lineage == lineage
     assert set(eng.budget.lineages) == lineages  # the branch was dropped
     assert runtime.probe("Where does the user live?", max_new_tokens=5) == answer
 

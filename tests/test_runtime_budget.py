@@ -62,11 +62,11 @@ def test_runtime_pins_its_lineage(lm):
     engine = make_engine(lm, kv_budget=0)
     runtime = run(engine)
     other = runtime.fork()
-    assert {runtime.lineage, other.lineage} <= engine.live_lineages()
+    assert {runtime.lineage, other.lineage} <= engine.budget.live_lineages()
     lineage = other.lineage
     del other
     gc.collect()
-    assert lineage not in engine.live_lineages()
+    assert lineage not in engine.budget.live_lineages()
     # Its KV is still all shared with the live lineage, so it costs nothing
     # and may stay; once the live lineage moves on, it would hold bytes of
     # its own, and budget 0 evicts it.

