@@ -218,8 +218,8 @@ def test_probe_is_exact_and_costs_at_most_one_step(context, max_new_tokens, wron
             drafted = engine.new_lineage()
             engine.prefill(drafted, context)
             before = engine.counters.snapshot()
-            got = engine.generate(drafted, max_new_tokens, stop_ids=(), temperature=temperature, seed=seed, draft=draft,
-                                  probe=probe)
+            got = engine.generate(drafted, max_new_tokens, stop_ids=(), temperature=temperature, seed=seed,
+                                  assist=Assist(draft=draft, probe=probe))
             spent[probe] = engine.counters.snapshot() - before
             assert got == expected
             assert engine.digest(drafted) == engine.digest(reference)
