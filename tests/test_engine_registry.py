@@ -20,6 +20,6 @@ def test_a_subclass_of_a_model_type_gets_its_engine(lm):
 
 
 def test_a_look_alike_name_is_refused():
-    VllmModel = type("VllmModel", (), {})  # noqa: N806 (the name a dispatch on names would take for vLLM's)
+    VllmModel = type("VllmModel", (), {})
     with pytest.raises(TypeError, match="no engine for a model of type"):
         get_engine_class(VllmModel())

@@ -50,6 +50,7 @@ import contextlib
 import hashlib
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import ClassVar
 
 import torch
 
@@ -88,6 +89,12 @@ class KVEngine(LineageBook):
     until its caller pins or uses it.
     """
 
+    #: what equal digests mean (protocol.Determinism.digest), and the support matrix's words (engines/support.py)
+    DIGEST = "kv"
+    SUPPORT: ClassVar[dict[str, str]] = {"drafts": "yes where a bound is measured (shipped for the tiny models and SmolLM2 on the CPU, "
+                         "or by `unsee calibrate`); off elsewhere",
+               "kv_budget": "yes: unpinned lineages' KV, LRU", "store": "yes", "receipts": "yes"}
+
     def __init__(self, lm: LoadedModel, kv_budget: int | None = None):
         self.lm = lm
         self.counters = Counters()
@@ -99,7 +106,7 @@ class KVEngine(LineageBook):
         #: the measured facts of this device, attention and dtype (hf/attention.py's
         #: ATTN_FACTS, docs/engines.md): they pick the canonical chunking
         self.determinism = Determinism(**get_determinism_facts(lm.device, lm.attn, lm.dtype),
-                                       statement=lm.determinism)
+                                       statement=lm.determinism, digest=self.DIGEST)
         #: freed KV buffers stay in the process for reuse on the host
         #: (models.retain_freed_host_memory): a restore then costs the same at any length
         self.host_memory_retained = retain_freed_host_memory() if lm.device == "cpu" else False

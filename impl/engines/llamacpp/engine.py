@@ -55,6 +55,7 @@ import ctypes
 import hashlib
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -87,6 +88,12 @@ class LlamaCppEngine(LineageBook):
     :class:`~unsee.impl.engines.lineage.LineageBook`; and a prefix cache that
     serves whole matching chunks. Needs no transformers."""
 
+    #: what equal digests mean (protocol.Determinism.digest), and the support matrix's words (engines/support.py)
+    DIGEST = "kv"
+    SUPPORT: ClassVar[dict[str, str]] = {"drafts": "yes where decode == prefill is measured at load (bound 0, forwards capped)",
+               "kv_budget": "yes: parked lineages' rows, LRU", "store": "yes (records threads, flash attention, n_ctx)",
+               "receipts": "yes"}
+
     def __init__(self, lm: LlamaCppModel, kv_budget: int | None = None):
         lc = llama_module()
         self.lm = lm
@@ -101,7 +108,7 @@ class LlamaCppEngine(LineageBook):
         self.draft_bound_source = lm.draft_bound_source  # the file's measured facts (facts.py)
         self.determinism = Determinism(same_chunking_repeats=True, crop_continue_is_fresh=True,
                                        chunk_invariant=False, decode_is_prefill=False,
-                                       thread_invariant=False, statement=lm.determinism)
+                                       thread_invariant=False, statement=lm.determinism, digest=self.DIGEST)
         self._init_book()
         self._resident: str | None = None  # the lineage sequence 0 holds
         self._batch = lc.llama_batch_init(lm.n_ctx, 0, 1)

@@ -48,6 +48,7 @@ import hashlib
 import itertools
 import secrets
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import ClassVar
 
 import torch
 
@@ -112,6 +113,11 @@ class VllmEngine(LineageBook):
     (the module docstring has the mapping and what is exact). ``guard_stats``
     counts the decisions taken and those recomputed cold."""
 
+    #: what equal digests mean (protocol.Determinism.digest), and the support matrix's words (engines/support.py)
+    DIGEST = "tokens"
+    SUPPORT: ClassVar[dict[str, str]] = {"drafts": "no: a turn is one request", "kv_budget": "host token lists only (the KV is vLLM's block pool)",
+               "store": "yes (make test-vllm)", "receipts": "yes: the digest is of tokens"}
+
     def __init__(self, lm, kv_budget: int | None = None):
         self.lm = lm
         self._llm = lm.llm
@@ -126,7 +132,7 @@ class VllmEngine(LineageBook):
         # tokens rounded down to the block size and its first request recomputes the tail
         self.determinism = Determinism(same_chunking_repeats=True, crop_continue_is_fresh=True, chunk_invariant=True,
                                        decode_is_prefill=False, thread_invariant=False, statement=lm.determinism,
-                                       restore_granularity=lm.block_size, digest="tokens")
+                                       restore_granularity=lm.block_size, digest=self.DIGEST)
         self.guard_stats = {"decisions": 0, "cold_recomputes": 0, "flips": 0}
         self._salt_prefix = f"unsee-{secrets.token_hex(6)}"
         self._cold: dict[tuple[int, ...], torch.Tensor] = {}  # the last cold logits, by tokens
