@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+from pathlib import Path
 
 import pytest
 
@@ -40,3 +41,16 @@ def test_every_module_is_named_in_its_packages_map(package):
     for info in pkgutil.iter_modules(pkg.__path__):
         name = f"``{info.name}/``" if info.ispkg else f"``{info.name}``"
         assert name in pkg.__doc__, f"{package}'s docstring does not name {name}"
+
+
+def test_the_forget_report_says_what_its_digest_means(lm):
+    from unsee.impl.agent.episode import load_episode
+    from unsee.impl.agent.runtime import AgentRuntime
+    from unsee.impl.engines.registry import make_engine
+
+    episode = load_episode(Path(__file__).resolve().parent.parent / "examples" / "secret_in_tool_result.json")
+    runtime = AgentRuntime.start(make_engine(lm), episode.system, episode.settings)
+    runtime.run(episode.steps)
+    report = runtime.forget(episode.target.source)
+    assert report.digest_means == runtime.engine.determinism.digest == "kv"
+    assert report.to_json()["digest_means"] == "kv"

@@ -214,7 +214,7 @@ class SelectiveReplay:
             prefilled_tokens=spent.prefilled_tokens, decoded_tokens=spent.decoded_tokens,
             forward_calls=spent.forward_calls, wall_s=time.perf_counter() - started,
             rebuilt_tokens=spent.rebuilt_tokens, reused_tokens=spent.reused_tokens,
-            digest=digest, assumptions=assumptions, extra=extra,
+            digest=digest, assumptions=assumptions, extra=extra, digest_means=self.engine.determinism.digest,
             draft_accepted_tokens=spent.draft_accepted_tokens, draft_rejected_tokens=spent.draft_rejected_tokens,
             drafts=drafts or {"mode": "off", "why": "no replay of model turns from drafts"})
 
