@@ -53,7 +53,7 @@ import torch
 from tqdm import tqdm
 
 from unsee.impl.engines.lineage import crop
-from unsee.impl.engines.protocol import Engine
+from unsee.impl.engines.protocol import DeepCopy, Engine
 from unsee.impl.engines.registry import load_engine
 
 METHODS = ("share", "clone")
@@ -81,9 +81,9 @@ def restore(engine: Engine, method: str, lineage: str, n: int) -> str:
     if method == "share":
         return engine.fork(lineage, n)
     if method == "clone":
-        handle = engine.fork(lineage)
-        handle = crop(engine, handle, n)
-        return handle
+        if not isinstance(engine, DeepCopy):
+            raise ValueError(f"restore method 'clone' needs an engine that copies KV; {type(engine).__name__} cannot")
+        return crop(engine, engine.copy_lineage(lineage), n)
     raise ValueError(f"restore method {method!r}: expected one of {METHODS}")
 
 

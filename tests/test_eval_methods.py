@@ -113,7 +113,7 @@ def test_engine_excise_refuses_bad_spans(lm):
     engine.prefill(lin, lm.encode("hello there"))
     for start, end in ((-1, 2), (3, 2), (0, 99), ("a", 2)):
         with pytest.raises(ValueError, match="excise"):
-            engine.excise(start, end)
+            engine.excise(lin, start, end)
     assert len(engine.tokens(lin)) == len(lm.encode("hello there"))
 
 

@@ -267,6 +267,14 @@ class RestoreReport(Protocol):
 
 
 @runtime_checkable
+class DeepCopy(Protocol):
+    """An engine that can copy a lineage's KV instead of sharing it (a bench's baseline)."""
+
+    def copy_lineage(self, lineage: str) -> str:
+        """A new lineage equal to ``lineage`` whose KV is a copy, not shared."""
+
+
+@runtime_checkable
 class MarginGuard(Protocol):
     """An engine that decides each token under a margin guard (vLLM) and counts
     its decisions: ``{"decisions", "cold_recomputes", "flips"}``."""
@@ -291,6 +299,6 @@ def get_draft_bound(engine: Engine) -> tuple[float | None, str | None]:
     return None, None
 
 
-__all__ = ["Assist", "Determinism", "Drafts", "Engine", "ForwardHooks", "KVBudget", "MarginGuard", "ModelInfo", "PrefixCache", "Residue",
+__all__ = ["Assist", "DeepCopy", "Determinism", "Drafts", "Engine", "ForwardHooks", "KVBudget", "MarginGuard", "ModelInfo", "PrefixCache", "Residue",
            "RestoreReport", "SpanExcision",
            "get_draft_bound"]

@@ -142,6 +142,21 @@ class KVEngine(LineageBook):
         self._touch(handle)
         return handle
 
+    def copy_lineage(self, lineage: str) -> str:
+        """A new lineage equal to ``lineage`` whose KV is a copy (cache, tokens,
+        last logits), not views of it (:class:`~unsee.impl.engines.protocol.DeepCopy`):
+        what a restore cost before ``fork`` shared prefixes (bench/restore.py)."""
+        src = self._get(lineage)
+        handle = self._fresh_handle()
+        logits = None if src.last_logits is None else src.last_logits.clone()
+        lin = Lineage(adapter.clone_cache(src.cache), list(src.tokens), logits)
+        lin.copy_history(src, len(src.tokens))
+        lin.served_last = src.served_last
+        self._lineages[handle] = lin
+        self._touch(handle)
+        self.budget.enforce()
+        return handle
+
     # --------------------------------------------------------------- verbs
 
     def _prefill(self, token_ids: Iterable[int]) -> None:
