@@ -76,6 +76,58 @@ def as_int(x) -> int | None:
         return None
 
 
+class ChunkedLineage:
+    """What every engine knows of one lineage, whatever holds its KV: the
+    tokens, the logits a decode continues from, the prefill chunks that built
+    it (what the prefix cache matches on) and the LRU clock's last access. A
+    backend's lineage adds where its KV lives (a cache, parked rows) and
+    overrides :meth:`changed` when it caches what it measured of that KV."""
+
+    __slots__ = ("chunk_ends", "chunked", "decode_logits", "last_logits", "last_used", "served_last", "tokens")
+
+    def __init__(self, tokens: list[int], last_logits):
+        self.tokens = tokens  # the ids the KV holds, in order
+        self.last_logits = last_logits  # logits after the last prefill, or None
+        # The prefill chunks that built the KV, as cumulative end offsets.
+        # `chunked` is False once a crop cut a chunk: the tail then is no
+        # longer a chunk sequence, and later chunks are not recorded (so the
+        # lineage is never wrongly served from or to).
+        self.chunk_ends: list[int] = []
+        self.chunked = True
+        #: position -> the logits a decode started from there (what a served chunk needs)
+        self.decode_logits: dict = {}
+        self.served_last = False  # the last chunk was served without its logits
+        self.last_used = 0  # the engine's clock at the last access (LRU eviction)
+
+    def is_chunk_end(self, start: int) -> bool:
+        """Whether ``start`` is where the recorded chunks end (an unbroken record)."""
+        return self.chunked and start == (self.chunk_ends[-1] if self.chunk_ends else 0)
+
+    def record_chunk(self, start: int) -> None:
+        """Record the tokens from ``start`` on as one prefill chunk. Only on an
+        unbroken record: tokens that some other path appended unrecorded make
+        the lineage unservable from there on, never wrongly served."""
+        if self.is_chunk_end(start):
+            self.chunk_ends.append(len(self.tokens))
+        else:
+            self.chunked = False
+
+    def copy_history(self, src: ChunkedLineage, n: int) -> None:
+        """Take ``src``'s chunk history and decode logits up to ``n`` tokens."""
+        self.chunk_ends = [e for e in src.chunk_ends if e <= n]
+        self.chunked = src.chunked and n == (self.chunk_ends[-1] if self.chunk_ends else 0)
+        self.decode_logits = {p: t for p, t in src.decode_logits.items() if p <= n}
+
+    def cut(self, n: int) -> None:
+        """Forget the chunk history beyond ``n`` tokens (a crop to ``n``)."""
+        self.copy_history(self, n)
+        self.served_last = False
+        self.changed()
+
+    def changed(self) -> None:
+        """Note that the KV or the kept logits changed (nothing cached here)."""
+
+
 class EvictedLineageError(KeyError):
     """A lineage the KV budget evicted: its handle is known, its cache is gone."""
 

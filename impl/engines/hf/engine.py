@@ -55,6 +55,7 @@ from typing import ClassVar
 import torch
 
 from unsee.impl.engines.bounds import get_bound_of
+from unsee.impl.engines.computed import ComputedKVBook
 from unsee.impl.engines.hf import adapter
 from unsee.impl.engines.hf.attention import get_determinism_facts
 from unsee.impl.engines.hf.generate import HFTurnLineage
@@ -62,15 +63,13 @@ from unsee.impl.engines.hf.lineage import Lineage
 from unsee.impl.engines.hf.models import LoadedModel, retain_freed_host_memory
 from unsee.impl.engines.lineage import (
     Counters,
-    LineageBook,
     as_int,
-    take_served_chunk,
 )
 from unsee.impl.engines.protocol import Determinism
 from unsee.impl.engines.turn import Turn, decode_turn
 
 
-class KVEngine(LineageBook):
+class KVEngine(ComputedKVBook):
     """The transformers implementation of :class:`unsee.impl.engines.protocol.Engine`:
     lineages (string handles -> HF caches) over one :class:`LoadedModel`, with
     the verbs prefill, generate (canonicalised; drafts, probe and lookup where
@@ -159,23 +158,6 @@ class KVEngine(LineageBook):
 
     # --------------------------------------------------------------- verbs
 
-    def _prefill(self, token_ids: Iterable[int]) -> None:
-        """Exactly one forward over `token_ids` on the current lineage."""
-        lin = self._get(None)
-        ids = self._check_ids(token_ids)
-        if self._serve(lin, ids):
-            self.counters.reused_tokens += len(ids)
-        else:
-            start = len(lin.tokens)
-            lin.last_logits = adapter.forward_last_logits(self.lm.model, ids, lin.cache)
-            lin.tokens.extend(ids)
-            lin.record_chunk(start)
-            lin.served_last = False
-            self.counters.forward_calls += 1
-            self.counters.prefilled_tokens += len(ids)
-        lin.changed()
-        self.budget.enforce()
-
     def _generate(
         self,
         max_new_tokens: int,
@@ -217,7 +199,7 @@ class KVEngine(LineageBook):
         widens the forward that feeds the decided token.
         """
         max_new_tokens = self._check_generate(max_new_tokens, temperature, seed, draft, lookup)
-        lin = self._get_decodable()
+        lin = self._get_decodable(self._need_current())
         draft = self._check_ids(draft, allow_empty=True)[:max_new_tokens] if draft is not None else []
         stops = set(self.lm.eos_ids if stop_ids is None else (int(s) for s in stop_ids))
         start, header_logits = len(lin.tokens), lin.last_logits
@@ -233,17 +215,6 @@ class KVEngine(LineageBook):
             raise
         self._commit_turn(lin, start, out, committed)
         return out
-
-    def _get_decodable(self) -> Lineage:
-        """The current lineage, with the logits a decode continues from."""
-        handle = self._need_current()
-        lin = self._lineages[handle]
-        if lin.last_logits is None and lin.served_last:
-            self._recompute_served_chunk(lin)  # a served chunk whose logits were not kept
-        if lin.last_logits is None:
-            raise RuntimeError(f"generate on lineage {handle!r}: no logits to continue from; "
-                               "prefill first (a new lineage or a crop has none)")
-        return lin
 
     def _commit_turn(self, lin: Lineage, start: int, out: list[int], committed: bool) -> None:
         """Leave the turn ``out`` on ``lin`` as the one chunk a replay redoes."""
@@ -281,7 +252,7 @@ class KVEngine(LineageBook):
         copy), or None where a crop or a fully accepted draft left none."""
         lin = self._get(lineage)
         if lin.last_logits is None and lin.served_last:
-            self._recompute_served_chunk(lin)
+            self._recompute_served_chunk(lineage, lin)
         return None if lin.last_logits is None else lin.last_logits.detach().to("cpu", torch.float32).clone()
 
     def digest(self, lineage: str) -> str:
@@ -328,32 +299,15 @@ class KVEngine(LineageBook):
         """KV and kept logits (see :meth:`Lineage.storages`); the budget counts the same."""
         return self._lineages[handle].storages()
 
-    # --------------------------------------------------------- prefix cache
+    # ------------------------------------------------- the skeleton's steps
 
-    def _serve(self, lin: Lineage, ids: list[int]) -> bool:
-        """Serve chunk ``ids`` on ``lin`` from another lineage; False if none has it."""
-        found = self._find_served_chunk(lin, ids)
-        if found is None:
-            return False
-        handle, src, logits = found
-        lin.cache = adapter.share_cache_prefix(self.lm.model, src.cache, len(lin.tokens) + len(ids))
-        take_served_chunk(lin, src, ids, logits)
-        self._touch(handle)
-        return True
-
-    def _recompute_served_chunk(self, lin: Lineage) -> None:
-        """Compute the last (served) chunk for real, for the logits a decode needs."""
-        end = lin.chunk_ends.pop()
-        start = lin.chunk_ends[-1] if lin.chunk_ends else 0
-        ids = lin.tokens[start:end]
-        adapter.crop_cache(lin.cache, start)
-        del lin.tokens[start:]
-        lin.decode_logits = {p: t for p, t in lin.decode_logits.items() if p <= start}
-        lin.served_last = False
-        self.counters.reused_tokens -= len(ids)  # it was not reused after all
-        lin.last_logits = adapter.forward_last_logits(self.lm.model, ids, lin.cache)
+    def _forward(self, handle: str, lin: Lineage, ids: list[int]) -> torch.Tensor:
+        logits = adapter.forward_last_logits(self.lm.model, ids, lin.cache)
         lin.tokens.extend(ids)
-        lin.chunk_ends.append(end)
-        lin.changed()
-        self.counters.forward_calls += 1
-        self.counters.prefilled_tokens += len(ids)
+        return logits
+
+    def _truncate_to(self, handle: str, lin: Lineage, n: int) -> None:
+        lin.truncate(n)
+
+    def _take_rows(self, handle: str, lin: Lineage, src_handle: str, src: Lineage, n: int) -> None:
+        lin.cache = adapter.share_cache_prefix(self.lm.model, src.cache, n)

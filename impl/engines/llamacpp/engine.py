@@ -60,7 +60,8 @@ from typing import ClassVar
 import numpy as np
 import torch
 
-from unsee.impl.engines.lineage import Counters, LineageBook, take_served_chunk
+from unsee.impl.engines.computed import ComputedKVBook
+from unsee.impl.engines.lineage import Counters
 from unsee.impl.engines.llamacpp.facts import forward
 from unsee.impl.engines.llamacpp.lineage import LlamaLineage, TurnView
 from unsee.impl.engines.llamacpp.model import (
@@ -78,7 +79,7 @@ from unsee.impl.engines.turn import Turn, decode_turn
 # ----------------------------------------------------------------- engine
 
 
-class LlamaCppEngine(LineageBook):
+class LlamaCppEngine(ComputedKVBook):
     """The llama.cpp implementation of :class:`unsee.impl.engines.protocol.Engine`:
     lineages over one :class:`LlamaCppModel`, one resident in the engine's
     context and the others parked on the host as rows (the module docstring
@@ -147,27 +148,6 @@ class LlamaCppEngine(LineageBook):
         return handle
 
     # --------------------------------------------------------------- verbs
-
-    def _prefill(self, token_ids: Iterable[int]) -> None:
-        """Exactly one ``llama_decode`` over ``token_ids`` on the current
-        lineage, or, inside :meth:`prefix_cache`, the same chunk served from a
-        cached lineage."""
-        handle = self._need_current()
-        lin = self._get(handle)
-        ids = self._check_ids(token_ids)
-        if len(lin.tokens) + len(ids) > self.lm.n_ctx:
-            raise ValueError(f"prefill: {len(lin.tokens)} + {len(ids)} tokens exceed n_ctx={self.lm.n_ctx}")
-        if self._serve(handle, lin, ids):
-            self.counters.reused_tokens += len(ids)
-        else:
-            start = len(lin.tokens)
-            self._make_resident(handle)
-            lin.last_logits = self._feed(lin, ids, False)
-            lin.record_chunk(start)
-            lin.served_last = False
-            self.counters.forward_calls += 1
-            self.counters.prefilled_tokens += len(ids)
-        self.budget.enforce()
 
     def _generate(
         self, max_new_tokens: int, stop_ids: Iterable[int] | None = None, temperature: float = 0.0,
@@ -272,44 +252,25 @@ class LlamaCppEngine(LineageBook):
 
     # --------------------------------------------------------- prefix cache
 
-    def _serve(self, handle: str, lin: LlamaLineage, ids: list[int]) -> bool:
-        """Serve chunk ``ids`` on ``lin`` from another cached lineage; False if none has it."""
-        found = self._find_served_chunk(lin, ids)
-        if found is None:
-            return False
-        src_handle, src, logits = found
-        kv = self._parked(src_handle).head(len(lin.tokens) + len(ids))
+    # ------------------------------------------------- the skeleton's steps
+
+    def _check_room(self, lin: LlamaLineage, ids: list[int]) -> None:
+        if len(lin.tokens) + len(ids) > self.lm.n_ctx:
+            raise ValueError(f"prefill: {len(lin.tokens)} + {len(ids)} tokens exceed n_ctx={self.lm.n_ctx}")
+
+    def _forward(self, handle: str, lin: LlamaLineage, ids: list[int]) -> np.ndarray:
+        self._make_resident(handle)
+        return self._feed(lin, ids, False)
+
+    def _truncate_to(self, handle: str, lin: LlamaLineage, n: int) -> None:
+        self._make_resident(handle)
+        self._truncate(lin, n, handle)
+
+    def _take_rows(self, handle: str, lin: LlamaLineage, src_handle: str, src: LlamaLineage, n: int) -> None:
+        kv = self._parked(src_handle).head(n)
         if handle == self._resident:
             self._free_lineage(handle)  # the rows below replace the context's copy
         lin.kv = kv
-        take_served_chunk(lin, src, ids, logits)
-        self._touch(src_handle)
-        return True
-
-    def _get_decodable(self, handle: str) -> LlamaLineage:
-        """The lineage ``handle``, with the logits a decode continues from."""
-        lin = self._get(handle)
-        if lin.last_logits is None and lin.served_last:
-            self._recompute_served_chunk(handle, lin)
-        if lin.last_logits is None:
-            raise RuntimeError(f"generate on lineage {handle!r}: no logits to continue from; "
-                               "prefill first (a new lineage or a crop has none)")
-        return lin
-
-    def _recompute_served_chunk(self, handle: str, lin: LlamaLineage) -> None:
-        """Compute the last (served) chunk for real, for the logits a decode needs."""
-        end = lin.chunk_ends.pop()
-        start = lin.chunk_ends[-1] if lin.chunk_ends else 0
-        ids = lin.tokens[start:end]
-        self._make_resident(handle)
-        self._truncate(lin, start, handle)
-        lin.decode_logits = {p: t for p, t in lin.decode_logits.items() if p <= start}
-        lin.served_last = False
-        self.counters.reused_tokens -= len(ids)  # it was not reused after all
-        lin.last_logits = self._feed(lin, ids, False)
-        lin.chunk_ends.append(end)
-        self.counters.forward_calls += 1
-        self.counters.prefilled_tokens += len(ids)
 
     # ------------------------------------------------------------ helpers
 
