@@ -19,6 +19,7 @@ from unsee.impl.agent.checkpoints import Checkpoint
 from unsee.impl.agent.drafts import choose_drafts
 from unsee.impl.agent.episode import Step
 from unsee.impl.agent.report import ForgetReport
+from unsee.impl.engines.files import get_cpu_isa
 from unsee.impl.engines.protocol import Residue, RestoreReport, get_draft_bound
 from unsee.impl.util.text import normalize
 
@@ -111,7 +112,8 @@ class SelectiveReplay:
             replay.drafts, draft_info = choose_drafts(self.engine.lm, bound, self.graph.blocks(),
                                                       self.steps, checkpoint.boundary, drafts, oracle, pending,
                                                       lookup)
-            draft_info["bound_source"] = bound_source
+            draft_info["bound_source"] = bound_source  # "calibrated" (on this CPU) or shipped from another
+            draft_info["cpu_isa"] = get_cpu_isa()
             replay.run(suffix, progress)  # lines 6-10
             restore = get_restore_fields(self.engine, checkpoint.token_offset, shared, restored)
             if replay.drafts is not None:
