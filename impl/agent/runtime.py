@@ -9,7 +9,7 @@ turn), so that two runs of the same transitions produce bitwise-identical
 caches.
 
 ``forget`` builds the new state beside the old one (on a new lineage that
-shares the checkpoint's prefix copy-on-write, :meth:`Engine.share_prefix`)
+shares the checkpoint's prefix copy-on-write, :meth:`Engine.fork`)
 and only then adopts it, so a forget that fails halfway leaves the session as
 it was.
 

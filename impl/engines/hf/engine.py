@@ -24,7 +24,7 @@ every transformers call goes through :mod:`unsee.impl.engines.hf.adapter`.
 
 Three engine-level services:
 
-* `share_prefix(lineage, n)` makes a new lineage holding the first n tokens
+* `fork(lineage, n)` makes a new lineage holding the first n tokens
   of another without copying them (copy-on-write views; see
   `adapter.share_cache_prefix` for why that is safe), so a restore costs the
   same at any context length.
@@ -73,18 +73,18 @@ class KVEngine(ComputedKVBook):
     """The transformers implementation of :class:`unsee.impl.engines.protocol.Engine`:
     lineages (string handles -> HF caches) over one :class:`LoadedModel`, with
     the verbs prefill, generate (canonicalised; drafts, probe and lookup where
-    a discrepancy bound is measured), crop, excise, share_prefix, clone, drop,
+    a discrepancy bound is measured), fork, excise, drop,
     digest and logits; the KV budget and pins of
     :class:`~unsee.impl.engines.lineage.LineageBook`; and a prefix cache that
     serves whole matching chunks (:meth:`prefix_cache`).
 
-    Verbs act on the current lineage unless one is named. Not thread-safe.
+    Every verb names its lineage. Not thread-safe.
 
     ``kv_budget`` (bytes, or None for no bound) bounds what the engine keeps
     of lineages that are neither pinned (:meth:`pin`) nor current; 0 keeps
     only those. It is enforced when a verb that allocates returns (prefill,
     generate, clone, rebuild) and when a runtime moves its pin. `new_lineage`
-    and `share_prefix` allocate no KV, so the handle they return is safe
+    and `fork` allocate no KV, so the handle they return is safe
     until its caller pins or uses it.
     """
 
@@ -128,7 +128,7 @@ class KVEngine(ComputedKVBook):
         leave the other unchanged (copy-on-write; see
         :func:`adapter.share_cache_prefix`). The logits after the last
         prefill come along only when the whole lineage is shared. The
-        current lineage is not changed."""
+        source is not changed."""
         src = self._get(lineage)
         length = len(src.tokens)
         n = length if n_tokens is None else self._check_prefix_length("fork", n_tokens, length)
@@ -168,7 +168,7 @@ class KVEngine(ComputedKVBook):
         probe: bool = False,
         lookup: bool = False,
     ) -> list[int]:
-        """Decode up to `max_new_tokens` ids on the current lineage and commit
+        """Decode up to `max_new_tokens` ids on the lineage worked on and commit
         them canonically (as one prefilled chunk). Returns the ids.
 
         Greedy when temperature == 0; otherwise an exponential race seeded by

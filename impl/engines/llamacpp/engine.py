@@ -11,7 +11,7 @@ How lineages map onto llama.cpp (the clone mechanism, chosen once):
   the *resident* lineage. Every other lineage is held on the host as its
   sequence state (``llama_state_seq_get_data``) parsed into K and V rows by
   position (:class:`~unsee.impl.engines.llamacpp.state.SeqKV`). These arrays
-  are never written to, so sharing a prefix (``share_prefix``) or cloning is
+  are never written to, so forking (``fork``: a shared prefix or a clone) is
   slicing, with no copy, and a clone is independent of its source both ways
   by construction.
 * ``use`` of another lineage parks the resident one (one state read) and
@@ -85,7 +85,7 @@ class LlamaCppEngine(ComputedKVBook):
     context and the others parked on the host as rows (the module docstring
     has the mapping), with the verbs prefill, generate (canonicalised; drafts,
     probe and lookup where decode == prefill was measured), crop,
-    share_prefix, clone, drop, digest and logits; the KV budget and pins of
+    fork, drop, digest and logits; the KV budget and pins of
     :class:`~unsee.impl.engines.lineage.LineageBook`; and a prefix cache that
     serves whole matching chunks. Needs no transformers."""
 

@@ -8,7 +8,7 @@ caches full blocks of KV by a hash chained over the tokens and the request's
   (the next ``generate``, or ``logits``). vLLM then computes the prompt
   tokens its prefix cache does not hold: ``prefilled_tokens`` counts those,
   ``reused_tokens`` the ones served from cached blocks.
-* A restore (``share_prefix`` of a checkpoint, then the replay's requests)
+* A restore (``fork`` of a checkpoint, then the replay's requests)
   is a prefix-cache hit on the checkpoint's tokens under the checkpoint's
   salt, rounded down to the block size (128 tokens on the CPU); the replay is
   ordinary requests.
@@ -104,7 +104,7 @@ class _Lineage:
         self.salt = salt
         self.has_logits = has_logits
         self.last_used = 0
-        #: a lineage made by share_prefix: its prefix length, then what its first request was served
+        #: a lineage made by fork: its prefix length, then what its first request was served
         self.restore = restore
 
 
@@ -164,13 +164,13 @@ class VllmEngine(LineageBook):
         return handle
 
     def get_restore(self, lineage: str) -> dict | None:
-        """What the first request of a lineage made by :meth:`share_prefix` was
+        """What the first request of a lineage made by :meth:`fork` was
         served: ``prefix_tokens`` (the prefix shared), ``prompt_tokens`` and
         ``cached_tokens`` (its prompt, and the part vLLM's cache served: whole
         blocks, so a multiple of the block size), ``matching_tokens`` (how far
         that prompt equals the source lineage's tokens, which may run past the
         shared prefix: a block of them is hittable if resident), or None for a
-        lineage not made by share_prefix (a new one, or one rebuilt from a manifest)."""
+        lineage not made by fork (a new one, or one rebuilt from a manifest)."""
         restore = self._get(lineage).restore
         return None if restore is None else {k: v for k, v in restore.items() if k != "source"}
 
@@ -277,7 +277,7 @@ class VllmEngine(LineageBook):
         return c
 
     def _note_restore(self, salt: str, prompt_tokens: int, cached_tokens: int, skip_cache: bool) -> None:
-        """Record the first cache-reading request of the current lineage, if share_prefix made it."""
+        """Record the first cache-reading request of the lineage worked on, if fork made it."""
         lin = self._lineages.get(self._current) if self._current is not None else None
         if skip_cache or lin is None or lin.salt != salt or lin.restore is None or "cached_tokens" in lin.restore:
             return
