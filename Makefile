@@ -109,7 +109,7 @@ vllm: $(VLLM_VENV)/.installed
 
 # What CI runs of the vLLM engine, on its tiny model (a small budget; `make test` runs it)
 test-vllm: $(VLLM_VENV)/.installed
-	UNSEE_ENGINE=vllm-tiny OMP_NUM_THREADS=1 $(VLLM_PY) -m pytest -q tests/test_vllm.py properties/prop_impl_engines.py properties/prop_engine_verbs.py
+	UNSEE_ENGINE=vllm-tiny OMP_NUM_THREADS=1 $(VLLM_PY) -m pytest -q tests/test_vllm.py properties/prop_impl_engines.py properties/prop_engine_verbs.py properties/prop_engine_machine.py
 
 # Re-pin every package: fresh venvs from pyproject.toml alone (no constraints),
 # frozen into constraints/*.txt. Run after changing a dependency; commit the result.

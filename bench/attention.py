@@ -28,17 +28,17 @@ TEXT = ("The committee met on the first of the month to review the budget, the s
 
 def time_config(engine, ids: list[int], n_decode: int) -> tuple[float, float]:
     """(prefill tok/s, decode tok/s) of one prefill of ``ids`` and ``n_decode`` decode steps."""
-    engine.new_lineage()
+    lin = engine.new_lineage()
     sync = torch.cuda.synchronize if str(engine.lm.device).startswith("cuda") else (lambda: None)
     sync()
     t0 = time.perf_counter()
-    engine.prefill(ids)
+    engine.prefill(lin, ids)
     sync()  # CUDA kernels run asynchronously: time them to completion
     prefill = len(ids) / (time.perf_counter() - t0)
     t0 = time.perf_counter()
-    out = engine.generate(n_decode, stop_ids=())
+    out = engine.generate(lin, n_decode, stop_ids=())
     decode = len(out) / (time.perf_counter() - t0)
-    engine.drop(engine.current)
+    engine.drop(lin)
     return prefill, decode
 
 

@@ -55,11 +55,11 @@ def test_share_restore_copies_nothing(n):
     with torch_threads(1):
         engine = load_engine("tiny")
         source = build(engine, get_tokens(engine, n + 64), 64)
-        held = engine.memory().held_bytes
+        held = engine.budget.memory().held_bytes
         shared = restore(engine, "share", source, n)
-        assert engine.memory().held_bytes == held and engine.length(shared) == n
+        assert engine.budget.memory().held_bytes == held and len(engine.tokens(shared)) == n
         cloned = restore(engine, "clone", source, n)
-        assert engine.memory().held_bytes > 1.9 * held  # the old restore copied the whole lineage
+        assert engine.budget.memory().held_bytes > 1.9 * held  # the old restore copied the whole lineage
         assert engine.digest(shared) == engine.digest(cloned)
 
 
@@ -80,7 +80,7 @@ def test_restore_bench_rows_count_copies_and_bracket_their_medians():
         lo, hi = r["overhead_ci_s"]
         assert lo <= r["overhead_s"] <= hi
         assert min(r["faults_restored"], r["faults_never_restored"], r["faults_warmup"]) >= 0
-    assert engine.lineages == ()  # every lineage the bench built is dropped
+    assert engine.budget.lineages == ()  # every lineage the bench built is dropped
     ratios = get_ratios(rows, "overhead_s")
     assert set(ratios) == {"share", "clone"} and set(ratios["share"]) == {"1", "4"}
 
@@ -101,4 +101,4 @@ def test_restore_bench_names_a_bad_setting():
         measure_restore_overhead(engine, 100, build_chunk=32)
     with pytest.raises(ValueError, match="chunks=\\[0\\]"):
         measure_restore_overhead(engine, 64, chunks=(0,), build_chunk=32)
-    assert engine.lineages == ()  # refused before building anything
+    assert engine.budget.lineages == ()  # refused before building anything

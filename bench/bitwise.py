@@ -32,6 +32,7 @@ from pathlib import Path
 
 import torch
 
+from unsee.impl.engines.lineage import crop
 from unsee.impl.engines.protocol import Engine
 from unsee.impl.engines.registry import ENGINE_NAMES, load_engine, parse_engine_name
 
@@ -54,9 +55,9 @@ def build(name: str, threads: int, **options) -> Engine:
 def run(engine: Engine, chunks, ops=()) -> tuple[str, torch.Tensor | None, str]:
     handle = engine.new_lineage()
     for c in chunks:
-        engine.prefill(c)
+        engine.prefill(handle, c)
     for op in ops:
-        op(engine, handle)
+        handle = op(engine, handle) or handle  # an op that crops (a fork) names the lineage it leaves
     return engine.digest(handle), engine.logits(handle), handle
 
 
@@ -77,26 +78,24 @@ def measure(name: str, threads: int, **options) -> dict:
     facts["repeat"] = compare(run(engine, [a, c]), fresh)
 
     def crop_then_c(eng, h):
-        eng.use(h)
-        eng.crop(len(a))
-        eng.prefill(c)
+        h = crop(eng, h, len(a))
+        eng.prefill(h, c)
+        return h
 
     facts["crop_at_boundary"] = compare(run(engine, [a, b], [crop_then_c]), fresh)
     facts["crop_mid_chunk"] = compare(run(engine, [a + b], [crop_then_c]), fresh)
 
     def park_and_reload(eng, h):
         other = eng.new_lineage()
-        eng.prefill(b)
-        eng.use(h)
-        eng.prefill(c)
+        eng.prefill(other, b)
+        eng.prefill(h, c)
         eng.drop(other)
 
     facts["park_and_reload"] = compare(run(engine, [a], [park_and_reload]), fresh)
 
     def clone_then_c(eng, h):
-        src = eng.clone(h)
-        eng.use(h)
-        eng.prefill(c)
+        src = eng.fork(h)
+        eng.prefill(h, c)
         eng.drop(src)
 
     facts["clone_continued"] = compare(run(engine, [a], [clone_then_c]), fresh)
@@ -107,10 +106,10 @@ def measure(name: str, threads: int, **options) -> dict:
     # timing of the verbs (indicative only on a loaded machine)
     h = engine.new_lineage()
     t0 = time.perf_counter()
-    engine.prefill(ids)
+    engine.prefill(h, ids)
     facts["prefill_tok_per_s"] = round(len(ids) / (time.perf_counter() - t0), 1)
     t0 = time.perf_counter()
-    out = engine.generate(32, stop_ids=())
+    out = engine.generate(h, 32, stop_ids=())
     facts["generate_tok_per_s"] = round(len(out) / (time.perf_counter() - t0), 1)
     engine.drop(h)
     facts["determinism"] = {k: getattr(engine.determinism, k) for k in

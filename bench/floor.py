@@ -44,6 +44,7 @@ import attrs
 
 from unsee.impl.agent.provenance import DERIVED_TYPES, RuntimeBlock
 from unsee.impl.agent.runtime import AgentRuntime
+from unsee.impl.engines.lineage import crop
 from unsee.impl.engines.protocol import Engine
 
 
@@ -146,10 +147,9 @@ def compute_floor(engine: Engine, base_runtime: AgentRuntime, reset_runtime: Age
                     "forwards": len(chunks) + sum(t.forwards for t in changed.values())}
 
     # set-up (untimed): the restored prefix, as a restore would leave it
-    previous = engine.current
-    prefix = engine.clone(checkpoint.lineage) if checkpoint.lineage in engine.lineages \
+    prefix = engine.fork(checkpoint.lineage) if checkpoint.lineage in engine.budget.lineages \
         else base_runtime.rebuild_lineage(checkpoint.context)
-    engine.crop(checkpoint.token_offset, prefix)
+    prefix = crop(engine, prefix, checkpoint.token_offset)
     created = [prefix]
     try:
         started, cpu_started = time.perf_counter(), time.thread_time()
@@ -157,9 +157,8 @@ def compute_floor(engine: Engine, base_runtime: AgentRuntime, reset_runtime: Age
         wall, cpu = time.perf_counter() - started, time.thread_time() - cpu_started
     finally:
         for lineage in created:
-            engine.drop(lineage)
-        if previous is not None and previous in engine.lineages:
-            engine.use(previous)
+            if lineage in engine.budget.lineages:
+                engine.drop(lineage)
     return Floor(wall_s=wall, cpu_s=cpu, boundary=boundary, blocks=len(blocks),
                  changed_turns=tuple(changed.values()), **floor_counts)
 
@@ -167,29 +166,31 @@ def compute_floor(engine: Engine, base_runtime: AgentRuntime, reset_runtime: Age
 def _run_floor(engine: Engine, prefix: str, blocks: list[RuntimeBlock], changed: dict[str, FloorTurn],
                created: list[str]) -> None:
     """Exactly the floor's operations, engine verbs only."""
-    engine.use(prefix)
+    lineage = prefix
     for block in blocks:
         if block.token_span[0] == 0:  # a block at offset 0 opens a lineage (compaction, new session)
-            created.append(engine.new_lineage())
-        if engine.length() != block.token_span[0]:
+            lineage = engine.new_lineage()
+            created.append(lineage)
+        if len(engine.tokens(lineage)) != block.token_span[0]:
             raise RuntimeError(f"floor: block {block.id!r} starts at {block.token_span[0]} in the counterfactual, "
-                               f"but its lineage holds {engine.length()} tokens here")
+                               f"but its lineage holds {len(engine.tokens(lineage))} tokens here")
         chunks = block.get_chunks()
         turn = changed.get(block.id)
         if turn is None:
             for chunk in chunks:
-                engine.prefill(chunk)
+                engine.prefill(lineage, chunk)
             continue
         header, generated = chunks[0], [t for chunk in chunks[1:] for t in chunk]
-        engine.prefill(header)
-        start = engine.length()
+        engine.prefill(lineage, header)
+        start = len(engine.tokens(lineage))
         # the decode: one-token forwards feeding g_{d-1} .. g_{n-2} (the
         # logits of g_d need g_{d-1} fed; the last token is never fed)
         for token in generated[max(turn.first_change - 1, 0):len(generated) - 1]:
-            engine.prefill([token])
-        engine.crop(start)
+            engine.prefill(lineage, [token])
+        lineage = crop(engine, lineage, start)
+        created.append(lineage)
         for chunk in chunks[1:]:  # the turn's canonical prefill
-            engine.prefill(chunk)
+            engine.prefill(lineage, chunk)
 
 
 #: Why a replayed model turn cost more than the floor's operations for it

@@ -34,7 +34,7 @@ def run(engine_name: str, tau: int, length: int, max_new_tokens: int) -> list[di
         else:
             report = runtime.forget(target, drafts=method.endswith("on"))
         runtimes[method] = runtime
-        rows.append({"method": method, "context": engine.length(runtime.lineage),
+        rows.append({"method": method, "context": len(engine.tokens(runtime.lineage)),
                      "decoded": report.decoded_tokens, "prefilled": report.prefilled_tokens,
                      "forwards": report.forward_calls, "accepted": report.draft_accepted_tokens,
                      "wall_s": report.wall_s, "digest": report.digest,

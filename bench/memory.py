@@ -61,7 +61,7 @@ def run_session(engine: Engine, episode: Episode) -> tuple[AgentRuntime, list[di
     samples: list[dict] = []
 
     def sample(done: int, total: int) -> None:
-        samples.append({"T": done, **engine.memory().to_json()})
+        samples.append({"T": done, **engine.budget.memory().to_json()})
 
     runtime = AgentRuntime.start(engine, episode.system, episode.settings)
     runtime.run(episode.steps, sample)
@@ -90,7 +90,7 @@ def run_memory_bench(model: str = "tiny", steps: int = 200, every: int = 5, fact
            "live_bytes": live, "factor": factor, "budget": budget,
            "without_budget": unbounded, "with_budget": bounded,
            "max_unpinned_bytes_with_budget": max(s["unpinned_bytes"] for s in bounded),
-           "peak_unpinned_bytes_with_budget": engine.peak_unpinned_bytes}
+           "peak_unpinned_bytes_with_budget": engine.budget.peak_unpinned_bytes}
     if check_forget:
         twin = runtime.fork()
         forget = runtime.forget(episode.target.source)
@@ -100,7 +100,7 @@ def run_memory_bench(model: str = "tiny", steps: int = 200, every: int = 5, fact
                          and runtime.generated_tokens() == twin.generated_tokens(),
                          "rebuilt_tokens": forget.rebuilt_tokens, "prefilled_tokens": forget.prefilled_tokens,
                          "decoded_tokens": forget.decoded_tokens, "invocations": forget.invocations,
-                         "peak_unpinned_bytes": engine.peak_unpinned_bytes}
+                         "peak_unpinned_bytes": engine.budget.peak_unpinned_bytes}
     return out
 
 

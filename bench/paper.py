@@ -33,7 +33,7 @@ from unsee.impl.agent.episode import CHECKPOINT_POLICIES, Episode
 from unsee.impl.agent.runtime import AgentRuntime
 from unsee.impl.cli.options import check_vllm_scale_out
 from unsee.impl.engines import registry
-from unsee.impl.engines.protocol import Engine
+from unsee.impl.engines.protocol import Engine, MarginGuard, Residue
 from unsee.impl.eval.paper import (
     INDEP1_WALL_P50_S,
     INDEP_B5PRIME_DECODED,
@@ -97,7 +97,7 @@ def is_serving_engine(engine: Engine) -> bool:
     cache released first. Its prefill computes nothing until a request, so the
     compute floor's raw run (bench/floor.py: prefill and crop only) would time
     nothing: no floor is measured there."""
-    return callable(getattr(engine, "release_prefix_cache", None))
+    return isinstance(engine, Residue)
 
 
 def new_session(engine: Engine, episode: Episode, keep: set[str]) -> AgentRuntime:
@@ -126,7 +126,7 @@ def run_rounds(engine: Engine, episode: Episode, methods: Sequence[str], rounds:
         for method in methods:
             if serving and used:
                 base = new_session(engine, episode, keep)
-            used, kept = True, set(engine.lineages)
+            used, kept = True, set(engine.budget.lineages)
             cpu_started = time.thread_time()
             runtime, result = apply_method(base, method, source)
             # the model work on a loaded machine (one torch thread: it runs in this thread);
@@ -142,7 +142,7 @@ def run_rounds(engine: Engine, episode: Episode, methods: Sequence[str], rounds:
                 floors.append(compute_floor(engine, base, runtime, boundary).to_json())
             _drop_new(engine, kept)
         if floor and "reset" not in methods:
-            kept = set(engine.lineages)
+            kept = set(engine.budget.lineages)
             runtime, _ = apply_method(base, "reset", source)
             floors.append(compute_floor(engine, base, runtime, boundary).to_json())
             _drop_new(engine, kept)
@@ -156,7 +156,7 @@ def measure_episode(engine: Engine, episode: Episode, methods: Sequence[str], ro
     made here is dropped. Each method of ``profile`` then runs once more under
     :func:`bench.timing.time_engine` (outside the timed rounds): where its
     time goes, in ``breakdown``."""
-    before = set(engine.lineages)
+    before = set(engine.budget.lineages)
     floor = floor and not is_serving_engine(engine)
     try:
         base, runs, floors = run_rounds(engine, episode, methods, rounds, floor, before)
@@ -167,7 +167,7 @@ def measure_episode(engine: Engine, episode: Episode, methods: Sequence[str], ro
         prefix = base.checkpoints.latest_before(tau).token_offset
         out = {"T": len(episode.steps), "tau": tau, "boundary": boundary,
                "policy": episode.settings.checkpoint_policy, "prefix_tokens": prefix,
-               "suffix_tokens": engine.length(base.lineage) - prefix, "methods": {}}
+               "suffix_tokens": len(engine.tokens(base.lineage)) - prefix, "methods": {}}
         breakdowns = {m: get_breakdown(engine, base if not is_serving_engine(engine)
                                        else new_session(engine, episode, before), m, source)
                       for m in profile if m in runs}
@@ -205,7 +205,7 @@ def add_floor(out: dict, floors: list[dict], episode: Episode) -> None:
 def get_breakdown(engine: Engine, base: AgentRuntime, method: str, source: str) -> dict:
     """One more run of ``method`` under :func:`bench.timing.time_engine`: its
     seconds, forwards and tokens per category."""
-    kept = set(engine.lineages)
+    kept = set(engine.budget.lineages)
     try:
         with time_engine(engine) as breakdown:
             apply_method(base, method, source)
@@ -258,7 +258,7 @@ def summarise(rows: list[dict], reset_digest: str | None) -> dict:
 
 
 def _drop_new(engine: Engine, kept: set[str]) -> None:
-    for lineage in engine.lineages:
+    for lineage in engine.budget.lineages:
         if lineage not in kept:
             engine.drop(lineage)
 
@@ -844,7 +844,7 @@ def run_engine(engine: Engine, args, tables: list[str], command: str, out: Path)
               "paper": get_paper_figures(), "notes": notes, "serving": is_serving_engine(engine), "tables": {}}
     for name in tqdm(tables, desc="tables", unit="table"):
         result["tables"][name] = TABLES[name](engine, args, notes)
-    if getattr(engine, "guard_stats", None) is not None:  # vLLM's margin guard, over the whole run
+    if isinstance(engine, MarginGuard):  # vLLM's margin guard, over the whole run
         result["guard"] = dict(engine.guard_stats)
     result["all_equal_to_reset"] = all(
         m["equal_to_reset"] in (True, None) for t in result["tables"].values()

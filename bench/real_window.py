@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     report = compare_forget_with_reset(engine, get_episode(args.repeats), drafts=False)  # raises if they differ
     print(f"forget == reset (digest and every token) in {time.perf_counter() - t0:.1f} s (run, forget and reset); "
-          f"{engine.length()} tokens")
+          f"T={report.length}")
     fields = ("tau", "length", "boundary", "invocations", "prefilled_tokens", "decoded_tokens", "forward_calls", "wall_s")
     print(json.dumps({k: report.to_json().get(k) for k in fields}))
     return 0

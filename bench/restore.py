@@ -52,7 +52,8 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from unsee.impl.engines.protocol import Engine
+from unsee.impl.engines.lineage import crop
+from unsee.impl.engines.protocol import DeepCopy, Engine
 from unsee.impl.engines.registry import load_engine
 
 METHODS = ("share", "clone")
@@ -72,17 +73,17 @@ def build(engine: Engine, tokens: list[int], build_chunk: int) -> str:
     """A new lineage holding ``tokens``, prefilled ``build_chunk`` at a time."""
     handle = engine.new_lineage()
     for i in range(0, len(tokens), build_chunk):
-        engine.prefill(tokens[i:i + build_chunk])
+        engine.prefill(handle, tokens[i:i + build_chunk])
     return handle
 
 
 def restore(engine: Engine, method: str, lineage: str, n: int) -> str:
     if method == "share":
-        return engine.share_prefix(lineage, n)
+        return engine.fork(lineage, n)
     if method == "clone":
-        handle = engine.clone(lineage)
-        engine.crop(n, handle)
-        return handle
+        if not isinstance(engine, DeepCopy):
+            raise ValueError(f"restore method 'clone' needs an engine that copies KV; {type(engine).__name__} cannot")
+        return crop(engine, engine.copy_lineage(lineage), n)
     raise ValueError(f"restore method {method!r}: expected one of {METHODS}")
 
 
@@ -114,15 +115,14 @@ def time_restored(engine: Engine, method: str, source: str, n: int, block: list[
     wall and CPU seconds of the two steps, the restore alone, the page faults
     of the prefill and the bytes the restore copied (measured outside the
     timed spans). The restored lineage is dropped."""
-    held = engine.memory().held_bytes
+    held = engine.budget.memory().held_bytes
     t0, c0 = time.perf_counter(), time.thread_time()
     handle = restore(engine, method, source, n)
     wait(engine)
     t1, c1 = time.perf_counter(), time.thread_time()
-    copied = engine.memory().held_bytes - held  # outside the timed spans
-    engine.use(handle)
+    copied = engine.budget.memory().held_bytes - held  # outside the timed spans
     f2, t2, c2 = get_minor_faults(), time.perf_counter(), time.thread_time()
-    engine.prefill(block)
+    engine.prefill(handle, block)
     wait(engine)
     t3, c3, f3 = time.perf_counter(), time.thread_time(), get_minor_faults()
     engine.drop(handle)
@@ -133,12 +133,14 @@ def time_restored(engine: Engine, method: str, source: str, n: int, block: list[
 def time_never_restored(engine: Engine, reference: str, n: int, block: list[int]) -> dict:
     """Prefill ``block`` on ``reference`` (``n`` tokens, never restored), then
     crop it back to ``n``: wall and CPU seconds and page faults of the prefill."""
-    engine.use(reference)
+    # the engine has no crop in place: the prefill runs on a whole fork of the
+    # reference (made and dropped outside the timed span), the reference is kept
+    branch = engine.fork(reference)
     f0, t0, c0 = get_minor_faults(), time.perf_counter(), time.thread_time()
-    engine.prefill(block)
+    engine.prefill(branch, block)
     wait(engine)
     t1, c1, f1 = time.perf_counter(), time.thread_time(), get_minor_faults()
-    engine.crop(n, reference)
+    engine.drop(branch)
     return {"wall": t1 - t0, "cpu": c1 - c0, "faults": f1 - f0}
 
 

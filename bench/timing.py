@@ -35,11 +35,12 @@ import functools
 import time
 from collections.abc import Iterator
 
+from unsee.impl.engines.protocol import ForwardHooks, SpanExcision
 from unsee.impl.eval.report import render_table
 
 CATEGORIES = ("restore", "prefill", "decode", "verification", "canonical", "engine_other", "digest", "runtime")
 #: Verbs whose time, outside forwards, is a lineage set-up (``restore``).
-RESTORE_VERBS = ("share_prefix", "clone", "rebuild", "crop", "excise", "new_lineage", "use", "drop", "pin")
+RESTORE_VERBS = ("fork", "excise", "new_lineage", "drop")
 TIMED_VERBS = RESTORE_VERBS + ("prefill", "generate", "digest")
 
 
@@ -113,42 +114,11 @@ def _time_forward(out: Breakdown, n_tokens: int, started: float) -> None:
 
 @contextlib.contextmanager
 def _hook_forwards(engine, out: Breakdown) -> Iterator[None]:
-    model = getattr(getattr(engine, "lm", None), "model", None)
-    if hasattr(model, "register_forward_pre_hook"):  # a torch module (transformers)
-        starts: list[float] = []
-
-        def before(module, args, kwargs):
-            starts.append(time.perf_counter())
-
-        def after(module, args, kwargs, output):
-            ids = kwargs.get("input_ids", args[0] if args else None)
-            _time_forward(out, int(ids.shape[-1]) if ids is not None else 0, starts.pop())
-
-        handles = [model.register_forward_pre_hook(before, with_kwargs=True),
-                   model.register_forward_hook(after, with_kwargs=True)]
-        try:
-            yield
-        finally:
-            for handle in handles:
-                handle.remove()
-        return
-    feed = getattr(engine, "_feed", None)  # llama.cpp: one llama_decode per call of _feed(lineage, ids, ...)
-    if feed is None:
+    if not isinstance(engine, ForwardHooks):  # vLLM: its forwards run inside requests
         yield
         return
-
-    def timed_feed(lineage, ids, *args, **kwargs):
-        started = time.perf_counter()
-        try:
-            return feed(lineage, ids, *args, **kwargs)
-        finally:
-            _time_forward(out, len(ids), started)
-
-    engine._feed = timed_feed
-    try:
+    with engine.hook_forwards(lambda n_tokens, started: _time_forward(out, n_tokens, started)):
         yield
-    finally:
-        del engine._feed
 
 
 @contextlib.contextmanager
@@ -156,7 +126,7 @@ def time_engine(engine) -> Iterator[Breakdown]:
     """Time every engine verb and model forward while open; the yielded
     :class:`Breakdown` is complete when the block exits."""
     out = Breakdown()
-    verbs = [v for v in TIMED_VERBS if hasattr(engine, v)]
+    verbs = [v for v in TIMED_VERBS if v != "excise" or isinstance(engine, SpanExcision)]
     started = time.perf_counter()
     try:
         with _hook_forwards(engine, out):

@@ -43,7 +43,7 @@ def measure(name: str, drafts: bool) -> dict:
     reset = other.full_reset("secret")
     reset_s = time.perf_counter() - t0
     same = forget.digest == reset.digest and original.generated_tokens() == other.generated_tokens()
-    return {"family": name, "tokens": engine.length(), "equal": same, "forget": forget, "reset": reset,
+    return {"family": name, "tokens": len(engine.tokens(other.lineage)), "equal": same, "forget": forget, "reset": reset,
             "forget_s": forget_s, "reset_s": reset_s}
 
 

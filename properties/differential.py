@@ -69,11 +69,11 @@ SPEC_KINDS = {"user": "user", "memory": "memory", "tool": "tool", "plan": "user"
 def engine_scope(engine: Engine) -> Iterator[Engine]:
     """Drop every lineage created inside the block (runtimes made inside it
     must not be used afterwards). Keeps a module-wide engine from growing."""
-    before = set(engine.lineages)
+    before = set(engine.budget.lineages)
     try:
         yield engine
     finally:
-        for lineage in engine.lineages:
+        for lineage in engine.budget.lineages:
             if lineage not in before:
                 engine.drop(lineage)
 
@@ -469,11 +469,11 @@ def compare_forget_with_reset_under_budget(engine: Engine, episode: Episode,
     :meth:`KVEngine.memory` after every step of the run, the forget's replay
     and the reset, never exceed the budget. Returns forget's report."""
     target = get_target(episode, target)
-    length, budget = len(episode.steps), engine.kv_budget
+    length, budget = len(episode.steps), engine.budget.limit
     observed: list[int] = []
 
     def observe(done: int = 0, total: int = 0) -> None:
-        observed.append(engine.memory().unpinned_bytes)
+        observed.append(engine.budget.memory().unpinned_bytes)
 
     original = AgentRuntime.start(engine, episode.system, episode.settings)
     original.run(episode.steps, observe)
@@ -487,12 +487,12 @@ def compare_forget_with_reset_under_budget(engine: Engine, episode: Episode,
     if budget is not None:
         checks.append(("unpinned bytes <= budget after every step", max(observed) <= budget, True))
     else:
-        checks.append(("no budget: nothing evicted or rebuilt", (engine.evictions, forget.rebuilt_tokens), (0, 0)))
+        checks.append(("no budget: nothing evicted or rebuilt", (engine.budget.evictions, forget.rebuilt_tokens), (0, 0)))
     check_agreement(
         "forget vs full_reset under a KV budget",
         {"episode": describe_episode(episode), "target": target, "budget": budget},
         {"forget report": forget.to_json(), "reset report": reset.to_json(), "unpinned bytes": observed,
-         "memory": engine.memory().to_json(), "evictions": engine.evictions,
+         "memory": engine.budget.memory().to_json(), "evictions": engine.budget.evictions,
          "forget state": describe_runtime(original), "reset state": describe_runtime(other)},
         checks)
     return forget
@@ -512,7 +512,7 @@ def compare_prefix_cache_reset_with_reset(engine: Engine, episode: Episode, targ
     served, b5p = apply_method(base, "reset-prefix-cache", target)
     check_agreement(
         "reset served by a prefix cache (B5') vs reset (B5)",
-        {"episode": describe_episode(episode), "target": target, "budget": engine.kv_budget},
+        {"episode": describe_episode(episode), "target": target, "budget": engine.budget.limit},
         {"B5": b5.to_json(), "B5'": b5p.to_json(), "B5 state": describe_runtime(reset),
          "B5' state": describe_runtime(served)},
         [("digest", b5p.digest, b5.digest),

@@ -46,6 +46,7 @@ from unsee.impl.agent.episode import parse_episode
 from unsee.impl.agent.runtime import AgentRuntime
 from unsee.impl.conform.episodes import episodes, indep_episodes, scaled
 from unsee.impl.engines.hf.engine import KVEngine
+from unsee.impl.engines.protocol import Assist
 from unsee.properties.differential import (
     compare_forget_with_reset,
     compare_replay_with_and_without_drafts,
@@ -173,18 +174,18 @@ def test_wrong_draft_costs_one_prefill(context, draft, max_new_tokens, temperatu
     engine = get_engine("tiny")
     with engine_scope(engine):
         reference = engine.new_lineage()
-        engine.prefill(context)
+        engine.prefill(reference, context)
         before = engine.counters.snapshot()
-        expected = engine.generate(max_new_tokens, temperature=temperature, seed=seed)
+        expected = engine.generate(reference, max_new_tokens, temperature=temperature, seed=seed)
         cost = engine.counters.snapshot() - before
         # an entirely wrong draft: no position agrees with the reference
         wrong = [(e + 1 + d) % 256 if i < len(expected) and (e + 1 + d) % 256 != e else (e + 2) % 256
                  for i, (d, e) in enumerate(zip(draft, expected + [0] * len(draft)))]
         wrong = [w if i >= len(expected) or w != expected[i] else (w + 1) % 256 for i, w in enumerate(wrong)]
         drafted = engine.new_lineage()
-        engine.prefill(context)
+        engine.prefill(drafted, context)
         before = engine.counters.snapshot()
-        got = engine.generate(max_new_tokens, temperature=temperature, seed=seed, draft=wrong)
+        got = engine.generate(drafted, max_new_tokens, temperature=temperature, seed=seed, assist=Assist(draft=wrong))
         spent = engine.counters.snapshot() - before
         assert got == expected
         assert engine.digest(drafted) == engine.digest(reference)
@@ -207,18 +208,18 @@ def test_probe_is_exact_and_costs_at_most_one_step(context, max_new_tokens, wron
     engine = get_engine("tiny")
     with engine_scope(engine):
         reference = engine.new_lineage()
-        engine.prefill(context)
+        engine.prefill(reference, context)
         before = engine.counters.snapshot()
-        expected = engine.generate(max_new_tokens, stop_ids=(), temperature=temperature, seed=seed)
+        expected = engine.generate(reference, max_new_tokens, stop_ids=(), temperature=temperature, seed=seed)
         cost = engine.counters.snapshot() - before
         draft = [(t + 1) % 256 if i == wrong_at else t for i, t in enumerate(expected)]
         spent = {}
         for probe in (False, True):
             drafted = engine.new_lineage()
-            engine.prefill(context)
+            engine.prefill(drafted, context)
             before = engine.counters.snapshot()
-            got = engine.generate(max_new_tokens, stop_ids=(), temperature=temperature, seed=seed, draft=draft,
-                                  probe=probe)
+            got = engine.generate(drafted, max_new_tokens, stop_ids=(), temperature=temperature, seed=seed,
+                                  assist=Assist(draft=draft, probe=probe))
             spent[probe] = engine.counters.snapshot() - before
             assert got == expected
             assert engine.digest(drafted) == engine.digest(reference)
@@ -285,9 +286,10 @@ def get_draft(kind: str, expected: list[int], at: int) -> list[int] | None:
 
 def run_generate(engine: KVEngine, context: list[int], n: int, **kw) -> tuple[str, list[int], object]:
     handle = engine.new_lineage()
-    engine.prefill(context)
+    engine.prefill(handle, context)
     before = engine.counters.snapshot()
-    out = engine.generate(n, stop_ids=(), **kw)
+    assist = Assist(**{k: kw.pop(k) for k in ("draft", "probe", "lookup") if k in kw})
+    out = engine.generate(handle, n, stop_ids=(), assist=assist, **kw)
     return engine.digest(handle), out, engine.counters.snapshot() - before
 
 

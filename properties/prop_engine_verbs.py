@@ -9,7 +9,7 @@ episode-level property runs.
 =============================  ==============================================================
 test                           checks (every comparison bitwise: digests and logits)
 =============================  ==============================================================
-crop_then_continue             crop(n) at a chunk boundary, then a prefill == prefilling the
+crop_then_continue             fork(n) at a chunk boundary, then a prefill == prefilling the
                                first n tokens in the same chunks, then the same prefill
 clone_is_independent           a clone (and a shared prefix) equals its source, and later
                                prefills or crops on either side leave the other unchanged;
@@ -33,6 +33,7 @@ from hypothesis import strategies as st
 
 from unsee.impl.conform.episodes import scaled
 from unsee.impl.engines.decoding import get_scores, pick
+from unsee.impl.engines.lineage import crop
 from unsee.properties.engines import make_engine, verb_engine_names
 
 #: Token ids are drawn below 256: valid in every engine's vocabulary (the
@@ -60,7 +61,7 @@ def continuations() -> st.SearchStrategy[list[int]]:
 def prefilled(engine, parts: list[list[int]]) -> str:
     handle = engine.new_lineage()
     for part in parts:
-        engine.prefill(part)
+        engine.prefill(handle, part)
     return handle
 
 
@@ -79,9 +80,11 @@ def test_crop_then_continue(engine_name, parts, cut, more):
     cut = min(cut, len(parts))
     n = sum(len(p) for p in parts[:cut])
     cropped = prefilled(engine, parts)
-    engine.crop(n)
-    assert engine.length() == n and engine.logits() is None, "crop: length or logits not cut"
-    engine.prefill(more)
+    whole = n == len(engine.tokens(cropped))
+    cropped = crop(engine, cropped, n)  # a fork at n: the logits come along only when it is the whole lineage
+    assert len(engine.tokens(cropped)) == n and (whole or engine.logits(cropped) is None), \
+        "crop: length or logits not cut"
+    engine.prefill(cropped, more)
     fresh = prefilled(engine, parts[:cut] + [more])
     assert state(engine, cropped) == state(engine, fresh), "crop: crop + continue differs from a fresh prefill"
 
@@ -93,28 +96,24 @@ def test_clone_is_independent(engine_name, parts, more, other, cut):
     engine = make_engine(engine_name)
     src = prefilled(engine, parts)
     before = state(engine, src)
-    clone = engine.clone(src)
-    assert engine.current == src, "clone: changed the current lineage"
+    clone = engine.fork(src)
     assert state(engine, clone) == before, "clone: not equal to its source"
     n = sum(len(p) for p in parts[:cut])
-    prefix = engine.share_prefix(src, n)
+    prefix = engine.fork(src, n)
     # the clone moves on: the source does not
-    engine.use(clone)
-    engine.prefill(more)
+    engine.prefill(clone, more)
     assert state(engine, src) == before, "clone: prefilling the clone changed its source"
     # a continued clone is a fresh run
     fresh = prefilled(engine, parts + [more])
     assert state(engine, clone) == state(engine, fresh), "clone: a continued clone differs from a fresh run"
     # the source moves on (a crop and a prefill): the clone and the prefix do not
     clone_state, prefix_state = state(engine, clone), state(engine, prefix)
-    engine.use(src)
-    engine.crop(n)
-    engine.prefill(other)
+    src = crop(engine, src, n)
+    engine.prefill(src, other)
     assert state(engine, clone) == clone_state, "clone: changing the source changed the clone"
     assert state(engine, prefix) == prefix_state, "share_prefix: changing the source changed the prefix"
     # the prefix moves on as a fresh prefill of the first n tokens would
-    engine.use(prefix)
-    engine.prefill(more)
+    engine.prefill(prefix, more)
     fresh = prefilled(engine, parts[:cut] + [more])
     assert state(engine, prefix) == state(engine, fresh), "share_prefix: a continued prefix differs from fresh"
 
@@ -131,22 +130,20 @@ def test_generate_follows_the_rule(engine_name, parts, max_new, temperature, see
     start = sum(len(p) for p in parts)
     turn = prefilled(engine, parts)
     # the rule by hand, on a clone: decide on the engine's logits, feed the token back
-    ref = engine.clone(turn)
-    engine.use(ref)
+    ref = engine.fork(turn)
     expected: list[int] = []
     while len(expected) < max_new:
-        tok, _ = pick(get_scores(engine.logits(), temperature, seed, len(expected)))
+        tok, _ = pick(get_scores(engine.logits(ref), temperature, seed, len(expected)))
         expected.append(tok)
         if tok in stops:
             break
-        engine.prefill([tok])
-    engine.use(turn)
-    got = engine.generate(max_new, stop_ids=stops, temperature=temperature, seed=seed)
+        engine.prefill(ref, [tok])
+    got = engine.generate(turn, max_new, stop_ids=stops, temperature=temperature, seed=seed)
     assert got == expected, "generate: tokens differ from the decoding rule applied to the logits"
     # committed canonically: as prefilling the turn as one chunk after the header
     canonical = prefilled(engine, parts + [got])
     assert state(engine, turn) == state(engine, canonical), "generate: the turn is not one prefilled chunk"
-    assert engine.length(turn) == start + len(got)
+    assert len(engine.tokens(turn)) == start + len(got)
 
 
 @per_engine
@@ -155,19 +152,18 @@ def test_generate_follows_the_rule(engine_name, parts, max_new, temperature, see
 def test_drop_frees_the_lineage(engine_name, parts, keep):
     engine = make_engine(engine_name)
     kept = prefilled(engine, keep)
-    before = engine.memory().held_bytes
-    handles = set(engine.lineages)
+    before = engine.budget.memory().held_bytes
+    handles = set(engine.budget.lineages)
     gone = prefilled(engine, parts)
-    clone = engine.clone(gone)
+    clone = engine.fork(gone)
     engine.drop(gone)
     engine.drop(clone)
-    assert gone not in engine.lineages and clone not in engine.lineages, "drop: handle still listed"
-    for verb in (engine.length, engine.digest, engine.use):
+    assert gone not in engine.budget.lineages and clone not in engine.budget.lineages, "drop: handle still listed"
+    for verb in (engine.tokens, engine.digest, lambda h: engine.prefill(h, [1])):
         with pytest.raises(KeyError):
             verb(gone)
-    assert engine.current is None, "drop: the dropped current lineage is still current"
-    assert engine.memory().held_bytes == before, "drop: the lineage's memory was not released"
-    assert set(engine.lineages) == handles and engine.tokens(kept) == [t for p in keep for t in p]
+    assert engine.budget.memory().held_bytes == before, "drop: the lineage's memory was not released"
+    assert set(engine.budget.lineages) == handles and engine.tokens(kept) == [t for p in keep for t in p]
     assert engine.new_lineage() not in (gone, clone, kept), "drop: a handle was reused"
 
 
@@ -187,12 +183,10 @@ def test_digest_sees_every_position(engine_name, parts, replacement):
         assert engine.digest(a) == engine.digest(b), "digest: the same chunks give different digests"
     # parking a and loading it again (it is not current any more, then is): same digest
     digest = engine.digest(a)
-    engine.use(a)
-    engine.prefill([replacement])
-    engine.crop(engine.length() - 1)
-    c = engine.clone(a)
-    engine.use(b)
-    engine.prefill([0])
+    engine.prefill(a, [replacement])
+    a = crop(engine, a, len(engine.tokens(a)) - 1)
+    c = engine.fork(a)
+    engine.prefill(b, [0])
     assert engine.digest(a) == engine.digest(c) == digest, "digest: depends on where the KV sits"
-    engine.crop(engine.length(a) - 1, a)
+    a = crop(engine, a, len(engine.tokens(a)) - 1)
     assert engine.digest(a) != digest, "digest: blind to a cropped position"

@@ -51,6 +51,7 @@ from unsee.impl.engines.decoding import get_lookup, get_scores, pick
 from unsee.impl.engines.hf import adapter
 from unsee.impl.engines.hf.engine import KVEngine
 from unsee.impl.engines.lineage import Counters
+from unsee.impl.engines.protocol import Assist
 from unsee.properties.differential import engine_scope
 from unsee.properties.engines import get_model, make_engine
 
@@ -80,9 +81,10 @@ def run_turn(engine: KVEngine, context: list[int], max_new_tokens: int, **kw) ->
     """One turn on a fresh lineage after ``context`` (no stop ids): the
     lineage's digest, the turn's tokens, and the counters it spent."""
     handle = engine.new_lineage()
-    engine.prefill(context)
+    engine.prefill(handle, context)
     before = engine.counters.snapshot()
-    tokens = engine.generate(max_new_tokens, stop_ids=(), **kw)
+    assist = Assist(**{k: kw.pop(k) for k in ("draft", "probe", "lookup") if k in kw})
+    tokens = engine.generate(handle, max_new_tokens, stop_ids=(), assist=assist, **kw)
     return engine.digest(handle), tokens, engine.counters.snapshot() - before
 
 

@@ -29,6 +29,7 @@ from hypothesis import event, given
 from hypothesis import strategies as st
 
 from unsee.impl.conform.episodes import episodes, scaled
+from unsee.impl.engines.protocol import Assist
 from unsee.properties.differential import (
     compare_forget_with_reset,
     compare_prefix_cache_reset_with_reset,
@@ -74,8 +75,9 @@ def test_replay_with_drafts_equals_without(episode):
 
 def run_generate(engine, context: list[int], n: int, **kw) -> tuple[str, list[int]]:
     handle = engine.new_lineage()
-    engine.prefill(context)
-    out = engine.generate(n, stop_ids=(), **kw)
+    engine.prefill(handle, context)
+    assist = Assist(**{k: kw.pop(k) for k in ("draft", "probe", "lookup") if k in kw})
+    out = engine.generate(handle, n, stop_ids=(), assist=assist, **kw)
     return engine.digest(handle), out
 
 

@@ -123,10 +123,9 @@ class ExtractiveRuntime(AgentRuntime):
         lm = self.engine.lm
         header = tuple(lm.encode(f"{START}assistant\n{header_suffix}"))
         body = tuple(lm.encode(text)) + (lm.eos_ids[0],)
-        self.engine.use(self.lineage)
-        start = self.engine.length(self.lineage)
-        self.engine.prefill(list(header))
-        self.engine.prefill(list(body))
+        start = len(self.engine.tokens(self.lineage))
+        self.engine.prefill(self.lineage, list(header))
+        self.engine.prefill(self.lineage, list(body))
         block = RuntimeBlock(block_id, type_, text, header + body, tuple(self.context), self.get_resident_sources(),
                              (start, start + len(header) + len(body)), self.t, chunks=(len(header), len(body)))
         return self.commit_block(block)

@@ -259,7 +259,7 @@ def release(*runtimes: ToolAgentRuntime) -> None:
     """Free the caches of runtimes a property is done with."""
     for rt in runtimes:
         for lineage in rt.checkpoints.lineages() | {rt.lineage}:
-            if lineage in ENGINE.lineages:
+            if lineage in ENGINE.budget.lineages:
                 ENGINE.drop(lineage)
 
 

@@ -53,12 +53,12 @@ def test_grouped_attention_gives_eager_bits(monkeypatch, dtype, heads, kv_heads)
 
 def run_episode(lm) -> tuple[str, list[int]]:
     engine = make_engine(lm)
-    engine.new_lineage()
+    lin = engine.new_lineage()
     ids = lm.encode("the grouped heads must not change a single bit " * 3)
     for i in range(0, len(ids), 16):
-        engine.prefill(ids[i:i + 16])
-    out = engine.generate(12, stop_ids=())
-    return engine.digest(), out
+        engine.prefill(lin, ids[i:i + 16])
+    out = engine.generate(lin, 12, stop_ids=())
+    return engine.digest(lin), out
 
 
 def test_models_load_with_grouped_attention_and_keep_eager_bits(monkeypatch, one_thread):

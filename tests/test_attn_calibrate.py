@@ -152,3 +152,26 @@ def test_the_help_says_the_default(capsys):
     with pytest.raises(SystemExit):
         main(["run", "--help"])
     assert "sdpa on cpu" in " ".join(capsys.readouterr().out.split())
+
+
+def test_a_bound_calibrated_here_wins_over_a_shipped_one(tmp_path):
+    """A shipped row was measured on another machine; where it does not hold on
+    this CPU, `unsee calibrate` writes one measured here, and that one is in force."""
+    from unsee.impl.engines.bounds import get_bound, get_key_of, write_calibration
+
+    lm = load_model("tiny", attn="sdpa", cache_dir=tmp_path)
+    shipped, source = get_bound(get_key_of(lm), lm.name, tmp_path)
+    assert shipped is not None and "shipped, measured on another machine" in source
+    key = get_key_of(lm)
+    assert key.cpu  # the instruction set this CPU runs the kernels with (files.get_cpu_isa)
+    path = write_calibration(key, {"bound": shipped * 4}, tmp_path)
+    assert get_bound(key, lm.name, tmp_path) == (shipped * 4, f"calibrated: {path}")
+    assert make_engine(load_model("tiny", attn="sdpa", cache_dir=tmp_path)).draft_bound == shipped * 4
+
+
+def test_the_cpu_instruction_set_is_read_from_the_flags():
+    from unsee.impl.engines.files import get_cpu_isa
+
+    assert get_cpu_isa("flags\t\t: fpu sse2 avx2 avx512f\n") == "avx512"
+    assert get_cpu_isa("flags\t\t: fpu sse2 avx2\n") == "avx2"
+    assert get_cpu_isa("Features\t: fp asimd\n") == "neon"

@@ -92,16 +92,16 @@ def test_floor_counts_match_a_hand_count():
                 # g_d is decided on the logits of feeding g_{d-1}; at d == 0 the header's
                 forwards += len(a) - d if d >= 1 else max(len(a) - 1, 0)
         before = engine.counters.snapshot()
-        lineages, current = engine.lineages, engine.current
+        lineages = engine.budget.lineages
         floor = compute_floor(engine, base, reset, 1)
         spent = engine.counters.snapshot() - before
         # by hand: everything the reset's lineage holds past the checkpoint's offset
-        assert floor.prefilled == engine.length(reset.lineage) - checkpoint.token_offset
+        assert floor.prefilled == len(engine.tokens(reset.lineage)) - checkpoint.token_offset
         assert (floor.decoded, floor.blocks) == (decoded, 4)
         assert floor.forwards == 6 + forwards  # 4 blocks, the two answers in two chunks each
         # the timed run did exactly the counted forwards (decode forwards are one-token prefills)
         assert (spent.forward_calls, spent.prefilled_tokens) == (floor.forwards, floor.prefilled + forwards)
-        assert (engine.lineages, engine.current) == (lineages, current)  # nothing left behind
+        assert engine.budget.lineages == lineages  # nothing left behind
         assert floor.recomputed <= forget_report.prefilled_tokens + forget_report.decoded_tokens
         assert floor.recomputed < reset_report.prefilled_tokens + reset_report.decoded_tokens
 

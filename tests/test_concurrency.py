@@ -157,7 +157,7 @@ def test_conflict_drops_the_losers_state(lm, base, tmp_path):
     engine = second.runtime.engine
     with pytest.raises(StoreConflictError, match="conflict: another process committed generation 3"):
         second.step(Step("u9", "user", (Item("u9", "jazz"),)))
-    assert second.runtime is None and engine.lineages == ()  # the loser's caches are gone
+    assert second.runtime is None and engine.budget.lineages == ()  # the loser's caches are gone
     with pytest.raises(StoreConflictError, match="reload"):
         second.digest()
     assert SessionStore.open(db).record_hash() == newer

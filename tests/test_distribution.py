@@ -202,8 +202,8 @@ def test_llamacpp_embedder_is_the_mean_pooled_hidden_state():
     from unsee.impl.engines.registry import load_engine
 
     engine = load_engine("tiny", "llamacpp")
-    before = engine.lineages
+    before = engine.budget.lineages
     a, again, other, empty = embed_texts(engine, ["pay the rent", "pay the rent", "book a room", ""])
     assert len(a) == engine.lm.n_embd and all(math.isfinite(x) for x in a)
     assert a == again and a != other and empty is None
-    assert engine.lineages == before  # no lineage made or changed
+    assert engine.budget.lineages == before  # no lineage made or changed

@@ -260,3 +260,20 @@ def test_statements_table_names_code_that_exists():
         elif not resolve_bare(token):
             missing.append(token)
     assert not missing, f"names in docs/statements.md that the code does not define: {missing}"
+
+
+def get_readme_matrix(text: str) -> str:
+    """The table under README.md's "## Support matrix" heading."""
+    section = text.split("## Support matrix", 1)[1]
+    lines = section.split("\n")
+    first = next(i for i, line in enumerate(lines) if line.startswith("|"))
+    end = next((i for i in range(first, len(lines)) if not lines[i].startswith("|")), len(lines))
+    return "\n".join(lines[first:end]) + "\n"
+
+
+def test_readme_support_matrix_is_the_generated_one():
+    """README.md's support matrix is what the engines declare (impl/engines/support.py):
+    regenerate it with ``python -c "from unsee.impl.engines.support import get_support_matrix as g; print(g())"``."""
+    from unsee.impl.engines.support import get_support_matrix
+
+    assert get_readme_matrix((ROOT / "README.md").read_text()) == get_support_matrix()

@@ -16,6 +16,7 @@ from unsee.impl.engines.decoding import (
     pick,
 )
 from unsee.impl.engines.hf import adapter
+from unsee.impl.engines.protocol import Assist
 from unsee.impl.engines.registry import make_engine
 from unsee.properties.engines import get_model
 
@@ -34,15 +35,17 @@ PROMPT = "<|im_start|>user\nWhere is the party?<|im_end|>\n<|im_start|>assistant
 def reference(eng, n=12, **kw):
     """A lineage that decoded a turn the reference way; returns (handle, tokens)."""
     h = eng.new_lineage()
-    eng.prefill(eng.lm.encode(PROMPT))
-    return h, eng.generate(n, stop_ids=(), **kw)
+    eng.prefill(h, eng.lm.encode(PROMPT))
+    assist = Assist(**{k: kw.pop(k) for k in ("draft", "probe", "lookup") if k in kw})
+    return h, eng.generate(h, n, stop_ids=(), assist=assist, **kw)
 
 
 def drafted(eng, draft, n=12, **kw):
     h = eng.new_lineage()
-    eng.prefill(eng.lm.encode(PROMPT))
+    eng.prefill(h, eng.lm.encode(PROMPT))
     before = eng.counters.snapshot()
-    out = eng.generate(n, stop_ids=(), draft=draft, **kw)
+    assist = Assist(draft=draft, **{k: kw.pop(k) for k in ("probe", "lookup") if k in kw})
+    out = eng.generate(h, n, stop_ids=(), assist=assist, **kw)
     return h, out, eng.counters.snapshot() - before
 
 
@@ -76,19 +79,19 @@ def test_short_draft_is_continued_and_long_draft_is_cut(eng):
 
 
 def test_bad_draft_is_refused_and_changes_nothing(eng):
-    eng.new_lineage()
-    eng.prefill(eng.lm.encode(PROMPT))
-    before = (eng.digest(), eng.tokens(), eng.counters.snapshot())
+    lin = eng.new_lineage()
+    eng.prefill(lin, eng.lm.encode(PROMPT))
+    before = (eng.digest(lin), eng.tokens(lin), eng.counters.snapshot())
     with pytest.raises(ValueError, match="outside"):
-        eng.generate(4, draft=[1, 99999])
-    assert (eng.digest(), eng.tokens(), eng.counters.snapshot()) == before
+        eng.generate(lin, 4, assist=Assist(draft=[1, 99999]))
+    assert (eng.digest(lin), eng.tokens(lin), eng.counters.snapshot()) == before
     saved, eng.draft_bound = eng.draft_bound, None
     try:
         with pytest.raises(ValueError, match="no measured|none is known"):
-            eng.generate(4, draft=[1, 2])
+            eng.generate(lin, 4, assist=Assist(draft=[1, 2]))
     finally:
         eng.draft_bound = saved
-    assert (eng.digest(), eng.tokens()) == before[:2]
+    assert (eng.digest(lin), eng.tokens(lin)) == before[:2]
 
 
 def test_bounds_are_known_only_where_measured():
@@ -316,9 +319,10 @@ def test_lookup_guesses_at_most_lookup_tokens():
 
 def lookup_run(eng, prompt, n, **kw):
     h = eng.new_lineage()
-    eng.prefill(eng.lm.encode(prompt))
+    eng.prefill(h, eng.lm.encode(prompt))
     before = eng.counters.snapshot()
-    out = eng.generate(n, stop_ids=(), **kw)
+    assist = Assist(**{k: kw.pop(k) for k in ("draft", "probe", "lookup") if k in kw})
+    out = eng.generate(h, n, stop_ids=(), assist=assist, **kw)
     return h, out, eng.counters.snapshot() - before
 
 
@@ -339,16 +343,16 @@ def test_lookup_keeps_every_token_and_bit_and_saves_decode_steps(eng):
 
 
 def test_lookup_is_refused_without_a_bound_and_changes_nothing(eng):
-    eng.new_lineage()
-    eng.prefill(eng.lm.encode(PROMPT))
-    before = (eng.digest(), eng.tokens(), eng.counters.snapshot())
+    lin = eng.new_lineage()
+    eng.prefill(lin, eng.lm.encode(PROMPT))
+    before = (eng.digest(lin), eng.tokens(lin), eng.counters.snapshot())
     saved, eng.draft_bound = eng.draft_bound, None
     try:
         with pytest.raises(ValueError, match="lookup=True needs a measured discrepancy bound"):
-            eng.generate(4, lookup=True)
+            eng.generate(lin, 4, assist=Assist(lookup=True))
     finally:
         eng.draft_bound = saved
-    assert (eng.digest(), eng.tokens(), eng.counters.snapshot()) == before
+    assert (eng.digest(lin), eng.tokens(lin), eng.counters.snapshot()) == before
 
 
 def test_forget_report_counts_lookups_per_turn_and_lookup_can_be_turned_off(eng):

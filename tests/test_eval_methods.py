@@ -109,12 +109,12 @@ def test_token_span_is_the_item_on_a_byte_tokenizer(lm, before, item, after):
 
 def test_engine_excise_refuses_bad_spans(lm):
     engine = make_engine(lm)
-    engine.new_lineage()
-    engine.prefill(lm.encode("hello there"))
+    lin = engine.new_lineage()
+    engine.prefill(lin, lm.encode("hello there"))
     for start, end in ((-1, 2), (3, 2), (0, 99), ("a", 2)):
         with pytest.raises(ValueError, match="excise"):
-            engine.excise(start, end)
-    assert engine.length() == len(lm.encode("hello there"))
+            engine.excise(lin, start, end)
+    assert len(engine.tokens(lin)) == len(lm.encode("hello there"))
 
 
 # --- B8 / B9 by sink class --------------------------------------------------------------------

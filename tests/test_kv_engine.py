@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from unsee.impl.engines.lineage import Counters, EvictedLineageError
+from unsee.impl.engines.lineage import Counters, EvictedLineageError, crop, rebuild
 from unsee.impl.engines.registry import make_engine
 
 
@@ -23,7 +23,7 @@ def ids(lm, n, salt=""):
 def fresh(tiny_engine, *chunks):
     h = tiny_engine.new_lineage()
     for c in chunks:
-        tiny_engine.prefill(c)
+        tiny_engine.prefill(h, c)
     return h
 
 
@@ -33,11 +33,10 @@ def fresh(tiny_engine, *chunks):
 def test_share_prefix_copies_nothing(tiny_engine, lm):
     x = ids(lm, 40)
     a = fresh(tiny_engine, x[:25], x[25:])
-    held = tiny_engine.memory().held_bytes
-    b = tiny_engine.share_prefix(a, 25)
-    assert tiny_engine.current == a  # like clone, it does not switch
-    assert tiny_engine.memory().held_bytes == held  # the same storages: nothing was copied
-    assert tiny_engine.tokens(b) == x[:25] and tiny_engine.length(b) == 25
+    held = tiny_engine.budget.memory().held_bytes
+    b = tiny_engine.fork(a, 25)
+    assert tiny_engine.budget.memory().held_bytes == held  # the same storages: nothing was copied
+    assert tiny_engine.tokens(b) == x[:25] and len(tiny_engine.tokens(b)) == 25
     assert tiny_engine.digest(b) == tiny_engine.digest(fresh(tiny_engine, x[:25]))
 
 
@@ -45,20 +44,18 @@ def test_share_prefix_copies_nothing(tiny_engine, lm):
 def test_either_side_changing_leaves_the_other_alone(tiny_engine, lm, n):
     x, y = ids(lm, 40), ids(lm, 30, salt="other ")
     a = fresh(tiny_engine, x[:25], x[25:])
-    b = tiny_engine.share_prefix(a, n)
+    b = tiny_engine.fork(a, n)
     da, db = tiny_engine.digest(a), tiny_engine.digest(b)
     # extend and crop the share: the source is unchanged
-    tiny_engine.use(b)
-    tiny_engine.prefill(y[:7])
-    tiny_engine.crop(max(0, n - 5), b)
-    tiny_engine.prefill(y[7:20])
+    tiny_engine.prefill(b, y[:7])
+    b = crop(tiny_engine, b, max(0, n - 5))
+    tiny_engine.prefill(b, y[7:20])
     assert tiny_engine.digest(a) == da and tiny_engine.tokens(a) == x
     # extend, crop and drop the source: the share is unchanged
     db2, tb2 = tiny_engine.digest(b), tiny_engine.tokens(b)
-    tiny_engine.use(a)
-    tiny_engine.prefill(y[:3])
-    tiny_engine.crop(n // 2, a)
-    tiny_engine.prefill(y[:9])
+    tiny_engine.prefill(a, y[:3])
+    a = crop(tiny_engine, a, n // 2)
+    tiny_engine.prefill(a, y[:9])
     tiny_engine.drop(a)
     assert tiny_engine.digest(b) == db2 and tiny_engine.tokens(b) == tb2
     assert db != db2  # the share did change on its own side
@@ -67,32 +64,28 @@ def test_either_side_changing_leaves_the_other_alone(tiny_engine, lm, n):
 def test_continued_share_equals_fresh_prefill(tiny_engine, lm):
     x = ids(lm, 60)
     a = fresh(tiny_engine, x[:20], x[20:45], x[45:])
-    b = tiny_engine.share_prefix(a, 45)  # a chunk boundary, like every checkpoint
-    tiny_engine.use(b)
-    tiny_engine.prefill(x[45:52])
-    g = tiny_engine.generate(6, stop_ids=())
+    b = tiny_engine.fork(a, 45)  # a chunk boundary, like every checkpoint
+    tiny_engine.prefill(b, x[45:52])
+    g = tiny_engine.generate(b, 6, stop_ids=())
     ref = fresh(tiny_engine, x[:20], x[20:45], x[45:52])
-    assert tiny_engine.generate(6, stop_ids=()) == g
+    assert tiny_engine.generate(ref, 6, stop_ids=()) == g
     assert tiny_engine.digest(b) == tiny_engine.digest(ref) and tiny_engine.tokens(b) == tiny_engine.tokens(ref)
 
 
 def test_whole_share_keeps_the_logits_and_errors_name_n(tiny_engine, lm):
     x = ids(lm, 20)
     a = fresh(tiny_engine, x)
-    g = tiny_engine.generate(4, stop_ids=())
-    b = tiny_engine.share_prefix(a)  # whole: can generate straight away
-    c = tiny_engine.share_prefix(a)
-    tiny_engine.use(b)
-    g1 = tiny_engine.generate(5, stop_ids=())
-    tiny_engine.use(c)
-    assert tiny_engine.generate(5, stop_ids=()) == g1 and len(g) == 4
-    d = tiny_engine.share_prefix(a, 10)
-    tiny_engine.use(d)
+    g = tiny_engine.generate(a, 4, stop_ids=())
+    b = tiny_engine.fork(a)  # whole: can generate straight away
+    c = tiny_engine.fork(a)
+    g1 = tiny_engine.generate(b, 5, stop_ids=())
+    assert tiny_engine.generate(c, 5, stop_ids=()) == g1 and len(g) == 4
+    d = tiny_engine.fork(a, 10)
     with pytest.raises(RuntimeError, match="prefill first"):
-        tiny_engine.generate(2)
+        tiny_engine.generate(d, 2)
     for bad in (-1, 25, 1.5):
         with pytest.raises(ValueError, match=f"n_tokens={bad!r}"):
-            tiny_engine.share_prefix(a, bad)
+            tiny_engine.fork(a, bad)
 
 
 # ------------------------------------------------------------------ budget
@@ -102,48 +95,47 @@ def test_budget_zero_keeps_only_pinned_and_current(lm):
     eng = make_engine(lm, kv_budget=0)
     x = ids(lm, 30)
     a = fresh(eng, x)
-    pin = eng.pin(a)
+    pin = eng.budget.pin(a)
     b = fresh(eng, x[:10])  # a is pinned, b current: both stay
     c = fresh(eng, x[:12])  # b is neither now: evicted
-    assert set(eng.lineages) == {a, c} and eng.is_evicted(b) and eng.evicted == (b,)
+    assert set(eng.budget.lineages) == {a, c} and eng.budget.is_evicted(b) and eng.budget.evicted == (b,)
     with pytest.raises(EvictedLineageError, match=f"{b}.*evicted"):
-        eng.use(b)
+        eng.prefill(b, [1])
     del pin
     gc.collect()
-    eng.set_kv_budget(0)  # a pin dies with its last reference
-    assert set(eng.lineages) == {c}
-    assert eng.memory().unpinned_bytes == 0 and eng.peak_unpinned_bytes == 0
+    eng.budget.set(0)  # a pin dies with its last reference
+    assert set(eng.budget.lineages) == {c}
+    assert eng.budget.memory().unpinned_bytes == 0 and eng.budget.peak_unpinned_bytes == 0
     eng.drop(b)  # an evicted handle can be forgotten
-    assert not eng.is_evicted(b)
+    assert not eng.budget.is_evicted(b)
 
 
 def test_budget_evicts_least_recently_used_first(lm):
     eng = make_engine(lm)
     x = ids(lm, 30)
     a, b, c = fresh(eng, x), fresh(eng, x[:20]), fresh(eng, x[:25])
-    pin = eng.pin(c)
-    eng.length(a)  # a is now more recently used than b
+    pin = eng.budget.pin(c)
+    len(eng.tokens(a))  # a is now more recently used than b
     solo = make_engine(lm)
     fresh(solo, x)
-    bytes_a = solo.memory().held_bytes  # a holds storages of its own
-    eng.set_kv_budget(bytes_a)  # room for a alone: b, the least recently used, goes
-    assert eng.lineages == (a, c) and eng.evicted == (b,)
-    assert eng.memory().unpinned_bytes == bytes_a == eng.peak_unpinned_bytes
-    eng.set_kv_budget(bytes_a - 1)
-    assert eng.lineages == (c,) and pin.lineage == c
+    bytes_a = solo.budget.memory().held_bytes  # a holds storages of its own
+    eng.budget.set(bytes_a)  # room for a alone: b, the least recently used, goes
+    assert eng.budget.lineages == (a, c) and eng.budget.evicted == (b,)
+    assert eng.budget.memory().unpinned_bytes == bytes_a == eng.budget.peak_unpinned_bytes
+    eng.budget.set(bytes_a - 1)
+    assert eng.budget.lineages == (c,) and pin.lineage == c
 
 
 def test_shared_storage_counts_once(lm):
     eng = make_engine(lm)
     a = fresh(eng, ids(lm, 30))
-    one = eng.memory()
-    shares = [eng.share_prefix(a, n) for n in (5, 10, 30)]
-    many = eng.memory()
+    one = eng.budget.memory()
+    shares = [eng.fork(a, n) for n in (5, 10, 30)]
+    many = eng.budget.memory()
     assert many.held_bytes == one.held_bytes and many.lineages == 4
     assert many.cached_tokens == one.cached_tokens + 45
-    eng.use(shares[0])
-    eng.prefill([1, 2, 3])  # new storage for the extended share only
-    assert eng.memory().held_bytes > one.held_bytes
+    eng.prefill(shares[0], [1, 2, 3])  # new storage for the extended share only
+    assert eng.budget.memory().held_bytes > one.held_bytes
 
 
 def test_bad_budget_is_refused(lm):
@@ -151,16 +143,16 @@ def test_bad_budget_is_refused(lm):
         make_engine(lm, kv_budget=-1)
     eng = make_engine(lm, kv_budget=10)
     with pytest.raises(ValueError, match="kv_budget='big'"):
-        eng.set_kv_budget("big")
-    assert eng.kv_budget == 10
+        eng.budget.set("big")
+    assert eng.budget.limit == 10
 
 
 def test_rebuild_counts_as_rebuilt(tiny_engine, lm):
     x = ids(lm, 30)
     a = fresh(tiny_engine, x[:10], x[10:])
     before = tiny_engine.counters.snapshot()
-    b = tiny_engine.rebuild([x[:10], x[10:]])
-    assert tiny_engine.current == b and tiny_engine.digest(b) == tiny_engine.digest(a)
+    b = rebuild(tiny_engine, [x[:10], x[10:]])
+    assert tiny_engine.digest(b) == tiny_engine.digest(a)
     assert tiny_engine.counters - before == Counters(forward_calls=2, prefilled_tokens=30, rebuilt_tokens=30)
 
 
@@ -188,25 +180,25 @@ def test_prefix_cache_serves_whole_matching_chunks(tiny_engine, lm):
 def test_decode_after_a_served_chunk(tiny_engine, lm):
     x = ids(lm, 40)
     src = fresh(tiny_engine, x[:25], x[25:30])  # x[25:30] plays an assistant header
-    g = tiny_engine.generate(6, stop_ids=())  # the logits it decoded from are kept
+    g = tiny_engine.generate(src, 6, stop_ids=())  # the logits it decoded from are kept
     ref = tiny_engine.digest(src)
     before = tiny_engine.counters.snapshot()
     with tiny_engine.prefix_cache():
         b = fresh(tiny_engine, x[:25], x[25:30])
-        assert tiny_engine.generate(6, stop_ids=()) == g  # decoded, never served
+        assert tiny_engine.generate(b, 6, stop_ids=()) == g  # decoded, never served
     spent = tiny_engine.counters - before
     # header served with its kept logits; the turn's canonical prefill too
     assert spent == Counters(forward_calls=5, prefilled_tokens=0, decoded_tokens=6, reused_tokens=36)
     assert tiny_engine.digest(b) == ref
     # where no decode started, the served chunk is recomputed for its logits
     expected = fresh(tiny_engine, x[:25])
-    g3 = tiny_engine.generate(3, stop_ids=())
+    g3 = tiny_engine.generate(expected, 3, stop_ids=())
     before = tiny_engine.counters.snapshot()
     with tiny_engine.prefix_cache():
         c = fresh(tiny_engine, x[:25])  # served (from src), but no decode started at 25 there ...
         assert (tiny_engine.counters - before).reused_tokens == 25
         # ... while `expected` did decode there: its kept logits serve this one
-        assert tiny_engine.generate(3, stop_ids=()) == g3
+        assert tiny_engine.generate(c, 3, stop_ids=()) == g3
     assert (tiny_engine.counters - before).reused_tokens == 25 + 3
     assert tiny_engine.digest(c) == tiny_engine.digest(expected)
     tiny_engine.drop(expected)
@@ -215,7 +207,7 @@ def test_decode_after_a_served_chunk(tiny_engine, lm):
     with tiny_engine.prefix_cache():
         d = fresh(tiny_engine, x[:25])  # served by src or b, where no decode started at 25
         # no lineage kept those logits: the chunk is recomputed
-        assert tiny_engine.generate(3, stop_ids=()) == g3
+        assert tiny_engine.generate(d, 3, stop_ids=()) == g3
     spent = tiny_engine.counters - before
     assert spent.reused_tokens == 0 and spent.prefilled_tokens == 25 + 3
     assert tiny_engine.tokens(d) == x[:25] + g3

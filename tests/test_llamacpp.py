@@ -18,7 +18,7 @@ import pytest
 from unsee.impl.engines.llamacpp import engine as llamacpp
 from unsee.impl.engines.llamacpp.state import SeqKV
 from unsee.impl.engines.llamacpp.tiny_gguf import write_tiny_gguf
-from unsee.impl.engines.protocol import Engine
+from unsee.impl.engines.protocol import Assist, Engine
 from unsee.impl.engines.registry import load_engine
 
 needs_llamacpp = pytest.mark.skipif(not llamacpp.available(), reason="llama-cpp-python is not installed")
@@ -64,7 +64,7 @@ def test_engine_satisfies_the_protocol(engine):
 def test_state_blob_round_trips(engine):
     """parse then to_blob gives llama.cpp's own bytes back, V transposed or not."""
     handle = engine.new_lineage()
-    engine.prefill(list(range(40, 57)))
+    engine.prefill(handle, list(range(40, 57)))
     blob_size = engine._lc.llama_state_seq_get_size(engine._ctx, 0)
     kv = engine._read_seq()
     assert kv.n == 17 and list(kv.caches[0].positions) == list(range(17))
@@ -73,7 +73,6 @@ def test_state_blob_round_trips(engine):
     engine._lc.llama_memory_clear(engine._mem, True)
     engine._resident = None
     engine._lineages[handle].kv = kv
-    engine.use(handle)
     engine._make_resident(handle)
     again = engine._read_seq()
     assert again.to_blob() == kv.to_blob()
@@ -86,7 +85,7 @@ def test_digest_is_by_position_not_by_cell(engine):
     cache whose cells were filled out of order would hold them) hashes the
     same; the blob of that layout does not."""
     handle = engine.new_lineage()
-    engine.prefill(list(range(60, 72)))
+    engine.prefill(handle, list(range(60, 72)))
     kv = engine._read_seq().caches[0]
     rev = slice(None, None, -1)
     shuffled = SeqKV(kv.positions[rev], tuple(k[rev] for k in kv.k), tuple(v[rev] for v in kv.v),
@@ -107,7 +106,7 @@ def test_digest_is_by_position_not_by_cell(engine):
 @needs_llamacpp
 def test_parser_refuses_what_it_does_not_know(engine):
     handle = engine.new_lineage()
-    engine.prefill([1, 2, 3])
+    engine.prefill(handle, [1, 2, 3])
     blob = engine._read_seq().to_blob()
     with pytest.raises(ValueError, match="magic"):
         SeqKV.parse(b"\0" * 8 + blob[8:], engine.lm.n_layer, engine._v_trans)
@@ -121,15 +120,15 @@ def test_parser_refuses_what_it_does_not_know(engine):
 @needs_llamacpp
 def test_bad_input_changes_nothing(engine):
     handle = engine.new_lineage()
-    engine.prefill([5, 6, 7])
-    before = engine.digest(), engine.tokens()
-    for bad in (lambda: engine.prefill([]), lambda: engine.prefill([engine.lm.vocab_size]),
-                lambda: engine.crop(4), lambda: engine.crop(-1),
-                lambda: engine.generate(2, draft=[engine.lm.vocab_size]),
-                lambda: engine.prefill([1] * engine.lm.n_ctx)):
+    engine.prefill(handle, [5, 6, 7])
+    before = engine.digest(handle), engine.tokens(handle)
+    for bad in (lambda: engine.prefill(handle, []), lambda: engine.prefill(handle, [engine.lm.vocab_size]),
+                lambda: engine.fork(handle, 4), lambda: engine.fork(handle, -1),
+                lambda: engine.generate(handle, 2, assist=Assist(draft=[engine.lm.vocab_size])),
+                lambda: engine.prefill(handle, [1] * engine.lm.n_ctx)):
         with pytest.raises(ValueError):
             bad()
-        assert (engine.digest(), engine.tokens()) == before
+        assert (engine.digest(handle), engine.tokens(handle)) == before
     engine.drop(handle)
 
 

@@ -15,6 +15,7 @@ from unsee.impl.engines.lineage import Counters
 from unsee.impl.engines.llamacpp import engine as llamacpp
 from unsee.impl.engines.llamacpp import facts
 from unsee.impl.engines.llamacpp.tiny_gguf import write_tiny_gguf
+from unsee.impl.engines.protocol import Assist
 from unsee.impl.engines.registry import load_engine
 
 pytestmark = pytest.mark.skipif(not llamacpp.available(), reason="llama-cpp-python is not installed")
@@ -33,7 +34,7 @@ def ids(engine, n, salt=""):
 def fresh(engine, *chunks):
     h = engine.new_lineage()
     for c in chunks:
-        engine.prefill(c)
+        engine.prefill(h, c)
     return h
 
 
@@ -48,10 +49,10 @@ def test_a_draft_longer_than_max_forward_is_verified_in_its_first_part(engine):
     x = ids(engine, 30)
     ref = fresh(engine, x)
     n = engine.lm.max_forward + 20
-    expected = engine.generate(n, stop_ids=())
+    expected = engine.generate(ref, n, stop_ids=())
     drafted = fresh(engine, x)
     before = engine.counters.snapshot()
-    assert engine.generate(n, stop_ids=(), draft=expected) == expected
+    assert engine.generate(drafted, n, stop_ids=(), assist=Assist(draft=expected)) == expected
     spent = engine.counters - before
     assert spent.draft_accepted_tokens == engine.lm.max_forward and spent.decoded_tokens == 20
     assert engine.digest(drafted) == engine.digest(ref)
@@ -63,10 +64,10 @@ def test_f32_file_turns_drafts_off_with_the_measured_reason(tmp_path, monkeypatc
     engine = load_engine(str(path), backend="llamacpp", threads=1, n_ctx=256)
     assert engine.draft_bound is None and engine.lm.max_forward == 0
     assert "decode != prefill" in engine.lm.draft_bound_source and "drafts off" in engine.lm.draft_bound_source
-    engine.new_lineage()
-    engine.prefill([1, 2, 3])
+    lin = engine.new_lineage()
+    engine.prefill(lin, [1, 2, 3])
     with pytest.raises(ValueError, match="bound"):
-        engine.generate(2, draft=[1])
+        engine.generate(lin, 2, assist=Assist(draft=[1]))
 
 
 def test_facts_are_measured_once_then_read_from_the_cache(tmp_path, monkeypatch):
@@ -85,10 +86,10 @@ def test_facts_are_measured_once_then_read_from_the_cache(tmp_path, monkeypatch)
 def test_a_draft_accepted_whole_costs_one_forward_and_no_decode(engine):
     x = ids(engine, 30)
     ref = fresh(engine, x)
-    expected = engine.generate(12, stop_ids=())
+    expected = engine.generate(ref, 12, stop_ids=())
     drafted = fresh(engine, x)
     before = engine.counters.snapshot()
-    assert engine.generate(12, stop_ids=(), draft=expected) == expected
+    assert engine.generate(drafted, 12, stop_ids=(), assist=Assist(draft=expected)) == expected
     spent = engine.counters - before
     assert spent == Counters(forward_calls=1, prefilled_tokens=12, draft_accepted_tokens=12)
     assert engine.digest(drafted) == engine.digest(ref)
@@ -129,12 +130,12 @@ def test_prefix_cache_only_serves_its_sources(engine):
 def test_decode_after_a_served_chunk(engine):
     x = ids(engine, 40)
     src = fresh(engine, x[:25], x[25:30])
-    g = engine.generate(6, stop_ids=())  # the logits it decoded from are kept
+    g = engine.generate(src, 6, stop_ids=())  # the logits it decoded from are kept
     ref = engine.digest(src)
     before = engine.counters.snapshot()
     with engine.prefix_cache():
         b = fresh(engine, x[:25], x[25:30])
-        assert engine.generate(6, stop_ids=()) == g  # decoded, never served
+        assert engine.generate(b, 6, stop_ids=()) == g  # decoded, never served
     spent = engine.counters - before
     assert spent == Counters(forward_calls=5, prefilled_tokens=0, decoded_tokens=6, reused_tokens=36)
     assert engine.digest(b) == ref
@@ -144,15 +145,13 @@ def test_decode_after_a_served_chunk(engine):
     with engine.prefix_cache():
         fresh(engine, x[:25], x[25:30])
         d = fresh(engine, x[:25])  # served, but no lineage kept logits at 25: recomputed for the decode
-        assert engine.generate(3, stop_ids=()) == fresh_generate(engine, x[:25], 3)
+        assert engine.generate(d, 3, stop_ids=()) == fresh_generate(engine, x[:25], 3)
     assert engine.tokens(d)[:25] == x[:25]
 
 
 def fresh_generate(engine, context, n):
-    handle = engine.current
-    fresh(engine, context)
-    out = engine.generate(n, stop_ids=())
-    engine.use(handle)
+    handle = fresh(engine, context)
+    out = engine.generate(handle, n, stop_ids=())
     return out
 
 
@@ -170,10 +169,10 @@ def test_the_forward_cap_is_needed(engine_factory):
             context = [int(t) for t in np.random.default_rng(seed).integers(0, 256, 30)]
             kw = {"stop_ids": (), "temperature": 0.7 if seed % 2 else 0.0, "seed": seed}
             ref = fresh(engine, context)
-            expected = engine.generate(120, **kw)
+            expected = engine.generate(ref, 120, **kw)
             for engine.lm.max_forward in (cap, 0):  # 0: no cap (Turn.max_forward None)
                 drafted = fresh(engine, context)
-                got = engine.generate(120, draft=expected, **kw)
+                got = engine.generate(drafted, 120, **kw, assist=Assist(draft=expected))
                 differs[engine.lm.max_forward] += got != expected or engine.digest(drafted) != engine.digest(ref)
     finally:
         engine.lm.max_forward = cap

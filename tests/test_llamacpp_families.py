@@ -83,8 +83,8 @@ def test_phi3_window_is_turned_off_by_llamacpp(engine_factory):
     engine = engine_factory("llamacpp-tiny-phi3", n_ctx=256)
     assert engine.lm.n_swa == 0
     with engine_scope(engine):
-        engine.new_lineage()
-        engine.prefill([int(t) for t in np.random.default_rng(0).integers(0, 256, 3 * TINY_WINDOW)])
+        lin = engine.new_lineage()
+        engine.prefill(lin, [int(t) for t in np.random.default_rng(0).integers(0, 256, 3 * TINY_WINDOW)])
         state = engine._read_seq()
     assert len(state.caches) == 1
     assert list(state.caches[0].positions) == list(range(3 * TINY_WINDOW))

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from unsee.bench.episodes import make_bench_episode
+from unsee.impl.engines.lineage import crop
 from unsee.impl.engines.llamacpp import engine as llamacpp
 from unsee.impl.engines.llamacpp.model import check_exact_layout
 from unsee.impl.engines.llamacpp.tiny_gguf import TINY_WINDOW
@@ -42,8 +43,8 @@ def tokens(n: int, seed: int = 2) -> list[int]:
 def test_two_caches_hold_every_position(engine):
     assert engine.lm.n_swa == TINY_WINDOW
     with engine_scope(engine):
-        engine.new_lineage()
-        engine.prefill(tokens(100))
+        lin = engine.new_lineage()
+        engine.prefill(lin, tokens(100))
         state = engine._read_seq()
         assert len(state.caches) == 2
         assert sum(len(c.k) for c in state.caches) == engine.lm.n_layer
@@ -56,19 +57,17 @@ def test_parked_prefix_beyond_the_window_continues_as_fresh(engine):
     with engine_scope(engine):
         long = engine.new_lineage()
         for a, b in ((0, 20), (20, 70), (70, 100)):
-            engine.prefill(x[a:b])
+            engine.prefill(long, x[a:b])
         before = engine.digest(long)
         fresh = engine.new_lineage()  # parks `long`
-        engine.prefill(x[:20])
-        engine.prefill(x[20:30])
+        engine.prefill(fresh, x[:20])
+        engine.prefill(fresh, x[20:30])
         expected = engine.digest(fresh), engine.logits(fresh)
-        shared = engine.share_prefix(long, 20)  # 80 tokens behind the end: 5 windows back
-        engine.use(shared)
-        engine.prefill(x[20:30])
-        cropped = engine.clone(long)
-        engine.use(cropped)
-        engine.crop(20)
-        engine.prefill(x[20:30])
+        shared = engine.fork(long, 20)  # 80 tokens behind the end: 5 windows back
+        engine.prefill(shared, x[20:30])
+        cropped = engine.fork(long)
+        cropped = crop(engine, cropped, 20)
+        engine.prefill(cropped, x[20:30])
         for handle in (shared, cropped):
             assert engine.digest(handle) == expected[0]
             assert bool((engine.logits(handle) == expected[1]).all())
@@ -79,7 +78,7 @@ def test_forget_with_drafts_equals_reset_on_an_episode_longer_than_the_window(en
     episode = make_bench_episode(3, 8, max_new_tokens=6)
     with engine_scope(engine):
         report = compare_forget_with_reset(engine, episode)  # drafts wherever the engine has a bound
-        assert max(engine.length(h) for h in engine.lineages) > 10 * TINY_WINDOW
+        assert max(len(engine.tokens(h)) for h in engine.budget.lineages) > 10 * TINY_WINDOW
     if engine.lm.flash_attn:
         assert report.drafts["mode"] == "verify" and report.draft_accepted_tokens > 0
     else:  # drafts off without flash attention (facts.py says why)

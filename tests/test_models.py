@@ -37,10 +37,10 @@ def test_tiny_bfloat16_runs():
     # buffers (rotary inv_freq) keep fp32: rounding them would move positions
     assert all(b.dtype == torch.float32 for b in lm.model.buffers() if b.is_floating_point())
     eng = make_engine(lm)
-    eng.new_lineage()
-    eng.prefill(lm.encode("hello"))
-    g = eng.generate(3, stop_ids=())
-    assert len(g) == 3 and len(eng.digest()) == 64
+    lin = eng.new_lineage()
+    eng.prefill(lin, lm.encode("hello"))
+    g = eng.generate(lin, 3, stop_ids=())
+    assert len(g) == 3 and len(eng.digest(lin)) == 64
 
 
 def test_unknown_name():
@@ -119,11 +119,10 @@ def test_smollm2_loads_encodes_and_generates_repeatably(smol):
 
     eng = make_engine(lm)
     a = eng.new_lineage()
-    eng.prefill(ids)
-    b = eng.clone(a)
-    g1 = eng.generate(6)
-    eng.use(b)
-    g2 = eng.generate(6)
+    eng.prefill(a, ids)
+    b = eng.fork(a)
+    g1 = eng.generate(a, 6)
+    g2 = eng.generate(b, 6)
     assert g1 == g2 and len(g1) >= 1
     assert eng.digest(a) == eng.digest(b)
     print("smollm2 greedy:", repr(lm.decode(g1)), lm.info)

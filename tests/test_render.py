@@ -161,7 +161,7 @@ def test_non_append_only_template_is_refused_before_any_work(lm, template, rewri
     with pytest.raises(TemplateError, match=rf"model tiny-rewriting: .*not append-only: adding turn 4 \(user\) "
                                             rf"rewrites {rewritten.replace('(', '[(]').replace(')', '[)]')}"):
         run_episode(engine, episode())
-    assert engine.lineages == () and engine.counters.snapshot() == before
+    assert engine.budget.lineages == () and engine.counters.snapshot() == before
 
 
 def test_a_chatml_template_keeps_the_chatml_tokens(lm):

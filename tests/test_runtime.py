@@ -212,18 +212,18 @@ def test_target_after_compaction_restores_on_the_new_lineage(eng):
 
 def test_probe_does_not_change_the_state(eng):
     runtime = run(eng, FIXED)
-    before, lineage, lineages = runtime.digest(), runtime.lineage, set(eng.lineages)
+    before, lineage, lineages = runtime.digest(), runtime.lineage, set(eng.budget.lineages)
     answer = runtime.probe("Where does the user live?", max_new_tokens=5)
     assert isinstance(answer, str)
     assert runtime.digest() == before
-    assert runtime.lineage == lineage and eng.current == lineage
-    assert set(eng.lineages) == lineages  # the branch was dropped
+    assert runtime.lineage == lineage
+    assert set(eng.budget.lineages) == lineages  # the branch was dropped
     assert runtime.probe("Where does the user live?", max_new_tokens=5) == answer
 
 
 def test_checkpoints_are_small_metadata(eng):
     runtime = run(eng, FIXED)
-    assert len(eng.lineages) >= 1
+    assert len(eng.budget.lineages) >= 1
     for checkpoint in runtime.checkpoints.all():
         record = checkpoint.get_record()
         encoded = json.dumps(record, separators=(",", ":"))  # plain data only: no tensors

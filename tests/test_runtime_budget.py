@@ -47,34 +47,34 @@ def reference_digest(lm, steps=BEFORE_COMPACTION) -> str:
 def test_restore_fork_and_probe_copy_no_kv(lm):
     engine = make_engine(lm)
     runtime = run(engine, BEFORE_COMPACTION[:2])
-    held = engine.memory().held_bytes
+    held = engine.budget.memory().held_bytes
     for checkpoint in runtime.checkpoints.all():
         replay = runtime._restore(checkpoint)
-        assert engine.length(replay.lineage) == checkpoint.token_offset
-        assert engine.memory().held_bytes == held  # views of the checkpoint's lineage only
+        assert len(engine.tokens(replay.lineage)) == checkpoint.token_offset
+        assert engine.budget.memory().held_bytes == held  # views of the checkpoint's lineage only
     other = runtime.fork()
-    assert engine.memory().held_bytes == held and other.digest() == runtime.digest()
+    assert engine.budget.memory().held_bytes == held and other.digest() == runtime.digest()
     runtime.probe("where?", max_new_tokens=2)
-    assert engine.memory().held_bytes == held  # the probe's branch is dropped
+    assert engine.budget.memory().held_bytes == held  # the probe's branch is dropped
 
 
 def test_runtime_pins_its_lineage(lm):
     engine = make_engine(lm, kv_budget=0)
     runtime = run(engine)
     other = runtime.fork()
-    assert {runtime.lineage, other.lineage} <= engine.live_lineages()
+    assert {runtime.lineage, other.lineage} <= engine.budget.live_lineages()
     lineage = other.lineage
     del other
     gc.collect()
-    assert lineage not in engine.live_lineages()
+    assert lineage not in engine.budget.live_lineages()
     # Its KV is still all shared with the live lineage, so it costs nothing
     # and may stay; once the live lineage moves on, it would hold bytes of
     # its own, and budget 0 evicts it.
-    assert engine.memory().unpinned_bytes == 0
+    assert engine.budget.memory().unpinned_bytes == 0
     runtime.step(parse_episode({"format": "unsee.episode", "version": 1, "system": "x",
                                 "steps": [{"id": "t9", "kind": "user", "text": "Bob"}]}).steps[0])
-    assert engine.is_evicted(lineage) and runtime.lineage in engine.lineages
-    assert engine.memory().unpinned_bytes == 0
+    assert engine.budget.is_evicted(lineage) and runtime.lineage in engine.budget.lineages
+    assert engine.budget.memory().unpinned_bytes == 0
 
 
 @pytest.mark.parametrize("budget", [0, 3_000, None])
@@ -82,15 +82,15 @@ def test_forget_rebuilds_an_evicted_checkpoint_lineage(lm, budget):
     engine = make_engine(lm, kv_budget=budget)
     runtime = run(engine)
     first = runtime.checkpoints.latest_before(1)
-    evicted = engine.is_evicted(first.lineage)
+    evicted = engine.budget.is_evicted(first.lineage)
     assert evicted == (budget is not None)  # the first lineage is older than the budget allows
     report = runtime.forget("secret")
     assert report.digest == reference_digest(lm)
     assert report.rebuilt_tokens == (first.token_offset if evicted else 0)
     assert report.to_json()["rebuilt_tokens"] == report.rebuilt_tokens
     if budget is not None:
-        assert engine.peak_unpinned_bytes <= budget
-        assert engine.memory().unpinned_bytes <= budget
+        assert engine.budget.peak_unpinned_bytes <= budget
+        assert engine.budget.memory().unpinned_bytes <= budget
 
 
 def test_failed_forget_under_budget_zero_leaves_the_session_as_it_was(lm):
@@ -105,7 +105,7 @@ def test_failed_forget_under_budget_zero_leaves_the_session_as_it_was(lm):
     with pytest.raises(KeyboardInterrupt):
         runtime.forget("secret", progress=interrupt)
     gc.collect()  # the abandoned replay's pin goes with it
-    engine.set_kv_budget(0)
-    assert runtime.digest() == before and engine.memory().unpinned_bytes == 0
+    engine.budget.set(0)
+    assert runtime.digest() == before and engine.budget.memory().unpinned_bytes == 0
     runtime.check_invariants()
     assert runtime.forget("secret").digest == reference_digest(lm)

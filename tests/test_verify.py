@@ -101,6 +101,7 @@ def test_receipt_holds_what_the_issue_lists(honest, lm):
     assert {"engine", "device", "dtype", "threads", "torch", "transformers", "cpu_capability",
             "cpu_flags"} <= set(body["environment"])
     assert body["tau"] == 2 and body["invocations"] == 5 - body["boundary"]
+    assert body["digest_means"] == "kv"  # the transformers engine's digest: bitwise K and V (Determinism.digest)
     with SessionStore.open(honest[0], readonly=True) as store:
         assert body["digest"] == store.stored_digest()
         assert store.get_receipts() == [honest[1]]

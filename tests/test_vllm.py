@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from unsee.impl.engines.decoding import pick
+from unsee.impl.engines.lineage import crop
 from unsee.impl.engines.protocol import Engine
 from unsee.impl.engines.registry import load_engine
 from unsee.impl.engines.vllm import adapter
@@ -59,20 +60,19 @@ def test_restore_is_a_block_rounded_hit_and_reset_is_cold(engine_factory_vllm):
     block = engine.lm.block_size
     prompt = _prompt(2 * block + 40)
     first = engine.new_lineage()
-    engine.prefill(prompt)
-    engine.generate(8)
+    engine.prefill(first, prompt)
+    engine.generate(first, 8)
     checkpoint = 2 * block + 17
-    restored = engine.share_prefix(first, checkpoint)
-    engine.use(restored)
-    engine.prefill([7, 8, 9])
+    restored = engine.fork(first, checkpoint)
+    engine.prefill(restored, [7, 8, 9])
     before = engine.counters.snapshot()
-    forgot = engine.generate(12)
+    forgot = engine.generate(restored, 12)
     spent = engine.counters - before
     assert spent.reused_tokens == 2 * block  # the checkpoint's 2 full blocks, not its 17-token tail
-    engine.new_lineage()
-    engine.prefill(prompt[:checkpoint] + [7, 8, 9])
+    lin = engine.new_lineage()
+    engine.prefill(lin, prompt[:checkpoint] + [7, 8, 9])
     before = engine.counters.snapshot()
-    assert engine.generate(12) == forgot
+    assert engine.generate(lin, 12) == forgot
     assert (engine.counters - before).reused_tokens == 0
 
 
@@ -80,10 +80,10 @@ def test_restore_is_a_block_rounded_hit_and_reset_is_cold(engine_factory_vllm):
 def test_decisions_are_the_cold_runs(engine_factory_vllm):
     """generate's tokens are greedy on the cold logits, position by position."""
     engine = engine_factory_vllm()
-    engine.new_lineage()
+    lin = engine.new_lineage()
     prompt = _prompt(150, seed=1)
-    engine.prefill(prompt)
-    out = engine.generate(10, stop_ids=[])
+    engine.prefill(lin, prompt)
+    out = engine.generate(lin, 10, stop_ids=[])
     for i, token in enumerate(out):
         assert pick(engine.cold_logits("other-salt", prompt + out[:i]))[0] == token
 
@@ -92,13 +92,13 @@ def test_decisions_are_the_cold_runs(engine_factory_vllm):
 def test_digest_is_of_tokens_and_logits_are_cold(engine_factory_vllm):
     engine = engine_factory_vllm()
     a = engine.new_lineage()
-    engine.prefill(_prompt(140, seed=2))
+    engine.prefill(a, _prompt(140, seed=2))
     b = engine.new_lineage()
-    engine.prefill(_prompt(140, seed=2)[:70])
-    engine.prefill(_prompt(140, seed=2)[70:])
+    engine.prefill(b, _prompt(140, seed=2)[:70])
+    engine.prefill(b, _prompt(140, seed=2)[70:])
     assert engine.digest(a) == engine.digest(b)
     assert engine.logits(a).numpy().tobytes() == engine.logits(b).numpy().tobytes()
-    engine.crop(139, b)
+    b = crop(engine, b, 139)
     assert engine.digest(a) != engine.digest(b) and engine.logits(b) is None
 
 
@@ -109,17 +109,16 @@ def test_release_drops_every_cached_block(engine_factory_vllm):
     engine = engine_factory_vllm()
     block = engine.lm.block_size
     a = engine.new_lineage()
-    engine.prefill(_prompt(block + 10, seed=3))
-    engine.generate(2)
+    engine.prefill(a, _prompt(block + 10, seed=3))
+    engine.generate(a, 2)
     assert engine.residue()["resident_blocks"] >= 1
     assert engine.residue()["events"].get("BlockStored", 0) >= 1
     assert engine.release_prefix_cache()
     assert engine.residue()["resident_blocks"] == 0
-    b = engine.share_prefix(a)
-    engine.use(b)
-    engine.prefill([5])
+    b = engine.fork(a)
+    engine.prefill(b, [5])
     before = engine.counters.snapshot()
-    engine.generate(1)
+    engine.generate(b, 1)
     assert (engine.counters - before).reused_tokens == 0
     assert engine.residue()["resident_blocks"] >= 1  # that request cached its blocks again
     engine.drop(a)
@@ -148,12 +147,12 @@ def test_the_margin_guard_is_needed(engine_factory):
     block = engine.lm.block_size
     prompt = _prompt(block + 40, seed=0)
     warm = engine.new_lineage()
-    engine.prefill(prompt[:block + 7])
-    engine.generate(1, stop_ids=[])  # the request that fills the cache
-    engine.use(engine.share_prefix(warm, block + 7))
-    engine.prefill(prompt[block + 7:])
+    engine.prefill(warm, prompt[:block + 7])
+    engine.generate(warm, 1, stop_ids=[])  # the request that fills the cache
+    restored = engine.fork(warm, block + 7)
+    engine.prefill(restored, prompt[block + 7:])
     before = engine.counters.snapshot()
-    out = engine.generate(24, stop_ids=[])
+    out = engine.generate(restored, 24, stop_ids=[])
     assert (engine.counters - before).reused_tokens >= block  # real hits (each request after a flip hits too)
     assert engine.guard_stats["flips"] > 0  # served decisions that the cold run decides otherwise
     for i, token in enumerate(out):

@@ -19,6 +19,7 @@ import torch
 from transformers import DynamicCache
 
 from unsee.impl.engines.hf import adapter, cache, zoo
+from unsee.impl.engines.lineage import crop
 from unsee.properties.engines import get_model, make_engine
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -160,12 +161,12 @@ def test_engine_crops_past_the_window_edge():
     ids = token_ids(40)
     a = engine.new_lineage()
     for part in (ids[:6], ids[6:30], ids[30:]):
-        engine.prefill(part)
-    engine.crop(6)
-    engine.prefill(ids[6:30])
+        engine.prefill(a, part)
+    a = crop(engine, a, 6)
+    engine.prefill(a, ids[6:30])
     b = engine.new_lineage()
     for part in (ids[:6], ids[6:30]):
-        engine.prefill(part)
+        engine.prefill(b, part)
     assert engine.digest(a) == engine.digest(b)
     assert torch.equal(engine.logits(a), engine.logits(b))
 

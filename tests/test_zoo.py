@@ -27,10 +27,11 @@ def test_family_is_an_engine_name(name):
 
 def test_tiny_llama_is_tiny():
     a, b = make_engine("tiny-llama"), make_engine("tiny")
+    handles = []
     for engine in (a, b):
-        engine.new_lineage()
-        engine.prefill(list(range(30)))
-    assert a.digest() == b.digest()
+        handles.append(engine.new_lineage())
+        engine.prefill(handles[-1], list(range(30)))
+    assert a.digest(handles[0]) == b.digest(handles[1])
 
 
 def test_unknown_family_is_named():
@@ -40,11 +41,11 @@ def test_unknown_family_is_named():
 
 def run_turns(name: str) -> tuple:
     engine = make_engine(name, attn="unsee_eager")  # ours, whatever the default: its grouping is the subject
-    engine.new_lineage()
+    lin = engine.new_lineage()
     ids = [(11 * i + 5) % 256 for i in range(70)]
     for i in range(0, len(ids), 16):
-        engine.prefill(ids[i:i + 16])
-    return engine.digest(), engine.generate(10, stop_ids=())
+        engine.prefill(lin, ids[i:i + 16])
+    return engine.digest(lin), engine.generate(lin, 10, stop_ids=())
 
 
 @pytest.mark.parametrize("name", zoo.ZOO_NAMES)

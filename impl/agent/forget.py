@@ -19,6 +19,8 @@ from unsee.impl.agent.checkpoints import Checkpoint
 from unsee.impl.agent.drafts import choose_drafts
 from unsee.impl.agent.episode import Step
 from unsee.impl.agent.report import ForgetReport
+from unsee.impl.engines.files import get_cpu_isa
+from unsee.impl.engines.protocol import Residue, RestoreReport, get_draft_bound
 from unsee.impl.util.text import normalize
 
 Progress = Callable[[int, int], None]
@@ -53,8 +55,8 @@ def get_restore_fields(engine, checkpoint_tokens: int, shared: bool, lineage: st
     kept, recomputed = engine.determinism.get_restore_split(checkpoint_tokens) if shared else (0, checkpoint_tokens)
     fields = {"checkpoint_tokens": checkpoint_tokens, "granularity": engine.determinism.restore_granularity,
               "shared": shared, "cached_tokens": kept, "recomputed_tokens": recomputed}
-    observe = getattr(engine, "get_restore", None)
-    served = observe(lineage) if observe is not None and lineage in engine.lineages else None
+    served = engine.get_restore(lineage) if isinstance(engine, RestoreReport) and lineage in engine.budget.lineages \
+        else None
     if served is not None:
         fields["served"] = served
     return fields
@@ -100,16 +102,18 @@ class SelectiveReplay:
             tau = min(taus)
             closure = self._closure(pending)  # line 3
             checkpoint = self.checkpoints.latest_before(tau)  # line 4
-            shared = checkpoint.lineage in self.engine.lineages  # else _restore rebuilds it from the manifest
+            shared = checkpoint.lineage in self.engine.budget.lineages  # else _restore rebuilds it from the manifest
             replay = self._restore(checkpoint)  # line 5: share the kept prefix of the lineage (a crop, no copy)
             restored = replay.lineage
             suffix = [self._sanitize(s, pending) for s in self.steps[checkpoint.boundary:]]  # line 7
             transitions_before = replay.transitions
             replay._update(forgotten=(*self._state.forgotten, *pending))
-            replay.drafts, draft_info = choose_drafts(self.engine.lm, self.engine.draft_bound, self.graph.blocks(),
+            bound, bound_source = get_draft_bound(self.engine)
+            replay.drafts, draft_info = choose_drafts(self.engine.lm, bound, self.graph.blocks(),
                                                       self.steps, checkpoint.boundary, drafts, oracle, pending,
                                                       lookup)
-            draft_info["bound_source"] = self.engine.draft_bound_source
+            draft_info["bound_source"] = bound_source  # "calibrated" (on this CPU) or shipped from another
+            draft_info["cpu_isa"] = get_cpu_isa()
             replay.run(suffix, progress)  # lines 6-10
             restore = get_restore_fields(self.engine, checkpoint.token_offset, shared, restored)
             if replay.drafts is not None:
@@ -198,9 +202,8 @@ class SelectiveReplay:
         extra = {"rendering": self.renderer.describe()}  # how the episode was rendered (impl/agent/render.py)
         for extension in self.extensions:
             extra.update(extension.get_report_fields())
-        residue = getattr(self.engine, "residue", None)  # an engine keeping blocks outside its lineages (vLLM)
-        if residue is not None:
-            extra["engine_residue"] = residue()
+        if isinstance(self.engine, Residue):  # an engine keeping blocks outside its lineages (vLLM)
+            extra["engine_residue"] = self.engine.residue()
         if restore is not None:
             extra["restore"] = restore
         return ForgetReport(
@@ -213,7 +216,7 @@ class SelectiveReplay:
             prefilled_tokens=spent.prefilled_tokens, decoded_tokens=spent.decoded_tokens,
             forward_calls=spent.forward_calls, wall_s=time.perf_counter() - started,
             rebuilt_tokens=spent.rebuilt_tokens, reused_tokens=spent.reused_tokens,
-            digest=digest, assumptions=assumptions, extra=extra,
+            digest=digest, assumptions=assumptions, extra=extra, digest_means=self.engine.determinism.digest,
             draft_accepted_tokens=spent.draft_accepted_tokens, draft_rejected_tokens=spent.draft_rejected_tokens,
             drafts=drafts or {"mode": "off", "why": "no replay of model turns from drafts"})
 

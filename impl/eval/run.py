@@ -473,7 +473,7 @@ def run_case(engine, case: EvalCase, config: EvalConfig, done: dict[str, dict] |
             row |= evaluate_state(runtime, result, case, config, reference, asked)
         row["dist"] = sample_distribution(runtime, case, config, method, get_task(case), tuple(get_case_tools(case)))
         del runtime
-        engine.enforce_budget()
+        engine.budget.enforce()
         yield row
 
 

@@ -42,6 +42,7 @@ from unsee.impl.agent.provenance import DERIVED_TYPES, RuntimeBlock
 from unsee.impl.agent.report import ForgetReport
 from unsee.impl.agent.runtime import AgentRuntime
 from unsee.impl.agent.tools.calls import parse_arguments
+from unsee.impl.engines.protocol import PrefixCache, SpanExcision
 from unsee.impl.util.text import get_variants, normalize
 
 METHODS = ("none", "memory-delete", "forget-instruction", "source-redaction", "sanitize-no-replay", "reset",
@@ -114,6 +115,9 @@ def apply_method(base: AgentRuntime, method: str, source_id: str, value: str | N
     elif method == "reset-prefix-cache":
         # The same transitions as B5; the engine serves what it can from the
         # old session's lineages (the fork's current one shares base's).
+        if not isinstance(runtime.engine, PrefixCache):
+            raise NotImplementedError(f"reset-prefix-cache needs an engine with a prefix cache; "
+                                      f"{type(runtime.engine).__name__} has none")
         with runtime.engine.prefix_cache(runtime.checkpoints.lineages() | {runtime.lineage}):
             report = runtime.full_reset(source_id)
         invocations = report.invocations
@@ -184,7 +188,7 @@ def excise_span(runtime: AgentRuntime, source_id: str, value: str | None) -> Non
     measures. The token span is the shortest run of the block's tokens whose
     decoding contains the item's text."""
     lm, engine = runtime.engine.lm, runtime.engine
-    if not callable(getattr(engine, "excise", None)):
+    if not isinstance(engine, SpanExcision):
         # checked first: the method must change nothing it cannot finish
         raise NotImplementedError(f"span-excision needs an engine that can cut a span out of its KV "
                                   f"(`excise`); {type(engine).__name__} cannot (the transformers engine can)")

@@ -30,7 +30,7 @@ from typing import Any
 import attrs
 
 from unsee.impl.engines.protocol import Engine
-from unsee.impl.engines.registry import BACKENDS, DEFAULT_BACKEND, load_engine, load_model_for
+from unsee.impl.engines.registry import BACKENDS, DEFAULT_BACKEND, get_backend_of_model, load_engine, load_model_for
 from unsee.impl.store.schema import StoreError
 
 #: The backend of a store that records none (written before the key existed).
@@ -81,8 +81,7 @@ class StoredEngine:
 
 def get_backend_of(engine: Engine) -> str:
     """The registry backend of a built engine (as the registry's ``make_engine`` tells them apart)."""
-    kind = type(engine.lm).__name__
-    return {"LlamaCppModel": "llamacpp", "VllmModel": "vllm"}.get(kind, "transformers")
+    return get_backend_of_model(engine.lm)
 
 
 def get_engine_meta(engine: Engine) -> dict[str, str]:

@@ -92,7 +92,7 @@ class PersistentSession:
             return
         names = {runtime.lineage} | runtime.checkpoints.lineages()
         for lineage in names:
-            if lineage in runtime.engine.lineages:
+            if lineage in runtime.engine.budget.lineages:
                 runtime.engine.drop(lineage)
 
     def _save(self, report: ForgetReport | None = None, scrub: bool | None = None) -> None:

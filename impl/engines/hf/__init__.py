@@ -1,3 +1,14 @@
-"""The transformers backend: ``engine`` (KVEngine), ``generate`` (the lineage as the
-decoding turn of ``engines/turn.py`` sees it), ``lineage`` (one cache and its chunk history), ``models`` (load_model)
-and ``adapter`` (every transformers call)."""
+"""The transformers backend:
+
+``engine``       KVEngine, the Engine verbs over transformers KV caches
+``lineage``      one cache and its chunk history
+``generate``     the lineage as the decoding turn of ``engines/turn.py`` sees it
+``models``       load_model: names, folders, GGUFs (dequantised, cached), the tiny models
+``adapter``      every transformers call but the cache's
+``cache``        the KV cache itself: build, measure, crop, share, excise a ``DynamicCache``
+``attention``    the attention implementations and their measured bitwise facts
+``discrepancy``  the prefill-versus-decode logit discrepancy that bounds drafts, measured
+``hidden``       mean-pooled hidden states (the distributional audit's embedding)
+``tokenizer``    the tokenizer part of a loaded model (also vLLM's)
+``zoo``          tiny random models of other transformers families
+"""

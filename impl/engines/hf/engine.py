@@ -24,7 +24,7 @@ every transformers call goes through :mod:`unsee.impl.engines.hf.adapter`.
 
 Three engine-level services:
 
-* `share_prefix(lineage, n)` makes a new lineage holding the first n tokens
+* `fork(lineage, n)` makes a new lineage holding the first n tokens
   of another without copying them (copy-on-write views; see
   `adapter.share_cache_prefix` for why that is safe), so a restore costs the
   same at any context length.
@@ -46,12 +46,16 @@ Three engine-level services:
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
-from collections.abc import Iterable, Sequence
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import ClassVar
 
 import torch
 
 from unsee.impl.engines.bounds import get_bound_of
+from unsee.impl.engines.computed import ComputedKVBook
 from unsee.impl.engines.hf import adapter
 from unsee.impl.engines.hf.attention import get_determinism_facts
 from unsee.impl.engines.hf.generate import HFTurnLineage
@@ -59,32 +63,36 @@ from unsee.impl.engines.hf.lineage import Lineage
 from unsee.impl.engines.hf.models import LoadedModel, retain_freed_host_memory
 from unsee.impl.engines.lineage import (
     Counters,
-    LineageBook,
     as_int,
-    take_served_chunk,
 )
 from unsee.impl.engines.protocol import Determinism
 from unsee.impl.engines.turn import Turn, decode_turn
 
 
-class KVEngine(LineageBook):
+class KVEngine(ComputedKVBook):
     """The transformers implementation of :class:`unsee.impl.engines.protocol.Engine`:
     lineages (string handles -> HF caches) over one :class:`LoadedModel`, with
     the verbs prefill, generate (canonicalised; drafts, probe and lookup where
-    a discrepancy bound is measured), crop, excise, share_prefix, clone, drop,
+    a discrepancy bound is measured), fork, excise, drop,
     digest and logits; the KV budget and pins of
     :class:`~unsee.impl.engines.lineage.LineageBook`; and a prefix cache that
     serves whole matching chunks (:meth:`prefix_cache`).
 
-    Verbs act on the current lineage unless one is named. Not thread-safe.
+    Every verb names its lineage. Not thread-safe.
 
     ``kv_budget`` (bytes, or None for no bound) bounds what the engine keeps
     of lineages that are neither pinned (:meth:`pin`) nor current; 0 keeps
     only those. It is enforced when a verb that allocates returns (prefill,
     generate, clone, rebuild) and when a runtime moves its pin. `new_lineage`
-    and `share_prefix` allocate no KV, so the handle they return is safe
+    and `fork` allocate no KV, so the handle they return is safe
     until its caller pins or uses it.
     """
+
+    #: what equal digests mean (protocol.Determinism.digest), and the support matrix's words (engines/support.py)
+    DIGEST = "kv"
+    SUPPORT: ClassVar[dict[str, str]] = {"drafts": "yes where a bound is measured (shipped for the tiny models and SmolLM2 on the CPU, "
+                         "or by `unsee calibrate`); off elsewhere",
+               "kv_budget": "yes: unpinned lineages' KV, LRU", "store": "yes", "receipts": "yes"}
 
     def __init__(self, lm: LoadedModel, kv_budget: int | None = None):
         self.lm = lm
@@ -97,11 +105,11 @@ class KVEngine(LineageBook):
         #: the measured facts of this device, attention and dtype (hf/attention.py's
         #: ATTN_FACTS, docs/engines.md): they pick the canonical chunking
         self.determinism = Determinism(**get_determinism_facts(lm.device, lm.attn, lm.dtype),
-                                       statement=lm.determinism)
+                                       statement=lm.determinism, digest=self.DIGEST)
         #: freed KV buffers stay in the process for reuse on the host
         #: (models.retain_freed_host_memory): a restore then costs the same at any length
         self.host_memory_retained = retain_freed_host_memory() if lm.device == "cpu" else False
-        self.set_kv_budget(kv_budget)
+        self.budget.set(kv_budget)
 
     # ------------------------------------------------------------ lineages
 
@@ -113,17 +121,17 @@ class KVEngine(LineageBook):
         self._touch(handle)
         return handle
 
-    def share_prefix(self, lineage: str | None = None, n_tokens: int | None = None) -> str:
+    def fork(self, lineage: str, n_tokens: int | None = None) -> str:
         """A new lineage holding the first ``n_tokens`` (default: all) of
         ``lineage`` without copying them: its cache holds views of the
         source's tensors, and either side's later prefills, crops or drop
         leave the other unchanged (copy-on-write; see
         :func:`adapter.share_cache_prefix`). The logits after the last
         prefill come along only when the whole lineage is shared. The
-        current lineage is not changed."""
+        source is not changed."""
         src = self._get(lineage)
         length = len(src.tokens)
-        n = length if n_tokens is None else self._check_prefix_length("share_prefix", n_tokens, length)
+        n = length if n_tokens is None else self._check_prefix_length("fork", n_tokens, length)
         handle = self._fresh_handle()
         lin = Lineage(adapter.share_cache_prefix(self.lm.model, src.cache, n), src.tokens[:n],
                        src.last_logits if n == length else None)
@@ -133,10 +141,10 @@ class KVEngine(LineageBook):
         self._touch(handle)
         return handle
 
-    def clone(self, lineage: str | None = None) -> str:
-        """Deep copy (cache, tokens, last logits) as a new lineage, e.g. for a
-        baseline branching from the same base state. The current lineage is
-        not changed; `use` the clone to work on it."""
+    def copy_lineage(self, lineage: str) -> str:
+        """A new lineage equal to ``lineage`` whose KV is a copy (cache, tokens,
+        last logits), not views of it (:class:`~unsee.impl.engines.protocol.DeepCopy`):
+        what a restore cost before ``fork`` shared prefixes (bench/restore.py)."""
         src = self._get(lineage)
         handle = self._fresh_handle()
         logits = None if src.last_logits is None else src.last_logits.clone()
@@ -145,32 +153,12 @@ class KVEngine(LineageBook):
         lin.served_last = src.served_last
         self._lineages[handle] = lin
         self._touch(handle)
-        self.enforce_budget()
+        self.budget.enforce()
         return handle
-
-    def length(self, lineage: str | None = None) -> int:
-        return adapter.cache_length(self._get(lineage).cache)
 
     # --------------------------------------------------------------- verbs
 
-    def prefill(self, token_ids: Iterable[int]) -> None:
-        """Exactly one forward over `token_ids` on the current lineage."""
-        lin = self._get(None)
-        ids = self._check_ids(token_ids)
-        if self._serve(lin, ids):
-            self.counters.reused_tokens += len(ids)
-        else:
-            start = len(lin.tokens)
-            lin.last_logits = adapter.forward_last_logits(self.lm.model, ids, lin.cache)
-            lin.tokens.extend(ids)
-            lin.record_chunk(start)
-            lin.served_last = False
-            self.counters.forward_calls += 1
-            self.counters.prefilled_tokens += len(ids)
-        lin.changed()
-        self.enforce_budget()
-
-    def generate(
+    def _generate(
         self,
         max_new_tokens: int,
         stop_ids: Iterable[int] | None = None,
@@ -180,7 +168,7 @@ class KVEngine(LineageBook):
         probe: bool = False,
         lookup: bool = False,
     ) -> list[int]:
-        """Decode up to `max_new_tokens` ids on the current lineage and commit
+        """Decode up to `max_new_tokens` ids on the lineage worked on and commit
         them canonically (as one prefilled chunk). Returns the ids.
 
         Greedy when temperature == 0; otherwise an exponential race seeded by
@@ -211,7 +199,7 @@ class KVEngine(LineageBook):
         widens the forward that feeds the decided token.
         """
         max_new_tokens = self._check_generate(max_new_tokens, temperature, seed, draft, lookup)
-        lin = self._get_decodable()
+        lin = self._get_decodable(self._need_current())
         draft = self._check_ids(draft, allow_empty=True)[:max_new_tokens] if draft is not None else []
         stops = set(self.lm.eos_ids if stop_ids is None else (int(s) for s in stop_ids))
         start, header_logits = len(lin.tokens), lin.last_logits
@@ -228,17 +216,6 @@ class KVEngine(LineageBook):
         self._commit_turn(lin, start, out, committed)
         return out
 
-    def _get_decodable(self) -> Lineage:
-        """The current lineage, with the logits a decode continues from."""
-        handle = self._need_current()
-        lin = self._lineages[handle]
-        if lin.last_logits is None and lin.served_last:
-            self._recompute_served_chunk(lin)  # a served chunk whose logits were not kept
-        if lin.last_logits is None:
-            raise RuntimeError(f"generate on lineage {handle!r}: no logits to continue from; "
-                               "prefill first (a new lineage or a crop has none)")
-        return lin
-
     def _commit_turn(self, lin: Lineage, start: int, out: list[int], committed: bool) -> None:
         """Leave the turn ``out`` on ``lin`` as the one chunk a replay redoes."""
         if committed:
@@ -247,25 +224,14 @@ class KVEngine(LineageBook):
             lin.record_chunk(start)
             lin.served_last = False
             lin.changed()
-            self.enforce_budget()
+            self.budget.enforce()
         elif out:
             # Canonicalise: decode steps (and verification chunks) wrote the turn in
             # other chunks; replace them by one prefill of g_1..g_n, which a replay can redo.
             lin.truncate(start)
-            self.prefill(out)
+            self._prefill(out)
 
-    def crop(self, n_tokens: int, lineage: str | None = None) -> None:
-        """Keep the first n_tokens of a lineage. Clears its last logits: they
-        belonged to the removed suffix, so a prefill must come next."""
-        lin = self._get(lineage)
-        length = adapter.cache_length(lin.cache)
-        n_tokens = self._check_prefix_length("crop", n_tokens, length)
-        adapter.crop_cache(lin.cache, n_tokens)
-        del lin.tokens[n_tokens:]
-        lin.last_logits = None
-        lin.cut(n_tokens)
-
-    def excise(self, start: int, end: int, lineage: str | None = None) -> None:
+    def excise(self, lineage: str, start: int, end: int) -> None:
         """Remove the tokens ``[start, end)`` of a lineage from its cache and
         keep the rest as computed (span-only excision, a baseline of the
         paper's invalidation-boundary ablation; never used by a forget). The
@@ -281,15 +247,15 @@ class KVEngine(LineageBook):
         lin.last_logits = None
         lin.cut(a)
 
-    def logits(self, lineage: str | None = None) -> torch.Tensor | None:
+    def logits(self, lineage: str) -> torch.Tensor | None:
         """The logits after the lineage's last prefill (float32, on the CPU, a
         copy), or None where a crop or a fully accepted draft left none."""
         lin = self._get(lineage)
         if lin.last_logits is None and lin.served_last:
-            self._recompute_served_chunk(lin)
+            self._recompute_served_chunk(lineage, lin)
         return None if lin.last_logits is None else lin.last_logits.detach().to("cpu", torch.float32).clone()
 
-    def digest(self, lineage: str | None = None) -> str:
+    def digest(self, lineage: str) -> str:
         """sha256 over every layer's key and value tensors (dtype, shape,
         bytes), taken from contiguous CPU copies. Equal digests mean bitwise
         equal KV. Any empty cache has the same digest, however it got empty."""
@@ -306,38 +272,42 @@ class KVEngine(LineageBook):
                 h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
         return h.hexdigest()
 
+    @contextlib.contextmanager
+    def hook_forwards(self, on_forward: Callable[[int, float], None]) -> Iterator[None]:
+        """Call ``on_forward(n_tokens, started)`` after every model forward in the block (torch hooks)."""
+        model = self.lm.model
+        starts: list[float] = []
+
+        def before(module, args, kwargs):
+            starts.append(time.perf_counter())
+
+        def after(module, args, kwargs, output):
+            ids = kwargs.get("input_ids", args[0] if args else None)
+            on_forward(int(ids.shape[-1]) if ids is not None else 0, starts.pop())
+
+        handles = [model.register_forward_pre_hook(before, with_kwargs=True),
+                   model.register_forward_hook(after, with_kwargs=True)]
+        try:
+            yield
+        finally:
+            for handle in handles:
+                handle.remove()
+
     # ------------------------------------------------------------ memory
 
     def _lineage_storages(self, handle: str) -> dict:
         """KV and kept logits (see :meth:`Lineage.storages`); the budget counts the same."""
         return self._lineages[handle].storages()
 
-    # --------------------------------------------------------- prefix cache
+    # ------------------------------------------------- the skeleton's steps
 
-    def _serve(self, lin: Lineage, ids: list[int]) -> bool:
-        """Serve chunk ``ids`` on ``lin`` from another lineage; False if none has it."""
-        found = self._find_served_chunk(lin, ids)
-        if found is None:
-            return False
-        handle, src, logits = found
-        lin.cache = adapter.share_cache_prefix(self.lm.model, src.cache, len(lin.tokens) + len(ids))
-        take_served_chunk(lin, src, ids, logits)
-        self._touch(handle)
-        return True
-
-    def _recompute_served_chunk(self, lin: Lineage) -> None:
-        """Compute the last (served) chunk for real, for the logits a decode needs."""
-        end = lin.chunk_ends.pop()
-        start = lin.chunk_ends[-1] if lin.chunk_ends else 0
-        ids = lin.tokens[start:end]
-        adapter.crop_cache(lin.cache, start)
-        del lin.tokens[start:]
-        lin.decode_logits = {p: t for p, t in lin.decode_logits.items() if p <= start}
-        lin.served_last = False
-        self.counters.reused_tokens -= len(ids)  # it was not reused after all
-        lin.last_logits = adapter.forward_last_logits(self.lm.model, ids, lin.cache)
+    def _forward(self, handle: str, lin: Lineage, ids: list[int]) -> torch.Tensor:
+        logits = adapter.forward_last_logits(self.lm.model, ids, lin.cache)
         lin.tokens.extend(ids)
-        lin.chunk_ends.append(end)
-        lin.changed()
-        self.counters.forward_calls += 1
-        self.counters.prefilled_tokens += len(ids)
+        return logits
+
+    def _truncate_to(self, handle: str, lin: Lineage, n: int) -> None:
+        lin.truncate(n)
+
+    def _take_rows(self, handle: str, lin: Lineage, src_handle: str, src: Lineage, n: int) -> None:
+        lin.cache = adapter.share_cache_prefix(self.lm.model, src.cache, n)

@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from unsee.impl.engines.files import ByteTokenizer, default_cache_dir, smollm2_path
+from unsee.impl.engines.files import ByteTokenizer, default_cache_dir, publish_entry, smollm2_path
 from unsee.impl.engines.hf import adapter, attention, zoo
 from unsee.impl.engines.hf.tokenizer import TokenizerMethods
 
@@ -220,10 +220,7 @@ def _load_gguf_cached(path: Path, cache_dir) -> tuple[Any, Any, dict]:
         (tmp / _DONE).write_text(f"{path}\n")
         if entry.exists() and not done.is_file():
             shutil.rmtree(entry, ignore_errors=True)  # a stale, incomplete entry
-        try:
-            os.replace(tmp, entry)
-        except OSError:  # another process won the race; its entry is as good
-            pass
+        publish_entry(tmp, entry, _DONE)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return model, tok, {"cache": "miss", "cache_entry": str(entry)}

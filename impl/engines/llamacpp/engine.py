@@ -11,7 +11,7 @@ How lineages map onto llama.cpp (the clone mechanism, chosen once):
   the *resident* lineage. Every other lineage is held on the host as its
   sequence state (``llama_state_seq_get_data``) parsed into K and V rows by
   position (:class:`~unsee.impl.engines.llamacpp.state.SeqKV`). These arrays
-  are never written to, so sharing a prefix (``share_prefix``) or cloning is
+  are never written to, so forking (``fork``: a shared prefix or a clone) is
   slicing, with no copy, and a clone is independent of its source both ways
   by construction.
 * ``use`` of another lineage parks the resident one (one state read) and
@@ -50,14 +50,18 @@ KV budget evicts parked lineages by the bytes of their rows (the rule is
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
-from collections.abc import Iterable, Sequence
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import ClassVar
 
 import numpy as np
 import torch
 
-from unsee.impl.engines.lineage import Counters, LineageBook, take_served_chunk
+from unsee.impl.engines.computed import ComputedKVBook
+from unsee.impl.engines.lineage import Counters
 from unsee.impl.engines.llamacpp.facts import forward
 from unsee.impl.engines.llamacpp.lineage import LlamaLineage, TurnView
 from unsee.impl.engines.llamacpp.model import (
@@ -75,15 +79,21 @@ from unsee.impl.engines.turn import Turn, decode_turn
 # ----------------------------------------------------------------- engine
 
 
-class LlamaCppEngine(LineageBook):
+class LlamaCppEngine(ComputedKVBook):
     """The llama.cpp implementation of :class:`unsee.impl.engines.protocol.Engine`:
     lineages over one :class:`LlamaCppModel`, one resident in the engine's
     context and the others parked on the host as rows (the module docstring
     has the mapping), with the verbs prefill, generate (canonicalised; drafts,
     probe and lookup where decode == prefill was measured), crop,
-    share_prefix, clone, drop, digest and logits; the KV budget and pins of
+    fork, drop, digest and logits; the KV budget and pins of
     :class:`~unsee.impl.engines.lineage.LineageBook`; and a prefix cache that
     serves whole matching chunks. Needs no transformers."""
+
+    #: what equal digests mean (protocol.Determinism.digest), and the support matrix's words (engines/support.py)
+    DIGEST = "kv"
+    SUPPORT: ClassVar[dict[str, str]] = {"drafts": "yes where decode == prefill is measured at load (bound 0, forwards capped)",
+               "kv_budget": "yes: parked lineages' rows, LRU", "store": "yes (records threads, flash attention, n_ctx)",
+               "receipts": "yes"}
 
     def __init__(self, lm: LlamaCppModel, kv_budget: int | None = None):
         lc = llama_module()
@@ -99,13 +109,13 @@ class LlamaCppEngine(LineageBook):
         self.draft_bound_source = lm.draft_bound_source  # the file's measured facts (facts.py)
         self.determinism = Determinism(same_chunking_repeats=True, crop_continue_is_fresh=True,
                                        chunk_invariant=False, decode_is_prefill=False,
-                                       thread_invariant=False, statement=lm.determinism)
+                                       thread_invariant=False, statement=lm.determinism, digest=self.DIGEST)
         self._init_book()
         self._resident: str | None = None  # the lineage sequence 0 holds
         self._batch = lc.llama_batch_init(lm.n_ctx, 0, 1)
         self._v_trans = not lm.flash_attn  # llama.cpp stores V transposed without flash attention
         lc.llama_memory_clear(self._mem, True)
-        self.set_kv_budget(kv_budget)
+        self.budget.set(kv_budget)
 
     def __del__(self):
         try:
@@ -123,52 +133,24 @@ class LlamaCppEngine(LineageBook):
         self._touch(handle)
         return handle
 
-    def share_prefix(self, lineage: str | None = None, n_tokens: int | None = None) -> str:
+    def fork(self, lineage: str, n_tokens: int | None = None) -> str:
         src = self._get(lineage)
         length = len(src.tokens)
-        n = length if n_tokens is None else self._check_prefix_length("share_prefix", n_tokens, length)
-        kv = self._parked(lineage or self._current)
+        n = length if n_tokens is None else self._check_prefix_length("fork", n_tokens, length)
+        kv = self._parked(lineage)
         handle = self._fresh_handle()
         lin = LlamaLineage(src.tokens[:n], kv.head(n), src.last_logits if n == length else None)
         lin.copy_history(src, n)
         lin.served_last = src.served_last and n == length
         self._lineages[handle] = lin
         self._touch(handle)
-        self.enforce_budget()
+        self.budget.enforce()
         return handle
-
-    def clone(self, lineage: str | None = None) -> str:
-        """A lineage equal to ``lineage``. Its rows are the source's parked
-        rows, which nothing ever writes to: independent both ways."""
-        return self.share_prefix(lineage)
-
-    def length(self, lineage: str | None = None) -> int:
-        return len(self._get(lineage).tokens)
 
     # --------------------------------------------------------------- verbs
 
-    def prefill(self, token_ids: Iterable[int]) -> None:
-        """Exactly one ``llama_decode`` over ``token_ids`` on the current
-        lineage, or, inside :meth:`prefix_cache`, the same chunk served from a
-        cached lineage."""
-        handle = self._need_current()
-        lin = self._get(handle)
-        ids = self._check_ids(token_ids)
-        if len(lin.tokens) + len(ids) > self.lm.n_ctx:
-            raise ValueError(f"prefill: {len(lin.tokens)} + {len(ids)} tokens exceed n_ctx={self.lm.n_ctx}")
-        if self._serve(handle, lin, ids):
-            self.counters.reused_tokens += len(ids)
-        else:
-            start = len(lin.tokens)
-            self._make_resident(handle)
-            lin.last_logits = self._feed(lin, ids, False)
-            lin.record_chunk(start)
-            lin.served_last = False
-            self.counters.forward_calls += 1
-            self.counters.prefilled_tokens += len(ids)
-        self.enforce_budget()
-
-    def generate(self, max_new_tokens: int, stop_ids: Iterable[int] | None = None, temperature: float = 0.0,
+    def _generate(
+        self, max_new_tokens: int, stop_ids: Iterable[int] | None = None, temperature: float = 0.0,
                  seed: int | None = None, draft: Sequence[int] | None = None,
                  probe: bool = False, lookup: bool = False) -> list[int]:
         """As :meth:`KVEngine.generate`: decode by the rule of
@@ -197,36 +179,25 @@ class LlamaCppEngine(LineageBook):
         if committed:  # a draft accepted whole: its verification forward is the turn's chunk
             lin.record_chunk(start)
             lin.served_last = False
-            self.enforce_budget()
+            self.budget.enforce()
         elif out:
             self._truncate(lin, start)
-            self.prefill(out)
+            self._prefill(out)
         return out
 
-    def crop(self, n_tokens: int, lineage: str | None = None) -> None:
-        """Keep the first ``n_tokens``: ``llama_memory_seq_rm`` of the tail on
-        the resident lineage, a slice of the rows on a parked one."""
-        handle = lineage or self._need_current()
-        lin = self._get(handle)
-        length = len(lin.tokens)
-        n = self._check_prefix_length("crop", n_tokens, length)
-        self._truncate(lin, n, handle)
-        lin.last_logits = None
-        lin.cut(n)
-
-    def logits(self, lineage: str | None = None) -> torch.Tensor | None:
+    def logits(self, lineage: str) -> torch.Tensor | None:
         """The logits after the lineage's last prefill (float32, a copy), or
         None after a crop or a draft accepted whole."""
-        handle = lineage or self._need_current()
+        handle = lineage
         lin = self._get(handle)
         if lin.last_logits is None and lin.served_last:
             self._recompute_served_chunk(handle, lin)
         return None if lin.last_logits is None else torch.from_numpy(lin.last_logits.copy())
 
-    def digest(self, lineage: str | None = None) -> str:
+    def digest(self, lineage: str) -> str:
         """sha256 over the K and V rows by position (see :meth:`SeqKV.digest_into`).
         Any empty lineage has the same digest, however it got empty."""
-        handle = lineage or self._need_current()
+        handle = lineage
         lin = self._get(handle)
         h = hashlib.sha256(b"unsee-llamacpp-kv-v1")
         h.update(f"len={len(lin.tokens)};".encode())
@@ -234,6 +205,24 @@ class LlamaCppEngine(LineageBook):
         if kv.n:
             kv.digest_into(h)
         return h.hexdigest()
+
+    @contextlib.contextmanager
+    def hook_forwards(self, on_forward: Callable[[int, float], None]) -> Iterator[None]:
+        """Call ``on_forward(n_tokens, started)`` after every ``llama_decode`` in the block."""
+        feed = self._feed
+
+        def timed_feed(lin, ids, *args, **kwargs):
+            started = time.perf_counter()
+            try:
+                return feed(lin, ids, *args, **kwargs)
+            finally:
+                on_forward(len(ids), started)
+
+        self._feed = timed_feed
+        try:
+            yield
+        finally:
+            del self._feed
 
     # ------------------------------------------------------------ memory
 
@@ -263,44 +252,25 @@ class LlamaCppEngine(LineageBook):
 
     # --------------------------------------------------------- prefix cache
 
-    def _serve(self, handle: str, lin: LlamaLineage, ids: list[int]) -> bool:
-        """Serve chunk ``ids`` on ``lin`` from another cached lineage; False if none has it."""
-        found = self._find_served_chunk(lin, ids)
-        if found is None:
-            return False
-        src_handle, src, logits = found
-        kv = self._parked(src_handle).head(len(lin.tokens) + len(ids))
+    # ------------------------------------------------- the skeleton's steps
+
+    def _check_room(self, lin: LlamaLineage, ids: list[int]) -> None:
+        if len(lin.tokens) + len(ids) > self.lm.n_ctx:
+            raise ValueError(f"prefill: {len(lin.tokens)} + {len(ids)} tokens exceed n_ctx={self.lm.n_ctx}")
+
+    def _forward(self, handle: str, lin: LlamaLineage, ids: list[int]) -> np.ndarray:
+        self._make_resident(handle)
+        return self._feed(lin, ids, False)
+
+    def _truncate_to(self, handle: str, lin: LlamaLineage, n: int) -> None:
+        self._make_resident(handle)
+        self._truncate(lin, n, handle)
+
+    def _take_rows(self, handle: str, lin: LlamaLineage, src_handle: str, src: LlamaLineage, n: int) -> None:
+        kv = self._parked(src_handle).head(n)
         if handle == self._resident:
             self._free_lineage(handle)  # the rows below replace the context's copy
         lin.kv = kv
-        take_served_chunk(lin, src, ids, logits)
-        self._touch(src_handle)
-        return True
-
-    def _get_decodable(self, handle: str) -> LlamaLineage:
-        """The lineage ``handle``, with the logits a decode continues from."""
-        lin = self._get(handle)
-        if lin.last_logits is None and lin.served_last:
-            self._recompute_served_chunk(handle, lin)
-        if lin.last_logits is None:
-            raise RuntimeError(f"generate on lineage {handle!r}: no logits to continue from; "
-                               "prefill first (a new lineage or a crop has none)")
-        return lin
-
-    def _recompute_served_chunk(self, handle: str, lin: LlamaLineage) -> None:
-        """Compute the last (served) chunk for real, for the logits a decode needs."""
-        end = lin.chunk_ends.pop()
-        start = lin.chunk_ends[-1] if lin.chunk_ends else 0
-        ids = lin.tokens[start:end]
-        self._make_resident(handle)
-        self._truncate(lin, start, handle)
-        lin.decode_logits = {p: t for p, t in lin.decode_logits.items() if p <= start}
-        lin.served_last = False
-        self.counters.reused_tokens -= len(ids)  # it was not reused after all
-        lin.last_logits = self._feed(lin, ids, False)
-        lin.chunk_ends.append(end)
-        self.counters.forward_calls += 1
-        self.counters.prefilled_tokens += len(ids)
 
     # ------------------------------------------------------------ helpers
 

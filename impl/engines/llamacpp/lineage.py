@@ -9,58 +9,19 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from unsee.impl.engines.lineage import ChunkedLineage
 from unsee.impl.engines.llamacpp.state import KVState
 
 
-class LlamaLineage:
-    """What :class:`~unsee.impl.engines.llamacpp.engine.LlamaCppEngine` knows of one lineage."""
+class LlamaLineage(ChunkedLineage):
+    """What :class:`~unsee.impl.engines.llamacpp.engine.LlamaCppEngine` knows of one lineage
+    (logits as float32 numpy arrays of the vocabulary's size)."""
 
-    __slots__ = (
-        "chunk_ends",
-        "chunked",
-        "decode_logits",
-        "kv",
-        "last_logits",
-        "last_used",
-        "served_last",
-        "tokens",
-    )
+    __slots__ = ("kv",)
 
     def __init__(self, tokens: list[int], kv: KVState | None, last_logits: np.ndarray | None):
-        self.tokens = tokens
+        super().__init__(tokens, last_logits)
         self.kv = kv  # the parked rows; None while resident and changed since parked
-        self.last_logits = last_logits  # float32 (vocab,), or None
-        self.last_used = 0
-        # The prefill chunks that built the KV, as cumulative end offsets;
-        # `chunked` is False once a crop cut a chunk (later chunks are then
-        # not recorded, so the lineage is never wrongly served from or to).
-        self.chunk_ends: list[int] = []
-        self.chunked = True
-        #: position -> the logits a decode started from there (what a served chunk needs)
-        self.decode_logits: dict[int, np.ndarray] = {}
-        self.served_last = False  # the last chunk was served without its logits
-
-    def is_chunk_end(self, start: int) -> bool:
-        """Whether ``start`` is where the recorded chunks end (an unbroken record)."""
-        return self.chunked and start == (self.chunk_ends[-1] if self.chunk_ends else 0)
-
-    def record_chunk(self, start: int) -> None:
-        """Record the tokens from ``start`` on as one prefill chunk (on an unbroken record only)."""
-        if self.is_chunk_end(start):
-            self.chunk_ends.append(len(self.tokens))
-        else:
-            self.chunked = False
-
-    def copy_history(self, src: LlamaLineage, n: int) -> None:
-        """Take ``src``'s chunk history and decode logits up to ``n`` tokens."""
-        self.chunk_ends = [e for e in src.chunk_ends if e <= n]
-        self.chunked = src.chunked and n == (self.chunk_ends[-1] if self.chunk_ends else 0)
-        self.decode_logits = {p: t for p, t in src.decode_logits.items() if p <= n}
-
-    def cut(self, n: int) -> None:
-        """Forget the chunk history beyond ``n`` tokens (a crop to ``n``)."""
-        self.copy_history(self, n)
-        self.served_last = False
 
     def storages(self) -> dict:
         """Distinct host buffers held: ``{key: bytes}`` (parked rows and kept logits)."""

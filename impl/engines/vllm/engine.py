@@ -8,7 +8,7 @@ caches full blocks of KV by a hash chained over the tokens and the request's
   (the next ``generate``, or ``logits``). vLLM then computes the prompt
   tokens its prefix cache does not hold: ``prefilled_tokens`` counts those,
   ``reused_tokens`` the ones served from cached blocks.
-* A restore (``share_prefix`` of a checkpoint, then the replay's requests)
+* A restore (``fork`` of a checkpoint, then the replay's requests)
   is a prefix-cache hit on the checkpoint's tokens under the checkpoint's
   salt, rounded down to the block size (128 tokens on the CPU); the replay is
   ordinary requests.
@@ -48,6 +48,7 @@ import hashlib
 import itertools
 import secrets
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import ClassVar
 
 import torch
 
@@ -103,7 +104,7 @@ class _Lineage:
         self.salt = salt
         self.has_logits = has_logits
         self.last_used = 0
-        #: a lineage made by share_prefix: its prefix length, then what its first request was served
+        #: a lineage made by fork: its prefix length, then what its first request was served
         self.restore = restore
 
 
@@ -111,6 +112,11 @@ class VllmEngine(LineageBook):
     """The vLLM implementation of :class:`unsee.impl.engines.protocol.Engine`
     (the module docstring has the mapping and what is exact). ``guard_stats``
     counts the decisions taken and those recomputed cold."""
+
+    #: what equal digests mean (protocol.Determinism.digest), and the support matrix's words (engines/support.py)
+    DIGEST = "tokens"
+    SUPPORT: ClassVar[dict[str, str]] = {"drafts": "no: a turn is one request", "kv_budget": "host token lists only (the KV is vLLM's block pool)",
+               "store": "yes (make test-vllm)", "receipts": "yes: the digest is of tokens"}
 
     def __init__(self, lm, kv_budget: int | None = None):
         self.lm = lm
@@ -126,13 +132,13 @@ class VllmEngine(LineageBook):
         # tokens rounded down to the block size and its first request recomputes the tail
         self.determinism = Determinism(same_chunking_repeats=True, crop_continue_is_fresh=True, chunk_invariant=True,
                                        decode_is_prefill=False, thread_invariant=False, statement=lm.determinism,
-                                       restore_granularity=lm.block_size)
+                                       restore_granularity=lm.block_size, digest=self.DIGEST)
         self.guard_stats = {"decisions": 0, "cold_recomputes": 0, "flips": 0}
         self._salt_prefix = f"unsee-{secrets.token_hex(6)}"
         self._cold: dict[tuple[int, ...], torch.Tensor] = {}  # the last cold logits, by tokens
         self._events = adapter.record_kv_events(self._llm)
         self._init_book()
-        self.set_kv_budget(kv_budget)
+        self.budget.set(kv_budget)
 
     # ------------------------------------------------------------ lineages
 
@@ -143,40 +149,34 @@ class VllmEngine(LineageBook):
         self._touch(handle)
         return handle
 
-    def share_prefix(self, lineage: str | None = None, n_tokens: int | None = None) -> str:
+    def fork(self, lineage: str, n_tokens: int | None = None) -> str:
         """A lineage of the first ``n_tokens`` under the source's salt: its
         next request hits the source's cached blocks (the restore)."""
         src = self._get(lineage)
         length = len(src.tokens)
-        n = length if n_tokens is None else self._check_prefix_length("share_prefix", n_tokens, length)
+        n = length if n_tokens is None else self._check_prefix_length("fork", n_tokens, length)
         handle = self._fresh_handle()
         # the source's tokens as they are now: what its cached blocks can hold (dropped after the first request)
         self._lineages[handle] = _Lineage(src.tokens[:n], src.salt, src.has_logits and n == length,
                                           restore={"prefix_tokens": n, "source": tuple(src.tokens)})
         self._touch(handle)
-        self.enforce_budget()
+        self.budget.enforce()
         return handle
 
-    def get_restore(self, lineage: str | None = None) -> dict | None:
-        """What the first request of a lineage made by :meth:`share_prefix` was
+    def get_restore(self, lineage: str) -> dict | None:
+        """What the first request of a lineage made by :meth:`fork` was
         served: ``prefix_tokens`` (the prefix shared), ``prompt_tokens`` and
         ``cached_tokens`` (its prompt, and the part vLLM's cache served: whole
         blocks, so a multiple of the block size), ``matching_tokens`` (how far
         that prompt equals the source lineage's tokens, which may run past the
         shared prefix: a block of them is hittable if resident), or None for a
-        lineage not made by share_prefix (a new one, or one rebuilt from a manifest)."""
+        lineage not made by fork (a new one, or one rebuilt from a manifest)."""
         restore = self._get(lineage).restore
         return None if restore is None else {k: v for k, v in restore.items() if k != "source"}
 
-    def clone(self, lineage: str | None = None) -> str:
-        return self.share_prefix(lineage)
-
-    def length(self, lineage: str | None = None) -> int:
-        return len(self._get(lineage).tokens)
-
     # --------------------------------------------------------------- verbs
 
-    def prefill(self, token_ids: Iterable[int]) -> None:
+    def _prefill(self, token_ids: Iterable[int]) -> None:
         """Append ``token_ids``; vLLM computes them in the next request."""
         lin = self._get(self._need_current())
         ids = self._check_ids(token_ids)
@@ -184,9 +184,10 @@ class VllmEngine(LineageBook):
             raise ValueError(f"prefill: {len(lin.tokens)} + {len(ids)} tokens exceed max_model_len={self._max_len()}")
         lin.tokens.extend(ids)
         lin.has_logits = True
-        self.enforce_budget()
+        self.budget.enforce()
 
-    def generate(self, max_new_tokens: int, stop_ids: Iterable[int] | None = None, temperature: float = 0.0,
+    def _generate(
+        self, max_new_tokens: int, stop_ids: Iterable[int] | None = None, temperature: float = 0.0,
                  seed: int | None = None, draft: Sequence[int] | None = None,
                  probe: bool = False, lookup: bool = False) -> list[int]:
         """Decode by the rule of impl/engines/decoding.py on vLLM's raw logits,
@@ -213,20 +214,14 @@ class VllmEngine(LineageBook):
         lin.has_logits = bool(lin.tokens)
         return out
 
-    def crop(self, n_tokens: int, lineage: str | None = None) -> None:
-        lin = self._get(lineage or self._need_current())
-        n = self._check_prefix_length("crop", n_tokens, len(lin.tokens))
-        del lin.tokens[n:]
-        lin.has_logits = False
-
-    def logits(self, lineage: str | None = None) -> torch.Tensor | None:
+    def logits(self, lineage: str) -> torch.Tensor | None:
         """The cold run's logits after the lineage's tokens (float32, a copy), or None after a crop."""
         lin = self._get(lineage)
         return self.cold_logits(lin.salt, lin.tokens).clone() if lin.has_logits else None
 
-    def digest(self, lineage: str | None = None) -> str:
+    def digest(self, lineage: str) -> str:
         """sha256 over the token ids (vLLM exposes no KV; the module docstring)."""
-        lin = self._get(lineage or self._need_current())
+        lin = self._get(lineage)
         h = hashlib.sha256(b"unsee-vllm-tokens-v1")
         h.update(f"len={len(lin.tokens)};".encode())
         h.update(b"".join(int(t).to_bytes(4, "little") for t in lin.tokens))
@@ -282,7 +277,7 @@ class VllmEngine(LineageBook):
         return c
 
     def _note_restore(self, salt: str, prompt_tokens: int, cached_tokens: int, skip_cache: bool) -> None:
-        """Record the first cache-reading request of the current lineage, if share_prefix made it."""
+        """Record the first cache-reading request of the lineage worked on, if fork made it."""
         lin = self._lineages.get(self._current) if self._current is not None else None
         if skip_cache or lin is None or lin.salt != salt or lin.restore is None or "cached_tokens" in lin.restore:
             return

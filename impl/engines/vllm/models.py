@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from unsee.impl.engines.files import ByteTokenizer, default_cache_dir
+from unsee.impl.engines.files import ByteTokenizer, default_cache_dir, publish_entry
 from unsee.impl.engines.hf.tokenizer import TokenizerMethods
 from unsee.impl.engines.vllm import adapter
 
@@ -100,10 +100,7 @@ def tiny_folder(cache_dir=None, name: str = "tiny") -> Path:
     try:
         hf.save_dequantised(model, _NoTokenizerFiles(), tmp)
         (tmp / _DONE).write_text("vllm tiny\n")
-        try:
-            os.replace(tmp, entry)
-        except OSError:  # another process won the race; its entry is as good
-            pass
+        publish_entry(tmp, entry, _DONE)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return entry
