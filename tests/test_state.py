@@ -119,3 +119,19 @@ def test_checkpoint_store_changes_return_a_new_store():
         CheckpointStore("often")
     with pytest.raises(ValueError, match="at most one per boundary"):
         CheckpointStore("every_turn", [at(1), at(1)])
+
+
+@pytest.mark.parametrize("verb", ["forget", "full_reset"])
+def test_a_forget_refuses_a_state_changed_under_its_replay(lm, verb):
+    """The session lock is re-entrant, so a progress callback on the forget's
+    own thread can step the session; adopting the replay would then lose
+    that step, so the forget refuses and the step stays."""
+    runtime = run(lm)
+
+    def progress(done: int, total: int) -> None:
+        if done == 1:
+            runtime.step(NEXT)
+
+    with pytest.raises(RuntimeError, match=f"{'forget' if verb == 'forget' else 'reset'} refused: the session"):
+        getattr(runtime, verb)("secret", progress)
+    assert runtime.steps[-1] == NEXT and runtime.forgotten == []

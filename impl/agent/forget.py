@@ -113,7 +113,9 @@ class SelectiveReplay:
             if not pending:
                 return self._report("replay", source_ids, 0, None, (), 0, started, before,
                                     already_forgotten=True)
+            base = self._state
             replayed = self.compute_replay(pending, progress, drafts, oracle, lookup)
+            self._check_unchanged(base, "forget")
             self._adopt(replayed.state, replayed.extensions)
             return self._report("replay-oracle" if oracle else "replay", source_ids, replayed.tau,
                                 replayed.checkpoint, replayed.closure, replayed.invocations, started, before,
@@ -154,15 +156,24 @@ class SelectiveReplay:
             started, before = time.perf_counter(), self.engine.counters.snapshot()
             pending = self._begin_forget(source_ids)
             tau = min((self.graph.first_entry(s) for s in pending), default=0)
-            closure = self._closure(pending)
+            closure, base = self._closure(pending), self._state
             # a state before R_0 (no lineage): the spawned runtime begins it
             empty = RuntimeState(checkpoints=CheckpointStore(self.settings.checkpoint_policy),
                                  forgotten=(*self._state.forgotten, *pending))
             fresh = self._spawn([e.branch(self, None) for e in self.extensions], empty, replaying=True)
             steps = self._state.steps if upto is None else self._state.steps[:upto]
             fresh.run([self._sanitize(s, pending) for s in steps], progress)
+            self._check_unchanged(base, "reset")
             self._adopt(fresh.state, fresh.extensions)
             return self._report("reset", source_ids, tau, None, closure, fresh.transitions, started, before)
+
+    def _check_unchanged(self, base: RuntimeState, what: str) -> None:
+        """The replay was computed from ``base``; a step this thread made
+        meanwhile (the session lock is re-entrant: from a progress callback,
+        say) would be lost by adopting it, so the forget is refused instead."""
+        if self._state is not base:
+            raise RuntimeError(f"{what} refused: the session changed while it replayed (a step on the same "
+                               "thread, e.g. from its progress callback); nothing was adopted")
 
     def _begin_forget(self, source_ids: Sequence[str]) -> list[str]:
         """Every forget and full reset starts here, inside the session lock:
