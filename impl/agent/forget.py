@@ -4,7 +4,7 @@ the forget verbs of :class:`~unsee.impl.agent.runtime.AgentRuntime`.
 ``forget`` restores the latest checkpoint before the target's first entry
 into a replay runtime beside this one (on a new lineage sharing the
 checkpoint's prefix copy-on-write) and re-enacts the sanitized suffix there:
-that computes the new state as a value (:meth:`~SelectiveReplay.compute_replay`),
+that computes the new state as a value (:meth:`~SelectiveReplay._compute_replay`),
 which the runtime only then adopts, so a forget that fails halfway leaves
 the session as it was. ``full_reset`` does the same from ``R_0``.
 """
@@ -42,7 +42,7 @@ class AmbiguousTargetError(LookupError):
 
 @attrs.frozen
 class Replayed:
-    """What a replay computed beside the runtime (:meth:`SelectiveReplay.compute_replay`):
+    """What a replay computed beside the runtime (:meth:`SelectiveReplay._compute_replay`):
     the new state, the replay's extensions (whose branch state the runtime
     adopts with it), and what the report says of how it was reached."""
 
@@ -114,18 +114,18 @@ class SelectiveReplay:
                 return self._report("replay", source_ids, 0, None, (), 0, started, before,
                                     already_forgotten=True)
             base = self._state
-            replayed = self.compute_replay(pending, progress, drafts, oracle, lookup)
+            replayed = self._compute_replay(pending, progress, drafts, oracle, lookup)
             self._check_unchanged(base, "forget")
             self._adopt(replayed.state, replayed.extensions)
             return self._report("replay-oracle" if oracle else "replay", source_ids, replayed.tau,
                                 replayed.checkpoint, replayed.closure, replayed.invocations, started, before,
                                 drafts=replayed.drafts, restore=replayed.restore)
 
-    def compute_replay(self, pending: Sequence[str], progress: Progress | None = None, drafts: bool | None = None,
-                       oracle: bool = False, lookup: bool = True) -> Replayed:
+    def _compute_replay(self, pending: Sequence[str], progress: Progress | None = None, drafts: bool | None = None,
+                        oracle: bool = False, lookup: bool = True) -> Replayed:
         """Algorithm 1 beside this runtime: the state of a twin that never
         observed ``pending``, as a new value; this runtime is left as it was
-        (the caller adopts the result). The replay runs in a runtime of its
+        (forget adopts the result). The replay runs in a runtime of its
         own, spawned at the restored state, whose result is read back."""
         taus = [min(b.turn for b in self.graph.locate_source(s)) for s in pending]  # lines 1-2
         tau = min(taus)
