@@ -86,9 +86,9 @@ class CheckpointStore:
     def with_checkpoint(self, checkpoint: Checkpoint) -> CheckpointStore:
         """This store with ``checkpoint``, replacing one at the same boundary."""
         if not self._checkpoints or self._checkpoints[-1].boundary < checkpoint.boundary:  # the usual case
-            return attrs.evolve(self, checkpoints=(*self._checkpoints, checkpoint))
-        return attrs.evolve(self, checkpoints=(*(c for c in self._checkpoints if c.boundary != checkpoint.boundary),
-                                               checkpoint))
+            return CheckpointStore(self.policy, (*self._checkpoints, checkpoint))
+        return CheckpointStore(self.policy, (*(c for c in self._checkpoints if c.boundary != checkpoint.boundary),
+                                             checkpoint))
 
     def latest_before(self, tau: int) -> Checkpoint:
         """``c* = argmax{c : boundary(c) < tau}``."""

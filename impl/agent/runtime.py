@@ -176,10 +176,12 @@ class AgentRuntime(SelectiveReplay):
             raise ValueError(f"step id {step.id!r} was already observed in this session")
         if step.kind not in STEP_KINDS:  # checked before any change to the state
             raise ValueError(f"step {step.id!r}: unknown kind {step.kind!r}; expected one of {STEP_KINDS}")
-        if is_checkpoint_due(self._state.checkpoints.policy, self.t, step):
-            self._register_checkpoint()
         state = self._state
-        self._update(t=state.t + 1, transitions=state.transitions + 1, steps=(*state.steps, step))
+        checkpoints = state.checkpoints
+        if is_checkpoint_due(checkpoints.policy, state.t, step):
+            checkpoints = checkpoints.with_checkpoint(self._get_checkpoint())
+        self._update(t=state.t + 1, transitions=state.transitions + 1, steps=(*state.steps, step),
+                     checkpoints=checkpoints)
         handler = {"user": self._on_message, "tool": self._on_message, "plan": self._on_plan,
                    "memory": self._on_memory, "remember": self._on_remember, "compact": self._on_compact,
                    "session": self._on_session}[step.kind]
@@ -341,11 +343,10 @@ class AgentRuntime(SelectiveReplay):
         self.append_block(f"{step.id}/system", "system", self.renderer.render_first(self.system), parents=(),
                           sources=frozenset())
 
-    def _register_checkpoint(self) -> Checkpoint:
-        checkpoint = Checkpoint(self.t, self.lineage, self.engine.length(self.lineage), self._state.context,
-                                self._state.memory, self._state.plans, self.env_snapshot_id())
-        self._update(checkpoints=self._state.checkpoints.with_checkpoint(checkpoint))
-        return checkpoint
+    def _get_checkpoint(self) -> Checkpoint:
+        """The checkpoint of the state now (``R_t``, before the next transition)."""
+        return Checkpoint(self.t, self.lineage, self.engine.length(self.lineage), self._state.context,
+                          self._state.memory, self._state.plans, self.env_snapshot_id())
 
     def env_snapshot_id(self) -> str | None:
         """The environment snapshot a checkpoint records: an extension's
