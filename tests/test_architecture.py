@@ -4,6 +4,8 @@
 - no subsystem imports one above it in :data:`LAYERS`;
 - the product imports nothing from the test tree, the properties or the benches;
 - no module imports another module's private (``_``) names;
+- no code writes, or calls, a private member of an object it does not own
+  (``self``, ``cls``, or one it just made of a class of its own module);
 - the llama.cpp engine's modules reach no transformers, directly or through impl;
 - no impl file is over 600 lines, and no function over 60.
 """
@@ -24,6 +26,10 @@ LAYERS = ("util", "engines", "agent", "methods", "store", "eval", "conform", "cl
 #: Top-level modules of unsee.impl that sit above every subsystem.
 TOP = ("api",)
 FORBIDDEN = ("unsee.properties", "unsee.tests", "unsee.bench", "tests", "properties", "bench")
+#: private members of other libraries' objects that the engines set, by
+#: (file under impl, attribute): transformers reads the attention choice from
+#: a config's ``_attn_implementation``; torch keeps a module's buffers in ``_buffers``
+FOREIGN_PRIVATE = {("engines/hf/adapter.py", "_attn_implementation"), ("engines/hf/adapter.py", "_buffers")}
 MAX_FILE_LINES = 600
 MAX_FUNCTION_LINES = 60
 
@@ -123,6 +129,63 @@ def test_no_private_name_imports():
     bad = [f"{name}: {module} {n}" for name, path in get_modules().items() for module, names in get_imports(path)
            if module.startswith(PACKAGE) for n in names if n.startswith("_") and n != "__version__"]
     assert not bad, ", ".join(bad)
+
+
+def get_owned(function: ast.AST, classes: set[str]) -> set[str]:
+    """The names in ``function`` bound to objects it owns: ``self``, ``cls``,
+    and locals it assigned a new instance of ``cls``, ``type(self)`` or a
+    class of its module (``classes``)."""
+    owned = {"self", "cls"}
+    for node in ast.walk(function):
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
+            made = node.value.func
+            if ((isinstance(made, ast.Name) and made.id in classes | {"cls"})
+                    or (isinstance(made, ast.Call) and ast.unparse(made) == "type(self)")):
+                owned.update(t.id for t in node.targets if isinstance(t, ast.Name))
+    return owned
+
+
+def find_private_reaches(path: Path, root: Path = IMPL) -> list[str]:
+    """Writes to, and calls of, a private member of an object ``path``'s code does not own."""
+    tree = ast.parse(path.read_text())
+    classes = {n.name for n in ast.walk(tree) if isinstance(n, ast.ClassDef)}
+    where = str(path.relative_to(root))
+    bad = []
+    for function in (n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
+        owned = get_owned(function, classes)
+        for node in ast.walk(function):
+            if isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Store):
+                target = node.value  # x._items[k] = v writes x._items
+            elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+                target = node
+            elif isinstance(node, ast.Call):
+                target = node.func
+            else:
+                continue
+            if (isinstance(target, ast.Attribute) and target.attr.startswith("_") and not target.attr.startswith("__")
+                    and isinstance(target.value, ast.Name) and target.value.id not in owned
+                    and (where, target.attr) not in FOREIGN_PRIVATE):
+                bad.append(f"{where}:{node.lineno} {ast.unparse(target)}")
+    return bad
+
+
+def test_no_private_member_of_another_object_is_written():
+    """A runtime (or any object) changes only through its own verbs: forget
+    adopts a replay's state as a value instead of writing into the replay."""
+    bad = [line for path in sorted(IMPL.rglob("*.py")) for line in find_private_reaches(path)]
+    assert not bad, "private members reached on objects the code does not own: " + ", ".join(bad)
+
+
+def test_private_member_check_sees_what_it_forbids(tmp_path):
+    """The check above finds writes and calls on another object, and passes
+    those on ``self`` and on an instance the code just made."""
+    path = tmp_path / "agent.py"
+    path.write_text("class A:\n"
+                    "    def f(self, other):\n"
+                    "        other._x = 1\n        other._y[0] = 2\n        other._go()\n"
+                    "        self._z = 3\n        mine = A()\n        mine._w = 4\n        mine._go()\n")
+    assert find_private_reaches(path, tmp_path) == ["agent.py:3 other._x", "agent.py:4 other._y",
+                                                    "agent.py:5 other._go"]
 
 
 def test_llamacpp_engine_needs_no_transformers():

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import threading
 from pathlib import Path
 
 import pytest
@@ -24,6 +25,7 @@ from unsee.impl.engines.registry import make_engine
 from unsee.impl.store.session import PersistentSession
 from unsee.impl.store.sqlite import SessionStore, StoreConflictError
 from unsee.impl.store.verify import VERIFIED, verify_store
+from unsee.impl.util.exclusive import SessionBusyError
 
 EPISODE = {
     "format": FORMAT, "version": VERSION, "system": "You are a helpful agent.", "settings": {"max_new_tokens": 3},
@@ -166,3 +168,64 @@ def test_conflict_drops_the_losers_state(lm, base, tmp_path):
     assert second.runtime.forgotten == ["z0", "z1"] and second.t == 5
     first.close()
     second.close()
+
+
+# --- threads on one runtime ------------------------------------------------------
+
+
+class WatchedRuntime(AgentRuntime):
+    """Says when a transition starts (once ``entered`` is set)."""
+
+    entered: threading.Event | None = None
+
+    def _step(self, step: Step) -> None:
+        if self.entered is not None:
+            self.entered.set()
+        super()._step(step)
+
+
+def watched(lm) -> WatchedRuntime:
+    runtime = WatchedRuntime.from_episode(make_engine(lm), parse_episode(EPISODE))
+    runtime.entered = threading.Event()
+    return runtime
+
+
+NEXT = Step("u9", "user", (Item("u9", "jazz at 90"),))
+
+
+def test_run_waits_while_another_thread_holds_the_session(lm):
+    """``run`` on one thread while another holds the session (a save's
+    snapshot, a forget) waits: it does not step because *some* thread holds
+    the lock. (It did: ``run`` stepped unlocked whenever the lock was held.)"""
+    runtime = watched(lm)
+    before = runtime.state
+    runner = threading.Thread(target=runtime.run, args=([NEXT],))
+    with runtime.hold("save"):
+        runner.start()
+        assert not runtime.entered.wait(1.0), "run stepped while another thread held the session"
+        assert runtime.state is before
+    runner.join(60)
+    assert not runner.is_alive() and runtime.t == before.t + 1 and runtime.steps[-1] == NEXT
+
+
+def test_the_holder_steps_again_and_others_are_refused(lm):
+    """The lock is re-entrant for its owner only: inside its own hold a thread
+    steps (without waiting), while another thread's step is refused naming
+    the outermost operation."""
+    runtime = watched(lm)
+    refused: list[str] = []
+
+    def attempt() -> None:
+        try:
+            runtime.step(Step("u10", "user", (Item("u10", "late"),)), wait=False)
+        except SessionBusyError as exc:
+            refused.append(str(exc))
+
+    with runtime.hold("save"):
+        runtime.step(NEXT, wait=False)
+        other = threading.Thread(target=attempt)
+        other.start()
+        other.join(60)
+    assert runtime.steps[-1] == NEXT and len(refused) == 1 and "'save' is still running" in refused[0]
+    runtime.step(Step("u10", "user", (Item("u10", "late"),)), wait=False)  # released on leaving the hold
+    assert runtime.t == 6

@@ -51,39 +51,63 @@ def is_checkpoint_due(policy: str, boundary: int, next_step: Step | None) -> boo
     return False
 
 
-class CheckpointStore:
-    """Checkpoints by boundary; Algorithm 1 line 4 picks the latest before ``tau``."""
+def _check_policy(instance, attribute, policy: str) -> None:
+    if policy not in CHECKPOINT_POLICIES:
+        raise ValueError(f"unknown checkpoint policy {policy!r}; expected one of {CHECKPOINT_POLICIES}")
 
-    def __init__(self, policy: str = "every_turn"):
-        if policy not in CHECKPOINT_POLICIES:
-            raise ValueError(f"unknown checkpoint policy {policy!r}; expected one of {CHECKPOINT_POLICIES}")
-        self.policy = policy
-        self._by_boundary: dict[int, Checkpoint] = {}
+
+def _by_boundary(checkpoints) -> tuple[Checkpoint, ...]:
+    return tuple(sorted(checkpoints, key=lambda c: c.boundary))  # linear on sorted input (the usual case)
+
+
+def _check_distinct(instance, attribute, checkpoints: tuple[Checkpoint, ...]) -> None:
+    boundaries = [c.boundary for c in checkpoints]
+    if len(set(boundaries)) != len(boundaries):
+        raise ValueError(f"checkpoints at boundaries {boundaries}: at most one per boundary")
+
+
+@attrs.frozen
+class CheckpointStore:
+    """Checkpoints by boundary, as a value; Algorithm 1 line 4 picks the
+    latest before ``tau``. :meth:`with_checkpoint`, :meth:`truncated` and
+    :meth:`relabeled` return a new store (the checkpoints, frozen, are shared)."""
+
+    policy: str = attrs.field(default="every_turn", validator=_check_policy)
+    #: sorted by boundary (the converter sorts), one per boundary
+    _checkpoints: tuple[Checkpoint, ...] = attrs.field(default=(), converter=_by_boundary,
+                                                       validator=_check_distinct)
 
     def __len__(self) -> int:
-        return len(self._by_boundary)
+        return len(self._checkpoints)
 
     def all(self) -> list[Checkpoint]:
-        return [self._by_boundary[b] for b in sorted(self._by_boundary)]
+        return list(self._checkpoints)
 
-    def add(self, checkpoint: Checkpoint) -> None:
-        self._by_boundary[checkpoint.boundary] = checkpoint
+    def with_checkpoint(self, checkpoint: Checkpoint) -> CheckpointStore:
+        """This store with ``checkpoint``, replacing one at the same boundary."""
+        if not self._checkpoints or self._checkpoints[-1].boundary < checkpoint.boundary:  # the usual case
+            return CheckpointStore(self.policy, (*self._checkpoints, checkpoint))
+        return CheckpointStore(self.policy, (*(c for c in self._checkpoints if c.boundary != checkpoint.boundary),
+                                             checkpoint))
 
     def latest_before(self, tau: int) -> Checkpoint:
         """``c* = argmax{c : boundary(c) < tau}``."""
-        eligible = [b for b in self._by_boundary if b < tau]
+        eligible = [c for c in self._checkpoints if c.boundary < tau]
         if not eligible:
             raise LookupError(f"no checkpoint before step {tau}; the session-start checkpoint is missing")
-        return self._by_boundary[max(eligible)]
+        return eligible[-1]
 
-    def drop_after(self, boundary: int) -> None:
-        """Forget the checkpoints of the invalidated suffix."""
-        self._by_boundary = {b: c for b, c in self._by_boundary.items() if b <= boundary}
+    def truncated(self, boundary: int) -> CheckpointStore:
+        """This store without the checkpoints of the invalidated suffix (after ``boundary``)."""
+        return attrs.evolve(self, checkpoints=(c for c in self._checkpoints if c.boundary <= boundary))
 
-    def copy(self) -> CheckpointStore:
-        other = CheckpointStore(self.policy)
-        other._by_boundary = dict(self._by_boundary)
-        return other
+    def relabeled(self, old: str, new: str) -> CheckpointStore:
+        """This store with the checkpoints that crop lineage ``old`` cropping
+        ``new`` instead (a branch of it with the same prefix)."""
+        if old not in self.lineages():
+            return self
+        return attrs.evolve(self, checkpoints=(attrs.evolve(c, lineage=new) if c.lineage == old else c
+                                               for c in self._checkpoints))
 
     def lineages(self) -> set[str]:
-        return {c.lineage for c in self._by_boundary.values()}
+        return {c.lineage for c in self._checkpoints}

@@ -3,8 +3,9 @@ the forget verbs of :class:`~unsee.impl.agent.runtime.AgentRuntime`.
 
 ``forget`` restores the latest checkpoint before the target's first entry
 into a replay runtime beside this one (on a new lineage sharing the
-checkpoint's prefix copy-on-write), re-enacts the sanitized suffix there and
-only then adopts the replay's state, so a forget that fails halfway leaves
+checkpoint's prefix copy-on-write) and re-enacts the sanitized suffix there:
+that computes the new state as a value (:meth:`~SelectiveReplay._compute_replay`),
+which the runtime only then adopts, so a forget that fails halfway leaves
 the session as it was. ``full_reset`` does the same from ``R_0``.
 """
 
@@ -15,10 +16,12 @@ from collections.abc import Callable, Sequence
 
 import attrs
 
-from unsee.impl.agent.checkpoints import Checkpoint
+from unsee.impl.agent.checkpoints import Checkpoint, CheckpointStore
 from unsee.impl.agent.drafts import choose_drafts
 from unsee.impl.agent.episode import Step
+from unsee.impl.agent.extensions import Extension
 from unsee.impl.agent.report import ForgetReport
+from unsee.impl.agent.state import RuntimeState
 from unsee.impl.engines.files import get_cpu_isa
 from unsee.impl.engines.protocol import Residue, RestoreReport, get_draft_bound
 from unsee.impl.util.text import normalize
@@ -39,6 +42,20 @@ class AmbiguousTargetError(LookupError):
     """A target value held by several sources."""
 
 
+@attrs.frozen
+class Replayed:
+    """What a replay computed beside the runtime (:meth:`SelectiveReplay._compute_replay`):
+    the new state, the replay's extensions (whose branch state the runtime
+    adopts with it), and what the report says of how it was reached."""
+
+    state: RuntimeState
+    extensions: tuple[Extension, ...]
+    tau: int
+    checkpoint: Checkpoint
+    closure: tuple[str, ...]
+    invocations: int  # transitions the replay ran
+    drafts: dict
+    restore: dict
 
 
 def get_restore_fields(engine, checkpoint_tokens: int, shared: bool, lineage: str) -> dict:
@@ -98,32 +115,40 @@ class SelectiveReplay:
             if not pending:
                 return self._report("replay", source_ids, 0, None, (), 0, started, before,
                                     already_forgotten=True)
-            taus = [min(b.turn for b in self.graph.locate_source(s)) for s in pending]  # lines 1-2
-            tau = min(taus)
-            closure = self._closure(pending)  # line 3
-            checkpoint = self.checkpoints.latest_before(tau)  # line 4
-            shared = checkpoint.lineage in self.engine.budget.lineages  # else _restore rebuilds it from the manifest
-            replay = self._restore(checkpoint)  # line 5: share the kept prefix of the lineage (a crop, no copy)
-            restored = replay.lineage
-            suffix = [self._sanitize(s, pending) for s in self.steps[checkpoint.boundary:]]  # line 7
-            transitions_before = replay.transitions
-            replay._update(forgotten=(*self._state.forgotten, *pending))
-            bound, bound_source = get_draft_bound(self.engine)
-            replay.drafts, draft_info = choose_drafts(self.engine.lm, bound, self.graph.blocks(),
-                                                      self.steps, checkpoint.boundary, drafts, oracle, pending,
-                                                      lookup)
-            draft_info["bound_source"] = bound_source  # "calibrated" (on this CPU) or shipped from another
-            draft_info["cpu_isa"] = get_cpu_isa()
-            replay.run(suffix, progress)  # lines 6-10
-            restore = get_restore_fields(self.engine, checkpoint.token_offset, shared, restored)
-            if replay.drafts is not None:
-                draft_info["totals"] = replay.drafts.get_totals()
-                draft_info["turns"] = [attrs.asdict(t) for t in replay.drafts.turns]
-            replay.drafts = None
-            self._adopt(replay)
-            return self._report("replay-oracle" if oracle else "replay", source_ids, tau, checkpoint, closure,
-                                self.transitions - transitions_before, started, before, drafts=draft_info,
-                                restore=restore)
+            base = self._state
+            replayed = self._compute_replay(pending, progress, drafts, oracle, lookup)
+            self._check_unchanged(base, "forget")
+            self._adopt(replayed.state, replayed.extensions)
+            return self._report("replay-oracle" if oracle else "replay", source_ids, replayed.tau,
+                                replayed.checkpoint, replayed.closure, replayed.invocations, started, before,
+                                drafts=replayed.drafts, restore=replayed.restore)
+
+    def _compute_replay(self, pending: Sequence[str], progress: Progress | None = None, drafts: bool | None = None,
+                        oracle: bool = False, lookup: bool = True) -> Replayed:
+        """Algorithm 1 beside this runtime: the state of a twin that never
+        observed ``pending``, as a new value; this runtime is left as it was
+        (forget adopts the result). The replay runs in a runtime of its
+        own, spawned at the restored state, whose result is read back."""
+        taus = [min(b.turn for b in self.graph.locate_source(s)) for s in pending]  # lines 1-2
+        tau = min(taus)
+        closure = self._closure(pending)  # line 3
+        checkpoint = self.checkpoints.latest_before(tau)  # line 4
+        shared = checkpoint.lineage in self.engine.budget.lineages  # else _restore rebuilds it from the manifest
+        bound, bound_source = get_draft_bound(self.engine)
+        chosen, draft_info = choose_drafts(self.engine.lm, bound, self.graph.blocks(), self.steps,
+                                           checkpoint.boundary, drafts, oracle, pending, lookup)
+        draft_info["bound_source"] = bound_source  # "calibrated" (on this CPU) or shipped from another
+        draft_info["cpu_isa"] = get_cpu_isa()
+        # line 5: share the kept prefix of the lineage (a crop, no copy)
+        replay = self._restore(checkpoint, pending, chosen)
+        restored, transitions_before = replay.lineage, replay.transitions
+        replay.run([self._sanitize(s, pending) for s in self.steps[checkpoint.boundary:]], progress)  # lines 6-10
+        restore = get_restore_fields(self.engine, checkpoint.token_offset, shared, restored)
+        if chosen is not None:
+            draft_info["totals"] = chosen.get_totals()
+            draft_info["turns"] = [attrs.asdict(t) for t in chosen.turns]
+        return Replayed(replay.state, tuple(replay.extensions), tau, checkpoint, closure,
+                        replay.transitions - transitions_before, draft_info, restore)
 
     def full_reset(self, source_id: str | Sequence[str], progress: Progress | None = None,
                    wait: bool = True, upto: int | None = None) -> ForgetReport:
@@ -135,15 +160,24 @@ class SelectiveReplay:
             started, before = time.perf_counter(), self.engine.counters.snapshot()
             pending = self._begin_forget(source_ids)
             tau = min((self.graph.first_entry(s) for s in pending), default=0)
-            closure = self._closure(pending)
-            fresh = self._spawn([e.branch(self, None) for e in self.extensions])
-            fresh._begin()
-            fresh.replaying = True
-            fresh._update(forgotten=(*self._state.forgotten, *pending))
+            closure, base = self._closure(pending), self._state
+            # a state before R_0 (no lineage): the spawned runtime begins it
+            empty = RuntimeState(checkpoints=CheckpointStore(self.settings.checkpoint_policy),
+                                 forgotten=(*self._state.forgotten, *pending))
+            fresh = self._spawn([e.branch(self, None) for e in self.extensions], empty, replaying=True)
             steps = self._state.steps if upto is None else self._state.steps[:upto]
             fresh.run([self._sanitize(s, pending) for s in steps], progress)
-            self._adopt(fresh)
+            self._check_unchanged(base, "reset")
+            self._adopt(fresh.state, fresh.extensions)
             return self._report("reset", source_ids, tau, None, closure, fresh.transitions, started, before)
+
+    def _check_unchanged(self, base: RuntimeState, what: str) -> None:
+        """The replay was computed from ``base``; a step this thread made
+        meanwhile (the session lock is re-entrant: from a progress callback,
+        say) would be lost by adopting it, so the forget is refused instead."""
+        if self._state is not base:
+            raise RuntimeError(f"{what} refused: the session changed while it replayed (a step on the same "
+                               "thread, e.g. from its progress callback); nothing was adopted")
 
     def _begin_forget(self, source_ids: Sequence[str]) -> list[str]:
         """Every forget and full reset starts here, inside the session lock:
@@ -221,5 +255,5 @@ class SelectiveReplay:
             drafts=drafts or {"mode": "off", "why": "no replay of model turns from drafts"})
 
 
-__all__ = ["AmbiguousTargetError", "Progress", "SelectiveReplay", "TargetNotFoundError", "get_restore_fields",
+__all__ = ["AmbiguousTargetError", "Progress", "Replayed", "SelectiveReplay", "TargetNotFoundError", "get_restore_fields",
            "sanitize_step"]

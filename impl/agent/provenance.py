@@ -11,7 +11,7 @@ Lemma 2 (ii)).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 import attrs
 
@@ -62,6 +62,15 @@ class RuntimeBlock:
         return out
 
 
+def _check_new(block: RuntimeBlock, index: Mapping[str, int]) -> None:
+    """``block`` may be appended to a graph whose ids are ``index``."""
+    if block.id in index:
+        raise ValueError(f"block id {block.id!r} already recorded")
+    missing = [p for p in block.parents if p not in index]
+    if missing:
+        raise ValueError(f"block {block.id!r} names unknown parents {missing}")
+
+
 class UnknownSourceError(KeyError):
     """A forget request named a source id the session never observed."""
 
@@ -69,64 +78,67 @@ class UnknownSourceError(KeyError):
         return str(self.args[0])
 
 
+@attrs.frozen
 class ArtifactGraph:
-    """An append-only provenance graph with a child index for closures."""
+    """An append-only provenance graph, as a value. ``ArtifactGraph(blocks)``
+    takes the blocks in creation order (each one's parents before it);
+    :meth:`with_block`,
+    :meth:`with_replaced` and :meth:`truncated` return a new graph and leave
+    this one as it was. The blocks (themselves frozen) are shared between
+    versions; a change copies the tuple of references and the id index,
+    O(blocks) pointer copies with no block copied. Two graphs are equal iff
+    they hold equal blocks in the same order."""
 
-    def __init__(self) -> None:
-        self._blocks: dict[str, RuntimeBlock] = {}
-        self._children: dict[str, list[str]] = {}
+    _blocks: tuple[RuntimeBlock, ...] = attrs.field(default=(), converter=tuple)
+    #: block id -> position in ``_blocks``: derived (so not part of equality),
+    #: built and checked from the blocks unless a change passes it on
+    _index: Mapping[str, int] | None = attrs.field(default=None, eq=False, repr=False)
+
+    def __attrs_post_init__(self) -> None:
+        if self._index is None:
+            index: dict[str, int] = {}
+            for position, block in enumerate(self._blocks):
+                _check_new(block, index)
+                index[block.id] = position
+            object.__setattr__(self, "_index", index)  # frozen: set once, at construction
 
     def __contains__(self, block_id: str) -> bool:
-        return block_id in self._blocks
+        return block_id in self._index
 
     def __getitem__(self, block_id: str) -> RuntimeBlock:
-        return self._blocks[block_id]
+        return self._blocks[self._index[block_id]]
 
     def __len__(self) -> int:
         return len(self._blocks)
 
     def blocks(self) -> list[RuntimeBlock]:
-        return list(self._blocks.values())
+        return list(self._blocks)
 
-    def add(self, block: RuntimeBlock) -> RuntimeBlock:
-        if block.id in self._blocks:
-            raise ValueError(f"block id {block.id!r} already recorded")
-        missing = [p for p in block.parents if p not in self._blocks]
-        if missing:
-            raise ValueError(f"block {block.id!r} names unknown parents {missing}")
-        self._blocks[block.id] = block
-        for parent in block.parents:
-            self._children.setdefault(parent, []).append(block.id)
-        return block
+    def with_block(self, block: RuntimeBlock) -> ArtifactGraph:
+        """This graph and ``block``, appended (its parents must be recorded)."""
+        _check_new(block, self._index)
+        return ArtifactGraph((*self._blocks, block), {**self._index, block.id: len(self._blocks)})
 
-    def replace(self, block: RuntimeBlock) -> None:
-        """Update a block's metadata in place (e.g. marking a call committed);
-        its parents must not change, since edges are append-only."""
-        old = self._blocks[block.id]
-        if old.parents != block.parents:
+    def with_replaced(self, block: RuntimeBlock) -> ArtifactGraph:
+        """This graph with a block's metadata updated (e.g. marked committed),
+        in its place; its parents must not change, since edges are append-only."""
+        position = self._index[block.id]
+        if self._blocks[position].parents != block.parents:
             raise ValueError(f"block {block.id!r}: parents are immutable")
-        self._blocks[block.id] = block
+        blocks = self._blocks[:position] + (block,) + self._blocks[position + 1:]
+        return ArtifactGraph(blocks, self._index)  # same ids, same positions: the index is shared
 
-    def copy(self) -> ArtifactGraph:
-        other = ArtifactGraph()
-        other._blocks = dict(self._blocks)
-        other._children = {k: list(v) for k, v in self._children.items()}
-        return other
-
-    def truncate(self, turn: int) -> None:
-        """Drop every block produced after ``turn`` (the invalidated suffix)."""
-        kept = [b for b in self._blocks.values() if b.turn <= turn]
-        self._blocks, self._children = {}, {}
-        for block in kept:
-            self.add(block)
+    def truncated(self, turn: int) -> ArtifactGraph:
+        """This graph without the blocks produced after ``turn`` (the invalidated suffix)."""
+        return ArtifactGraph(b for b in self._blocks if b.turn <= turn)
 
     # --- Algorithm 1, lines 1-3 ---------------------------------------------
 
     def locate_source(self, source_id: str) -> list[RuntimeBlock]:
         """``LocateSource``: blocks where ``source_id`` entered (they carry it,
         none of their parents does)."""
-        carriers = {b.id for b in self._blocks.values() if source_id in b.source_ids}
-        found = [b for b in self._blocks.values()
+        carriers = {b.id for b in self._blocks if source_id in b.source_ids}
+        found = [b for b in self._blocks
                  if b.id in carriers and not any(p in carriers for p in b.parents)]
         if not found:
             raise UnknownSourceError(f"unknown source id {source_id!r}: no block of this session carries it")
@@ -137,19 +149,17 @@ class ArtifactGraph:
         return min(b.turn for b in self.locate_source(source_id))
 
     def taint_closure(self, source_id: str) -> list[str]:
-        """``TaintClosure``: every block reachable from the source blocks."""
+        """``TaintClosure``: every block reachable from the source blocks, in
+        creation order. A block's parents precede it, so one pass in that
+        order finds every descendant."""
         seen = {b.id for b in self.locate_source(source_id)}
-        frontier = list(seen)
-        while frontier:
-            for child in self._children.get(frontier.pop(), ()):
-                if child not in seen:
-                    seen.add(child)
-                    frontier.append(child)
-        return [b for b in self._blocks if b in seen]  # creation order
+        for block in self._blocks:
+            if block.id not in seen and any(p in seen for p in block.parents):
+                seen.add(block.id)
+        return [b.id for b in self._blocks if b.id in seen]
 
     def to_spec(self, blocks: Iterable[str] | None = None) -> ProvenanceGraph:
         """Lift into the spec's graph, for differential checks."""
-        ids = list(self._blocks) if blocks is None else list(blocks)
+        chosen = self._blocks if blocks is None else tuple(self[i] for i in blocks)
         return ProvenanceGraph(tuple(
-            Artifact(b.id, b.type, b.parents, b.source_ids, b.token_span, b.turn, b.committed)
-            for b in (self._blocks[i] for i in ids)))
+            Artifact(b.id, b.type, b.parents, b.source_ids, b.token_span, b.turn, b.committed) for b in chosen))

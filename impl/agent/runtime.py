@@ -37,13 +37,7 @@ from unsee.impl.agent.checkpoints import Checkpoint, CheckpointStore, is_checkpo
 from unsee.impl.agent.drafts import Drafts, TurnCost
 from unsee.impl.agent.episode import STEP_KINDS, Episode, Item, Settings, Step
 from unsee.impl.agent.extensions import Extension
-from unsee.impl.agent.forget import (
-    AmbiguousTargetError,
-    Progress,
-    SelectiveReplay,
-    TargetNotFoundError,
-    sanitize_step,
-)
+from unsee.impl.agent.forget import AmbiguousTargetError, Progress, SelectiveReplay, TargetNotFoundError, sanitize_step
 from unsee.impl.agent.provenance import DERIVED_TYPES, RuntimeBlock
 from unsee.impl.agent.render import (
     END,
@@ -162,12 +156,13 @@ class AgentRuntime(SelectiveReplay):
     def run(self, steps: Iterable[Step], progress: Progress | None = None) -> None:
         steps = list(steps)
         for i, step in enumerate(steps, start=1):
-            self._step(step) if self._exclusive.running else self.step(step)
+            self.step(step)  # the session lock is re-entrant: a caller holding it goes on, others wait
             if progress:
                 progress(i, len(steps))
 
     def hold(self, what: str, wait: bool = True):
-        """A block in which no step or forget of this session runs (a save's consistent snapshot)."""
+        """A block in which no step or forget of this session runs on another
+        thread (a save's consistent snapshot); the holding thread may still step."""
         return self._exclusive(wait, what)
 
     # --- the transition F ---------------------------------------------------
@@ -182,10 +177,12 @@ class AgentRuntime(SelectiveReplay):
             raise ValueError(f"step id {step.id!r} was already observed in this session")
         if step.kind not in STEP_KINDS:  # checked before any change to the state
             raise ValueError(f"step {step.id!r}: unknown kind {step.kind!r}; expected one of {STEP_KINDS}")
-        if is_checkpoint_due(self.checkpoints.policy, self.t, step):
-            self._register_checkpoint()
         state = self._state
-        self._update(t=state.t + 1, transitions=state.transitions + 1, steps=(*state.steps, step))
+        checkpoints = state.checkpoints
+        if is_checkpoint_due(checkpoints.policy, state.t, step):
+            checkpoints = checkpoints.with_checkpoint(self._get_checkpoint())
+        self._update(t=state.t + 1, transitions=state.transitions + 1, steps=(*state.steps, step),
+                     checkpoints=checkpoints)
         handler = {"user": self._on_message, "tool": self._on_message, "plan": self._on_plan,
                    "memory": self._on_memory, "remember": self._on_remember, "compact": self._on_compact,
                    "session": self._on_session}[step.kind]
@@ -244,14 +241,13 @@ class AgentRuntime(SelectiveReplay):
     def _record(self, block_id: str, type_: str, text: str, parents: tuple[str, ...],
                 sources: frozenset[str]) -> RuntimeBlock:
         """A block that is stored but not in context (a memory record)."""
-        return self.graph.add(RuntimeBlock(block_id, type_, text, (), parents, sources, (0, 0), self.t))
+        return self.commit_block(RuntimeBlock(block_id, type_, text, (), parents, sources, (0, 0), self.t),
+                                 extend_context=False)
 
     def commit_block(self, block: RuntimeBlock, extend_context: bool = True) -> RuntimeBlock:
         """Record ``block`` (whose tokens the caller has put in the live cache)
         in the graph and, with ``extend_context``, at the end of the context."""
-        self.graph.add(block)
-        if extend_context:
-            self._update(context=(*self._state.context, block.id))
+        self._set_state(self._state.with_block(block, extend_context))
         return block
 
     def append_block(self, block_id: str, type_: str, text: str, parents: tuple[str, ...],
@@ -266,7 +262,7 @@ class AgentRuntime(SelectiveReplay):
 
     def mark_committed(self, block_id: str) -> None:
         """Mark a block committed (a plan whose call's side effect the real world holds)."""
-        self.graph.replace(attrs.evolve(self.graph[block_id], committed=True))
+        self._update(graph=self.graph.with_replaced(attrs.evolve(self.graph[block_id], committed=True)))
 
     def render_block(self, role: str, text: str) -> str:
         """The text of a ``role`` block ('user' or 'system') appended now (impl/agent/render.py)."""
@@ -347,11 +343,10 @@ class AgentRuntime(SelectiveReplay):
         self.append_block(f"{step.id}/system", "system", self.renderer.render_first(self.system), parents=(),
                           sources=frozenset())
 
-    def _register_checkpoint(self) -> Checkpoint:
-        checkpoint = Checkpoint(self.t, self.lineage, len(self.engine.tokens(self.lineage)), self._state.context,
-                                self._state.memory, self._state.plans, self.env_snapshot_id())
-        self.checkpoints.add(checkpoint)
-        return checkpoint
+    def _get_checkpoint(self) -> Checkpoint:
+        """The checkpoint of the state now (``R_t``, before the next transition)."""
+        return Checkpoint(self.t, self.lineage, len(self.engine.tokens(self.lineage)), self._state.context,
+                          self._state.memory, self._state.plans, self.env_snapshot_id())
 
     def env_snapshot_id(self) -> str | None:
         """The environment snapshot a checkpoint records: an extension's
@@ -422,33 +417,39 @@ class AgentRuntime(SelectiveReplay):
 
     # --- branching -----------------------------------------------------------
 
-    def _spawn(self, extensions: Iterable[Extension]) -> AgentRuntime:
-        """An empty runtime of the same kind and configuration with ``extensions``."""
-        return type(self)(self.engine, self.system, self.settings, extensions=extensions)
+    def _spawn(self, extensions: Iterable[Extension], state: RuntimeState, *, replaying: bool = False,
+               drafts: Drafts | None = None) -> AgentRuntime:
+        """A runtime of the same kind and configuration with ``extensions`` at
+        ``state`` (one with no lineage is begun as a fresh ``R_0``); its result
+        is read back as a value (:attr:`state`). ``replaying``: it re-enacts
+        a sanitized stream (tools shadow-execute), with ``drafts`` if given."""
+        other = type(self)(self.engine, self.system, self.settings, extensions=extensions)
+        other._resume(state, replaying, drafts)
+        return other
+
+    def _resume(self, state: RuntimeState, replaying: bool, drafts: Drafts | None) -> None:
+        self.replaying, self.drafts = replaying, drafts
+        # a spawned runtime's checkpoints name its parent's lineages: not its own to drop
+        self._shared_lineages = True
+        self._set_state(state)
+        if not state.lineage:
+            self._begin()
 
     def fork(self) -> AgentRuntime:
         """A copy that shares nothing mutable: its own current lineage, which
         shares the current one's KV copy-on-write, and a fork of every extension.
-
         Checkpoint lineages are shared read-only (restores never write into them)."""
-        other = self._spawn([e.fork() for e in self.extensions])
-        other._set_state(self._state.copy(self.engine.fork(self.lineage)))
+        other = self._spawn([e.fork() for e in self.extensions],
+                            self._state.on_branch(self.engine.fork(self.lineage)))
         # the clone's checkpoints may still name our current lineage, and ours theirs
-        self._shared_lineages = other._shared_lineages = True
-        other._remap_current(self.lineage)
+        self._shared_lineages = True
         return other
 
-    def _remap_current(self, old: str) -> None:
-        """Checkpoints that named the lineage we branched from now name our
-        branch, whose prefix is identical."""
-        for c in self.checkpoints.all():
-            if c.lineage == old:
-                self.checkpoints.add(attrs.evolve(c, lineage=self.lineage))
-
-    def _restore(self, checkpoint: Checkpoint) -> AgentRuntime:
-        """Algorithm 1 line 5: ``Restore(c*)`` into a new runtime beside this one."""
-        replay = self._spawn([e.branch(self, checkpoint) for e in self.extensions])
-        replay.replaying = True
+    def _restore(self, checkpoint: Checkpoint, forgetting: Sequence[str] = (),
+                 drafts: Drafts | None = None) -> AgentRuntime:
+        """Algorithm 1 line 5: ``Restore(c*)`` into a new runtime beside this one
+        that has also forgotten ``forgetting`` and replays with ``drafts``."""
+        extensions = [e.branch(self, checkpoint) for e in self.extensions]
         if checkpoint.lineage in self.engine.budget.lineages:
             # The first token_offset tokens, shared copy-on-write: O(layers)
             # whatever the length, and the replay's prefills never write into
@@ -459,9 +460,9 @@ class AgentRuntime(SelectiveReplay):
             if len(self.engine.tokens(lineage)) != checkpoint.token_offset:
                 raise RuntimeError(f"checkpoint {checkpoint.boundary}: manifest rebuilds "
                                    f"{len(self.engine.tokens(lineage))} tokens, expected {checkpoint.token_offset}")
-        replay._set_state(self._state.at_checkpoint(checkpoint, lineage))
-        replay._shared_lineages = True  # its checkpoints name our lineages until adopted
-        return replay
+        state = attrs.evolve(self._state.at_checkpoint(checkpoint, lineage),
+                             forgotten=(*self._state.forgotten, *forgetting))
+        return self._spawn(extensions, state, replaying=True, drafts=drafts)
 
     def rebuild_lineage(self, block_ids: Sequence[str]) -> str:
         """A new lineage holding ``block_ids`` prefilled in their recorded chunks.
@@ -471,12 +472,12 @@ class AgentRuntime(SelectiveReplay):
         tokens count as ``rebuilt_tokens``."""
         return rebuild(self.engine, (chunk for block_id in block_ids for chunk in self.graph[block_id].get_chunks()))
 
-    def _adopt(self, other: AgentRuntime) -> None:
-        """Commit: take over ``other``'s state and extensions' branch state,
-        then drop caches nothing names."""
+    def _adopt(self, state: RuntimeState, extensions: Sequence[Extension]) -> None:
+        """Commit: take ``state`` (a replay's result) and the extensions'
+        branch state, then drop caches nothing names."""
         old_lineages = self.checkpoints.lineages() | {self.lineage}
-        self._set_state(other.state)
-        for mine, theirs in zip(self.extensions, other.extensions, strict=True):
+        self._set_state(state)
+        for mine, theirs in zip(self.extensions, extensions, strict=True):
             mine.adopt(theirs)
         self.replaying = False
         if not self._shared_lineages:
@@ -518,10 +519,11 @@ class AgentRuntime(SelectiveReplay):
         lineage = runtime.rebuild_lineage(state.context)
         # checkpoints on the live lineage can crop it instead of rebuilding
         live_offset = len(engine.tokens(lineage))
+        checkpoints = state.checkpoints
         for c in state.checkpoints.all():
             if c.context == state.context[:len(c.context)] and c.token_offset <= live_offset:
-                state.checkpoints.add(attrs.evolve(c, lineage=lineage))
-        runtime._update(lineage=lineage)
+                checkpoints = checkpoints.with_checkpoint(attrs.evolve(c, lineage=lineage))
+        runtime._update(lineage=lineage, checkpoints=checkpoints)
         return runtime
 
     # --- edits: the verbs of the edit-style baselines (impl/methods/baselines.py)
@@ -548,15 +550,12 @@ class AgentRuntime(SelectiveReplay):
             self.engine.prefill(self.lineage, list(tokens))
             rebuilt = attrs.evolve(block, tokens=tuple(tokens), token_span=(start, start + len(tokens)))
             if rebuilt.id in self.graph:
-                self.graph.replace(rebuilt)
+                self._update(graph=self.graph.with_replaced(rebuilt), context=(*self._state.context, rebuilt.id))
             else:
-                self.graph.add(rebuilt)
-            self._update(context=(*self._state.context, rebuilt.id))
+                self.commit_block(rebuilt)
 
     def _ensure(self, block: RuntimeBlock) -> RuntimeBlock:
-        if block.id not in self.graph:
-            self.graph.add(block)
-        return block
+        return block if block.id in self.graph else self.commit_block(block, extend_context=False)
 
     def _get_edit_tokens(self, block: RuntimeBlock) -> tuple[int, ...]:
         if block.id in self.graph and self.graph[block.id] is block and block.tokens:
@@ -574,16 +573,17 @@ class AgentRuntime(SelectiveReplay):
                 a, z, _ = cuts[block_id]
                 start = self.graph[block_id].token_span[0]
                 self.engine.excise(self.lineage, start + a, start + z)
-        offset = 0
+        offset, graph = 0, self.graph
         for block_id in self._state.context:
-            block = self.graph[block_id]
+            block = graph[block_id]
             tokens, text, chunks = block.tokens, block.text, block.chunks
             if block_id in cuts:
                 a, z, item = cuts[block_id]
                 tokens, text, chunks = tokens[:a] + tokens[z:], text.replace(item, "", 1), ()
-            self.graph.replace(attrs.evolve(block, tokens=tuple(tokens), text=text,
-                                            token_span=(offset, offset + len(tokens)), chunks=chunks))
+            graph = graph.with_replaced(attrs.evolve(block, tokens=tuple(tokens), text=text,
+                                                     token_span=(offset, offset + len(tokens)), chunks=chunks))
             offset += len(tokens)
+        self._update(graph=graph)
 
 
 def run_episode(engine: Engine, episode: Episode, progress: Progress | None = None) -> AgentRuntime:

@@ -5,8 +5,9 @@ the provenance graph, the checkpoints, the cache lineage the runtime extends,
 the resident context, memory store and pending plans, and the counters. The
 runtime replaces it whole (``attrs.evolve``) at every change, so a fork, a
 restore and the adoption of a replay's result are each one new value. The
-graph and the checkpoint store are mutable containers: :meth:`copy` and
-:meth:`at_checkpoint` copy them, so two runtimes never share one.
+graph and the checkpoint store are values too (their changes return a new
+one), so a state is never changed once made, two runtimes may share one,
+and two states are equal iff every field is equal.
 
 The KV tensors are not part of it: ``lineage`` names them in the engine (the
 runtime pins it, see :class:`~unsee.impl.agent.runtime.AgentRuntime`).
@@ -23,8 +24,8 @@ from unsee.impl.agent.provenance import ArtifactGraph, RuntimeBlock
 
 @attrs.frozen
 class RuntimeState:
-    """``R_t`` without its KV tensors. Sequences are tuples: a state is never
-    changed in place, except through its graph and checkpoint store."""
+    """``R_t`` without its KV tensors, as a value: every field is frozen
+    (sequences are tuples), so a state is never changed in place."""
 
     graph: ArtifactGraph = attrs.field(factory=ArtifactGraph)
     checkpoints: CheckpointStore = attrs.field(factory=CheckpointStore)
@@ -37,27 +38,29 @@ class RuntimeState:
     transitions: int = 0  # invocations of F
     forgotten: tuple[str, ...] = attrs.field(default=(), converter=tuple)  # source ids (ids, never values)
 
-    def copy(self, lineage: str) -> RuntimeState:
-        """The same state on ``lineage``, sharing no mutable container."""
-        return attrs.evolve(self, graph=self.graph.copy(), checkpoints=self.checkpoints.copy(), lineage=lineage)
+    def on_branch(self, lineage: str) -> RuntimeState:
+        """The same state on ``lineage``, a branch of this one's lineage with
+        the same prefix (a fork): checkpoints that cropped the old lineage
+        crop the branch."""
+        return attrs.evolve(self, checkpoints=self.checkpoints.relabeled(self.lineage, lineage), lineage=lineage)
 
     def at_checkpoint(self, checkpoint: Checkpoint, lineage: str) -> RuntimeState:
         """``Restore(c*)`` (Algorithm 1 line 5): the state at the checkpoint's
         boundary on ``lineage``, which holds the checkpoint's prefix. The
         transition count and the forgotten sources carry on."""
-        graph = self.graph.copy()
-        graph.truncate(checkpoint.boundary)
-        checkpoints = self.checkpoints.copy()
-        checkpoints.drop_after(checkpoint.boundary)
         # Checkpoints on the restored lineage now name the new one, whose
         # prefix is the same; the original lineage then belongs to the old
         # state alone.
-        for c in checkpoints.all():
-            if c.lineage == checkpoint.lineage:
-                checkpoints.add(attrs.evolve(c, lineage=lineage))
-        return attrs.evolve(self, graph=graph, checkpoints=checkpoints, steps=self.steps[:checkpoint.boundary],
-                            t=checkpoint.boundary, lineage=lineage, context=checkpoint.context,
-                            memory=checkpoint.memory, plans=checkpoint.plans)
+        checkpoints = self.checkpoints.truncated(checkpoint.boundary).relabeled(checkpoint.lineage, lineage)
+        return attrs.evolve(self, graph=self.graph.truncated(checkpoint.boundary), checkpoints=checkpoints,
+                            steps=self.steps[:checkpoint.boundary], t=checkpoint.boundary, lineage=lineage,
+                            context=checkpoint.context, memory=checkpoint.memory, plans=checkpoint.plans)
+
+    def with_block(self, block: RuntimeBlock, extend_context: bool = False) -> RuntimeState:
+        """This state with ``block`` recorded in the graph and, with
+        ``extend_context``, at the end of the context."""
+        context = (*self.context, block.id) if extend_context else self.context
+        return attrs.evolve(self, graph=self.graph.with_block(block), context=context)
 
     def get_record(self) -> dict:
         """The state as plain data, as the session record holds it (no
@@ -75,13 +78,11 @@ class RuntimeState:
         """The inverse of :meth:`get_record`, without a lineage. A recorded
         checkpoint's cache handle named a cache of the process that wrote it:
         it becomes ``stored:<handle>``, which names no cache here."""
-        graph, checkpoints = ArtifactGraph(), CheckpointStore(policy)
-        for block in record["blocks"]:
-            graph.add(RuntimeBlock.from_record(block))
-        for c in record["checkpoints"]:
-            checkpoints.add(Checkpoint(c["boundary"], f"stored:{c['lineage']}", c["token_offset"],
-                                       tuple(c["context"]), tuple(c["memory"]), tuple(c["plans"]),
-                                       c.get("env_snapshot")))
+        graph = ArtifactGraph(RuntimeBlock.from_record(block) for block in record["blocks"])
+        checkpoints = CheckpointStore(policy, (
+            Checkpoint(c["boundary"], f"stored:{c['lineage']}", c["token_offset"], tuple(c["context"]),
+                       tuple(c["memory"]), tuple(c["plans"]), c.get("env_snapshot"))
+            for c in record["checkpoints"]))
         steps = [Step(s["id"], s["kind"], tuple(Item(i["source"], i["text"]) for i in s["items"]), s["tool"])
                  for s in record["steps"]]
         return cls(graph, checkpoints, steps, record["t"], "", record["context"], record["memory"], record["plans"],
