@@ -260,3 +260,32 @@ def test_statements_table_names_code_that_exists():
         elif not resolve_bare(token):
             missing.append(token)
     assert not missing, f"names in docs/statements.md that the code does not define: {missing}"
+
+
+def test_readme_cli_table_is_generated_from_the_parser():
+    from unsee.impl.cli.docs import CLI_REGION, WRITE_COMMAND, get_region, render_cli_table
+
+    committed = get_region((ROOT / "README.md").read_text(), CLI_REGION)
+    assert committed == render_cli_table(), f"README's CLI table differs from the parser: run {WRITE_COMMAND}"
+
+
+def test_cli_table_follows_the_parser_without_edits():
+    """A subcommand, a positional and an option added to the parser appear, a hidden alias does not."""
+    from unsee.impl.cli.docs import compute_readme, render_cli_table
+    from unsee.impl.cli.options import add_alias
+    from unsee.impl.cli.parser import build_parser
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a.choices, dict))
+    extra = sub.add_parser("frobnicate", help="a subcommand | made up here")
+    extra.add_argument("target", metavar="TARGET")
+    extra.add_argument("--port", type=int, metavar="N")
+    extra.add_argument("--engine", choices=("transformers", "vllm"))
+    add_alias(extra, "--old-port", "--port", type=int)
+    row = next(r for r in render_cli_table(parser).splitlines() if r.startswith("| `frobnicate"))
+    assert row == ("| `frobnicate TARGET` | a subcommand \\| made up here | `--port N`, "
+                   "`--engine {transformers,vllm}` |"), row
+    for name in ("run", "forget", "verify", "show", "demo", "conform", "eval", "calibrate"):
+        assert f"| `{name}" in render_cli_table(parser), name
+    stale = (ROOT / "README.md").read_text().replace("`--json`", "`--jsonl`", 1)
+    assert compute_readme(stale) != stale  # the check sees a hand edit inside the region
