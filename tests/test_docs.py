@@ -293,7 +293,7 @@ def test_cli_table_follows_the_parser_without_edits():
 
 #: the line that labels a bench figure: build, attention, dtype, CPU and command (docs/bench.md, "Labels")
 FIGURE_LABEL = re.compile(r"> build (`[0-9a-f]{7,40}`|not recorded)[^·]* · attention [^·]+ · dtype [^·]+ · CPU [^·]+"
-                          r" · command `[^`]*(python|pytest|make)[^`]*`")
+                          r" · command `[^`]*(python|pytest|make|unsee )[^`]*`")
 SUMMARY_LABELS = ("build", "attention", "dtype", "CPU", "command")
 REFERENCE_MARK = "<!-- reference:"
 
@@ -332,6 +332,10 @@ def get_unlabelled_figures(text: str) -> list[str]:
 def test_every_bench_figure_is_labelled():
     problems = get_unlabelled_figures((ROOT / "docs" / "bench.md").read_text())
     assert not problems, "docs/bench.md:\n" + "\n".join(problems)
+    # other pages label some figures the same way: each label names all five
+    bad = [(doc, line[:80]) for doc, text in get_doc_texts().items() for line in FENCE.sub("", text).splitlines()
+           if line.startswith("> build ") and not FIGURE_LABEL.match(line)]
+    assert not bad, f"labels without build, attention, dtype, CPU or command: {bad}"
 
 
 def test_the_label_check_finds_a_missing_label():
