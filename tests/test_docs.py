@@ -349,3 +349,9 @@ def test_the_label_check_finds_a_missing_label():
     summary = "| goal | build | attention | dtype | CPU | command |\n|---|---|---|---|---|---|\n"
     assert get_unlabelled_figures(f"## S\n\n{summary}| g | abc1234 | sdpa | fp32 | x | `make bench` |\n") == []
     assert get_unlabelled_figures(f"## S\n\n{summary}| g | abc1234 |  | fp32 | x | `make bench` |\n")
+
+
+def test_engines_page_is_a_manual():
+    """docs/engines.md stays a manual (install, models, guarantees, limits); measurements go to bench.md."""
+    lines = (ROOT / "docs" / "engines.md").read_text().count("\n")
+    assert lines < 400, f"docs/engines.md has {lines} lines; move measurements to docs/bench.md"
