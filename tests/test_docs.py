@@ -277,3 +277,96 @@ def test_readme_support_matrix_is_the_generated_one():
     from unsee.impl.engines.support import get_support_matrix
 
     assert get_readme_matrix((ROOT / "README.md").read_text()) == get_support_matrix()
+def test_readme_cli_table_is_generated_from_the_parser():
+    from unsee.impl.cli.docs import CLI_REGION, WRITE_COMMAND, get_region, render_cli_table
+
+    committed = get_region((ROOT / "README.md").read_text(), CLI_REGION)
+    assert committed == render_cli_table(), f"README's CLI table differs from the parser: run {WRITE_COMMAND}"
+
+
+def test_cli_table_follows_the_parser_without_edits():
+    """A subcommand, a positional and an option added to the parser appear, a hidden alias does not."""
+    from unsee.impl.cli.docs import compute_readme, render_cli_table
+    from unsee.impl.cli.options import add_alias
+    from unsee.impl.cli.parser import build_parser
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a.choices, dict))
+    extra = sub.add_parser("frobnicate", help="a subcommand | made up here")
+    extra.add_argument("target", metavar="TARGET")
+    extra.add_argument("--port", type=int, metavar="N")
+    extra.add_argument("--engine", choices=("transformers", "vllm"))
+    add_alias(extra, "--old-port", "--port", type=int)
+    row = next(r for r in render_cli_table(parser).splitlines() if r.startswith("| `frobnicate"))
+    assert row == ("| `frobnicate TARGET` | a subcommand \\| made up here | `--port N`, "
+                   "`--engine {transformers,vllm}` |"), row
+    for name in ("run", "forget", "verify", "show", "demo", "conform", "eval", "calibrate"):
+        assert f"| `{name}" in render_cli_table(parser), name
+    stale = (ROOT / "README.md").read_text().replace("`--json`", "`--jsonl`", 1)
+    assert compute_readme(stale) != stale  # the check sees a hand edit inside the region
+
+
+#: the line that labels a bench figure: build, attention, dtype, CPU and command (docs/bench.md, "Labels")
+FIGURE_LABEL = re.compile(r"> build (`[0-9a-f]{7,40}`|not recorded)[^·]* · attention [^·]+ · dtype [^·]+ · CPU [^·]+"
+                          r" · command `[^`]*(python|pytest|make|unsee )[^`]*`")
+SUMMARY_LABELS = ("build", "attention", "dtype", "CPU", "command")
+REFERENCE_MARK = "<!-- reference:"
+
+
+def get_unlabelled_figures(text: str) -> list[str]:
+    """Each table or plot of a bench page without a label: no label line between it and the
+    section (``## ``) it is in, and not a summary table with a filled column per label, nor a
+    table marked as reference. Fenced code is skipped."""
+    lines = FENCE.sub(lambda m: "\n" * m.group(0).count("\n"), text).splitlines()
+    problems, label, previous = [], None, ""
+    for number, line in enumerate(lines, 1):
+        if line.startswith(("# ", "## ")):
+            label = None
+        elif line.startswith("> build "):
+            label = line if FIGURE_LABEL.match(line) else None
+            if label is None:
+                problems.append(f"line {number}: a label without build, attention, dtype, CPU or command: {line[:80]}")
+        starts_table = line.startswith("|") and not previous.startswith("|")
+        is_figure = starts_table or re.search(r"!\[[^\]]*\]\(", line)
+        if is_figure and label is None and not previous.startswith(REFERENCE_MARK):
+            header = [c.strip() for c in line.strip("|").split("|")] if starts_table else []
+            if not all(name in header for name in SUMMARY_LABELS):
+                problems.append(f"line {number}: a figure with no label: {line[:80]}")
+            else:  # a summary table: every row fills each label column
+                columns = [header.index(name) for name in SUMMARY_LABELS]
+                for offset, row in enumerate(lines[number + 1:], number + 2):
+                    if not row.startswith("|"):
+                        break
+                    cells = [c.strip() for c in row.strip("|").split("|")]
+                    if any(not cells[i] for i in columns):
+                        problems.append(f"line {offset}: a summary row with an empty label column")
+        previous = line
+    return problems
+
+
+def test_every_bench_figure_is_labelled():
+    problems = get_unlabelled_figures((ROOT / "docs" / "bench.md").read_text())
+    assert not problems, "docs/bench.md:\n" + "\n".join(problems)
+    # other pages label some figures the same way: each label names all five
+    bad = [(doc, line[:80]) for doc, text in get_doc_texts().items() for line in FENCE.sub("", text).splitlines()
+           if line.startswith("> build ") and not FIGURE_LABEL.match(line)]
+    assert not bad, f"labels without build, attention, dtype, CPU or command: {bad}"
+
+
+def test_the_label_check_finds_a_missing_label():
+    label = "> build `abc1234` · attention `sdpa` · dtype fp32 · CPU not recorded · command `python -m unsee.bench.x`"
+    table = "| a | b |\n|---|---|\n| 1 | 2 |\n"
+    assert get_unlabelled_figures(f"## S\n\n{label}\n\n{table}") == []
+    assert get_unlabelled_figures(f"## S\n\n{table}")  # no label
+    assert get_unlabelled_figures(f"{label}\n\n## S\n\n{table}")  # a label of another section
+    assert get_unlabelled_figures(f"## S\n\n{label.replace(' · dtype fp32', '')}\n\n{table}")  # no dtype
+    assert get_unlabelled_figures("## S\n\n![plot](img/x.png)\n")
+    summary = "| goal | build | attention | dtype | CPU | command |\n|---|---|---|---|---|---|\n"
+    assert get_unlabelled_figures(f"## S\n\n{summary}| g | abc1234 | sdpa | fp32 | x | `make bench` |\n") == []
+    assert get_unlabelled_figures(f"## S\n\n{summary}| g | abc1234 |  | fp32 | x | `make bench` |\n")
+
+
+def test_engines_page_is_a_manual():
+    """docs/engines.md stays a manual (install, models, guarantees, limits); measurements go to bench.md."""
+    lines = (ROOT / "docs" / "engines.md").read_text().count("\n")
+    assert lines < 400, f"docs/engines.md has {lines} lines; move measurements to docs/bench.md"
