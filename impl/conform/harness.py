@@ -440,6 +440,7 @@ class Outcome:
     counterexample: Path | None = None
     answers: Path | None = None
     flaky: bool = False
+    records: tuple[Record, ...] = ()  # every episode checked (the reports list them)
 
     @property
     def passed(self) -> bool:
@@ -524,8 +525,8 @@ def search(implementation: Implementation, out: Path, examples: int = 10, max_st
                 raise
             flaky = not isinstance(exc, _Rejected)
             episode, answers = write_failure(failures[-1], out)
-            return Outcome(implementation, count, failures[-1], episode, answers, flaky)
-    return Outcome(implementation, count)
+            return Outcome(implementation, count, failures[-1], episode, answers, flaky, tuple(harness.records))
+    return Outcome(implementation, count, records=tuple(harness.records))
 
 
 def check_file(implementation: Implementation, episode_path: str | Path, out: Path,
@@ -533,11 +534,12 @@ def check_file(implementation: Implementation, episode_path: str | Path, out: Pa
     """Rerun one episode file (a counterexample) without a search."""
     episode = load_episode(episode_path)
     with tempfile.TemporaryDirectory(prefix="unsee-conform-") as tmp:
-        failure = Harness(implementation, Path(tmp), reference).check_episode(episode)
+        harness = Harness(implementation, Path(tmp), reference)
+        failure = harness.check_episode(episode)
     if failure is None:
-        return Outcome(implementation, 1)
+        return Outcome(implementation, 1, records=tuple(harness.records))
     written, answers = write_failure(failure, out)
-    return Outcome(implementation, 1, failure, written, answers)
+    return Outcome(implementation, 1, failure, written, answers, records=tuple(harness.records))
 
 
 # --- the pytest entry point -----------------------------------------------------------
