@@ -75,3 +75,13 @@ def test_google_adk_rewind_is_the_counterfactual_but_the_session_keeps_the_event
     assert got[RESIDUE] == FAIL  # rewound events stay in session.events
     assert got["reopen = forget"] == NA  # the in-memory session service persists nothing
     assert got["idempotent (second forget)"] == PASS
+
+
+def test_mem0_delete_leaves_its_history_and_what_the_memory_changed(tmp_path):
+    pytest.importorskip("mem0")
+    got, answers = check("unsee.impl.conform.frameworks.mem0_store:delete", tmp_path)
+    assert got["forget = counterfactual: turns"] == FAIL  # turns answered from the target's memory stay
+    assert got[RESIDUE] == FAIL
+    residue = next(c for c in answers["forget request"]["forget"]["kept"] if c["name"] == "history.db")
+    assert b"4417 Elm" in get_kept_bytes([residue])["history.db"]  # the delete's history row keeps the text
+    assert got["reopen = forget"] == got["idempotent (second forget)"] == PASS

@@ -25,6 +25,7 @@ ROWS = {
     "LangGraph time travel": "unsee.impl.conform.frameworks.lang_graph:travel",
     "OpenAI Agents SDK pop_item": "unsee.impl.conform.frameworks.agents_sdk:pop_item",
     "Google ADK rewind": "unsee.impl.conform.frameworks.google_adk:rewind",
+    "mem0 delete": "unsee.impl.conform.frameworks.mem0_store:delete",
 }
 #: The columns: the checks each one sums up (any failure fails it; all N/A is N/A).
 COLUMNS = {"counts": (*COUNT_CHECKS, "digest_before = run digest"),

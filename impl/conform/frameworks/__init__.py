@@ -12,4 +12,6 @@ extra (pyproject.toml).
                 boundary, then the later inputs again
 ``google_adk``  Google ADK: ``Runner.rewind_async`` on an in-memory session
                 service, then the later inputs again
+``mem0_store``  mem0: ``Memory.delete`` of the target's memories (Qdrant on
+                disk, a local embedder over the tiny model's embeddings)
 """
