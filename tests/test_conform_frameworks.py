@@ -5,6 +5,7 @@ skips when its framework's extra is not installed; CI installs
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -78,10 +79,25 @@ def test_google_adk_rewind_is_the_counterfactual_but_the_session_keeps_the_event
 
 
 def test_mem0_delete_leaves_its_history_and_what_the_memory_changed(tmp_path):
-    pytest.importorskip("mem0")
+    pytest.importorskip("unsee.impl.conform.frameworks.mem0_store", exc_type=ImportError)
     got, answers = check("unsee.impl.conform.frameworks.mem0_store:delete", tmp_path)
     assert got["forget = counterfactual: turns"] == FAIL  # turns answered from the target's memory stay
     assert got[RESIDUE] == FAIL
     residue = next(c for c in answers["forget request"]["forget"]["kept"] if c["name"] == "history.db")
     assert b"4417 Elm" in get_kept_bytes([residue])["history.db"]  # the delete's history row keeps the text
     assert got["reopen = forget"] == got["idempotent (second forget)"] == PASS
+
+
+COUNTEREXAMPLES = Path(__file__).resolve().parents[1] / "docs" / "conformance-counterexamples"
+
+
+@pytest.mark.parametrize("name, entry", [("langgraph-removemessage", "lang_graph:remove"),
+                                         ("langgraph-time-travel", "lang_graph:travel")])
+def test_the_committed_scorecard_counterexamples_rerun_to_the_same_failure(name, entry, tmp_path):
+    pytest.importorskip("langgraph.checkpoint.sqlite")
+    from unsee.impl.conform.harness import check_file
+
+    failed = json.loads((COUNTEREXAMPLES / f"{name}.failed.json").read_text())["failed"]
+    outcome = check_file(load_entry_point(f"unsee.impl.conform.frameworks.{entry}"), COUNTEREXAMPLES / f"{name}.json",
+                         tmp_path)
+    assert list(outcome.failure.get_names()) == failed

@@ -56,14 +56,15 @@ def run_row(name: str, out: Path) -> dict:
     row = {"implementation": name, **get_row(outcome.records), "command": get_command(entry)}
     if not outcome.passed:
         slug = name.lower().replace(" ", "-").replace("(", "").replace(")", "")
-        path = out / f"{slug}.json"
+        path = out / f"{slug}.json"  # an episode file: unsee conform --episode reruns it
         out.mkdir(parents=True, exist_ok=True)
         from unsee.impl.agent.episode import episode_to_json
 
-        path.write_text(json.dumps({"implementation": name, "command": get_command(entry),
-                                    "counterexample": episode_to_json(outcome.failure.episode),
-                                    "failed": [c.name for c in outcome.failure.checks],
-                                    "error": outcome.failure.error}, indent=1) + "\n", encoding="utf-8")
+        path.write_text(json.dumps(episode_to_json(outcome.failure.episode), indent=1) + "\n", encoding="utf-8")
+        (out / f"{slug}.failed.json").write_text(json.dumps({
+            "implementation": name, "rerun": f"unsee conform --episode {path} --entry {entry}",
+            "failed": [c.name for c in outcome.failure.checks], "error": outcome.failure.error}, indent=1) + "\n",
+            encoding="utf-8")
         row["counterexample"] = path.name
     return row
 

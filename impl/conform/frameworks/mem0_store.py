@@ -24,6 +24,7 @@ from pathlib import Path
 
 os.environ.setdefault("MEM0_TELEMETRY", "False")  # before mem0 is imported: nothing leaves the machine
 
+import mem0.memory.main
 from langchain_core.embeddings import Embeddings
 from mem0 import Memory
 
@@ -37,6 +38,10 @@ from unsee.impl.conform.frameworks.common import (
     get_tau,
 )
 from unsee.impl.conform.frameworks.lang_graph import TinyChatModel
+
+# Also when mem0 was imported before this module (its flag is read at import):
+# no telemetry, and no telemetry vector store under ~/.mem0.
+mem0.memory.main.MEM0_TELEMETRY = False
 
 USER = "user"
 TOP_K = 3
