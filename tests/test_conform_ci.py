@@ -159,3 +159,22 @@ def test_the_pytest_plugin_passes_the_reference_and_fails_memory(tmp_path):
     assert "REJECTED after" in done.stdout and "rerun           unsee conform --episode" in done.stdout
     done = pytest_run(tmp_path, "--unsee-entry", "no_such_module_xyz:answer")
     assert done.returncode == 4 and "cannot import 'no_such_module_xyz'" in done.stderr
+    done = pytest_run(tmp_path, "--unsee-command", "no-such-unsee-adapter --x")
+    assert done.returncode == 4 and "no command 'no-such-unsee-adapter' found" in done.stderr
+
+
+def answers_nothing(episode: str, forget: str | None = None) -> dict:
+    return {}
+
+
+def test_max_failures_searches_on_and_counts_a_shrunk_failure_once(tmp_path):
+    """Every episode fails the same way, so every round shrinks to the same
+    case: it is counted once, and the rounds end (at most 3 per failure asked)."""
+    from unsee.impl.conform.ci import search_rounds
+    from unsee.impl.conform.harness import EntryPointImplementation
+
+    broken = EntryPointImplementation("tests:answers_nothing", answers_nothing)
+    assert len(search_rounds(broken, tmp_path, 2, 2, None, max_failures=1)) == 1
+    outcomes = search_rounds(broken, tmp_path, 2, 2, 5, max_failures=2)
+    assert len(outcomes) == 1 and not outcomes[0].passed
+    assert (tmp_path / "round-1").exists()  # it searched on after the first failure

@@ -32,6 +32,12 @@ def pytest_configure(config) -> None:
     entry, command = config.getoption("unsee_entry"), config.getoption("unsee_command")
     if entry and command:
         raise pytest.UsageError("--unsee-entry and --unsee-command: name one implementation")
+    if command:
+        import shutil
+
+        words = shlex.split(command)
+        if not words or shutil.which(words[0]) is None:
+            raise pytest.UsageError(f"--unsee-command {command!r}: no command {words[0] if words else ''!r} found")
     if entry:
         from unsee.impl.conform.harness import ConformanceInputError, load_entry_point
 
