@@ -25,7 +25,22 @@ runs as a subprocess:
                plain run of the counterfactual episode catches it. Must be rejected.
 ``vllm``       ``reference`` on the vLLM engine (impl/engines/vllm/; ``tiny`` is
                vllm-tiny). Declares its own engine (``unsee-vllm``). Conforms.
+``checkpoint-history``
+               the reference, also keeping each step's context in an append-only
+               checkpoint log its forget never reads: rejected by ``residue`` alone.
+``uncommitted``
+               the reference, forgetting in memory only: rejected by ``reopen``
+               (and ``residue``: its store still holds the target).
+``resync``     the reference, whose second forget rebuilds from its input log:
+               rejected by ``idempotent`` alone.
+``tools``      our runtime with its tool layer (consequential calls, shadow
+               replay): conforms, ``effects once`` included.
+``refire``     ``tools`` whose replay calls the consequential tools live:
+               rejected by ``effects once`` alone.
 ============== ================================================================
+
+``reference`` and the three after ``vllm`` run on a session store and report
+what they keep (``kept``), the reopened session and a second forget.
 
 The first four declare the engine :data:`~unsee.impl.conform.harness.REFERENCE_ENGINE` and
 the model they load, so the harness also compares their plain runs' tokens
