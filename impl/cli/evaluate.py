@@ -119,18 +119,33 @@ def write_report_or_say_why(rows: list[dict], out: Path) -> int:
 
 
 def do_conform(args: argparse.Namespace) -> int:
-    """``unsee conform [--episodes N | --episode FILE] -- CMD``: 0 conforms, 1 rejected."""
-    from unsee.impl.conform.harness import check_file, make_implementation, search
+    """``unsee conform [--episodes N | --episode FILE | --replay CASE | --vectors DIR] -- CMD``:
+    0 conforms, 1 rejected, 2 bad input (raised, named)."""
+    from unsee.impl.conform.ci import get_replay_file, run_conform
+    from unsee.impl.conform.harness import make_implementation
+    from unsee.impl.conform.report import parse_formats
 
+    if args.write_vectors:
+        from unsee.impl.conform.vectors import write_vectors
+
+        written = write_vectors(Path(args.write_vectors), args.episodes, args.max_steps, args.seed)
+        print(f"wrote {len(written)} vector case(s) to {args.write_vectors}")
+        return Exit.OK
+    reports = parse_formats(args.report) if args.report else ()
     implementation = make_implementation(args.cmd, args.entry, args.timeout)
     out = Path(args.out)
-    if args.episode:
-        outcome = check_file(implementation, args.episode, out, reference=not args.no_reference)
+    report_dir = Path(args.report_dir) if args.report_dir else (out if reports else None)
+    if args.vectors:
+        from unsee.impl.conform.vectors import check_vectors
+
+        run = check_vectors(implementation, Path(args.vectors), out, reports, report_dir)
     else:
-        outcome = search(implementation, out, args.episodes, args.max_steps, args.seed,
-                         reference=not args.no_reference)
-    print(outcome.describe())
-    return Exit.OK if outcome.passed else Exit.FAILED
+        episode = get_replay_file(args.replay) if args.replay else args.episode
+        run = run_conform(implementation, out, examples=args.episodes, max_steps=args.max_steps, seed=args.seed,
+                          max_failures=args.max_failures, episode=episode, reference=not args.no_reference,
+                          reports=reports, report_dir=report_dir)
+    print(run.describe())
+    return Exit.OK if run.passed else Exit.FAILED
 
 
 __all__ = ["do_conform", "do_eval", "get_eval_config", "get_eval_methods", "write_report_or_say_why"]

@@ -126,6 +126,18 @@ def add_conform_parser(sub) -> None:
     conform.add_argument("--no-reference", action="store_true",
                          help="skip the token comparison with our runtime even when the implementation "
                               "declares our engine and model")
+    conform.add_argument("--report", metavar="FORMATS", default=None,
+                         help="write reports: junit, json or both (junit,json): one test case per episode x check")
+    conform.add_argument("--report-dir", metavar="DIR", default=None,
+                         help="where the reports and each failing case's folder go (default: --out)")
+    conform.add_argument("--max-failures", type=int, default=1, metavar="N",
+                         help="after a failure, search on (next seed) until N distinct failures (default 1)")
+    conform.add_argument("--replay", metavar="DIR/CASE", default=None,
+                         help="rerun a stored failing case (a folder a report directory holds)")
+    conform.add_argument("--vectors", metavar="DIR", default=None,
+                         help="check the implementation against versioned test vectors (no torch needed)")
+    conform.add_argument("--write-vectors", metavar="DIR", default=None,
+                         help="write --episodes generated episodes with our reference's answers as test vectors")
 
 
 def add_eval_parser(sub) -> None:

@@ -1,8 +1,14 @@
 """Conformance: check any implementation against the paper's claims (docs/conformance.md).
 
-``contract``  the contract's name, version and reference engine
-``harness``   run generated episodes and their counterfactuals through an
-              implementation, compare, shrink a failure to an episode file
-``episodes``  the episode generator (Hypothesis strategies; the properties use it too)
-``adapters``  shipped implementations: the reference, and broken ones the harness must reject
+``contract``       the contract's name, version and reference engine
+``harness``        run generated episodes and their counterfactuals through an
+                   implementation, compare, shrink a failure to an episode file
+``checks``         the named checks, and those for what stays behind (residue,
+                   reopen, idempotent, effects once); N/A where one cannot be answered
+``ci``             searching on to ``--max-failures``, failing cases as replayable folders
+``report``         JUnit XML and JSON reports (one test case per episode x check)
+``vectors``        versioned test vectors: written by the reference, checked without torch
+``pytest_plugin``  the ``pytest11`` plugin (``pytest --unsee-entry MODULE:FUNCTION``)
+``episodes``       the episode generator (Hypothesis strategies; the properties use it too)
+``adapters``       shipped implementations: the reference, and broken ones the harness must reject
 """

@@ -25,7 +25,22 @@ runs as a subprocess:
                plain run of the counterfactual episode catches it. Must be rejected.
 ``vllm``       ``reference`` on the vLLM engine (impl/engines/vllm/; ``tiny`` is
                vllm-tiny). Declares its own engine (``unsee-vllm``). Conforms.
+``checkpoint-history``
+               the reference, also keeping each step's context in an append-only
+               checkpoint log its forget never reads: rejected by ``residue`` alone.
+``uncommitted``
+               the reference, forgetting in memory only: rejected by ``reopen``
+               (and ``residue``: its store still holds the target).
+``resync``     the reference, whose second forget rebuilds from its input log:
+               rejected by ``idempotent`` alone.
+``tools``      our runtime with its tool layer (consequential calls, shadow
+               replay): conforms, ``effects once`` included.
+``refire``     ``tools`` whose replay calls the consequential tools live:
+               rejected by ``effects once`` alone.
 ============== ================================================================
+
+``reference`` and the three after ``vllm`` run on a session store and report
+what they keep (``kept``), the reopened session and a second forget.
 
 The first four declare the engine :data:`~unsee.impl.conform.harness.REFERENCE_ENGINE` and
 the model they load, so the harness also compares their plain runs' tokens
@@ -35,19 +50,25 @@ with its own reference.
 from __future__ import annotations
 
 import argparse
+import base64
 import contextlib
-import functools
 import hashlib
 import json
 import sys
-from collections.abc import Callable, Iterator
+import tempfile
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 
-from unsee.impl.agent.episode import load_episode
+import attrs
+
+from unsee.impl.agent.episode import Episode, load_episode
 from unsee.impl.agent.render import render
 from unsee.impl.agent.runtime import AgentRuntime
 from unsee.impl.conform.contract import CONTRACT, CONTRACT_VERSION, REFERENCE_ENGINE
 from unsee.impl.engines.registry import make_engine
 from unsee.impl.methods.baselines import delete_memory_records, redact_source
+from unsee.impl.store.records import session_files
+from unsee.impl.store.session import PersistentSession
 
 #: The suffixes of the block ids the runtime gives its decoded model turns
 #: (``<step id>/answer``, ``/plan``, ``/note``); a compaction's re-prefilled
@@ -55,13 +76,39 @@ from unsee.impl.methods.baselines import delete_memory_records, redact_source
 TURN_SUFFIXES = ("answer", "plan", "note")
 
 
-@functools.cache
+class ModelCache:
+    """The models the adapters loaded, at most ``size`` of them: a load costs
+    more than a tiny episode, so a process keeps the model it answers with;
+    a request for another one releases the oldest (an unbounded cache held
+    every model a long-lived process ever loaded, issue 28)."""
+
+    def __init__(self, size: int = 1):
+        self.size = size
+        self._models: dict[tuple[str, str], object] = {}
+
+    def __len__(self) -> int:
+        return len(self._models)
+
+    def get(self, backend: str, model: str, load: Callable[[], object]) -> object:
+        key = (backend, model)
+        if key not in self._models:
+            while len(self._models) >= self.size:  # release before loading: two models need not fit at once
+                del self._models[next(iter(self._models))]
+            self._models[key] = load()
+        return self._models[key]
+
+    def clear(self) -> None:
+        self._models.clear()
+
+
+#: The adapters' models in this process (one at a time).
+MODELS = ModelCache()
+
+
 def _load(model: str):
-    # One load per process and model: the entry points are called once per
-    # request, and a load costs more than a tiny episode.
     from unsee.impl.engines.hf.models import load_model
 
-    return load_model(model)
+    return MODELS.get("transformers", model, lambda: load_model(model))
 
 
 def get_turns(runtime: AgentRuntime) -> dict[str, list[int]]:
@@ -76,13 +123,12 @@ def get_turns(runtime: AgentRuntime) -> dict[str, list[int]]:
     return turns
 
 
-@functools.cache
 def _load_other(backend: str, model: str):
-    """Another backend's model (vLLM), once per process: it declares its own
+    """Another backend's model (vLLM), kept like :func:`_load`: it declares its own
     engine, so the harness compares it with its own counterfactual runs only."""
     from unsee.impl.engines.registry import load_model_for
 
-    return load_model_for(backend, model)
+    return MODELS.get(backend, model, lambda: load_model_for(backend, model))
 
 
 def _state(runtime: AgentRuntime) -> dict:
@@ -208,9 +254,160 @@ def _logged_reset(runtime: AgentRuntime, source: str) -> int:
     return invocations
 
 
+# --- persisted: what stays behind (kept, reopened, again, effects) ---------------------------
+
+def get_kept(path: Path, extra: Sequence[str] = ()) -> list[dict]:
+    """The contract's ``kept``: every byte the session persists (the store's
+    files, as ``unsee verify`` scans them), and ``extra`` texts an adapter also keeps."""
+    kept = [{"name": p.name, "base64": base64.b64encode(p.read_bytes()).decode("ascii")} for p in session_files(path)]
+    return kept + [{"name": f"kept-{i}", "text": text} for i, text in enumerate(extra)]
+
+
+def get_context_text(runtime: AgentRuntime) -> str:
+    """The text of every block in context: what a checkpoint table row holds."""
+    return "\n".join(runtime.graph[b].text for b in runtime.context)
+
+
+@attrs.frozen
+class Persisted:
+    """How a persisted adapter differs from the reference (every flag off):
+    ``history`` keeps each step's context in an append-only checkpoint log that
+    its forget never reads; ``uncommitted`` forgets in memory and never
+    commits the forget to its store; ``resync`` answers a forget of a source
+    already forgotten by rebuilding from the input log it was given."""
+
+    history: bool = False
+    uncommitted: bool = False
+    resync: bool = False
+
+
+def _persisted(episode_path: str, forget: str | None, model: str, name: str, how: Persisted) -> dict:
+    with _one_thread(), tempfile.TemporaryDirectory(prefix="unsee-adapter-") as tmp:
+        return _run_persisted(load_episode(episode_path), forget, model, name, how, Path(tmp) / "session.db")
+
+
+def _run_persisted(episode: Episode, forget: str | None, model: str, name: str, how: Persisted, path: Path) -> dict:
+    engine = make_engine(_load(model))
+    session = PersistentSession.create(path, AgentRuntime.start(engine, episode.system, episode.settings))
+    log: list[str] = []
+    try:
+        for step in episode.steps:
+            session.step(step)
+            if how.history:
+                log.append(get_context_text(session.runtime))
+        runtime = session.runtime
+        run = {"T": runtime.t, **_state(runtime), "checkpoints": [c.boundary for c in runtime.checkpoints.all()],
+               "kept": get_kept(path, log), "effects": []}  # this runtime calls no tool: no external call
+        out = {"contract": CONTRACT, "version": CONTRACT_VERSION,
+               "implementation": {"name": name, "engine": REFERENCE_ENGINE, "model": model}, "run": run}
+        if forget is None:
+            return out
+        twin = runtime.fork()
+        reset = _reset(twin, forget)
+        claimed = _forget(runtime, forget) if how.uncommitted else _report(session.forget(forget))
+        out["forget"] = {"source": forget, **claimed, "digest_before": run["digest"], **_after(session.runtime),
+                         "kept": get_kept(path, log), "effects": []}
+        out["reset"] = {"invocations": reset, "digest_before": run["digest"], **_after(twin)}
+    finally:
+        session.close()
+    with PersistentSession.open(path, engine) as reopened:
+        out["forget"]["reopened"] = _state(reopened.runtime)
+        if how.resync and forget in reopened.runtime.forgotten:
+            again = AgentRuntime.from_episode(engine, episode)  # "resync" from the raw input log
+        else:
+            reopened.forget(forget)
+            again = reopened.runtime
+        out["forget"]["again"] = _after(again)
+    return out
+
+
+def _after(runtime: AgentRuntime) -> dict:
+    return {"digest_after": runtime.digest(), "turns": get_turns(runtime)}
+
+
+def _report(report) -> dict:
+    return {"tau": report.tau, "boundary": report.boundary, "invocations": report.invocations}
+
+
+# --- tools: consequential calls fire once (A3) -------------------------------------------------
+
+def get_episode_tools() -> dict:
+    """The tools the generated episodes' plans name (``send_message``, ``pay``),
+    consequential and without arguments: each records that it ran. Without
+    arguments a call never differs from the counterfactual's, so no forget
+    meets an irrevocable divergence (A3 holds) and only firing twice is at stake."""
+    from unsee.impl.agent.tools import Tool
+
+    def record(env, call) -> str:
+        env.put(f"{call.tool}/{call.call_id}", "done")
+        return f"{call.tool} done ({call.call_id})"
+
+    return {name: Tool(name, (), True, record) for name in ("send_message", "pay")}
+
+
+def _tools(episode_path: str, forget: str | None, model: str, name: str, refire: bool) -> dict:
+    from unsee.impl.agent.tools import ToolAgentRuntime
+
+    with _one_thread():
+        episode = load_episode(episode_path)
+        runtime = ToolAgentRuntime.from_episode(make_engine(_load(model)), episode, tools=get_episode_tools())
+        run = {"T": runtime.t, **_state(runtime), "effects": [c.call_id for c in runtime.effects]}
+        # its own engine name: its turns read tool results the reference's never do
+        out = {"contract": CONTRACT, "version": CONTRACT_VERSION,
+               "implementation": {"name": name, "engine": f"{REFERENCE_ENGINE}+tools", "model": model}, "run": run}
+        if forget is None:
+            return out
+        twin = runtime.fork()
+        before = dict(runtime.world.executions)
+        claimed = _forget(runtime, forget)
+        fired = [c for c, n in runtime.world.executions.items() for _ in range(n - before.get(c, 0))]
+        if refire:  # its replay calls the consequential tools live, as a plain re-run would
+            fired += [c.call_id for c in runtime.calls if c.consequential and c.turn > claimed["boundary"]]
+        out["forget"] = {"source": forget, **claimed, "digest_before": run["digest"], **_after(runtime),
+                         "effects": fired}
+        out["reset"] = {"invocations": _reset(twin, forget), "digest_before": run["digest"], **_after(twin)}
+        return out
+
+
+def tools(episode: str, forget: str | None = None, model: str = "tiny") -> dict:
+    """Our runtime with its tool layer (plans become calls; a forget's replay
+    shadow-executes consequential ones, de-duplicated by call id): conforms."""
+    return _tools(episode, forget, model, "unsee with tools", refire=False)
+
+
+def refire(episode: str, forget: str | None = None, model: str = "tiny") -> dict:
+    """``tools`` whose forget replays the consequential calls after the
+    boundary live: the state is right, a payment is made twice. Rejected by effects once."""
+    return _tools(episode, forget, model, "replay calls tools live", refire=True)
+
+
+def get_reference_turns(episode: str, model: str = "tiny") -> dict[str, list[int]]:
+    """Our runtime's turns for a plain run (in memory: what the harness compares tokens with)."""
+    return _answer(episode, None, model, "unsee reference", _forget)["run"]["turns"]
+
+
 def reference(episode: str, forget: str | None = None, model: str = "tiny") -> dict:
-    """Our runtime (Algorithm 1 for forget, B5 for reset): conforms."""
-    return _answer(episode, forget, model, "unsee reference", _forget)
+    """Our runtime (Algorithm 1 for forget, B5 for reset) on a session store,
+    reporting what it keeps, the reopened session and a second forget: conforms."""
+    return _persisted(episode, forget, model, "unsee reference", Persisted())
+
+
+def checkpoint_history(episode: str, forget: str | None = None, model: str = "tiny") -> dict:
+    """The reference, also keeping every step's context in an append-only
+    checkpoint log its forget never reads: rejected by residue alone."""
+    return _persisted(episode, forget, model, "checkpoint history kept", Persisted(history=True))
+
+
+def uncommitted(episode: str, forget: str | None = None, model: str = "tiny") -> dict:
+    """The reference, forgetting in memory only: reopening brings the old
+    session back (and its store still holds the target): rejected."""
+    return _persisted(episode, forget, model, "forget never committed", Persisted(uncommitted=True))
+
+
+def resync(episode: str, forget: str | None = None, model: str = "tiny") -> dict:
+    """The reference, whose forget of a source already gone rebuilds from the
+    input log: a second forget brings the target back. Rejected by idempotent alone."""
+    return _persisted(episode, forget, model, "forget resyncs from its input log", Persisted(resync=True))
 
 
 def memory(episode: str, forget: str | None = None, model: str = "tiny") -> dict:
@@ -235,7 +432,8 @@ def vllm(episode: str, forget: str | None = None, model: str = "tiny") -> dict:
 
 
 ADAPTERS = {"reference": reference, "memory": memory, "redaction": redaction, "self-consistent": self_consistent,
-            "vllm": vllm}
+            "vllm": vllm, "checkpoint-history": checkpoint_history, "uncommitted": uncommitted, "resync": resync,
+            "tools": tools, "refire": refire}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -61,6 +61,7 @@ from unsee.impl.agent.episode import (
     load_episode,
     parse_episode,
 )
+from unsee.impl.conform.checks import Check, check_aftermath, read_aftermath
 from unsee.impl.conform.contract import CONTRACT, CONTRACT_VERSION, REFERENCE_ENGINE, REFERENCE_MODELS
 
 
@@ -204,6 +205,8 @@ class Expected:
     boundary: int
     turn_steps: tuple[str, ...]  # the step ids with a model turn
     prefix_steps: tuple[str, ...]  # those of them before tau
+    values: tuple[str, ...] = ()  # the target's texts, which no kept byte may hold after the forget
+    calls_tools: bool = False  # a plan step names a tool (the effects check applies)
 
     @classmethod
     def of(cls, episode: Episode, target: str) -> Expected:
@@ -211,8 +214,12 @@ class Expected:
 
         tau = first_entry(lift_observations(episode), target)
         turns = [(t, s.id) for t, s in enumerate(episode.steps, start=1) if s.kind in MODEL_TURN_KINDS]
+        values = {i.text for s in episode.steps for i in s.items if i.source == target and i.text}
+        if episode.target is not None and episode.target.value:
+            values.add(episode.target.value)
         return cls(len(episode.steps), tau, get_restore_boundary(get_policy_checkpoints(episode), tau),
-                   tuple(s for _, s in turns), tuple(s for t, s in turns if t < tau))
+                   tuple(s for _, s in turns), tuple(s for t, s in turns if t < tau), tuple(sorted(values)),
+                   any(s.kind == "plan" and s.tool for s in episode.steps))
 
 
 # --- reading an answer --------------------------------------------------------------
@@ -270,6 +277,7 @@ def read_result(raw: Any, turn_steps: Sequence[str], forget: str | None) -> dict
         for key in ("forget", "reset"):
             if raw.get(key) is not None:
                 raise _problem(key, "must be absent when no forget was requested")
+        read_aftermath(raw, _problem)
         return raw
     answer = _object(raw.get("forget"), "forget")
     if answer.get("source") != forget:
@@ -282,32 +290,14 @@ def read_result(raw: Any, turn_steps: Sequence[str], forget: str | None) -> dict
         _str(part.get("digest_before"), f"{name}.digest_before")
         _str(part.get("digest_after"), f"{name}.digest_after")
         _turns(part.get("turns"), f"{name}.turns", turn_steps)
+    read_aftermath(raw, _problem)
+    for key in ("reopened", "again"):
+        if answer.get(key) is not None:
+            _turns(answer[key]["turns"], f"forget.{key}.turns", turn_steps)
     return raw
 
 
 # --- the checks -------------------------------------------------------------------
-
-@attrs.frozen
-class Check:
-    """One comparison: ``name`` (with the statement it realises), what the
-    implementation said, what it had to be."""
-
-    name: str
-    actual: Any
-    expected: Any
-
-    @property
-    def ok(self) -> bool:
-        return self.actual == self.expected
-
-    def describe(self) -> str:
-        return f"{self.name}:\n      got      {_short(self.actual)}\n      expected {_short(self.expected)}"
-
-
-def _short(value: Any, limit: int = 600) -> str:
-    text = json.dumps(value, sort_keys=True) if not isinstance(value, str) else value
-    return text if len(text) <= limit else text[:limit] + f"... ({len(text)} characters)"
-
 
 #: The checks whose failure means a forget that is not the counterfactual
 #: (tokens or state), as opposed to a wrong count.
@@ -346,6 +336,7 @@ def check_answers(expected: Expected, answer: dict, counterfactual: dict,
         Check("prefix turns before tau (prefix_is_shared)", {s: twin["turns"][s] for s in before_tau},
               {s: run["turns"][s] for s in before_tau}),
     ]
+    checks += check_aftermath(answer, counterfactual, list(expected.values), expected.calls_tools)
     if reference is not None:
         checks += [Check("run turns = reference", run["turns"], reference[0]),
                    Check("counterfactual turns = reference", twin["turns"], reference[1])]
@@ -372,6 +363,17 @@ class Failure:
         return "\n".join(f"  FAILED {c.describe()}" for c in self.checks)
 
 
+@attrs.frozen
+class Record:
+    """One episode checked: every check (passed, failed or N/A), or the
+    implementation's error, and its answers (what a report lists)."""
+
+    episode: Episode
+    checks: tuple[Check, ...] = ()
+    error: str | None = None
+    answers: dict = attrs.field(factory=dict)
+
+
 class Harness:
     """Runs episodes through one implementation and checks its answers.
 
@@ -384,6 +386,7 @@ class Harness:
         self.implementation = implementation
         self.workdir = Path(workdir)
         self.reference = reference
+        self.records: list[Record] = []  # every episode checked, in order
 
     def check_episode(self, episode: Episode) -> Failure | None:
         """Ask the forget request and the counterfactual run; None when every check holds."""
@@ -400,9 +403,12 @@ class Harness:
             answers["counterfactual run"] = twin = read_result(
                 self.implementation(counterfactual, None), expected.turn_steps, None)
         except ImplementationError as exc:
+            self.records.append(Record(episode, error=str(exc), answers=answers))
             return Failure(episode, error=str(exc), answers=answers)
         reference = self._get_reference(answer, twin, original, counterfactual)
-        failed = tuple(c for c in check_answers(expected, answer, twin, reference) if not c.ok)
+        checks = tuple(check_answers(expected, answer, twin, reference))
+        self.records.append(Record(episode, checks, answers=answers))
+        failed = tuple(c for c in checks if not c.ok)
         return Failure(episode, failed, answers=answers) if failed else None
 
     def _write(self, name: str, episode: Episode) -> Path:
@@ -417,10 +423,9 @@ class Harness:
         engine, model = declared.pop()
         if engine != REFERENCE_ENGINE or model not in REFERENCE_MODELS:
             return None
-        from unsee.impl.conform.adapters import reference  # the adapters import this module's constants
+        from unsee.impl.conform.adapters import get_reference_turns  # the adapters import this module's constants
 
-        return (reference(str(original), None, model)["run"]["turns"],
-                reference(str(counterfactual), None, model)["run"]["turns"])
+        return get_reference_turns(str(original), model), get_reference_turns(str(counterfactual), model)
 
 
 # --- the search --------------------------------------------------------------------------
@@ -435,6 +440,7 @@ class Outcome:
     counterexample: Path | None = None
     answers: Path | None = None
     flaky: bool = False
+    records: tuple[Record, ...] = ()  # every episode checked (the reports list them)
 
     @property
     def passed(self) -> bool:
@@ -519,8 +525,8 @@ def search(implementation: Implementation, out: Path, examples: int = 10, max_st
                 raise
             flaky = not isinstance(exc, _Rejected)
             episode, answers = write_failure(failures[-1], out)
-            return Outcome(implementation, count, failures[-1], episode, answers, flaky)
-    return Outcome(implementation, count)
+            return Outcome(implementation, count, failures[-1], episode, answers, flaky, tuple(harness.records))
+    return Outcome(implementation, count, records=tuple(harness.records))
 
 
 def check_file(implementation: Implementation, episode_path: str | Path, out: Path,
@@ -528,11 +534,12 @@ def check_file(implementation: Implementation, episode_path: str | Path, out: Pa
     """Rerun one episode file (a counterexample) without a search."""
     episode = load_episode(episode_path)
     with tempfile.TemporaryDirectory(prefix="unsee-conform-") as tmp:
-        failure = Harness(implementation, Path(tmp), reference).check_episode(episode)
+        harness = Harness(implementation, Path(tmp), reference)
+        failure = harness.check_episode(episode)
     if failure is None:
-        return Outcome(implementation, 1)
+        return Outcome(implementation, 1, records=tuple(harness.records))
     written, answers = write_failure(failure, out)
-    return Outcome(implementation, 1, failure, written, answers)
+    return Outcome(implementation, 1, failure, written, answers, records=tuple(harness.records))
 
 
 # --- the pytest entry point -----------------------------------------------------------

@@ -1,0 +1,193 @@
+"""The named checks of one episode's answers, and the checks for what stays
+behind after a forget (docs/conformance.md, "The checks").
+
+A :class:`Check` compares what the implementation said with what it had to
+be; a check the implementation cannot answer (it persists nothing, it reports
+no external calls, the episode calls no tool) is N/A with the reason, never a
+pass. The four checks for what stays behind read optional fields of the
+answer:
+
+- ``residue``: ``forget.kept`` (every byte the implementation persists or
+  holds after the forget) holds none of the target's text or its normalised
+  variants, beyond what the counterfactual run's ``run.kept`` holds (another
+  item may carry the same number);
+- ``reopen``: ``forget.reopened`` (the session reopened from what it
+  persisted) is the forgotten state;
+- ``idempotent``: ``forget.again`` (a second forget of the same source) changes
+  nothing;
+- ``effects once (A3)``: ``forget.effects`` (the external calls the forget
+  made, by call id) repeats none of ``run.effects``, and no call id fired
+  twice.
+
+Pure Python: no torch and no runtime import, so a vector check runs without them.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from typing import Any
+
+import attrs
+
+from unsee.impl.util.text import get_variants, normalize
+
+PASS, FAIL, NA = "pass", "fail", "n/a"
+
+#: The names of the checks for what stays behind, in report order.
+RESIDUE = "residue (kept)"
+REOPEN = "reopen = forget"
+IDEMPOTENT = "idempotent (second forget)"
+EFFECTS = "effects once (A3)"
+AFTERMATH_CHECKS = (RESIDUE, REOPEN, IDEMPOTENT, EFFECTS)
+
+
+@attrs.frozen
+class Check:
+    """One comparison: ``name`` (with the statement it realises), what the
+    implementation said, what it had to be; ``na`` the reason it cannot be
+    answered (then it is neither passed nor failed)."""
+
+    name: str
+    actual: Any
+    expected: Any
+    na: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.na is not None or self.actual == self.expected
+
+    @property
+    def status(self) -> str:
+        return NA if self.na is not None else PASS if self.actual == self.expected else FAIL
+
+    def describe(self) -> str:
+        if self.na is not None:
+            return f"{self.name}: N/A ({self.na})"
+        return f"{self.name}:\n      got      {_short(self.actual)}\n      expected {_short(self.expected)}"
+
+
+def _short(value: Any, limit: int = 600) -> str:
+    text = json.dumps(value, sort_keys=True) if not isinstance(value, str) else value
+    return text if len(text) <= limit else text[:limit] + f"... ({len(text)} characters)"
+
+
+# --- residue --------------------------------------------------------------------------
+
+def get_kept_bytes(kept: list[dict]) -> dict[str, bytes]:
+    """``kept`` entries (``{"name", "text"}`` or ``{"name", "base64"}``) as bytes by name."""
+    out = {}
+    for entry in kept:
+        raw = entry["text"].encode("utf-8", "surrogatepass") if "text" in entry else base64.b64decode(entry["base64"])
+        out[entry["name"]] = out.get(entry["name"], b"") + raw
+    return out
+
+
+def get_needles(values: list[str]) -> list[tuple[str, str, str]]:
+    """What a residue scan looks for (as ``unsee verify --value`` does, less
+    the token ids, which need the model): each value's exact text, the value
+    case-folded, and its normalised variants, as ``(description, view, text)``
+    where ``view`` is how the kept text is read (exact, folded, normalised)."""
+    needles = []
+    for value in values:
+        needles += [(f"the value {value!r}", "exact", value),
+                    (f"the value {value!r}, case-insensitively", "folded", value.casefold())]
+        needles += [(f"normalised variant {v!r}", "normalised", v) for v in get_variants(value)]
+    return needles
+
+
+def find_needles(kept: dict[str, bytes], values: list[str]) -> dict[str, list[str]]:
+    """Which needles of ``values`` each kept entry holds: description -> entry names."""
+    found: dict[str, list[str]] = {}
+    for name, raw in kept.items():
+        text = raw.decode("utf-8", "replace")
+        views = {"exact": text, "folded": text.casefold(), "normalised": normalize(text)}
+        for description, view, what in get_needles(values):
+            if what and what in views[view] and name not in found.get(description, []):
+                found.setdefault(description, []).append(name)
+    return found
+
+
+def check_residue(forget: dict, twin_run: dict, values: list[str]) -> Check:
+    if forget.get("kept") is None:
+        return Check(RESIDUE, None, None, na="the implementation reports no kept bytes (forget.kept)")
+    after = find_needles(get_kept_bytes(forget["kept"]), values)
+    baseline = find_needles(get_kept_bytes(twin_run.get("kept") or []), values)
+    residue = sorted(f"{needle} in {', '.join(names)}" for needle, names in after.items() if needle not in baseline)
+    return Check(RESIDUE, residue, [])
+
+
+# --- reopen, idempotent, effects ----------------------------------------------------------
+
+def check_reopen(forget: dict) -> Check:
+    reopened = forget.get("reopened")
+    if reopened is None:
+        return Check(REOPEN, None, None, na="the implementation persists nothing to reopen (forget.reopened)")
+    return Check(REOPEN, {"digest": reopened["digest"], "turns": reopened["turns"]},
+                 {"digest": forget["digest_after"], "turns": forget["turns"]})
+
+
+def check_idempotent(forget: dict) -> Check:
+    again = forget.get("again")
+    if again is None:
+        return Check(IDEMPOTENT, None, None, na="the implementation reports no second forget (forget.again)")
+    return Check(IDEMPOTENT, {"digest": again["digest_after"], "turns": again["turns"]},
+                 {"digest": forget["digest_after"], "turns": forget["turns"]})
+
+
+def check_effects(run: dict, forget: dict, calls_tools: bool) -> Check:
+    if not calls_tools:
+        return Check(EFFECTS, None, None, na="the episode calls no tool")
+    if run.get("effects") is None or forget.get("effects") is None:
+        return Check(EFFECTS, None, None, na="the implementation reports no external calls (run/forget.effects)")
+    fired = list(run["effects"])
+    twice = sorted({c for c in fired if fired.count(c) > 1})
+    again = sorted(set(forget["effects"]) & set(fired))
+    return Check(EFFECTS, {"fired twice in the run": twice, "fired again by the forget": again},
+                 {"fired twice in the run": [], "fired again by the forget": []})
+
+
+def check_aftermath(answer: dict, counterfactual: dict, values: list[str], calls_tools: bool) -> list[Check]:
+    """The four checks for what stays behind (see the module docstring)."""
+    run, forget = answer["run"], answer["forget"]
+    return [check_residue(forget, counterfactual["run"], values), check_reopen(forget), check_idempotent(forget),
+            check_effects(run, forget, calls_tools)]
+
+
+# --- reading the optional fields -------------------------------------------------------------
+
+def read_aftermath(raw: dict, problem) -> None:
+    """Validate the optional fields these checks read; ``problem(where, message)``
+    makes the error (the harness's, naming the field)."""
+    for part in ("run", "forget"):
+        node = raw.get(part) or {}
+        kept = node.get("kept")
+        if kept is not None:
+            if not isinstance(kept, list):
+                raise problem(f"{part}.kept", "must be a list of {name, text} or {name, base64} objects")
+            for i, entry in enumerate(kept):
+                ok = isinstance(entry, dict) and isinstance(entry.get("name"), str) and (
+                    isinstance(entry.get("text"), str) or isinstance(entry.get("base64"), str))
+                if not ok:
+                    raise problem(f"{part}.kept[{i}]", "must be {name, text} or {name, base64}")
+                if "base64" in entry:
+                    try:
+                        base64.b64decode(entry["base64"], validate=True)
+                    except ValueError:
+                        raise problem(f"{part}.kept[{i}].base64", "is not base64") from None
+        effects = node.get("effects")
+        if effects is not None and not (isinstance(effects, list) and all(isinstance(c, str) for c in effects)):
+            raise problem(f"{part}.effects", "must be a list of call ids (strings)")
+    forget = raw.get("forget") or {}
+    for key, digest in (("reopened", "digest"), ("again", "digest_after")):
+        node = forget.get(key)
+        if node is None:
+            continue
+        if not isinstance(node, dict) or not isinstance(node.get(digest), str) or not isinstance(
+                node.get("turns"), dict):
+            raise problem(f"forget.{key}", f"must be an object with {digest!r} and 'turns'")
+
+
+__all__ = ["AFTERMATH_CHECKS", "EFFECTS", "FAIL", "IDEMPOTENT", "NA", "PASS", "REOPEN", "RESIDUE", "Check",
+           "check_aftermath", "check_effects", "check_idempotent", "check_reopen", "check_residue",
+           "find_needles", "get_kept_bytes", "get_needles", "read_aftermath"]
