@@ -181,7 +181,8 @@ class Conversation:
     def add_items(self, items: list[dict]) -> list[dict]:
         added = self.assign_ids(self.record, items, self.get_used_ids())
         self.save({**self.record, "pending": self.record["pending"] + added})
-        return added
+        ids = {a["id"] for a in added}
+        return [i for i in self.get_items() if i["id"] in ids]
 
     def check_settings(self, sampling: dict, defaults: Settings) -> Settings:
         """The settings this response runs with: the conversation's (its first
@@ -253,7 +254,7 @@ class Conversation:
         self.save({**self.record, "tools": {k: v for k, v in self.record["tools"].items() if k != item_id}})
         return {"rewritten": [i for i in after if i["id"] not in before_ids],
                 "removed": [i["id"] for i in before if i["id"] not in after_ids],
-                "receipt": json.loads(self.session.receipt),
+                "receipt": self.session.receipt,  # canonical JSON text: what `unsee verify --receipt` reads
                 "report": {"tau": report.tau, "length": report.length, "invocations": report.invocations,
                            "prefilled_tokens": report.prefilled_tokens, "decoded_tokens": report.decoded_tokens,
                            "wall_s": report.wall_s, "assumptions": report.assumptions}}

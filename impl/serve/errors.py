@@ -40,5 +40,5 @@ def busy(message: str, retry_after_s: int = 1) -> ApiError:
     return ApiError(409, message, code="conversation_busy", headers={"Retry-After": str(retry_after_s)})
 
 
-def server_error(message: str = "the server failed to complete the request; nothing was committed") -> ApiError:
+def server_error(message: str = "the server failed to complete the request; the conversation is as its last commit left it") -> ApiError:
     return ApiError(500, message, type_="server_error", code="server_error")
