@@ -98,11 +98,13 @@ def read_item(raw: Any, param: str, system_ok: bool) -> dict:
             "text": read_text(raw.get("content"), f"{param}.content"), "call_id": None, "name": None}
 
 
-def read_items(raw: Any, param: str, system_first: bool = False, empty_ok: bool = False) -> list[dict]:
-    """A list of input items (``system_first``: its first may be a system message)."""
+def read_items(raw: Any, param: str, system_first: bool = False, empty_ok: bool = False,
+               text_ok: bool = False) -> list[dict]:
+    """A list of input items (``system_first``: its first may be a system
+    message; ``text_ok``: a string is one user message, as a response's input)."""
     if raw is None and empty_ok:
         return []
-    if isinstance(raw, str):  # the Responses API's shorthand: one user message
+    if isinstance(raw, str) and text_ok:
         return [{"kind": "message", "id": None, "role": "user", "text": raw, "call_id": None, "name": None}]
     if not isinstance(raw, list) or len(raw) > MAX_ITEMS or (not raw and not empty_ok):
         raise bad_request(f"{param}: must be a list of 1 to {MAX_ITEMS} items", param=param)
@@ -176,7 +178,7 @@ def read_response_request(body: Any) -> dict:
         raise bad_request("give conversation or previous_response_id, not both", param="previous_response_id")
     return {"model": body.get("model"), "conversation": conversation, "previous_response_id": previous,
             "items": read_items(body.get("input"), "input", system_first=not conversation and not previous,
-                                empty_ok=True),
+                                empty_ok=True, text_ok=True),
             "stream": read_flag(body, "stream"), "metadata": read_metadata(body.get("metadata")),
             **read_sampling(body, "max_output_tokens")}
 
