@@ -161,3 +161,14 @@ def test_an_evicted_session_is_rebuilt_with_its_digest(lm, tmp_path):
         with pytest.raises(openai.NotFoundError):
             c.conversations.retrieve(x.id)
         assert not (tmp_path / x.id).exists()
+
+
+def test_the_load_bench_replays_every_conversation_to_the_servers_digest(one_thread):
+    from unsee.bench import serve_load
+
+    out = serve_load.run(serve_load.argparse.Namespace(
+        model="tiny", conversations=3, turns=3, workers=3, max_output_tokens=4, kv_budget=65536, deadline=60,
+        store=None))
+    assert out["forgets"] == 3 and out["requests"] == 3 * 4 and not out["deadline_hit"]
+    assert out["kv_budget"] < out["kv_sum_bytes"] and out["evictions"] > 0
+    assert out["digests_differ"] == 0
