@@ -8,7 +8,7 @@ PY     := $(VENV)/bin/python
 #   make test TORCH_SPEC='torch==2.11.*'
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: demo test lint nightly bench paper install clean gpu gpu-wheels vllm test-vllm
+.PHONY: demo test lint nightly bench paper install clean gpu gpu-wheels vllm test-vllm serve
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +35,16 @@ lint: $(VENV)/.installed
 
 demo: $(VENV)/.installed
 	$(PY) -m unsee.impl.cli demo
+
+# `unsee serve` (docs/serve.md): the OpenAI-compatible server on SmolLM2, on
+# 127.0.0.1:8000, its conversations under out/serve (SERVE_ARGS adds options)
+SERVE_ARGS ?=
+$(VENV)/.serve-installed: $(VENV)/.installed pyproject.toml
+	$(PY) -m pip install -q -e '.[serve]'
+	touch $@
+
+serve: $(VENV)/.serve-installed
+	$(PY) -m unsee.impl.cli serve --model smollm2 --store out/serve $(SERVE_ARGS)
 
 test: $(VENV)/.test-installed
 	$(PY) -m ruff check .

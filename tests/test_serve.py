@@ -172,3 +172,39 @@ def test_the_load_bench_replays_every_conversation_to_the_servers_digest(one_thr
     assert out["forgets"] == 3 and out["requests"] == 3 * 4 and not out["deadline_hit"]
     assert out["kv_budget"] < out["kv_sum_bytes"] and out["evictions"] > 0
     assert out["digests_differ"] == 0
+
+
+def test_a_langchain_client_by_base_url_chains_responses_and_its_item_forgets(client, server):
+    langchain_openai = pytest.importorskip("langchain_openai")
+    from langchain_core.messages import HumanMessage
+
+    plain = langchain_openai.ChatOpenAI(base_url=server.url, api_key="unused", model="tiny", max_retries=0)
+    assert isinstance(plain.invoke("Hello.").content, str)  # over chat completions
+    llm = langchain_openai.ChatOpenAI(base_url=server.url, api_key="unused", model="tiny", max_retries=0,
+                                      use_responses_api=True, use_previous_response_id=True)
+    first = llm.invoke([HumanMessage(f"I live at {SECRET}.", id="lc1")])
+    history = [HumanMessage(f"I live at {SECRET}.", id="lc1"), first, HumanMessage("Where do I live?")]
+    second = llm.invoke(history)  # sends previous_response_id and only the new message
+    conv_id = server.pool.responses[first.response_metadata["id"]]
+    assert server.pool.responses[second.response_metadata["id"]] == conv_id
+    assert state(client, conv_id)["steps"] == 2
+    secret_id = next(i for i, _, text in texts(client, conv_id) if SECRET in text)
+    client.conversations.items.delete(secret_id, conversation_id=conv_id)
+    assert SECRET not in json.dumps(texts(client, conv_id))
+
+
+def test_the_readme_client_session_runs(server, capsys):
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    section = readme[readme.index("## Serving: the OpenAI API"):]
+    code = re.search(r"```text\n(from openai import OpenAI\n.*?)```", section, re.DOTALL).group(1)
+    assert len(code.strip().splitlines()) == 6  # the import and five lines: leak, DELETE, clean answer
+    code = code.replace("http://127.0.0.1:8000/v1", server.url).replace('model="smollm2"', 'model="tiny"')
+    namespace: dict = {}
+    exec(compile(code, "README.md", "exec"), namespace)  # noqa: S102 (the README's own session, run)
+    conv_id = namespace["conv"].id
+    assert len(capsys.readouterr().out.splitlines()) >= 2
+    after = openai.OpenAI(base_url=server.url, api_key="unused").conversations.items.list(conv_id, order="asc")
+    assert "addr" not in [i.id for i in after.data] and SECRET not in after.model_dump_json()
