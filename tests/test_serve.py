@@ -208,3 +208,20 @@ def test_the_readme_client_session_runs(server, capsys):
     assert len(capsys.readouterr().out.splitlines()) >= 2
     after = openai.OpenAI(base_url=server.url, api_key="unused").conversations.items.list(conv_id, order="asc")
     assert "addr" not in [i.id for i in after.data] and SECRET not in after.model_dump_json()
+
+
+def test_a_crash_between_a_steps_commit_and_the_sidecar_loses_and_doubles_nothing(lm, tmp_path):
+    from unsee.impl.serve.conversation import SIDECAR, write_json_atomic
+
+    pool = Pool(make_engine(lm), tmp_path, defaults=SETTINGS)
+    with ServerThread(pool, "tiny") as srv:
+        c = openai.OpenAI(base_url=srv.url, api_key="unused", max_retries=0)
+        conv = c.conversations.create(items=[user("k1", "kept")])
+        sidecar = json.loads((tmp_path / conv.id / SIDECAR).read_text())  # k1 still waiting here
+        c.responses.create(model="tiny", conversation=conv.id)
+        digest, items = state(c, conv.id)["digest"], texts(c, conv.id)
+    write_json_atomic(tmp_path / conv.id / SIDECAR, sidecar)  # as if the process died before the rename
+    with ServerThread(Pool(make_engine(lm), tmp_path, defaults=SETTINGS), "tiny") as srv:
+        c = openai.OpenAI(base_url=srv.url, api_key="unused", max_retries=0)
+        assert texts(c, conv.id) == items and state(c, conv.id) == {**state(c, conv.id), "digest": digest,
+                                                                      "pending": 0}

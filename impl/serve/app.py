@@ -32,6 +32,7 @@ from unsee.impl.serve.pool import Pool
 
 log = logging.getLogger("unsee.serve")
 LIST_PARAMS = {"limit", "order", "after", "include"}
+MAX_BODY_BYTES = 4 * 2**20
 
 
 def reject_constant(name: str) -> Any:
@@ -40,6 +41,8 @@ def reject_constant(name: str) -> Any:
 
 async def read_json(request: Request, empty_ok: bool = False) -> Any:
     body = await request.body()
+    if len(body) > MAX_BODY_BYTES:
+        raise bad_request(f"the body is {len(body)} bytes; at most {MAX_BODY_BYTES} are read")
     if not body.strip():
         if empty_ok:
             return {}

@@ -220,10 +220,17 @@ class Conversation:
         items = self.assign_ids(self.record, items, self.get_used_ids())
         step = self.get_step(items)  # refuses before anything is written
         todo = self.record["pending"] + items
-        if self.session is None:
+        first = self.session is None
+        if first:
             runtime = AgentRuntime.start(engine, system=self.record["system"], settings=settings)
             self.session = PersistentSession.create(self.store_path, runtime)
-        self.session.step(step)
+        try:
+            self.session.step(step)
+        except BaseException:
+            if first:  # a failed first response leaves no store (it would fix the settings)
+                self.evict()
+                self.store_path.unlink(missing_ok=True)
+            raise
         tools = {**self.record["tools"], **{i["id"]: {"call_id": i["call_id"], "name": i["name"]}
                                             for i in todo if i["kind"] == "function_call_output"}}
         responses = self.record["responses"] + [{"id": response_id, "step": step.id}]
