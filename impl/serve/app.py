@@ -93,11 +93,28 @@ def stream(events: Iterable[dict]) -> StreamingResponse:
                              headers={"Cache-Control": "no-cache"})
 
 
+def run_held(pool: Pool, conv: Conversation, work):
+    """``work(conv)`` in a worker thread, holding the conversation and the engine."""
+    def held():
+        with pool.hold(conv):
+            return work(conv)
+    return run_in_threadpool(held)
+
+
 def build_app(pool: Pool, model_name: str, api_key: str | None = None) -> FastAPI:
     app = FastAPI(title="unsee serve", openapi_url=None, docs_url=None, redoc_url=None)
-    chat = ChatCache(pool.engine)
     app.state.pool = pool
+    add_error_handlers(app)
+    if api_key is not None:
+        add_auth(app, api_key)
+    add_conversation_routes(app, pool, model_name)
+    add_item_routes(app, pool)
+    add_response_routes(app, pool, model_name)
+    add_chat_routes(app, pool, model_name)
+    return app
 
+
+def add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def on_api_error(request: Request, exc: ApiError) -> JSONResponse:
         return JSONResponse(exc.to_json(), status_code=exc.status, headers=exc.headers)
@@ -117,24 +134,20 @@ def build_app(pool: Pool, model_name: str, api_key: str | None = None) -> FastAP
         log.exception("%s %s failed", request.method, request.url.path)
         return JSONResponse(server_error().to_json(), status_code=500)
 
+
+def add_auth(app: FastAPI, api_key: str) -> None:
+    """Every route needs ``Authorization: Bearer <key>`` (compared in constant time)."""
     @app.middleware("http")
     async def check_key(request: Request, call_next):
-        if api_key is not None:
-            given = request.headers.get("authorization", "")
-            if not hmac.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
-                why = "no API key given" if not given else "the API key is wrong"
-                return JSONResponse(unauthorized(f"{why}: send 'Authorization: Bearer <key>'").to_json(),
-                                    status_code=401)
+        given = request.headers.get("authorization", "")
+        if not hmac.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
+            why = "no API key given" if not given else "the API key is wrong"
+            return JSONResponse(unauthorized(f"{why}: send 'Authorization: Bearer <key>'").to_json(),
+                                status_code=401)
         return await call_next(request)
 
-    def run_held(conv: Conversation, work):
-        def held():
-            with pool.hold(conv):
-                return work(conv)
-        return run_in_threadpool(held)
 
-    # --- conversations -----------------------------------------------------------
-
+def add_conversation_routes(app: FastAPI, pool: Pool, model_name: str) -> None:
     @app.get("/v1/models")
     async def list_models() -> dict:
         return {"object": "list", "data": [{"id": model_name, "object": "model", "created": 0, "owned_by": "unsee"}]}
@@ -150,7 +163,7 @@ def build_app(pool: Pool, model_name: str, api_key: str | None = None) -> FastAP
 
     @app.get("/v1/conversations/{conv_id}")
     async def get_conversation(conv_id: str) -> dict:
-        return await run_held(pool.get(conv_id), lambda c: shapes.conversation(c.record, get_state(pool, c)))
+        return await run_held(pool, pool.get(conv_id), lambda c: shapes.conversation(c.record, get_state(pool, c)))
 
     @app.post("/v1/conversations/{conv_id}")
     async def update_conversation(conv_id: str, request: Request) -> dict:
@@ -160,30 +173,32 @@ def build_app(pool: Pool, model_name: str, api_key: str | None = None) -> FastAP
         def work(conv: Conversation) -> dict:
             conv.save({**conv.record, "metadata": metadata})
             return shapes.conversation(conv.record)
-        return await run_held(pool.get(conv_id), work)
+        return await run_held(pool, pool.get(conv_id), work)
 
     @app.delete("/v1/conversations/{conv_id}")
     async def delete_conversation(conv_id: str) -> dict:
         await run_in_threadpool(pool.delete, pool.get(conv_id))
         return {"id": conv_id, "object": "conversation.deleted", "deleted": True}
 
+
+def add_item_routes(app: FastAPI, pool: Pool) -> None:
     @app.post("/v1/conversations/{conv_id}/items")
     async def add_items(conv_id: str, request: Request) -> dict:
         check_query(request, {"include"})
         body = requests.read_object(await read_json(request), requests.ITEMS_FIELDS, "items.create")
         items = requests.read_items(body.get("items"), "items")
-        return await run_held(pool.get(conv_id), lambda c: shapes.item_list(c.add_items(items)))
+        return await run_held(pool, pool.get(conv_id), lambda c: shapes.item_list(c.add_items(items)))
 
     @app.get("/v1/conversations/{conv_id}/items")
     async def list_items(conv_id: str, request: Request) -> dict:
-        page = await run_held(pool.get(conv_id), lambda c: get_page(c.get_items(), request))
+        page = await run_held(pool, pool.get(conv_id), lambda c: get_page(c.get_items(), request))
         limit = int(request.query_params.get("limit", "20"))
         return {**shapes.item_list(page[:limit]), "has_more": len(page) > limit}
 
     @app.get("/v1/conversations/{conv_id}/items/{item_id}")
     async def get_item(conv_id: str, item_id: str, request: Request) -> dict:
         check_query(request, {"include"})
-        return await run_held(pool.get(conv_id), lambda c: shapes.public_item(c.get_item(item_id)))
+        return await run_held(pool, pool.get(conv_id), lambda c: shapes.public_item(c.get_item(item_id)))
 
     @app.delete("/v1/conversations/{conv_id}/items/{item_id}")
     async def delete_item(conv_id: str, item_id: str, request: Request) -> dict:
@@ -199,72 +214,77 @@ def build_app(pool: Pool, model_name: str, api_key: str | None = None) -> FastAP
             return {**shapes.conversation(conv.record), "deleted_item_id": item_id, "mode": "exact",
                     "rewritten": [shapes.public_item(i) for i in out["rewritten"]], "removed": out["removed"],
                     "receipt": out["receipt"], "report": out["report"], "digest": conv.digest()}
-        return await run_held(pool.get(conv_id), work)
+        return await run_held(pool, pool.get(conv_id), work)
 
-    # --- responses -----------------------------------------------------------------
 
-    def get_target(req: dict) -> tuple[Conversation | None, str | None]:
-        if req["conversation"]:
-            return pool.get(req["conversation"]), None
-        if req["previous_response_id"]:
-            return pool.get_by_response(req["previous_response_id"]), req["previous_response_id"]
-        return None, None
+def get_target(pool: Pool, req: dict) -> tuple[Conversation | None, str | None]:
+    """The conversation a response continues and the response id it names (None, None: a new one)."""
+    if req["conversation"]:
+        return pool.get(req["conversation"]), None
+    if req["previous_response_id"]:
+        return pool.get_by_response(req["previous_response_id"]), req["previous_response_id"]
+    return None, None
 
-    def respond(req: dict, conv: Conversation, previous: str | None) -> dict:
-        response_id = "resp_" + secrets.token_hex(24)
-        created = time.time()
 
-        def work(c: Conversation) -> dict:
-            if previous is not None and c.record["responses"][-1]["id"] != previous:
-                raise bad_request(f"previous_response_id: {previous!r} is not the latest response of its "
-                                  "conversation; this server continues only the latest (no branches)",
-                                  param="previous_response_id")
-            settings = c.check_settings({k: req[k] for k in ("temperature", "seed", "max_new_tokens")},
-                                        pool.defaults)
-            step, _ = c.respond(pool.engine, req["items"], settings, response_id)
-            answer = c.get_answer(step)
-            block = c.session.runtime.graph[f"{step.id}/answer"]
-            usage = shapes.usage(block.token_span[0], len(pool.engine.lm.encode(block.text)))
-            return shapes.response(response_id, model_name, answer["status"], [answer], conversation_id=c.id,
-                                   previous_response_id=previous, settings=c.session.runtime.settings,
-                                   metadata=req["metadata"], usage=usage, created_at=created)
-        with pool.hold(conv):
-            out = work(conv)
-        pool.note_response(response_id, conv)
-        return out
+def respond(pool: Pool, model_name: str, req: dict, conv: Conversation, previous: str | None) -> dict:
+    """One response on ``conv``: a step committed, the Response object."""
+    response_id = "resp_" + secrets.token_hex(24)
+    created = time.time()
+    with pool.hold(conv) as c:
+        if previous is not None and c.record["responses"][-1]["id"] != previous:
+            raise bad_request(f"previous_response_id: {previous!r} is not the latest response of its "
+                              "conversation; this server continues only the latest (no branches)",
+                              param="previous_response_id")
+        settings = c.check_settings({k: req[k] for k in ("temperature", "seed", "max_new_tokens")}, pool.defaults)
+        step, _ = c.respond(pool.engine, req["items"], settings, response_id)
+        answer = c.get_answer(step)
+        block = c.session.runtime.graph[f"{step.id}/answer"]
+        usage = shapes.usage(block.token_span[0], len(pool.engine.lm.encode(block.text)))
+        out = shapes.response(response_id, model_name, answer["status"], [answer], conversation_id=c.id,
+                              previous_response_id=previous, settings=c.session.runtime.settings,
+                              metadata=req["metadata"], usage=usage, created_at=created)
+    pool.note_response(response_id, conv)
+    return out
 
-    def respond_new(req: dict) -> dict:
-        """A response with no conversation: a new one, removed again if the response is refused."""
-        kinds = {i["kind"] for i in req["items"] if i["role"] not in ("system", "developer")}
-        if len(kinds) > 1:
-            raise bad_request("input: a turn is user messages or function_call_output items, not both",
-                              param="input")
-        system = [i for i in req["items"] if i["role"] in ("system", "developer")]
-        conv = pool.create(system, {})
-        try:
-            return respond({**req, "items": [i for i in req["items"] if i not in system]}, conv, None)
-        except BaseException:
-            pool.delete(conv)
-            raise
 
+def respond_new(pool: Pool, model_name: str, req: dict) -> dict:
+    """A response with no conversation: a new one, removed again if the response is refused."""
+    kinds = {i["kind"] for i in req["items"] if i["role"] not in ("system", "developer")}
+    if len(kinds) > 1:
+        raise bad_request("input: a turn is user messages or function_call_output items, not both", param="input")
+    system = [i for i in req["items"] if i["role"] in ("system", "developer")]
+    conv = pool.create(system, {})
+    try:
+        return respond(pool, model_name, {**req, "items": [i for i in req["items"] if i not in system]}, conv, None)
+    except BaseException:
+        pool.delete(conv)
+        raise
+
+
+def get_response_events(out: dict) -> list[dict]:
+    """The server-sent events of a finished response, numbered."""
+    start = {**out, "status": "in_progress", "output": [], "usage": None, "incomplete_details": None}
+    events = [{"type": "response.created", "response": start}, {"type": "response.in_progress", "response": start}]
+    for i, item in enumerate(out["output"]):
+        events += shapes.message_events(item, i)
+    end = "response.incomplete" if out["status"] == "incomplete" else "response.completed"
+    return shapes.numbered(events + [{"type": end, "response": out}], 0)
+
+
+def add_response_routes(app: FastAPI, pool: Pool, model_name: str) -> None:
     @app.post("/v1/responses")
     async def create_response(request: Request):
         req = requests.read_response_request(await read_json(request))
-        conv, previous = get_target(req)
+        conv, previous = get_target(pool, req)
         if conv is None:
-            out = await run_in_threadpool(respond_new, req)
+            out = await run_in_threadpool(respond_new, pool, model_name, req)
         else:
-            out = await run_in_threadpool(respond, req, conv, previous)
-        if not req["stream"]:
-            return out
-        start = {**out, "status": "in_progress", "output": [], "usage": None, "incomplete_details": None}
-        events = [{"type": "response.created", "response": start}, {"type": "response.in_progress", "response": start}]
-        for i, item in enumerate(out["output"]):
-            events += shapes.message_events(item, i)
-        end = "response.incomplete" if out["status"] == "incomplete" else "response.completed"
-        return stream(shapes.numbered(events + [{"type": end, "response": out}], 0))
+            out = await run_in_threadpool(respond, pool, model_name, req, conv, previous)
+        return stream(get_response_events(out)) if req["stream"] else out
 
-    # --- chat completions ----------------------------------------------------------
+
+def add_chat_routes(app: FastAPI, pool: Pool, model_name: str) -> None:
+    chat = ChatCache(pool.engine)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
@@ -287,5 +307,3 @@ def build_app(pool: Pool, model_name: str, api_key: str | None = None) -> FastAP
         chunks = shapes.chat_chunks(completion_id, model_name, out["text"], out["finish_reason"])
         return StreamingResponse([f"data: {json.dumps(c)}\n\n" for c in chunks] + ["data: [DONE]\n\n"],
                                  media_type="text/event-stream")
-
-    return app
