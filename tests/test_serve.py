@@ -207,7 +207,7 @@ def test_the_readme_client_session_runs(server, capsys):
     conv_id = namespace["conv"].id
     assert len(capsys.readouterr().out.splitlines()) >= 2
     after = openai.OpenAI(base_url=server.url, api_key="unused").conversations.items.list(conv_id, order="asc")
-    assert "addr" not in [i.id for i in after.data] and SECRET not in after.model_dump_json()
+    assert "venue" not in [i.id for i in after.data] and SECRET not in after.model_dump_json()
 
 
 def test_a_crash_between_a_steps_commit_and_the_sidecar_loses_and_doubles_nothing(lm, tmp_path):
