@@ -86,6 +86,8 @@ def test_forget_equals_a_twin_that_never_had_the_item_and_verifies(client, serve
     assert nxt[0] == nxt[1]
 
     store = server.pool.get(conv.id).store_path
+    # no byte of the secret in any file of the conversation's folder (store and sidecar)
+    assert not [p.name for p in store.parent.iterdir() if SECRET.encode() in p.read_bytes()]
     verdict = verify_store(store, extra["receipt"], value=SECRET)
     assert verdict.outcome == "verified", [c for c in verdict.checks if c.status != "ok"]
 
@@ -225,3 +227,17 @@ def test_a_crash_between_a_steps_commit_and_the_sidecar_loses_and_doubles_nothin
         c = openai.OpenAI(base_url=srv.url, api_key="unused", max_retries=0)
         assert texts(c, conv.id) == items and state(c, conv.id) == {**state(c, conv.id), "digest": digest,
                                                                       "pending": 0}
+
+
+def test_requests_on_one_conversation_are_serialised(client):
+    import concurrent.futures
+
+    conv = client.conversations.create()
+    with concurrent.futures.ThreadPoolExecutor(3) as workers:  # the server's busy wait (5 s) covers the queue
+        list(workers.map(lambda i: client.responses.create(model="tiny", conversation=conv.id,
+                                                           input=[user(f"s{i}", f"message {i}")]), range(3)))
+    items = texts(client, conv.id)
+    assert state(client, conv.id)["steps"] == 3 and sorted(i for i, _, _ in items if i.startswith("s")) == [
+        "s0", "s1", "s2"]
+    roles = [i.role for i in client.conversations.items.list(conv.id, order="asc").data]
+    assert roles == ["user", "assistant"] * 3  # each input followed by its own answer, never interleaved

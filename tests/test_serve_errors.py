@@ -159,6 +159,9 @@ def test_a_busy_conversation_is_409_with_retry_after_and_changes_nothing(server)
                                    ("DELETE", "/v1/conversations/{c}", None)]:
             reply = refused(server, 409, method, path, body)
             assert int(reply.headers["Retry-After"]) >= 1
+        # another conversation is not blocked by this one's
+        other = openai.OpenAI(base_url=server.url, api_key=KEY, max_retries=0).conversations.create()
+        assert server.http.post("/v1/responses", json={"conversation": other.id, "input": "hi"}).status_code == 200
     # free again: the same request goes through
     assert server.http.get(f"/v1/conversations/{server.conv}").status_code == 200
 
