@@ -29,7 +29,12 @@ def do_serve(args: argparse.Namespace) -> int:
     from unsee import Settings
     from unsee.impl.cli.run import build_engine
     from unsee.impl.serve.pool import Pool
-    from unsee.impl.serve.server import check_exposure, read_api_key, run
+
+    try:
+        from unsee.impl.serve.server import check_exposure, read_api_key, run
+    except ModuleNotFoundError as exc:  # a usage error: nothing ran
+        raise ValueError(f"unsee serve needs the serve extra ({exc.name} is missing): "
+                         "pip install 'unsee[serve]'") from None
 
     api_key = read_api_key(args.api_key_file)
     check_exposure(args.host, api_key)  # before any model loads
