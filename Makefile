@@ -16,7 +16,7 @@ VLLM_CONSTRAINTS ?= constraints/vllm.txt
 PIP_C      = $(if $(CONSTRAINTS),-c $(CONSTRAINTS))
 PIP_C_VLLM = $(if $(VLLM_CONSTRAINTS),-c $(VLLM_CONSTRAINTS))
 
-.PHONY: demo test lint nightly bench paper install clean gpu gpu-wheels vllm test-vllm lock
+.PHONY: demo test lint nightly bench paper install clean gpu gpu-wheels vllm test-vllm lock serve
 
 $(VENV)/.installed: pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
@@ -43,6 +43,16 @@ lint: $(VENV)/.installed
 
 demo: $(VENV)/.installed
 	$(PY) -m unsee.impl.cli demo
+
+# `unsee serve` (docs/serve.md): the OpenAI-compatible server on SmolLM2, on
+# 127.0.0.1:8000, its conversations under out/serve (SERVE_ARGS adds options)
+SERVE_ARGS ?=
+$(VENV)/.serve-installed: $(VENV)/.installed pyproject.toml $(CONSTRAINTS)
+	$(PY) -m pip install -q $(PIP_C) -e '.[serve]'
+	touch $@
+
+serve: $(VENV)/.serve-installed
+	$(PY) -m unsee.impl.cli serve --model smollm2 --store out/serve $(SERVE_ARGS)
 
 test: $(VENV)/.test-installed
 	$(PY) -m ruff check .

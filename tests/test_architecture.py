@@ -22,7 +22,7 @@ PACKAGE = "unsee.impl"
 
 #: The subsystems, lowest first: a module may import its own subsystem and
 #: those below it, never one above.
-LAYERS = ("util", "engines", "agent", "methods", "store", "eval", "conform", "cli")
+LAYERS = ("util", "engines", "agent", "methods", "store", "eval", "conform", "serve", "cli")
 #: Top-level modules of unsee.impl that sit above every subsystem.
 TOP = ("api",)
 FORBIDDEN = ("unsee.properties", "unsee.tests", "unsee.bench", "tests", "properties", "bench")

@@ -22,11 +22,13 @@ from unsee.impl.cli.evaluate import do_conform, do_eval
 from unsee.impl.cli.exits import Exit
 from unsee.impl.cli.parser import build_parser
 from unsee.impl.cli.run import do_run
+from unsee.impl.cli.serve import do_serve
 from unsee.impl.cli.stored import do_forget, do_show, do_verify
 
 #: Subcommand -> the function that runs it: ``(args) -> exit code``.
 COMMANDS = {"run": do_run, "forget": do_forget, "show": do_show, "verify": do_verify, "demo": do_demo,
-            "eval": do_eval, "conform": do_conform, "calibrate": do_calibrate}
+            "eval": do_eval, "conform": do_conform, "calibrate": do_calibrate,
+            "serve": do_serve}
 
 
 def get_busy_errors() -> tuple[type[Exception], ...]:

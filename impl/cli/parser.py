@@ -30,6 +30,7 @@ from unsee.impl.cli.options import (
     get_method_help,
     parse_method,
 )
+from unsee.impl.cli.serve import add_serve_parser
 from unsee.impl.methods.baselines import METHODS
 
 
@@ -38,7 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="unsee", description="Exact forgetting for stateful LLM agents.")
     sub = parser.add_subparsers(dest="command", required=True)
     for add in (add_run_parser, add_forget_parser, add_verify_parser, add_show_parser, add_demo_parser,
-                add_conform_parser, add_eval_parser, add_calibrate_parser):
+                add_conform_parser, add_eval_parser, add_calibrate_parser, add_serve_parser):
         add(sub)
     return parser
 

@@ -1,0 +1,45 @@
+"""``unsee serve``: the OpenAI-compatible conversation server (docs/serve.md)."""
+
+from __future__ import annotations
+
+import argparse
+
+from unsee.impl.cli.exits import Exit
+from unsee.impl.cli.options import add_engine_options
+
+
+def add_serve_parser(sub) -> None:
+    serve = sub.add_parser("serve", help="serve conversations over OpenAI's API; deleting an item is an exact forget")
+    add_engine_options(serve)
+    serve.add_argument("--store", required=True, metavar="DIR",
+                       help="the folder of the conversations' session stores (created if missing)")
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (beyond loopback: needs a key)")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--api-key-file", metavar="FILE", help="require 'Authorization: Bearer <key>', the key "
+                                                              "being this file's first line")
+    serve.add_argument("--system", default="You are a helpful assistant.",
+                       help="the system prompt of a conversation that gives none")
+    serve.add_argument("--max-output-tokens", type=int, default=64,
+                       help="a conversation's output-token cap when its first response gives none")
+    serve.add_argument("--busy-wait", type=float, default=5.0, metavar="SECONDS",
+                       help="how long a request waits for its busy conversation before 409")
+
+
+def do_serve(args: argparse.Namespace) -> int:
+    from unsee import Settings
+    from unsee.impl.cli.run import build_engine
+    from unsee.impl.serve.pool import Pool
+
+    try:
+        from unsee.impl.serve.server import check_exposure, read_api_key, run
+    except ModuleNotFoundError as exc:  # a usage error: nothing ran
+        raise ValueError(f"unsee serve needs the serve extra ({exc.name} is missing): "
+                         "pip install 'unsee[serve]'") from None
+
+    api_key = read_api_key(args.api_key_file)
+    check_exposure(args.host, api_key)  # before any model loads
+    engine = build_engine(args)
+    pool = Pool(engine, args.store, kv_budget=args.kv_budget, busy_wait=args.busy_wait, system=args.system,
+                defaults=Settings(max_new_tokens=args.max_output_tokens))
+    run(pool, args.model, args.host, args.port, api_key)
+    return int(Exit.OK)

@@ -1,0 +1,309 @@
+"""The FastAPI application of ``unsee serve`` (docs/serve.md): routes, auth,
+errors in OpenAI's shape, server-sent events.
+
+Every route reads its body strictly (:mod:`.requests`), then does its work in
+a worker thread holding the conversation's lock and the engine's
+(:meth:`Pool.hold`). Every check that can refuse runs before the first write,
+so a refused request changes nothing; an unexpected failure answers 500 with
+no trace (it is logged), and the store is as its last commit left it.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import secrets
+import time
+from collections.abc import Iterable
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
+
+from unsee.impl.serve import requests, shapes
+from unsee.impl.serve.chat import ChatCache
+from unsee.impl.serve.conversation import Conversation
+from unsee.impl.serve.errors import ApiError, bad_request, not_found, server_error, unauthorized
+from unsee.impl.serve.pool import Pool
+
+log = logging.getLogger("unsee.serve")
+LIST_PARAMS = {"limit", "order", "after", "include"}
+MAX_BODY_BYTES = 4 * 2**20
+
+
+def reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+async def read_json(request: Request, empty_ok: bool = False) -> Any:
+    body = await request.body()
+    if len(body) > MAX_BODY_BYTES:
+        raise bad_request(f"the body is {len(body)} bytes; at most {MAX_BODY_BYTES} are read")
+    if not body.strip():
+        if empty_ok:
+            return {}
+        raise bad_request("the body must be a JSON object")
+    try:
+        return json.loads(body, parse_constant=reject_constant)
+    except (ValueError, RecursionError) as exc:
+        raise bad_request(f"the body is not valid JSON: {str(exc)[:200]}") from None
+
+
+def check_query(request: Request, allowed: set[str]) -> None:
+    unknown = sorted(set(request.query_params) - allowed)
+    if unknown:
+        raise bad_request(f"unknown query parameter {unknown[0]!r}", param=unknown[0], code="unknown_parameter")
+
+
+def get_page(items: list[dict], request: Request) -> list[dict]:
+    """``order`` (asc/desc, default desc as the API), ``after`` an item id, ``limit`` 1-100 (default 20)."""
+    check_query(request, LIST_PARAMS)
+    q = request.query_params
+    order = q.get("order", "desc")
+    if order not in ("asc", "desc"):
+        raise bad_request("order: asc or desc", param="order")
+    try:
+        limit = int(q.get("limit", "20"))
+    except ValueError:
+        limit = 0
+    if not 1 <= limit <= 100:
+        raise bad_request("limit: an integer from 1 to 100", param="limit")
+    items = items if order == "asc" else items[::-1]
+    if "after" in q:
+        ids = [i["id"] for i in items]
+        if q["after"] not in ids:
+            raise not_found(f"after: no item {q['after']!r}", param="after")
+        items = items[ids.index(q["after"]) + 1:]
+    return items[:limit + 1]
+
+
+def get_state(pool: Pool, conv: Conversation) -> dict:
+    runtime = conv.session.runtime if conv.session is not None else None
+    return {"digest": conv.digest(), "steps": runtime.t if runtime else 0,
+            "forgotten": list(runtime.forgotten) if runtime else [], "pending": len(conv.record["pending"]),
+            "model": pool.engine.lm.name}
+
+
+def stream(events: Iterable[dict]) -> StreamingResponse:
+    return StreamingResponse((shapes.sse(e) for e in events), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache"})
+
+
+def run_held(pool: Pool, conv: Conversation, work):
+    """``work(conv)`` in a worker thread, holding the conversation and the engine."""
+    def held():
+        with pool.hold(conv):
+            return work(conv)
+    return run_in_threadpool(held)
+
+
+def build_app(pool: Pool, model_name: str, api_key: str | None = None) -> FastAPI:
+    app = FastAPI(title="unsee serve", openapi_url=None, docs_url=None, redoc_url=None)
+    app.state.pool = pool
+    add_error_handlers(app)
+    if api_key is not None:
+        add_auth(app, api_key)
+    add_conversation_routes(app, pool, model_name)
+    add_item_routes(app, pool)
+    add_response_routes(app, pool, model_name)
+    add_chat_routes(app, pool, model_name)
+    return app
+
+
+def add_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(ApiError)
+    async def on_api_error(request: Request, exc: ApiError) -> JSONResponse:
+        return JSONResponse(exc.to_json(), status_code=exc.status, headers=exc.headers)
+
+    @app.exception_handler(HTTPException)
+    async def on_http_error(request: Request, exc: HTTPException) -> JSONResponse:
+        message = "no such route" if exc.status_code == 404 else str(exc.detail)
+        return JSONResponse(ApiError(exc.status_code, f"{request.method} {request.url.path}: {message}").to_json(),
+                            status_code=exc.status_code)
+
+    @app.exception_handler(RequestValidationError)
+    async def on_validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return JSONResponse(bad_request("the request does not match the route").to_json(), status_code=400)
+
+    @app.exception_handler(Exception)
+    async def on_error(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("%s %s failed", request.method, request.url.path)
+        return JSONResponse(server_error().to_json(), status_code=500)
+
+
+def add_auth(app: FastAPI, api_key: str) -> None:
+    """Every route needs ``Authorization: Bearer <key>`` (compared in constant time)."""
+    @app.middleware("http")
+    async def check_key(request: Request, call_next):
+        given = request.headers.get("authorization", "")
+        if not hmac.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
+            why = "no API key given" if not given else "the API key is wrong"
+            return JSONResponse(unauthorized(f"{why}: send 'Authorization: Bearer <key>'").to_json(),
+                                status_code=401)
+        return await call_next(request)
+
+
+def add_conversation_routes(app: FastAPI, pool: Pool, model_name: str) -> None:
+    @app.get("/v1/models")
+    async def list_models() -> dict:
+        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": 0, "owned_by": "unsee"}]}
+
+    @app.post("/v1/conversations")
+    async def create_conversation(request: Request) -> dict:
+        body = requests.read_object(await read_json(request, empty_ok=True), requests.CONVERSATION_FIELDS,
+                                    "conversations")
+        items = requests.read_items(body.get("items"), "items", system_first=True, empty_ok=True)
+        metadata = requests.read_metadata(body.get("metadata"))
+        conv = await run_in_threadpool(pool.create, items, metadata)
+        return shapes.conversation(conv.record)
+
+    @app.get("/v1/conversations/{conv_id}")
+    async def get_conversation(conv_id: str) -> dict:
+        return await run_held(pool, pool.get(conv_id), lambda c: shapes.conversation(c.record, get_state(pool, c)))
+
+    @app.post("/v1/conversations/{conv_id}")
+    async def update_conversation(conv_id: str, request: Request) -> dict:
+        body = requests.read_object(await read_json(request), {"metadata"}, "conversations.update")
+        metadata = requests.read_metadata(body.get("metadata"))
+
+        def work(conv: Conversation) -> dict:
+            conv.save({**conv.record, "metadata": metadata})
+            return shapes.conversation(conv.record)
+        return await run_held(pool, pool.get(conv_id), work)
+
+    @app.delete("/v1/conversations/{conv_id}")
+    async def delete_conversation(conv_id: str) -> dict:
+        await run_in_threadpool(pool.delete, pool.get(conv_id))
+        return {"id": conv_id, "object": "conversation.deleted", "deleted": True}
+
+
+def add_item_routes(app: FastAPI, pool: Pool) -> None:
+    @app.post("/v1/conversations/{conv_id}/items")
+    async def add_items(conv_id: str, request: Request) -> dict:
+        check_query(request, {"include"})
+        body = requests.read_object(await read_json(request), requests.ITEMS_FIELDS, "items.create")
+        items = requests.read_items(body.get("items"), "items")
+        return await run_held(pool, pool.get(conv_id), lambda c: shapes.item_list(c.add_items(items)))
+
+    @app.get("/v1/conversations/{conv_id}/items")
+    async def list_items(conv_id: str, request: Request) -> dict:
+        page = await run_held(pool, pool.get(conv_id), lambda c: get_page(c.get_items(), request))
+        limit = int(request.query_params.get("limit", "20"))
+        return {**shapes.item_list(page[:limit]), "has_more": len(page) > limit}
+
+    @app.get("/v1/conversations/{conv_id}/items/{item_id}")
+    async def get_item(conv_id: str, item_id: str, request: Request) -> dict:
+        check_query(request, {"include"})
+        return await run_held(pool, pool.get(conv_id), lambda c: shapes.public_item(c.get_item(item_id)))
+
+    @app.delete("/v1/conversations/{conv_id}/items/{item_id}")
+    async def delete_item(conv_id: str, item_id: str, request: Request) -> dict:
+        check_query(request, {"mode"})
+        mode = request.query_params.get("mode", "exact")
+        if mode != "exact":
+            raise bad_request(f"mode: {mode!r} is not offered: a delete here is an exact forget (mode=exact); "
+                              "a drop-only delete would leave what the item changed in later answers and caches",
+                              param="mode")
+
+        def work(conv: Conversation) -> dict:
+            out = conv.forget(item_id)
+            return {**shapes.conversation(conv.record), "deleted_item_id": item_id, "mode": "exact",
+                    "rewritten": [shapes.public_item(i) for i in out["rewritten"]], "removed": out["removed"],
+                    "receipt": out["receipt"], "report": out["report"], "digest": conv.digest()}
+        return await run_held(pool, pool.get(conv_id), work)
+
+
+def get_target(pool: Pool, req: dict) -> tuple[Conversation | None, str | None]:
+    """The conversation a response continues and the response id it names (None, None: a new one)."""
+    if req["conversation"]:
+        return pool.get(req["conversation"]), None
+    if req["previous_response_id"]:
+        return pool.get_by_response(req["previous_response_id"]), req["previous_response_id"]
+    return None, None
+
+
+def respond(pool: Pool, model_name: str, req: dict, conv: Conversation, previous: str | None) -> dict:
+    """One response on ``conv``: a step committed, the Response object."""
+    response_id = "resp_" + secrets.token_hex(24)
+    created = time.time()
+    with pool.hold(conv) as c:
+        if previous is not None and c.record["responses"][-1]["id"] != previous:
+            raise bad_request(f"previous_response_id: {previous!r} is not the latest response of its "
+                              "conversation; this server continues only the latest (no branches)",
+                              param="previous_response_id")
+        settings = c.check_settings({k: req[k] for k in ("temperature", "seed", "max_new_tokens")}, pool.defaults)
+        step, _ = c.respond(pool.engine, req["items"], settings, response_id)
+        answer = c.get_answer(step)
+        block = c.session.runtime.graph[f"{step.id}/answer"]
+        usage = shapes.usage(block.token_span[0], len(pool.engine.lm.encode(block.text)))
+        out = shapes.response(response_id, model_name, answer["status"], [answer], conversation_id=c.id,
+                              previous_response_id=previous, settings=c.session.runtime.settings,
+                              metadata=req["metadata"], usage=usage, created_at=created)
+    pool.note_response(response_id, conv)
+    return out
+
+
+def respond_new(pool: Pool, model_name: str, req: dict) -> dict:
+    """A response with no conversation: a new one, removed again if the response is refused."""
+    kinds = {i["kind"] for i in req["items"] if i["role"] not in ("system", "developer")}
+    if len(kinds) > 1:
+        raise bad_request("input: a turn is user messages or function_call_output items, not both", param="input")
+    system = [i for i in req["items"] if i["role"] in ("system", "developer")]
+    conv = pool.create(system, {})
+    try:
+        return respond(pool, model_name, {**req, "items": [i for i in req["items"] if i not in system]}, conv, None)
+    except BaseException:
+        pool.delete(conv)
+        raise
+
+
+def get_response_events(out: dict) -> list[dict]:
+    """The server-sent events of a finished response, numbered."""
+    start = {**out, "status": "in_progress", "output": [], "usage": None, "incomplete_details": None}
+    events = [{"type": "response.created", "response": start}, {"type": "response.in_progress", "response": start}]
+    for i, item in enumerate(out["output"]):
+        events += shapes.message_events(item, i)
+    end = "response.incomplete" if out["status"] == "incomplete" else "response.completed"
+    return shapes.numbered(events + [{"type": end, "response": out}], 0)
+
+
+def add_response_routes(app: FastAPI, pool: Pool, model_name: str) -> None:
+    @app.post("/v1/responses")
+    async def create_response(request: Request):
+        req = requests.read_response_request(await read_json(request))
+        conv, previous = get_target(pool, req)
+        if conv is None:
+            out = await run_in_threadpool(respond_new, pool, model_name, req)
+        else:
+            out = await run_in_threadpool(respond, pool, model_name, req, conv, previous)
+        return stream(get_response_events(out)) if req["stream"] else out
+
+
+def add_chat_routes(app: FastAPI, pool: Pool, model_name: str) -> None:
+    chat = ChatCache(pool.engine)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        req = requests.read_chat_request(await read_json(request))
+        d = pool.defaults
+        settings = type(d)(max_new_tokens=req["max_new_tokens"] or d.max_new_tokens,
+                           temperature=req["temperature"] if req["temperature"] is not None else d.temperature,
+                           seed=req["seed"] if req["seed"] is not None else d.seed)
+
+        def work() -> dict:
+            with pool.engine_lock:
+                try:
+                    return chat.complete(req["messages"], settings, pool.system)
+                finally:
+                    pool.enforce_budget()
+        out = await run_in_threadpool(work)
+        completion_id = "chatcmpl-" + secrets.token_hex(16)
+        if not req["stream"]:
+            return shapes.chat_completion(completion_id, model_name, out["text"], out["finish_reason"], out["usage"])
+        chunks = shapes.chat_chunks(completion_id, model_name, out["text"], out["finish_reason"])
+        return StreamingResponse([f"data: {json.dumps(c)}\n\n" for c in chunks] + ["data: [DONE]\n\n"],
+                                 media_type="text/event-stream")

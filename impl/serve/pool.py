@@ -1,0 +1,150 @@
+"""Many conversations on one engine.
+
+- **Locks.** A request holds its conversation's lock for its whole run
+  (requests on one conversation are serialised; one that waits longer than
+  ``busy_wait`` seconds is refused with 409 and Retry-After), and the engine
+  lock around each piece of model work (a step, a forget, a rebuild, a
+  digest). Requests on other conversations wait for the engine lock only.
+- **The KV budget.** The engine bounds the bytes of lineages no runtime
+  extends (checkpoints, the chat prefix cache); after each operation the
+  pool evicts whole sessions, least recently used first and never the one
+  it is serving, while the engine holds more than ``kv_budget`` bytes. An
+  evicted session keeps everything in its store and is rebuilt (its digest
+  checked) by its next request.
+- **Files.** ``root/<conversation id>/`` per conversation
+  (:mod:`unsee.impl.serve.conversation`); a deleted one is renamed to
+  ``<id>.deleting`` first (one atomic rename) and then removed, and a leftover
+  of a crash is removed at the next start.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import secrets
+import shutil
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from unsee import Settings
+from unsee.impl.serve.conversation import SIDECAR, Conversation
+from unsee.impl.serve.errors import busy, not_found
+
+DELETING = ".deleting"
+DEFAULTS = Settings(max_new_tokens=64)
+
+
+class Pool:
+    """The server's conversations and the engine they share."""
+
+    def __init__(self, engine, root: str | Path, kv_budget: int | None = None, busy_wait: float = 5.0,
+                 system: str = "You are a helpful assistant.", defaults: Settings = DEFAULTS):
+        self.engine = engine
+        self.root = Path(root)
+        self.kv_budget = kv_budget
+        self.busy_wait = busy_wait
+        self.system = system
+        self.defaults = defaults
+        self.engine_lock = threading.RLock()
+        self.index_lock = threading.Lock()
+        self.stats = {"evictions": 0, "rebuilds": 0}
+        self.conversations: dict[str, Conversation] = {}
+        self.responses: dict[str, str] = {}  # response id -> conversation id
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._load()
+
+    def _load(self) -> None:
+        for path in sorted(self.root.iterdir()):
+            if path.name.endswith(DELETING):
+                shutil.rmtree(path, ignore_errors=True)
+            elif (path / SIDECAR).exists():
+                conv = Conversation.load(path)
+                self.conversations[conv.id] = conv
+                self.responses.update({r["id"]: conv.id for r in conv.record["responses"]})
+
+    # --- finding and holding ---------------------------------------------------
+
+    def get(self, conv_id: str) -> Conversation:
+        with self.index_lock:
+            conv = self.conversations.get(conv_id)
+        if conv is None:
+            raise not_found(f"no conversation {conv_id!r}", param="conversation_id")
+        return conv
+
+    def get_by_response(self, response_id: str) -> Conversation:
+        with self.index_lock:
+            conv_id = self.responses.get(response_id)
+        if conv_id is None:
+            raise not_found(f"no response {response_id!r}", param="previous_response_id")
+        return self.get(conv_id)
+
+    @contextlib.contextmanager
+    def hold(self, conv: Conversation) -> Iterator[Conversation]:
+        """The conversation's lock, then the engine's, with the session resident."""
+        if not conv.lock.acquire(timeout=self.busy_wait):
+            raise busy(f"conversation {conv.id} is busy with another request; retry after it", 1)
+        try:
+            if self.conversations.get(conv.id) is not conv:  # deleted while we waited
+                raise not_found(f"no conversation {conv.id!r}", param="conversation_id")
+            with self.engine_lock:
+                if conv.open(self.engine):
+                    self.stats["rebuilds"] += 1
+                conv.last_used = time.monotonic()
+                try:
+                    yield conv
+                finally:
+                    self.enforce_budget(keep=conv)
+        finally:
+            conv.lock.release()
+
+    # --- the budget ------------------------------------------------------------
+
+    def get_held_bytes(self) -> int:
+        return self.engine.memory().held_bytes
+
+    def enforce_budget(self, keep: Conversation | None = None) -> None:
+        """Evict resident sessions, least recently used first, until the engine holds at most the budget."""
+        if self.kv_budget is None:
+            return
+        with self.engine_lock:
+            while self.get_held_bytes() > self.kv_budget:
+                resident = sorted((c for c in list(self.conversations.values())
+                                   if c.session is not None and c is not keep), key=lambda c: c.last_used)
+                if not resident:
+                    return
+                resident[0].evict()
+                self.stats["evictions"] += 1
+
+    # --- conversations -----------------------------------------------------------
+
+    def create(self, items: list[dict], metadata: dict) -> Conversation:
+        system = self.system
+        if items and items[0]["role"] in ("system", "developer"):
+            system, items = items[0]["text"], items[1:]
+        conv_id = "conv_" + secrets.token_hex(24)
+        conv = Conversation.create(self.root / conv_id, conv_id, system, metadata, items)
+        with self.index_lock:
+            self.conversations[conv_id] = conv
+        return conv
+
+    def delete(self, conv: Conversation) -> None:
+        """The conversation, its session and its store, gone."""
+        with self.hold(conv):
+            with self.index_lock:
+                del self.conversations[conv.id]
+                for r in conv.record["responses"]:
+                    self.responses.pop(r["id"], None)
+            conv.evict()
+            tomb = conv.root.with_name(conv.root.name + DELETING)
+            conv.root.rename(tomb)
+            shutil.rmtree(tomb)
+
+    def note_response(self, response_id: str, conv: Conversation) -> None:
+        with self.index_lock:
+            self.responses[response_id] = conv.id
+
+    def close(self) -> None:
+        with self.engine_lock:
+            for conv in list(self.conversations.values()):
+                conv.evict()

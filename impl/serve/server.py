@@ -1,0 +1,70 @@
+"""Running the application: in the foreground (``unsee serve``) or, for
+tests and the load bench, in a thread on a free loopback port."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Self
+
+import uvicorn
+
+from unsee.impl.serve.app import build_app
+from unsee.impl.serve.pool import Pool
+
+LOOPBACK = ("127.0.0.1", "::1", "localhost")
+
+
+def read_api_key(path: str | Path | None) -> str | None:
+    """The key in ``path`` (its first line); None without a file."""
+    if path is None:
+        return None
+    lines = Path(path).read_text(encoding="utf-8").splitlines()
+    key = lines[0].strip() if lines else ""
+    if not key:
+        raise ValueError(f"--api-key-file {path}: the file holds no key on its first line")
+    return key
+
+
+def check_exposure(host: str, api_key: str | None) -> None:
+    """A server reachable beyond this machine needs a key (every conversation is readable without one)."""
+    if host not in LOOPBACK and api_key is None:
+        raise ValueError(f"--host {host}: serving beyond loopback needs --api-key-file")
+
+
+class ServerThread:
+    """The app on ``host`` (port 0: a free one) in a daemon thread; ``url`` is its base URL."""
+
+    def __init__(self, pool: Pool, model_name: str, api_key: str | None = None, host: str = "127.0.0.1",
+                 port: int = 0):
+        config = uvicorn.Config(build_app(pool, model_name, api_key), host=host, port=port, log_level="warning",
+                                access_log=False)
+        self.pool = pool
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self) -> Self:
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the server did not start")
+            time.sleep(0.02)
+        host, port = self.server.servers[0].sockets[0].getsockname()[:2]
+        self.url = f"http://{host}:{port}/v1"
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
+        self.pool.close()
+
+
+def run(pool: Pool, model_name: str, host: str, port: int, api_key: str | None) -> None:
+    """Serve in the foreground until interrupted."""
+    check_exposure(host, api_key)
+    try:
+        uvicorn.run(build_app(pool, model_name, api_key), host=host, port=port, log_level="info")
+    finally:
+        pool.close()

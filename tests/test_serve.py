@@ -1,0 +1,243 @@
+"""``unsee serve`` driven by the real ``openai`` client on loopback (issue 30):
+the forget's conversation equals a twin that never had the item (digest,
+items, next answer), ``unsee verify`` accepts its receipt, streaming, tool
+outputs, chat completions, eviction under the KV budget and a restart."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("fastapi")
+openai = pytest.importorskip("openai")
+
+from unsee import Settings, verify_store
+from unsee.impl.engines.registry import make_engine
+from unsee.impl.serve.pool import Pool
+from unsee.impl.serve.server import ServerThread
+
+SECRET = "4417 Elm Street"
+SETTINGS = Settings(max_new_tokens=6)
+
+
+@pytest.fixture(scope="module")
+def server(lm, tmp_path_factory):
+    root = tmp_path_factory.mktemp("serve")
+    with ServerThread(Pool(make_engine(lm), root, defaults=SETTINGS), "tiny") as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0)
+
+
+def user(item_id: str, text: str) -> dict:
+    return {"type": "message", "role": "user", "content": text, "id": item_id}
+
+
+def state(client, conv_id: str) -> dict:
+    return client.conversations.retrieve(conv_id).model_extra["unsee"]
+
+
+def texts(client, conv_id: str) -> list[tuple[str, str, str]]:
+    out = []
+    for item in client.conversations.items.list(conv_id, order="asc", limit=100).data:
+        text = item.output if item.type == "function_call_output" else item.content[0].text
+        out.append((item.id, item.type, text))
+    return out
+
+
+def test_forget_equals_a_twin_that_never_had_the_item_and_verifies(client, server):
+    conv = client.conversations.create(items=[user("u1", "Hi, I am Dana.")])
+    client.responses.create(model="tiny", conversation=conv.id)
+    leak = client.responses.create(model="tiny", conversation=conv.id, input=[user("u2", f"I live at {SECRET}.")])
+    assert leak.status in ("completed", "incomplete") and leak.output[0].role == "assistant"
+    # streamed: the events of one output message, then the response
+    events = list(client.responses.create(model="tiny", conversation=conv.id, input=[user("u3", "Where do I live?")],
+                                          stream=True))
+    kinds = [e.type for e in events]
+    assert kinds[:4] == ["response.created", "response.in_progress", "response.output_item.added",
+                         "response.content_part.added"]
+    assert kinds[-1] in ("response.completed", "response.incomplete")
+    final = events[-1].response
+    assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == final.output_text
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    before = texts(client, conv.id)
+
+    deleted = client.conversations.items.delete("u2", conversation_id=conv.id)
+    extra = deleted.model_extra
+    assert extra["mode"] == "exact" and extra["deleted_item_id"] == "u2"
+    after = texts(client, conv.id)
+    assert "u2" not in [i for i, _, _ in after] and SECRET not in json.dumps(after)
+    # the reply lists exactly the items the replay rewrote: in the conversation now, not before
+    assert [r["id"] for r in extra["rewritten"]] == [i for i, _, _ in after if i not in {b[0] for b in before}]
+    assert extra["report"]["invocations"] == extra["report"]["length"] - extra["report"]["tau"] + 1
+
+    twin = client.conversations.create(items=[user("u1", "Hi, I am Dana.")])
+    client.responses.create(model="tiny", conversation=twin.id)
+    client.responses.create(model="tiny", conversation=twin.id, input=[])  # the turn u2 was, without it
+    client.responses.create(model="tiny", conversation=twin.id, input=[user("u3", "Where do I live?")])
+    assert state(client, conv.id)["digest"] == state(client, twin.id)["digest"]
+    assert texts(client, conv.id) == texts(client, twin.id)
+    nxt = [client.responses.create(model="tiny", conversation=c, input=[user("u4", "Who am I?")]).output_text
+           for c in (conv.id, twin.id)]
+    assert nxt[0] == nxt[1]
+
+    store = server.pool.get(conv.id).store_path
+    # no byte of the secret in any file of the conversation's folder (store and sidecar)
+    assert not [p.name for p in store.parent.iterdir() if SECRET.encode() in p.read_bytes()]
+    verdict = verify_store(store, extra["receipt"], value=SECRET)
+    assert verdict.outcome == "verified", [c for c in verdict.checks if c.status != "ok"]
+
+
+def test_a_second_delete_of_the_item_is_404(client):
+    conv = client.conversations.create(items=[user("a1", "one")])
+    client.responses.create(model="tiny", conversation=conv.id)
+    client.conversations.items.delete("a1", conversation_id=conv.id)
+    with pytest.raises(openai.NotFoundError):
+        client.conversations.items.delete("a1", conversation_id=conv.id)
+
+
+def test_pending_items_are_listed_deleted_and_then_answered(client):
+    conv = client.conversations.create(items=[{"role": "system", "content": "Be brief."}, user("p1", "first")])
+    added = client.conversations.items.create(conv.id, items=[user("p2", "second"), user("p3", "third")])
+    assert [i.id for i in added.data] == ["p2", "p3"]
+    client.conversations.items.delete("p2", conversation_id=conv.id)
+    assert [i for i, _, _ in texts(client, conv.id)] == ["p1", "p3"]
+    response = client.responses.create(model="tiny", conversation=conv.id)
+    ids = [i for i, _, _ in texts(client, conv.id)]
+    assert ids == ["p1", "p3", response.output[0].id]
+    assert client.conversations.items.retrieve("p3", conversation_id=conv.id).content[0].text == "third"
+
+
+def test_function_call_outputs_are_items_and_forget_exactly(client):
+    conv = client.conversations.create()
+    client.responses.create(model="tiny", conversation=conv.id, input="Look up the address.")
+    out = {"type": "function_call_output", "call_id": "call_1", "output": SECRET, "id": "t1", "name": "lookup"}
+    client.responses.create(model="tiny", conversation=conv.id, input=[out])
+    item = client.conversations.items.retrieve("t1", conversation_id=conv.id)
+    assert (item.type, item.call_id, item.output) == ("function_call_output", "call_1", SECRET)
+    client.conversations.items.delete("t1", conversation_id=conv.id)
+    assert SECRET not in json.dumps(texts(client, conv.id))
+
+
+def test_previous_response_id_continues_its_conversation(client):
+    first = client.responses.create(model="tiny", input=[{"role": "system", "content": "Terse."}, user("q1", "hi")])
+    assert first.conversation is not None
+    second = client.responses.create(model="tiny", previous_response_id=first.id, input="and?")
+    assert second.conversation.id == first.conversation.id
+    with pytest.raises(openai.BadRequestError):  # no branches from an older response
+        client.responses.create(model="tiny", previous_response_id=first.id, input="again")
+
+
+def test_chat_completions_reuse_cached_prefixes(client):
+    messages = [{"role": "system", "content": "You answer in one word."}, {"role": "user", "content": "Hello."},
+                {"role": "assistant", "content": "Hi."}, {"role": "user", "content": "Colour?"}]
+    a = client.chat.completions.create(model="tiny", messages=messages)
+    b = client.chat.completions.create(model="tiny", messages=messages)
+    assert a.choices[0].message.content == b.choices[0].message.content
+    assert b.usage.prompt_tokens_details.cached_tokens > 0 and b.usage.prompt_tokens == a.usage.prompt_tokens
+    chunks = list(client.chat.completions.create(model="tiny", messages=messages, stream=True))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == a.choices[0].message.content
+
+
+def test_an_evicted_session_is_rebuilt_with_its_digest(lm, tmp_path):
+    pool = Pool(make_engine(lm), tmp_path, kv_budget=0, defaults=SETTINGS)
+    with ServerThread(pool, "tiny") as srv:
+        c = openai.OpenAI(base_url=srv.url, api_key="unused", max_retries=0)
+        x, y = c.conversations.create(), c.conversations.create()
+        c.responses.create(model="tiny", conversation=x.id, input=[user("x1", "one")])
+        digest = state(c, x.id)["digest"]
+        c.responses.create(model="tiny", conversation=y.id, input=[user("y1", "two")])
+        assert pool.get(x.id).session is None and pool.stats["evictions"] >= 1  # budget 0: x was evicted
+        rebuilds = pool.stats["rebuilds"]
+        assert state(c, x.id)["digest"] == digest and pool.stats["rebuilds"] == rebuilds + 1
+        before = texts(c, x.id)
+    # a restart: every conversation reopens from its files, digests and items unchanged
+    with ServerThread(Pool(make_engine(lm), tmp_path, defaults=SETTINGS), "tiny") as srv:
+        c = openai.OpenAI(base_url=srv.url, api_key="unused", max_retries=0)
+        assert state(c, x.id)["digest"] == digest and texts(c, x.id) == before
+        c.conversations.delete(x.id)
+        with pytest.raises(openai.NotFoundError):
+            c.conversations.retrieve(x.id)
+        assert not (tmp_path / x.id).exists()
+
+
+def test_the_load_bench_replays_every_conversation_to_the_servers_digest(one_thread):
+    from unsee.bench import serve_load
+
+    out = serve_load.run(serve_load.argparse.Namespace(
+        model="tiny", conversations=3, turns=3, workers=3, max_output_tokens=4, kv_budget=65536, deadline=60,
+        store=None))
+    assert out["forgets"] == 3 and out["requests"] == 3 * 4 and not out["deadline_hit"]
+    assert out["kv_budget"] < out["kv_sum_bytes"] and out["evictions"] > 0
+    assert out["digests_differ"] == 0
+
+
+def test_a_langchain_client_by_base_url_chains_responses_and_its_item_forgets(client, server):
+    langchain_openai = pytest.importorskip("langchain_openai")
+    from langchain_core.messages import HumanMessage
+
+    plain = langchain_openai.ChatOpenAI(base_url=server.url, api_key="unused", model="tiny", max_retries=0)
+    assert isinstance(plain.invoke("Hello.").content, str)  # over chat completions
+    llm = langchain_openai.ChatOpenAI(base_url=server.url, api_key="unused", model="tiny", max_retries=0,
+                                      use_responses_api=True, use_previous_response_id=True)
+    first = llm.invoke([HumanMessage(f"I live at {SECRET}.", id="lc1")])
+    history = [HumanMessage(f"I live at {SECRET}.", id="lc1"), first, HumanMessage("Where do I live?")]
+    second = llm.invoke(history)  # sends previous_response_id and only the new message
+    conv_id = server.pool.responses[first.response_metadata["id"]]
+    assert server.pool.responses[second.response_metadata["id"]] == conv_id
+    assert state(client, conv_id)["steps"] == 2
+    secret_id = next(i for i, _, text in texts(client, conv_id) if SECRET in text)
+    client.conversations.items.delete(secret_id, conversation_id=conv_id)
+    assert SECRET not in json.dumps(texts(client, conv_id))
+
+
+def test_the_readme_client_session_runs(server, capsys):
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    section = readme[readme.index("## Serving: the OpenAI API"):]
+    code = re.search(r"```text\n(from openai import OpenAI\n.*?)```", section, re.DOTALL).group(1)
+    assert len(code.strip().splitlines()) == 6  # the import and five lines: leak, DELETE, clean answer
+    code = code.replace("http://127.0.0.1:8000/v1", server.url).replace('model="smollm2"', 'model="tiny"')
+    namespace: dict = {}
+    exec(compile(code, "README.md", "exec"), namespace)  # noqa: S102 (the README's own session, run)
+    conv_id = namespace["conv"].id
+    assert len(capsys.readouterr().out.splitlines()) >= 2
+    after = openai.OpenAI(base_url=server.url, api_key="unused").conversations.items.list(conv_id, order="asc")
+    assert "venue" not in [i.id for i in after.data] and SECRET not in after.model_dump_json()
+
+
+def test_a_crash_between_a_steps_commit_and_the_sidecar_loses_and_doubles_nothing(lm, tmp_path):
+    from unsee.impl.serve.conversation import SIDECAR, write_json_atomic
+
+    pool = Pool(make_engine(lm), tmp_path, defaults=SETTINGS)
+    with ServerThread(pool, "tiny") as srv:
+        c = openai.OpenAI(base_url=srv.url, api_key="unused", max_retries=0)
+        conv = c.conversations.create(items=[user("k1", "kept")])
+        sidecar = json.loads((tmp_path / conv.id / SIDECAR).read_text())  # k1 still waiting here
+        c.responses.create(model="tiny", conversation=conv.id)
+        digest, items = state(c, conv.id)["digest"], texts(c, conv.id)
+    write_json_atomic(tmp_path / conv.id / SIDECAR, sidecar)  # as if the process died before the rename
+    with ServerThread(Pool(make_engine(lm), tmp_path, defaults=SETTINGS), "tiny") as srv:
+        c = openai.OpenAI(base_url=srv.url, api_key="unused", max_retries=0)
+        assert texts(c, conv.id) == items and state(c, conv.id) == {**state(c, conv.id), "digest": digest,
+                                                                      "pending": 0}
+
+
+def test_requests_on_one_conversation_are_serialised(client):
+    import concurrent.futures
+
+    conv = client.conversations.create()
+    with concurrent.futures.ThreadPoolExecutor(3) as workers:  # the server's busy wait (5 s) covers the queue
+        list(workers.map(lambda i: client.responses.create(model="tiny", conversation=conv.id,
+                                                           input=[user(f"s{i}", f"message {i}")]), range(3)))
+    items = texts(client, conv.id)
+    assert state(client, conv.id)["steps"] == 3 and sorted(i for i, _, _ in items if i.startswith("s")) == [
+        "s0", "s1", "s2"]
+    roles = [i.role for i in client.conversations.items.list(conv.id, order="asc").data]
+    assert roles == ["user", "assistant"] * 3  # each input followed by its own answer, never interleaved
