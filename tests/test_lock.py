@@ -20,7 +20,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 #: The lock each venv is installed through, and the extras that venv takes
 #: (the Makefile's install lines).
-LOCKS = {"constraints/main.txt": ("dev", "plot", "eval", "test"),
+LOCKS = {"constraints/main.txt": ("dev", "plot", "eval", "test", "langgraph"),
          "constraints/vllm.txt": ("dev", "eval", "vllm")}
 
 
