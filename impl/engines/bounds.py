@@ -8,6 +8,8 @@ device, dtype and attention that run it. That ceiling comes from, in order:
    ``python -m unsee.bench.discrepancy --attn A``: :data:`~unsee.impl.engines.decoding.DRAFT_BOUNDS`
    for ``eager`` and ``unsee_eager`` (eager's bits), ``SDPA_DRAFT_BOUNDS`` for ``sdpa``
    (:data:`~unsee.impl.engines.decoding.DRAFT_BOUNDS_BY_ATTN`);
+   or a catalogue model's shipped bound, where this CPU has the instruction sets it was
+   measured under (:func:`~unsee.impl.engines.catalog.get_shipped_bound`);
 2. a calibrated file that ``unsee calibrate`` wrote beside the model in the cache folder
    (``$UNSEE_CACHE`` or ``~/.cache/unsee``, under ``bounds/``), named by the model's
    identity, the device kind, the dtype, the attention and the torch and transformers
@@ -29,6 +31,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from unsee.impl.engines.catalog import get_shipped_bound
 from unsee.impl.engines.decoding import DRAFT_BOUNDS_BY_ATTN, get_draft_bound_row
 from unsee.impl.engines.files import default_cache_dir
 
@@ -131,9 +134,14 @@ def get_bound(key: BoundKey, name: str, cache_dir: str | os.PathLike | None = No
     shipped = get_draft_bound_row(name, key.device, key.dtype, key.attn)
     if shipped is not None:
         return shipped[0], f"measured: {shipped[1]} (bench/discrepancy.py)"
+    shipped = get_shipped_bound(name, key.device, key.dtype, key.attn)  # a catalogue model's (catalog.py)
+    if shipped is not None and shipped[0] is not None:
+        return shipped
     found = read_calibration(key, cache_dir)
     if found is not None:
         return found[0], f"calibrated: {found[1]}"
+    if shipped is not None:  # measured on another CPU: say so
+        return shipped
     return None, (f"none: no measured bound for {name} on {key.device} {key.dtype} {key.attn} "
                   f"(`unsee calibrate` measures one)")
 
