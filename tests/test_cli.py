@@ -312,3 +312,10 @@ def test_the_demo_defaults_to_qwen_on_llamacpp_and_falls_back_offline_of_the_ext
     assert get_demo_model(None, None, llamacpp=False) == ("transformers", "smollm2")
     assert get_demo_model("transformers", None, llamacpp=True) == ("transformers", "smollm2")
     assert get_demo_model("llamacpp", "tiny", llamacpp=True) == ("llamacpp", "tiny")
+
+
+def test_the_demo_episode_takes_the_turn_length_of_its_model():
+    from unsee.impl.cli.demo import DEMO_TURN_TOKENS, get_demo_episode
+
+    assert get_demo_episode().settings.max_new_tokens == 32
+    assert get_demo_episode(DEMO_TURN_TOKENS["qwen2.5-1.5b"]).settings.max_new_tokens == 64
