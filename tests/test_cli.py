@@ -302,3 +302,20 @@ def test_readme_exit_code_table_is_the_codes():
     """README's exit-code table is exactly :func:`render_exit_table`: one table, in the code and in the README."""
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     assert render_exit_table() in readme
+
+
+def test_the_demo_defaults_to_qwen_on_llamacpp_and_falls_back_offline_of_the_extra():
+    from unsee.impl.cli.demo import get_demo_model
+
+    assert get_demo_model(None, None, llamacpp=True) == ("llamacpp", "qwen2.5-1.5b")
+    assert get_demo_model(None, "smollm2", llamacpp=True) == ("llamacpp", "smollm2")  # offline: the embedded file
+    assert get_demo_model(None, None, llamacpp=False) == ("transformers", "smollm2")
+    assert get_demo_model("transformers", None, llamacpp=True) == ("transformers", "smollm2")
+    assert get_demo_model("llamacpp", "tiny", llamacpp=True) == ("llamacpp", "tiny")
+
+
+def test_the_demo_episode_takes_the_turn_length_of_its_model():
+    from unsee.impl.cli.demo import DEMO_TURN_TOKENS, get_demo_episode
+
+    assert get_demo_episode().settings.max_new_tokens == 32
+    assert get_demo_episode(DEMO_TURN_TOKENS["qwen2.5-1.5b"]).settings.max_new_tokens == 64

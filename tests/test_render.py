@@ -10,6 +10,8 @@ any work, and roles the template lacks are mapped as documented.
 from __future__ import annotations
 
 import dataclasses
+import gc
+import weakref
 
 import pytest
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
@@ -18,6 +20,7 @@ from transformers import PreTrainedTokenizerFast
 from unsee.impl.agent.episode import EpisodeError, Settings, episode_to_json, parse_episode
 from unsee.impl.agent.render import CHATML, TemplateError, get_renderer, render
 from unsee.impl.agent.runtime import AgentRuntime, run_episode
+from unsee.impl.agent.templates import TOOL_ROLE_MAPPED, TOOL_ROLE_NATIVE
 from unsee.impl.engines.files import ByteTokenizer
 from unsee.impl.engines.registry import make_engine
 from unsee.properties.differential import compare_forget_with_reset
@@ -214,3 +217,64 @@ def test_a_template_that_fails_names_the_model(lm):
         get_renderer(broken)
     with pytest.raises(TemplateError, match="not valid Jinja"):
         get_renderer(with_template(lm, "{% for %}"))
+
+
+#: ChatML with a tool format of the Qwen2.5 kind (written for this test): an assistant turn
+#: calls a tool in <tool_call> JSON, its result is a user turn in <tool_response>.
+TOOLS_TEMPLATE = (
+    "{%- for m in messages -%}"
+    "{%- if loop.first and m['role'] != 'system' -%}{{ '<|im_start|>system\\nDefault.<|im_end|>\\n' }}{%- endif -%}"
+    "{%- if m['role'] == 'tool' -%}"
+    "{{ '<|im_start|>user\\n<tool_response>\\n' + m['content'] + '\\n</tool_response><|im_end|>\\n' }}"
+    "{%- elif m.tool_calls -%}{{ '<|im_start|>assistant' }}"
+    "{%- for c in m.tool_calls -%}{{ '\\n<tool_call>\\n{\"name\": \"' + c.function.name + '\", \"arguments\": '"
+    " + c.function.arguments | tojson + '}\\n</tool_call>' }}{%- endfor -%}{{ '<|im_end|>\\n' }}"
+    "{%- else -%}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{ '<|im_start|>assistant\\n' }}{%- endif -%}")
+
+
+def test_a_template_with_a_tool_format_renders_tool_calls_and_results_through_it(lm):
+    tools = with_template(lm, TOOLS_TEMPLATE, ByteTokenizer.SPECIALS, "<|im_start|>", "<|im_end|>")
+    renderer = get_renderer(tools)
+    assert renderer.source == "the tokenizer's template, recognised as ChatML with its own tool format"
+    engine = make_engine(tools)
+    ep = episode()
+    runtime = run_episode(engine, ep)
+    assert runtime.graph["s2"].text == (
+        '<|im_start|>assistant\n<tool_call>\n{"name": "search", "arguments": {}}\n</tool_call><|im_end|>\n'
+        "<|im_start|>user\n<tool_response>\nlives at 4417 Elm\n</tool_response><|im_end|>\n")
+    runtime.check_invariants()
+    report = compare_forget_with_reset(engine, ep)  # forget == reset under the tool format
+    assert report.extra["rendering"]["roles"]["tool result"] == TOOL_ROLE_NATIVE
+    # the other blocks keep ChatML's tokens: the same as the template without a tool format
+    plain = run_episode(make_engine(with_template(lm, CHATML_TEMPLATE, ByteTokenizer.SPECIALS, "<|im_start|>",
+                                                  "<|im_end|>")), ep)
+    assert runtime.graph["s1"].text == plain.graph["s1"].text and runtime.digest() != plain.digest()
+
+
+def test_a_template_without_a_tool_format_maps_results_to_user_turns(gemma, lm):
+    assert dict(get_renderer(gemma).segments.roles)["tool result"] == TOOL_ROLE_MAPPED
+    chatml = with_template(lm, CHATML_TEMPLATE, ByteTokenizer.SPECIALS, "<|im_start|>", "<|im_end|>")
+    # a template that renders any role generically writes no call: not a tool format
+    assert get_renderer(chatml).segments.tool_result is None
+
+
+def test_a_tool_format_that_is_not_append_only_is_refused(lm):
+    # the tool result rewrites the call's turn before it (drops its <tool_call>)
+    rewriting = TOOLS_TEMPLATE.replace("{%- elif m.tool_calls -%}", "{%- elif m.tool_calls and loop.last -%}")
+    model = dataclasses.replace(with_template(lm, rewriting, ByteTokenizer.SPECIALS, "<|im_start|>", "<|im_end|>"),
+                                name="tiny-tools")
+    with pytest.raises(TemplateError, match="model tiny-tools: .*not append-only: adding tool result rewrites"):
+        get_renderer(model)
+
+
+def test_the_renderer_cache_does_not_keep_a_model_alive(lm):
+    # issue 28: an lru_cache keyed on the model held every model it had seen (and its weights)
+    model = with_template(lm, GEMMA_STYLE)
+    first = get_renderer(model)
+    assert get_renderer(model) is first  # cached while the model lives
+    ref = weakref.ref(model)
+    del model, first
+    gc.collect()
+    assert ref() is None

@@ -21,7 +21,7 @@ Which renderer a runtime uses (:func:`get_renderer`, docs/templates.md):
 
 from __future__ import annotations
 
-import functools
+import weakref
 from collections.abc import Callable, Sequence
 
 import attrs
@@ -102,8 +102,20 @@ class Renderer:
         """The first block of a context: the system prompt."""
         return self.segments.first.fill(text)
 
+    def get_message(self, step: Step) -> tuple[str, str]:
+        """``(role, text)`` of an observation's block under this renderer: a tool result in the
+        template's own tool format where it has one (role ``"tool"``, the text already the
+        call's turn and the result's), else :func:`get_observation_message`'s mapping."""
+        if step.kind == "tool" and self.segments.tool_result is not None and self.segments.tool_call is not None:
+            body = "\n".join(i.text for i in step.items)
+            return "tool", self.segments.tool_call.fill(step.tool or "tool") + self.segments.tool_result.fill(body)
+        return get_observation_message(step)
+
     def render_message(self, role: str, text: str) -> str:
-        """A block of ``role`` ('user', 'system' or 'assistant') after the first."""
+        """A block of ``role`` ('user', 'system' or 'assistant') after the first; ``"tool"``:
+        ``text`` is a tool exchange :meth:`get_message` rendered in the template's format."""
+        if role == "tool":
+            return text
         if role == "assistant":
             return f"{self.segments.header}{text}{self.segments.closing}"
         if role == "system" and self.segments.system is not None:
@@ -152,7 +164,7 @@ CHATML = Renderer("chatml", "built in", CHATML_SEGMENTS, closes_turns=False)
 
 def is_chatml(segments: Segments) -> bool:
     """Whether a template's segments are ChatML's (the EOS split aside)."""
-    return attrs.evolve(segments, after_eos=(), roles=_CHATML_ROLES) == CHATML_SEGMENTS
+    return attrs.evolve(segments, after_eos=(), roles=_CHATML_ROLES, tool_call=None, tool_result=None) == CHATML_SEGMENTS
 
 
 def get_renderer(lm: ModelInfo, template: str | None = None) -> Renderer:
@@ -170,18 +182,39 @@ def get_renderer(lm: ModelInfo, template: str | None = None) -> Renderer:
     return build_renderer(lm, text, template)
 
 
-@functools.lru_cache(maxsize=32)
+#: built renderers by model, then by (template text, override). Every forget's replay runtime asks
+#: again, so they are cached; weakly by model, so that the cache never keeps a dropped model (and
+#: its weights) alive, as an lru_cache keyed on the model did.
+_RENDERERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
 def build_renderer(lm: ModelInfo, text: str, template: str | None) -> Renderer:
-    """The renderer of the Jinja template ``text`` over ``lm``'s tokenizer
-    (cached: every forget's replay runtime asks again)."""
+    """The renderer of the Jinja template ``text`` over ``lm``'s tokenizer (cached per model while
+    the model lives; a model that takes no weak reference is not cached)."""
+    try:
+        per_model = _RENDERERS.setdefault(lm, {})
+    except TypeError:
+        return compute_renderer(lm, text, template)
+    if (text, template) not in per_model:
+        per_model[text, template] = compute_renderer(lm, text, template)
+    return per_model[text, template]
+
+
+def compute_renderer(lm: ModelInfo, text: str, template: str | None) -> Renderer:
+    """The renderer of the Jinja template ``text`` over ``lm``'s tokenizer (it keeps no reference to ``lm``)."""
     render_fn = compile_template(text, getattr(lm, "special_tokens", None) or {})
     segments = build_segments(render_fn, lm.encode, lm.eos_ids, lm.name)
     if template is None and is_chatml(segments):
-        return attrs.evolve(CHATML, source="the tokenizer's template, recognised as ChatML")
+        if segments.tool_result is None:
+            return attrs.evolve(CHATML, source="the tokenizer's template, recognised as ChatML")
+        # ChatML's tokens, with the template's own tool format
+        return attrs.evolve(CHATML, source="the tokenizer's template, recognised as ChatML with its own tool format",
+                            segments=attrs.evolve(CHATML_SEGMENTS, tool_call=segments.tool_call,
+                                                  tool_result=segments.tool_result, roles=segments.roles))
     source = "the tokenizer's chat template" if template in (None, "model") else "the episode's settings (Jinja)"
     return Renderer("template", source, segments)
 
 
 __all__ = ["CHATML", "END", "NOTE_REQUEST", "START", "SUMMARY_OPENING", "SUMMARY_REQUEST", "TEMPLATE_NAMES",
-           "Renderer", "TemplateError", "build_renderer", "get_memory_text", "get_observation_message", "get_renderer", "is_chatml",
+           "Renderer", "TemplateError", "build_renderer", "compute_renderer", "get_memory_text", "get_observation_message", "get_renderer", "is_chatml",
            "render", "render_header", "render_memory", "render_observation"]

@@ -273,7 +273,7 @@ class AgentRuntime(SelectiveReplay):
         own = frozenset(i.source for i in step.items)
         # a plan step's prompt block is the user's request; "plan" is the model's call
         type_ = {"user": "user", "tool": "tool", "plan": "user"}.get(step.kind, "instruction")
-        return self.append_block(step.id, type_, self.render_block(*get_observation_message(step)),
+        return self.append_block(step.id, type_, self.render_block(*self.renderer.get_message(step)),
                                  parents=tuple(self.context), sources=self.get_resident_sources() | own)
 
     def _answer(self, block_id: str, type_: str, header_suffix: str = "") -> RuntimeBlock:

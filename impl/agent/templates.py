@@ -36,6 +36,11 @@ PROBE_USERS = ("Probe user turn one.", "Probe user turn two.", "Probe user turn 
 PROBE_ASSISTANTS = ("<think>Probe reasoning one.</think>Probe answer one.",
                     "<think>Probe reasoning two.</think>Probe answer two.")
 PROBE_MEMORY = "Probe memory block."
+#: The probe's tool exchange: a call of a tool of this name (no arguments), then its result.
+PROBE_TOOL_NAME = "probe_tool_name"
+PROBE_TOOL_RESULT = "Probe tool result."
+TOOL_ROLE_NATIVE = "the template's own: the call in an assistant turn, the result in its tool role"
+TOOL_ROLE_MAPPED = "user, prefixed [result of tool NAME]"
 
 
 class TemplateError(ValueError):
@@ -72,6 +77,10 @@ class Segments:
     closing: str
     after_eos: tuple[tuple[int, str], ...]
     roles: tuple[tuple[str, str], ...]
+    #: the template's own tool format, where it has one (else None: a result is a user turn):
+    #: an assistant turn calling a tool (around its name) and the tool role's result (around its text)
+    tool_call: Segment | None = None
+    tool_result: Segment | None = None
 
 
 Render = Callable[[Sequence[Mapping[str, str]], bool], str]
@@ -186,11 +195,36 @@ def build_segments(render: Render, encode: Callable[[str], list[int]], eos_ids: 
     check_same_turns(texts, n, user, header, closing, model)
     system = get_mid_system(render, encode, probe[:n + 2])
     after_eos = get_after_eos(closing, encode, eos_ids)
+    tool_call, tool_result = get_tool_segments(render, encode, probe[:n + 2], model)
     roles = (("system prompt", "system" if system_first else "user"),
              ("system block mid-conversation", "system" if system is not None else "user"),
-             ("tool result", "user, prefixed [result of tool NAME]"),
+             ("tool result", TOOL_ROLE_NATIVE if tool_result is not None else TOOL_ROLE_MAPPED),
              ("consecutive turns of one role", "one segment each, never merged"))
-    return Segments(first, user, system, header, closing, after_eos, roles)
+    return Segments(first, user, system, header, closing, after_eos, roles, tool_call, tool_result)
+
+
+def get_tool_segments(render: Render, encode: Callable[[str], list[int]], head: Sequence[Mapping[str, str]],
+                      model: str) -> tuple[Segment | None, Segment | None]:
+    """The template's tool call and tool result segments, where it renders both after a model
+    turn with the tool's name and the result's text verbatim, append-only (checked as the other
+    turns are: :class:`TemplateError` where a call or result rewrites what came before);
+    ``(None, None)`` where it has no tool format (a role it renders generically writes no
+    call: the name is not in what it adds)."""
+    call = {"role": "assistant", "content": "",
+            "tool_calls": [{"type": "function", "function": {"name": PROBE_TOOL_NAME, "arguments": {}}}]}
+    result = {"role": "tool", "name": PROBE_TOOL_NAME, "content": PROBE_TOOL_RESULT}
+    try:
+        texts = [render(head, False), render([*head, call], False), render([*head, call, result], False)]
+    except TemplateError:
+        return None, None
+    if not (texts[1].startswith(texts[0]) and texts[1][len(texts[0]):].count(PROBE_TOOL_NAME) == 1):
+        return None, None  # no tool call format (a generic role rendering drops the call)
+    # it has one: from here on, a format that rewrites a turn is refused, as other turns are
+    check_append_only(list(zip(("turns before", "tool call", "tool result"), texts)), encode, model)
+    added = [after[len(before):] for before, after in itertools.pairwise(texts)]
+    if added[1].count(PROBE_TOOL_RESULT) != 1:
+        return None, None
+    return Segment(*added[0].split(PROBE_TOOL_NAME)), Segment(*added[1].split(PROBE_TOOL_RESULT))
 
 
 def split_turn(texts: Mapping[str, str], label: str, before: str, content: str, model: str) -> Segment:
@@ -250,6 +284,7 @@ def _msg(role: str, content: str) -> dict[str, str]:
     return {"role": role, "content": content}
 
 
-__all__ = ["PROBE_ASSISTANTS", "PROBE_MEMORY", "PROBE_SYSTEM", "PROBE_USERS", "Segment", "Segments", "TemplateError",
-           "build_segments", "check_append_only", "compile_template", "get_probe", "get_renderings",
+__all__ = ["PROBE_ASSISTANTS", "PROBE_MEMORY", "PROBE_SYSTEM", "PROBE_TOOL_NAME", "PROBE_TOOL_RESULT", "PROBE_USERS",
+           "TOOL_ROLE_MAPPED", "TOOL_ROLE_NATIVE", "Segment", "Segments", "TemplateError", "build_segments",
+           "check_append_only", "compile_template", "get_probe", "get_renderings", "get_tool_segments",
            "is_system_first"]

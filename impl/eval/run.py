@@ -549,8 +549,8 @@ def load_engine(config: EvalConfig):
     return load_engine(config.model, config.backend, kv_budget=config.kv_budget, **options)
 
 
-def _worker(cases: list[EvalCase], config: EvalConfig, done: dict, queue) -> None:
-    """One worker process: one torch thread, the model loaded once."""
+def _worker(index: int, cases: list[EvalCase], config: EvalConfig, done: dict, queue) -> None:
+    """Worker ``index``: one torch thread, the model loaded once (messages: impl/eval/workers.py)."""
     import torch
 
     torch.set_num_threads(1)
@@ -558,39 +558,32 @@ def _worker(cases: list[EvalCase], config: EvalConfig, done: dict, queue) -> Non
         engine = load_engine(config)
         for case in cases:
             for row in run_case(engine, case, config, done.get((case.suite, case.id))):
-                queue.put(("row", row))
-        queue.put(("done", None))
+                queue.put(("row", index, row))
+        queue.put(("done", index, None))
     except BaseException as exc:  # noqa: BLE001 - reported by the parent, which keeps the finished rows
-        queue.put(("error", f"{type(exc).__name__}: {exc}"))
+        queue.put(("error", index, f"{type(exc).__name__}: {exc}"))
 
 
 def _run_workers(cases: Sequence[EvalCase], config: EvalConfig, done: dict, emit: Callable[[dict], None]) -> None:
     """``config.workers`` processes, the cases dealt round robin; the parent
-    alone writes rows, so a file never holds a half-written line of two."""
+    alone writes rows, so a file never holds a half-written line of two. A
+    worker that raises or is killed ends the run with an error naming it."""
     import multiprocessing
+
+    from unsee.impl.eval.workers import collect, join_all, raise_errors
 
     context = multiprocessing.get_context("spawn")
     queue = context.Queue()
     k = min(config.workers, len(cases))
-    workers = [context.Process(target=_worker, args=(list(cases[i::k]), config, done, queue), daemon=True)
+    workers = [context.Process(target=_worker, args=(i, list(cases[i::k]), config, done, queue), daemon=True)
                for i in range(k)]
     for w in workers:
         w.start()
-    running, errors = k, []
     try:
-        while running:
-            kind, payload = queue.get()
-            if kind == "row":
-                emit(payload)
-            else:
-                running -= 1
-                if kind == "error":
-                    errors.append(payload)
+        errors = collect(queue, workers, emit)
     finally:
-        for w in workers:
-            w.join(timeout=5)
-    if errors:
-        raise RuntimeError("evaluation worker failed: " + "; ".join(errors))
+        join_all(workers)
+    raise_errors(errors, ROWS_FILE)
 
 
 __all__ = ["LEGACY_BACKEND", "ROWS_FILE", "UNSUPPORTED_METHODS", "EvalConfig", "EvalError", "check_eval_extras",
