@@ -69,7 +69,7 @@ def run_script(client, conv_id: str, script: list[tuple], deadline: float, timin
 def replay_serially(engine, system: str, settings: Settings, done: list[tuple]) -> tuple[str, int]:
     """The conversation's operations on a fresh runtime, in-process, one at a time:
     its digest, and the KV bytes its runtime held."""
-    before = engine.memory().held_bytes
+    before = engine.budget.memory().held_bytes
     runtime = AgentRuntime.start(engine, system=system, settings=settings)
     n = 0
     for op in done:
@@ -78,9 +78,9 @@ def replay_serially(engine, system: str, settings: Settings, done: list[tuple]) 
             runtime.step(Step(f"turn_{n}", "user", (Item(op[1], op[2]),)))
         else:
             runtime.forget(op[1])
-    digest, held = runtime.digest(), engine.memory().held_bytes - before
+    digest, held = runtime.digest(), engine.budget.memory().held_bytes - before
     for lineage in {runtime.lineage} | runtime.checkpoints.lineages():
-        if lineage in engine.lineages:
+        if lineage in engine.budget.lineages:
             engine.drop(lineage)
     return digest, held
 

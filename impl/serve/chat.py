@@ -14,8 +14,10 @@ nothing to chase here.
 from __future__ import annotations
 
 import collections
+import contextlib
 
 from unsee import AgentRuntime, Item, Settings, Step
+from unsee.impl.engines.protocol import PrefixCache
 
 
 class ChatCache:
@@ -27,13 +29,13 @@ class ChatCache:
         self.handles: collections.deque[str] = collections.deque()
 
     def get_sources(self) -> list[str]:
-        return [h for h in self.handles if h in self.engine.lineages]
+        return [h for h in self.handles if h in self.engine.budget.lineages]
 
     def keep(self, handle: str) -> None:
         self.handles.append(handle)
         while len(self.handles) > self.size:
             old = self.handles.popleft()
-            if old in self.engine.lineages:
+            if old in self.engine.budget.lineages:
                 self.engine.drop(old)
 
     def complete(self, messages: list[tuple[str, str]], settings: Settings, system: str) -> dict:
@@ -41,7 +43,10 @@ class ChatCache:
         if messages[0][0] in ("system", "developer"):
             system, messages = messages[0][1], messages[1:]
         before = self.engine.counters.snapshot()
-        with self.engine.prefix_cache(self.get_sources()):
+        # an engine without a prefix cache recomputes the prefix: the same tokens, more work
+        cache = (self.engine.prefix_cache(self.get_sources()) if isinstance(self.engine, PrefixCache)
+                 else contextlib.nullcontext())
+        with cache:
             runtime = AgentRuntime.start(self.engine, system=system, settings=settings)
             for i, (role, text) in enumerate(messages[:-1]):
                 rendered = (runtime.renderer.render_message("assistant", text) if role == "assistant"

@@ -136,7 +136,7 @@ class Conversation:
         if runtime is not None:
             engine = runtime.engine
             for lineage in {runtime.lineage} | runtime.checkpoints.lineages():
-                if lineage in engine.lineages:
+                if lineage in engine.budget.lineages:
                     engine.drop(lineage)
         session.close()
 

@@ -101,7 +101,7 @@ class Pool:
     # --- the budget ------------------------------------------------------------
 
     def get_held_bytes(self) -> int:
-        return self.engine.memory().held_bytes
+        return self.engine.budget.memory().held_bytes
 
     def enforce_budget(self, keep: Conversation | None = None) -> None:
         """Evict resident sessions, least recently used first, until the engine holds at most the budget."""
