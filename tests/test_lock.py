@@ -21,7 +21,8 @@ ROOT = Path(__file__).resolve().parents[1]
 #: The lock each venv is installed through, and the extras that venv takes
 #: (the Makefile's install lines).
 LOCKS = {"constraints/main.txt": ("dev", "plot", "eval", "test", "langgraph"),
-         "constraints/vllm.txt": ("dev", "eval", "vllm")}
+         "constraints/vllm.txt": ("dev", "eval", "vllm"),
+         "constraints/conform.txt": ("dev", "langgraph", "agents", "adk", "mem0")}
 
 
 def get_name(requirement: str) -> str:
@@ -61,7 +62,7 @@ def test_every_dependency_is_pinned(lock):
 
 def test_make_installs_through_the_lock():
     makefile = (ROOT / "Makefile").read_text()
-    installs = [line for line in makefile.splitlines() if re.search(r"\$\((PY|VLLM_PY)\) -m pip install", line)]
+    installs = [line for line in makefile.splitlines() if re.search(r"\$\((PY|VLLM_PY|CONFORM_PY)\) -m pip install", line)]
     assert installs
     unpinned = [line.strip() for line in installs if "$(PIP_C" not in line]
     assert not unpinned, f"installs that bypass the lock: {unpinned}"

@@ -27,6 +27,8 @@ The map:
                exponential race), the drafts' measured bounds and thresholds,
                and context lookup
 ``bounds``     where a configuration's draft bound comes from (shipped, calibrated, none)
+``catalog``    real models by name (``qwen2.5-1.5b``, ``gemma3-270m``): their PyPI wheels,
+               sha256, template and shipped bounds; fetched and assembled on first use
 ``embedding``  text embeddings from the model under test (the distributional audit)
 ``support``    the README's support matrix, generated from the engines' declarations
 ``files``      model files that need no transformers: the byte tokenizer, the

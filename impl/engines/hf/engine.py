@@ -229,7 +229,9 @@ class KVEngine(ComputedKVBook):
             # Canonicalise: decode steps (and verification chunks) wrote the turn in
             # other chunks; replace them by one prefill of g_1..g_n, which a replay can redo.
             lin.truncate(start)
-            self._prefill(out)
+            # through the verb, as any prefill: a wrapper of the verbs (bench/timing.py) then
+            # sees the canonical chunk as a prefill inside generate
+            self.prefill(self._need_current(), out)
 
     def excise(self, lineage: str, start: int, end: int) -> None:
         """Remove the tokens ``[start, end)`` of a lineage from its cache and
