@@ -64,7 +64,7 @@ import attrs
 from unsee.impl.agent.episode import Episode, load_episode
 from unsee.impl.agent.render import render
 from unsee.impl.agent.runtime import AgentRuntime
-from unsee.impl.conform.contract import CONTRACT, CONTRACT_VERSION, REFERENCE_ENGINE
+from unsee.impl.conform.contract import REFERENCE_ENGINE, make_answer
 from unsee.impl.engines.registry import make_engine
 from unsee.impl.methods.baselines import delete_memory_records, redact_source
 from unsee.impl.store.records import session_files
@@ -135,6 +135,11 @@ def _state(runtime: AgentRuntime) -> dict:
     return {"turns": get_turns(runtime), "digest": runtime.digest()}
 
 
+def _run_fields(runtime: AgentRuntime) -> dict:
+    """The contract's ``run`` of a runtime that checkpoints: T, turns, digest, checkpoints."""
+    return {"T": runtime.t, **_state(runtime), "checkpoints": [c.boundary for c in runtime.checkpoints.all()]}
+
+
 #: A forget as an adapter performs it: it changes the runtime and returns
 #: what it reports (``tau``, ``boundary``, ``invocations``).
 Forget = Callable[[AgentRuntime, str], dict]
@@ -177,10 +182,9 @@ def _run(episode_path: str, forget: str | None, model: str, name: str, forget_wi
     episode = load_episode(episode_path)
     engine = make_engine(_load(model) if backend == "transformers" else _load_other(backend, model))
     runtime = AgentRuntime.from_episode(engine, episode)
-    run = {"T": runtime.t, **_state(runtime), "checkpoints": [c.boundary for c in runtime.checkpoints.all()]}
+    run = _run_fields(runtime)
     declared = REFERENCE_ENGINE if backend == "transformers" else f"unsee-{backend}"
-    out = {"contract": CONTRACT, "version": CONTRACT_VERSION,
-           "implementation": {"name": name, "engine": declared, "model": model}, "run": run}
+    out = make_answer(name, declared, model, run)
     if forget is None:
         return out
     twin = runtime.fork()
@@ -296,10 +300,9 @@ def _run_persisted(episode: Episode, forget: str | None, model: str, name: str, 
             if how.history:
                 log.append(get_context_text(session.runtime))
         runtime = session.runtime
-        run = {"T": runtime.t, **_state(runtime), "checkpoints": [c.boundary for c in runtime.checkpoints.all()],
-               "kept": get_kept(path, log), "effects": []}  # this runtime calls no tool: no external call
-        out = {"contract": CONTRACT, "version": CONTRACT_VERSION,
-               "implementation": {"name": name, "engine": REFERENCE_ENGINE, "model": model}, "run": run}
+        # this runtime calls no tool: no external call
+        run = {**_run_fields(runtime), "kept": get_kept(path, log), "effects": []}
+        out = make_answer(name, REFERENCE_ENGINE, model, run)
         if forget is None:
             return out
         twin = runtime.fork()
@@ -353,8 +356,7 @@ def _tools(episode_path: str, forget: str | None, model: str, name: str, refire:
         runtime = ToolAgentRuntime.from_episode(make_engine(_load(model)), episode, tools=get_episode_tools())
         run = {"T": runtime.t, **_state(runtime), "effects": [c.call_id for c in runtime.effects]}
         # its own engine name: its turns read tool results the reference's never do
-        out = {"contract": CONTRACT, "version": CONTRACT_VERSION,
-               "implementation": {"name": name, "engine": f"{REFERENCE_ENGINE}+tools", "model": model}, "run": run}
+        out = make_answer(name, f"{REFERENCE_ENGINE}+tools", model, run)
         if forget is None:
             return out
         twin = runtime.fork()

@@ -13,3 +13,10 @@ CONTRACT_VERSION = 1
 REFERENCE_ENGINE = "unsee-transformers"
 
 REFERENCE_MODELS = ("tiny", "smollm2")
+
+
+def make_answer(name: str, engine: str, model: str, run: dict) -> dict:
+    """An adapter's answer as the contract frames it: its name and version, the
+    implementation that ran and the run's fields (a forget's are added to it)."""
+    return {"contract": CONTRACT, "version": CONTRACT_VERSION,
+            "implementation": {"name": name, "engine": engine, "model": model}, "run": run}

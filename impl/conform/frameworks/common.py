@@ -13,7 +13,7 @@ import json
 from unsee.impl.agent.episode import Episode, Step
 from unsee.impl.agent.render import render, render_header
 from unsee.impl.conform.adapters import MODELS
-from unsee.impl.conform.contract import CONTRACT, CONTRACT_VERSION
+from unsee.impl.conform.contract import make_answer
 
 #: The step kinds whose model turn the contract reports (``session`` has none).
 TURN_KINDS = ("user", "tool", "plan", "remember", "compact")
@@ -76,8 +76,7 @@ def get_digest(value) -> str:
 
 
 def get_answer(name: str, run: dict) -> dict:
-    return {"contract": CONTRACT, "version": CONTRACT_VERSION,
-            "implementation": {"name": name, "engine": "transformers-generate", "model": "tiny"}, "run": run}
+    return make_answer(name, "transformers-generate", "tiny", run)
 
 
 __all__ = ["TURN_KINDS", "complete", "decode", "get_answer", "get_digest", "get_model", "get_policy_boundary",
