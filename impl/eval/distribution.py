@@ -42,6 +42,7 @@ import re
 from collections import Counter
 from collections.abc import Sequence
 
+from unsee.impl.eval.asking import Asker, get_prompt
 from unsee.impl.eval.cases import EvalCase
 from unsee.impl.eval.stats import PairedTest, mean, wilcoxon_signed_rank
 from unsee.impl.util.text import normalize
@@ -159,30 +160,31 @@ def get_action_question(task: str, tools: Sequence[str]) -> str:
     return f"{task}\nWhich tool do you use next? Answer with its name: {', '.join(tools)}."
 
 
-def sample_action(runtime, question: str, max_new_tokens: int, temperature: float, seed: int) -> str:
+def sample_action(runtime, question: str, max_new_tokens: int, temperature: float, seed: int,
+                  asker: Asker | None = None) -> str:
     """One sampled next action of ``runtime``'s state, on a branch that
     shares its lineage copy-on-write (the state is not changed): the text of
-    the turn, opened with :data:`ACTION_OPENING`."""
-    engine = runtime.engine
-    branch = engine.fork(runtime.lineage)
+    the turn, opened with :data:`ACTION_OPENING`. ``asker``: the state's
+    :class:`~unsee.impl.eval.asking.Asker`, whose samples of one question
+    share its prefill and their common decode steps (the same tokens)."""
+    own = asker is None
+    asker = Asker(runtime.engine, runtime.lineage) if own else asker
     try:
-        engine.prefill(branch, engine.lm.encode(runtime.render_block("user", question)
-                                                + runtime.renderer.render_header(ACTION_OPENING)))
-        ids = engine.generate(branch, max_new_tokens, stop_ids=engine.lm.eos_ids, temperature=temperature,
-                              seed=seed)
+        ids = asker.ask(get_prompt(runtime, question, ACTION_OPENING), max_new_tokens, temperature, seed)
     finally:
-        engine.drop(branch)
-    return ACTION_OPENING + engine.lm.decode([i for i in ids if i not in engine.lm.eos_ids]).strip()
+        if own:
+            asker.close()
+    return ACTION_OPENING + asker.text(ids)
 
 
 def sample_set(runtime, case: EvalCase, label: str, k: int, temperature: float, max_new_tokens: int,
-               task: str, tools: Sequence[str], embed) -> dict:
+               task: str, tools: Sequence[str], embed, asker: Asker | None = None) -> dict:
     """``k`` independent samples of a state: seeds, texts, tools and
     embeddings (``embed(texts)``: one vector or None per text; ``embed``
     None: no embeddings, the embedding distance is then not measured)."""
     question = get_action_question(task, tools)
     seeds = [dist_seed(case, label, i) for i in range(k)]
-    texts = [sample_action(runtime, question, max_new_tokens, temperature, s) for s in seeds]
+    texts = [sample_action(runtime, question, max_new_tokens, temperature, s, asker) for s in seeds]
     vectors = embed(texts) if embed is not None else None
     return {"seeds": seeds, "texts": texts, "tools": [parse_tool(t, tools) for t in texts],
             "embeddings": None if vectors is None else [
@@ -211,9 +213,14 @@ def sample_distribution(runtime, case: EvalCase, config, method: str, task: str,
     tokens = config.max_new_tokens or case.episode.settings.max_new_tokens
     embed = get_embedder(runtime.engine)
     labels = [f"{REFERENCE}/{s}" for s in FLOOR_SETS] if method == REFERENCE else [method]
-    sets = {label.rsplit("/", 1)[-1] if method == REFERENCE else "a":
-            sample_set(runtime, case, label, config.samples, config.temperature, tokens, task, tools, embed)
-            for label in labels}
+    asker = Asker(runtime.engine, runtime.lineage)  # every sample set of the state: one question
+    try:
+        sets = {label.rsplit("/", 1)[-1] if method == REFERENCE else "a":
+                sample_set(runtime, case, label, config.samples, config.temperature, tokens, task, tools, embed,
+                           asker)
+                for label in labels}
+    finally:
+        asker.close()
     return {"k": config.samples, "temperature": config.temperature, "ngram": NGRAM,
             "embedder": "mean-pooled last hidden states of the model under test" if embed else None,
             "sets": sets}

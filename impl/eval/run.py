@@ -32,7 +32,6 @@ naming the line) and runs only the missing (episode, method) pairs.
 
 from __future__ import annotations
 
-import hashlib
 import inspect
 import json
 import os
@@ -43,7 +42,7 @@ from pathlib import Path
 import attrs
 
 from unsee.impl.agent.runtime import AgentRuntime
-from unsee.impl.eval.audit import find_leaks, get_probes
+from unsee.impl.eval.asking import DEFAULT_TASK, ask_state, draw_seed, get_ask_key, get_task, pick_option
 from unsee.impl.eval.cases import EvalCase
 from unsee.impl.eval.distribution import sample_distribution
 from unsee.impl.eval.metrics import (
@@ -52,21 +51,17 @@ from unsee.impl.eval.metrics import (
     compute_cad,
     get_actions,
     get_efficiency,
-    is_fact_kept,
     score_leaks,
 )
 from unsee.impl.eval.suites import SUITES, get_case_tools
 from unsee.impl.methods.baselines import METHODS, PAPER_NAMES, apply_method
 from unsee.impl.util.modules import get_missing_module
 from unsee.impl.util.progress import open_bar
-from unsee.impl.util.text import normalize
 
 #: Version of the row format (bumped when a field changes meaning).
 ROW_VERSION = 1
 ROWS_FILE = "rows.jsonl"
 REFERENCE = "reset"
-#: the task query of an episode that names none
-DEFAULT_TASK = "What do you know about the user?"
 #: the row fields a resumed run checks against its own configuration
 CONFIG_FIELDS = ("backend", "model", "device", "dtype", "samples", "temperature", "probe_tokens", "turn_tokens")
 #: the backend of a row written before rows recorded one (every such run was on transformers)
@@ -305,66 +300,6 @@ def get_blocked_args(result) -> tuple[tuple[str, str], ...]:
     return tuple(tuple(b) for b in blocked)
 
 
-def get_task(case: EvalCase) -> str:
-    """The task query: the case's, else the episode's first probe, else a generic one."""
-    task = getattr(case, "task", None)
-    return task or (case.episode.probes[0] if case.episode.probes else DEFAULT_TASK)
-
-
-def draw_seed(case: EvalCase, draw: int) -> int:
-    """The seed of Leak@5 draw ``draw``: the same for every method of a case
-    (matched seeds), different across draws and episodes."""
-    digest = hashlib.sha256(f"{case.suite}/{case.id}/{case.episode.settings.seed}".encode()).digest()
-    return (int.from_bytes(digest[:6], "big") * 16 + draw) % (2**62)
-
-
-def pick_option(answer: str, options: Sequence[str]) -> str | None:
-    """The option an answer picks: the one named first (normalised); None
-    when it names neither."""
-    text = f" {normalize(answer)} "
-    found = [(text.find(f" {normalize(o)} "), o) for o in options if f" {normalize(o)} " in text]
-    return min(found)[1] if found else None
-
-
-def _sha(ids: Iterable[int]) -> str:
-    return hashlib.sha256(json.dumps(list(ids)).encode()).hexdigest()[:16]
-
-
-def ask_state(runtime: AgentRuntime, case: EvalCase, config: EvalConfig) -> dict:
-    """Every generation the audits ask of a state: the six probes (greedy),
-    the Leak@5 draws (seeded), the facts' questions and the behavioural
-    question. A function of the state alone (A1): two states with one digest
-    in one process give the same answers token for token."""
-    target = case.episode.target
-    tokens = config.max_new_tokens or case.episode.settings.max_new_tokens
-    task = get_task(case)
-    out: dict = {"probes": {}, "draws": [], "utility": None, "behavior": None}
-    for name, question in get_probes(task=task, cue=getattr(case, "cue", None)).items():
-        answer = runtime.probe(question, tokens)
-        out["probes"][name] = {"answer": answer, "leaked": bool(find_leaks([(name, answer)], target.value))}
-    for i in range(config.samples):
-        seed = draw_seed(case, i)
-        ids = runtime.probe_ids(task, tokens, config.temperature, seed)
-        text = runtime.engine.lm.decode([t for t in ids if t not in runtime.engine.lm.eos_ids]).strip()
-        out["draws"].append({"seed": seed, "sha": _sha(ids), "text": text,
-                             "leaked": bool(find_leaks([("sample", text)], target.value))})
-    if case.facts:
-        kept = []
-        for fact in case.facts:
-            answer = runtime.probe(fact.question, tokens)
-            kept.append({"source": fact.source, "answer": answer, "kept": is_fact_kept(fact, answer)})
-        out["utility"] = {"kept": sum(k["kept"] for k in kept), "total": len(kept),
-                          "rate": sum(k["kept"] for k in kept) / len(kept), "facts": kept}
-    if case.behavior is not None:
-        b = case.behavior
-        answer = runtime.probe(b.question, tokens)
-        pick = pick_option(answer, b.options)
-        out["behavior"] = {"answer": answer, "pick": pick, "avoided": b.avoided, "order": b.order,
-                           "avoid": pick is not None and pick != b.avoided,
-                           "says_it": bool(find_leaks([("answer", answer)], target.value))}
-    return out
-
-
 def evaluate_state(runtime: AgentRuntime, result, case: EvalCase, config: EvalConfig,
                    reference: dict | None, asked: dict | None = None) -> dict:
     """Every metric and audit of one post-method state (the row's body).
@@ -455,12 +390,14 @@ def run_case(engine, case: EvalCase, config: EvalConfig, done: dict[str, dict] |
     base = make_runtime(engine, case, progress)
     carries = any(target.source in base.graph[b].source_ids for b in base.memory)
     reference = done.get(REFERENCE)
-    asked_by_digest: dict[str, tuple[str, dict]] = {}  # digest -> (method, its generations)
+    asked_by_key: dict[str, tuple[str, dict]] = {}  # the state's ask key -> (method, its generations)
     for method in methods:
         runtime, result = run_method(base, method, case)
-        shared = asked_by_digest.get(result.digest) if config.share_identical else None
+        key = get_ask_key(runtime, case) if config.share_identical else None
+        shared = asked_by_key.get(key) if key else None
         asked = shared[1] if shared else ask_state(runtime, case, config)
-        asked_by_digest.setdefault(result.digest, (method, asked))
+        if key:
+            asked_by_key.setdefault(key, (method, asked))
         row = _row(case, method, result, config, carries, base)
         row["asked_from"] = shared[0] if shared else None
         if method == REFERENCE:
@@ -586,7 +523,24 @@ def _run_workers(cases: Sequence[EvalCase], config: EvalConfig, done: dict, emit
     raise_errors(errors, ROWS_FILE)
 
 
-__all__ = ["LEGACY_BACKEND", "ROWS_FILE", "UNSUPPORTED_METHODS", "EvalConfig", "EvalError", "check_eval_extras",
-           "check_out_dir", "evaluate_state", "generate_cases", "get_suite_names",
-           "make_runtime", "pick_option", "read_rows",
-           "run_case", "run_evaluation"]
+__all__ = [
+    "DEFAULT_TASK",
+    "LEGACY_BACKEND",
+    "ROWS_FILE",
+    "UNSUPPORTED_METHODS",
+    "EvalConfig",
+    "EvalError",
+    "ask_state",
+    "check_eval_extras",
+    "check_out_dir",
+    "draw_seed",
+    "evaluate_state",
+    "generate_cases",
+    "get_suite_names",
+    "get_task",
+    "make_runtime",
+    "pick_option",
+    "read_rows",
+    "run_case",
+    "run_evaluation",
+]
