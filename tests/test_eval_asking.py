@@ -94,3 +94,24 @@ def test_the_ask_key_is_the_kv_and_the_prompts(runtime):
                                                                 {"id": "s3", "kind": "user", "text": "Thanks."}]})
     other = AgentRuntime.from_episode(runtime.engine, longer)
     assert get_ask_key(other, case) != key
+
+
+def test_sharing_changes_no_answer():
+    """Every row's answers, draws and distributional samples are the same
+    whether states with one ask key share their generations (and the
+    distributional audit's tree) or each is asked on its own."""
+    from unsee.impl.eval.run import run_case
+
+    engine = load_engine("tiny", "transformers")
+    case = make_case()
+    methods = ("none", "memory-delete", "replay", "sanitized-rebuild")
+
+    def answers(share: bool) -> dict:
+        config = EvalConfig(model="tiny", methods=methods, samples=3, temperature=1.5, share_identical=share)
+        return {r["method"]: (r["asked_from"], r["probes"], r["leak5"], r["utility"], r["dist"] and r["dist"]["sets"])
+                for r in run_case(engine, case, config)}
+
+    shared, alone = answers(True), answers(False)
+    assert {m: a[1:] for m, a in shared.items()} == {m: a[1:] for m, a in alone.items()}
+    assert shared["replay"][0] == "reset" and shared["memory-delete"][0] == "none"  # shared, in fact
+    assert all(a[0] is None for a in alone.values())

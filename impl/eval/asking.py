@@ -122,12 +122,13 @@ class PromptTree:
 
 
 class Asker:
-    """Ask prompts of one state (``lineage``), generations of one prompt
-    sharing a :class:`PromptTree` (or one at a time, per :func:`get_asking`).
+    """Ask prompts of one state (a fork of ``lineage``), generations of one
+    prompt sharing a :class:`PromptTree` (or one at a time, per :func:`get_asking`).
     :meth:`close` drops the trees' branches."""
 
     def __init__(self, engine, lineage: str):
-        self.engine, self.lineage = engine, lineage
+        self.engine = engine
+        self.lineage = engine.fork(lineage)  # its own hold on the state, which may outlive the caller's
         self.tree = get_asking(engine) == "tree"
         self._trees: dict[tuple[int, ...], PromptTree] = {}
 
@@ -164,6 +165,9 @@ class Asker:
         for tree in self._trees.values():
             tree.close()
         self._trees.clear()
+        if self.lineage is not None:
+            self.engine.drop(self.lineage)
+            self.lineage = None
 
 
 # --- the audits' questions -----------------------------------------------------------

@@ -204,26 +204,36 @@ def get_embedder(engine):
 
 
 def sample_distribution(runtime, case: EvalCase, config, method: str, task: str,
-                        tools: Sequence[str]) -> dict | None:
+                        tools: Sequence[str], asker: Asker | None = None) -> dict | None:
     """The audit's sample sets of one row: two for B5 (``a``, ``b``), one
     (``a``) for an audited method, None for any other method or when
-    ``config.samples`` is 0."""
+    ``config.samples`` is 0. ``asker``: an :class:`~unsee.impl.eval.asking.Asker`
+    of this state to sample through (a method whose state equals an earlier
+    one's shares its prefill and the decode steps its samples agree on:
+    the same tokens); else one of its own."""
     if config.samples <= 0 or (method != REFERENCE and method not in AUDITED):
         return None
     tokens = config.max_new_tokens or case.episode.settings.max_new_tokens
     embed = get_embedder(runtime.engine)
     labels = [f"{REFERENCE}/{s}" for s in FLOOR_SETS] if method == REFERENCE else [method]
-    asker = Asker(runtime.engine, runtime.lineage)  # every sample set of the state: one question
+    own = asker is None
+    asker = Asker(runtime.engine, runtime.lineage) if own else asker  # every sample set of the state: one question
     try:
         sets = {label.rsplit("/", 1)[-1] if method == REFERENCE else "a":
                 sample_set(runtime, case, label, config.samples, config.temperature, tokens, task, tools, embed,
                            asker)
                 for label in labels}
     finally:
-        asker.close()
+        if own:
+            asker.close()
     return {"k": config.samples, "temperature": config.temperature, "ngram": NGRAM,
             "embedder": "mean-pooled last hidden states of the model under test" if embed else None,
             "sets": sets}
+
+
+def get_dist_methods() -> tuple[str, ...]:
+    """The methods whose rows the audit samples: B5 and the audited ones."""
+    return (REFERENCE, *AUDITED)
 
 
 # --- the tests over episodes -----------------------------------------------------------
@@ -286,6 +296,7 @@ __all__ = [
     "cosine_distance",
     "dist_seed",
     "embedding_distance",
+    "get_dist_methods",
     "get_episode_distances",
     "get_ngrams",
     "ngram_distance",

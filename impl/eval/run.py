@@ -42,9 +42,9 @@ from pathlib import Path
 import attrs
 
 from unsee.impl.agent.runtime import AgentRuntime
-from unsee.impl.eval.asking import DEFAULT_TASK, ask_state, draw_seed, get_ask_key, get_task, pick_option
+from unsee.impl.eval.asking import DEFAULT_TASK, Asker, ask_state, draw_seed, get_ask_key, get_task, pick_option
 from unsee.impl.eval.cases import EvalCase
-from unsee.impl.eval.distribution import sample_distribution
+from unsee.impl.eval.distribution import get_dist_methods, sample_distribution
 from unsee.impl.eval.metrics import (
     Action,
     apply_sink_policy,
@@ -391,6 +391,16 @@ def run_case(engine, case: EvalCase, config: EvalConfig, done: dict[str, dict] |
     carries = any(target.source in base.graph[b].source_ids for b in base.memory)
     reference = done.get(REFERENCE)
     asked_by_key: dict[str, tuple[str, dict]] = {}  # the state's ask key -> (method, its generations)
+    samplers: dict[str, Asker] = {}  # the distributional audit's, by ask key (shared like the answers)
+    try:
+        yield from _run_methods(engine, base, case, config, methods, reference, carries, asked_by_key, samplers)
+    finally:
+        for asker in samplers.values():
+            asker.close()
+
+
+def _run_methods(engine, base: AgentRuntime, case: EvalCase, config: EvalConfig, methods: Sequence[str],
+                 reference: dict | None, carries: bool, asked_by_key: dict, samplers: dict) -> Iterator[dict]:
     for method in methods:
         runtime, result = run_method(base, method, case)
         key = get_ask_key(runtime, case) if config.share_identical else None
@@ -408,7 +418,11 @@ def run_case(engine, case: EvalCase, config: EvalConfig, done: dict[str, dict] |
             row["equals_reset"] = True
         else:
             row |= evaluate_state(runtime, result, case, config, reference, asked)
-        row["dist"] = sample_distribution(runtime, case, config, method, get_task(case), tuple(get_case_tools(case)))
+        sampler = None
+        if key and method in get_dist_methods():
+            sampler = samplers.get(key) or samplers.setdefault(key, Asker(engine, runtime.lineage))
+        row["dist"] = sample_distribution(runtime, case, config, method, get_task(case),
+                                          tuple(get_case_tools(case)), sampler)
         del runtime
         engine.budget.enforce()
         yield row
