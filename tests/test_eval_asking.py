@@ -115,3 +115,20 @@ def test_sharing_changes_no_answer():
     assert {m: a[1:] for m, a in shared.items()} == {m: a[1:] for m, a in alone.items()}
     assert shared["replay"][0] == "reset" and shared["memory-delete"][0] == "none"  # shared, in fact
     assert all(a[0] is None for a in alone.values())
+
+
+def test_the_embedder_embeds_a_text_once(monkeypatch):
+    """Repeated samples are embedded once; the vectors are those of embedding each."""
+    from unsee.impl.engines import embedding
+    from unsee.impl.eval.distribution import get_embedder
+
+    engine = load_engine("tiny", "transformers")
+    texts = ["Tool: search", "Tool: send", "Tool: search", ""]
+    expected = embedding.embed_texts(engine, texts)
+    calls = []
+    real = embedding.embed_texts
+    monkeypatch.setattr(embedding, "embed_texts", lambda e, ts: calls.append(list(ts)) or real(e, ts))
+    embed = get_embedder(engine)
+    assert embed(texts) == expected
+    assert embed(texts[:2]) == expected[:2]
+    assert calls == [["Tool: search", "Tool: send", ""]]

@@ -39,6 +39,7 @@ from __future__ import annotations
 import hashlib
 import math
 import re
+import weakref
 from collections import Counter
 from collections.abc import Sequence
 
@@ -191,16 +192,33 @@ def sample_set(runtime, case: EvalCase, label: str, k: int, temperature: float, 
                 None if v is None else [round(x, EMBEDDING_DIGITS) for x in v] for v in vectors]}
 
 
+#: the most texts :func:`get_embedder` remembers per engine
+EMBEDDING_CACHE = 4096
+_EMBEDDED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
 def get_embedder(engine):
     """``texts -> vectors`` from the model under test (impl/engines/embedding.py),
-    or None where the engine has no embedder."""
+    or None where the engine has no embedder. A text's vector is a function
+    of the text alone (read in a context of its own), so a text embedded
+    before (samples often repeat) is not embedded again."""
     from unsee.impl.engines.embedding import embed_texts, get_embedding_backend
 
     try:
         get_embedding_backend(engine)
     except ValueError:
         return None
-    return lambda texts: embed_texts(engine, texts)
+    known = _EMBEDDED.setdefault(engine, {})
+
+    def embed(texts: Sequence[str]) -> list:
+        if len(known) + len(texts) > EMBEDDING_CACHE:
+            known.clear()
+        new = [t for t in dict.fromkeys(texts) if t not in known]
+        if new:
+            known.update(zip(new, embed_texts(engine, new)))
+        return [known[t] for t in texts]
+
+    return embed
 
 
 def sample_distribution(runtime, case: EvalCase, config, method: str, task: str,
