@@ -14,15 +14,19 @@ core-hour is ``3600 * episodes / CPU seconds``; the wall-time figure is given
 beside it and is only meaningful on an idle machine.
 
 Model loading (and llama.cpp's decode facts, measured at first load) is
-outside the timed span.
+outside the timed span. The CPU time is also split into the base
+state's run, the methods, the audits' generations and the distributional
+audit's samples (the rest is metrics and bookkeeping).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import time
+from collections.abc import Iterator
 
 from unsee.impl.engines.lineage import Counters
 
@@ -49,17 +53,52 @@ def make_config(model: str, engine: str):
     return EvalConfig(model=model, backend=engine, methods=tuple(m for m in METHODS if m not in refused))
 
 
+#: the parts of an episode timed apart: the runner's functions (impl/eval/run.py) that do them
+PARTS = {"base": "make_runtime", "methods": "run_method", "audits": "ask_state", "distribution": "sample_distribution"}
+
+
+@contextlib.contextmanager
+def time_parts(engine, parts: dict) -> Iterator[None]:
+    """Add each part's CPU seconds and engine work to ``parts`` while open
+    (the runner's functions wrapped in its module; unwrapped on exit)."""
+    from unsee.impl.eval import run as runner
+
+    originals = {name: getattr(runner, name) for name in PARTS.values()}
+
+    def timed(part: str, fn):
+        def wrapper(*args, **kwargs):
+            before, cpu = engine.counters.snapshot(), time.process_time()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                spent, into = engine.counters - before, parts.setdefault(part, dict.fromkeys(("cpu_s", *WORK), 0))
+                into["cpu_s"] += time.process_time() - cpu
+                for k in WORK:
+                    into[k] += getattr(spent, k)
+        return wrapper
+
+    for part, name in PARTS.items():
+        setattr(runner, name, timed(part, originals[name]))
+    try:
+        yield
+    finally:
+        for name, fn in originals.items():
+            setattr(runner, name, fn)
+
+
 def time_episode(engine, case, config) -> dict:
-    """One episode's rows, timed: CPU and wall seconds and the engine's work."""
+    """One episode's rows, timed: CPU and wall seconds and the engine's work, in all and by part."""
     from unsee.impl.eval.run import run_case
 
+    parts: dict = {}
     before: Counters = engine.counters.snapshot()
     cpu, wall = time.process_time(), time.perf_counter()
-    rows = list(run_case(engine, case, config))
+    with time_parts(engine, parts):
+        rows = list(run_case(engine, case, config))
     cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
     spent = engine.counters - before
     return {"suite": case.suite, "case": case.id, "rows": len(rows), "cpu_s": cpu, "wall_s": wall,
-            **{k: getattr(spent, k) for k in WORK}}
+            **{k: getattr(spent, k) for k in WORK}, "parts": parts}
 
 
 def run(model: str, engine_name: str, suites: list[str], episodes: int, seed: int = 0) -> list[dict]:
@@ -109,6 +148,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"episodes per core-hour (CPU time): {total['episodes_per_core_hour']:.1f}; "
           f"per hour of wall time: {total['episodes_per_hour_wall']:.1f}; "
           f"CPU s per episode: {total['cpu_s_per_episode']:.1f}")
+    print("where the CPU time goes (all episodes):")
+    for part in PARTS:
+        got = [r["parts"][part] for r in records if part in r["parts"]]
+        cpu = sum(g["cpu_s"] for g in got)
+        print(f"  {part:<13} {cpu:>7.1f} s ({100 * cpu / total['cpu_s']:.0f}%)  "
+              + "  ".join(f"{k} {sum(g[k] for g in got)}" for k in WORK))
     if args.json:
         with open(args.json, "w", encoding="utf-8") as sink:
             json.dump({"records": records, "summary": total}, sink, indent=1)
