@@ -132,3 +132,24 @@ def test_the_embedder_embeds_a_text_once(monkeypatch):
     assert embed(texts) == expected
     assert embed(texts[:2]) == expected[:2]
     assert calls == [["Tool: search", "Tool: send", ""]]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_kv_budget_evicts_no_branch_a_later_generation_needs(backend):
+    """Under a budget of one byte every unpinned lineage goes at each verb;
+    the tree's branches are pinned while it lives, so it still answers as
+    one at a time does (unpinned, the second generation finds its branch evicted)."""
+    if backend == "llamacpp":
+        pytest.importorskip("llama_cpp")
+    engine = load_engine("tiny", backend)
+    runtime = AgentRuntime.from_episode(engine, make_case().episode)
+    state = engine.budget.pin(runtime.lineage)
+    engine.budget.set(1)
+    question = "Where do I live?"
+    expected = [runtime.probe_ids(question, 8, t, s) for t, s in GENERATIONS]
+    asker = Asker(engine, runtime.lineage)
+    try:
+        assert [asker.ask(get_prompt(runtime, question), 8, t, s) for t, s in GENERATIONS] == expected
+    finally:
+        asker.close()
+    assert engine.budget.memory().lineages == 1 and state is not None  # the trees' branches are gone

@@ -79,6 +79,7 @@ class PromptTree:
             engine.drop(branch)
             raise
         self._branches.append((branch, ()))
+        self._pins = [engine.budget.pin(branch)]  # a KV budget must not evict a branch a later generation needs
         self._base = len(engine.tokens(branch))
 
     def generate(self, max_new_tokens: int, stop_ids: Iterable[int], temperature: float = 0.0,
@@ -109,12 +110,14 @@ class PromptTree:
         if path != head:  # that branch decided further: continue on a fork of the shared part
             handle = self.engine.fork(handle, self._base + len(head))
             self._branches.append((handle, head))
+            self._pins.append(self.engine.budget.pin(handle))
             index = len(self._branches) - 1
         self.engine.prefill(handle, [key[-1]])
         self._branches[index] = (handle, key)
         return self.engine.logits(handle)
 
     def close(self) -> None:
+        self._pins.clear()
         for handle, _ in self._branches:
             self.engine.drop(handle)
         self._branches.clear()
@@ -129,6 +132,7 @@ class Asker:
     def __init__(self, engine, lineage: str):
         self.engine = engine
         self.lineage = engine.fork(lineage)  # its own hold on the state, which may outlive the caller's
+        self._pin = engine.budget.pin(self.lineage)  # kept from a KV budget's reach while asked
         self.tree = get_asking(engine) == "tree"
         self._trees: dict[tuple[int, ...], PromptTree] = {}
 
@@ -166,6 +170,7 @@ class Asker:
             tree.close()
         self._trees.clear()
         if self.lineage is not None:
+            self._pin = None
             self.engine.drop(self.lineage)
             self.lineage = None
 
