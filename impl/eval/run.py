@@ -91,9 +91,10 @@ class EvalConfig:
     #: override every episode's max_new_tokens (model turns), e.g. for a quick
     #: smoke run; None keeps the suites' setting
     turn_tokens: int | None = None
-    #: reuse the audits' generations of a state whose digest an earlier method
-    #: of the episode already reached in this process (exact by A1: the same
-    #: state decodes the same tokens); the row names that method in ``asked_from``
+    #: reuse the audits' generations of a state whose ask key (its KV digest and
+    #: prompts: impl/eval/asking.py) an earlier method of the episode already
+    #: reached in this process (exact by A1: the same KV decodes the same tokens);
+    #: the row names that method in ``asked_from``
     share_identical: bool = True
     #: vLLM's scale-out options as (name, value) pairs: tensor_parallel_size, distributed_executor_backend
     engine_options: tuple = ()
