@@ -54,7 +54,7 @@ def test_the_tree_gives_the_one_at_a_time_tokens(runtime):
     tree = PromptTree(engine, runtime.lineage, get_prompt(runtime, question))
     try:
         got = [tree.generate(8, engine.lm.eos_ids, t, s) for t, s in GENERATIONS]
-        branches = len(tree._branches)
+        branches = tree.branches
     finally:
         tree.close()
     spent = engine.counters - before

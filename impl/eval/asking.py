@@ -82,6 +82,11 @@ class PromptTree:
         self._pins = [engine.budget.pin(branch)]  # a KV budget must not evict a branch a later generation needs
         self._base = len(engine.tokens(branch))
 
+    @property
+    def branches(self) -> int:
+        """How many branches the tree holds (one more each time a generation departed)."""
+        return len(self._branches)
+
     def generate(self, max_new_tokens: int, stop_ids: Iterable[int], temperature: float = 0.0,
                  seed: int | None = None) -> list[int]:
         """What ``generate`` would decode after the prompt: up to
