@@ -18,7 +18,7 @@ PIP_C      = $(if $(CONSTRAINTS),-c $(CONSTRAINTS))
 PIP_C_VLLM = $(if $(VLLM_CONSTRAINTS),-c $(VLLM_CONSTRAINTS))
 PIP_C_CONFORM = $(if $(CONFORM_CONSTRAINTS),-c $(CONFORM_CONSTRAINTS))
 
-.PHONY: demo test lint nightly bench paper install clean gpu gpu-wheels vllm test-vllm lock serve scorecard
+.PHONY: demo test lint nightly bench paper install clean gpu gpu-wheels vllm test-vllm lock serve scorecard eval-qwen crossmodel
 
 $(VENV)/.installed: pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
@@ -80,6 +80,21 @@ bench: $(VENV)/.installed paper
 	$(PY) -m unsee.bench.discrepancy --model smollm2 --device $(DEVICE) --dtype $(DTYPE) --out out/discrepancy
 	$(PY) -m unsee.bench.restore --model smollm2 --device $(DEVICE) --dtype $(DTYPE) --lengths 1024 7168 --chunks 32 1 --repeats 31 --out out/restore.json
 	$(PY) -m unsee.bench.memory --model tiny --steps 200 --every 5 --out out/memory.json --plot out/memory.png
+
+# The paper's evaluation on a real model (docs/eval.md; issue 27): every suite at
+# EVAL_N episodes, resumable (run it again to go on where it stopped), then the
+# cross-model table over the real families' runs. Hours on 2 cores: nightly work.
+EVAL_N       ?= 30
+EVAL_WORKERS ?= 2
+EVAL_SUITES  ?= all
+eval-qwen: $(VENV)/.test-installed $(VENV)/.llamacpp-installed
+	$(PY) -m unsee.impl.cli.main eval --suite $(EVAL_SUITES) --episodes $(EVAL_N) --model qwen2.5-1.5b --engine llamacpp --workers $(EVAL_WORKERS) --out out/eval-qwen
+
+CROSS_N ?= 8
+crossmodel: $(VENV)/.test-installed $(VENV)/.llamacpp-installed
+	$(PY) -m unsee.impl.cli.main eval --suite $(EVAL_SUITES) --episodes $(CROSS_N) --model smollm2 --engine llamacpp --workers $(EVAL_WORKERS) --out out/eval-smollm2-llamacpp
+	$(PY) -m unsee.impl.cli.main eval --suite $(EVAL_SUITES) --episodes $(CROSS_N) --model gemma3-270m --engine llamacpp --workers $(EVAL_WORKERS) --out out/eval-gemma3
+	$(PY) -m unsee.impl.eval.crossmodel out/eval-smollm2-llamacpp out/eval-qwen out/eval-gemma3 --write out/crossmodel.md
 
 # The paper's efficiency tables (docs/bench.md).
 paper: $(VENV)/.installed

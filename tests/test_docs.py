@@ -277,6 +277,16 @@ def test_readme_support_matrix_is_the_generated_one():
     from unsee.impl.engines.support import get_support_matrix
 
     assert get_readme_matrix((ROOT / "README.md").read_text()) == get_support_matrix()
+
+
+def test_readme_real_models_table_is_the_generated_one():
+    """README.md's real models' table (under the support matrix) is ``get_model_matrix()``'s."""
+    from unsee.impl.engines.support import get_model_matrix
+
+    table = get_model_matrix()
+    text = (ROOT / "README.md").read_text()
+    start = text.index(table.splitlines()[0])
+    assert text[start:start + len(table)] == table and not text[start + len(table):].startswith("|")
 def test_readme_cli_table_is_generated_from_the_parser():
     from unsee.impl.cli.docs import CLI_REGION, WRITE_COMMAND, get_region, render_cli_table
 

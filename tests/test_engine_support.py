@@ -3,15 +3,24 @@ what the engines are; every engine module is named in its package's map."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import pkgutil
 from pathlib import Path
 
 import pytest
 
+from unsee.impl.engines import catalog
 from unsee.impl.engines.protocol import PrefixCache, Residue, SpanExcision
 from unsee.impl.engines.registry import BACKENDS, load_engine
-from unsee.impl.engines.support import BACKEND_TITLES, DIGEST_MEANINGS, get_engine_classes, get_support_matrix
+from unsee.impl.engines.support import (
+    BACKEND_TITLES,
+    DIGEST_MEANINGS,
+    REAL_MODELS,
+    get_engine_classes,
+    get_model_matrix,
+    get_support_matrix,
+)
 
 PACKAGES = ("unsee.impl.engines", "unsee.impl.engines.hf", "unsee.impl.engines.llamacpp",
             "unsee.impl.engines.vllm")
@@ -22,6 +31,28 @@ def test_the_matrix_has_a_row_per_engine():
     assert [row.split(" | ")[0].lstrip("| ") for row in rows] == [BACKEND_TITLES[b] for b in BACKENDS]
     for cls in get_engine_classes().values():
         assert cls.DIGEST in DIGEST_MEANINGS and set(cls.SUPPORT) == {"drafts", "kv_budget", "store", "receipts"}
+
+
+def get_model_cells(model: str, engine: str) -> list[str]:
+    row = next(r for r in get_model_matrix().splitlines() if r.startswith(f"| `{model}` | {engine} |"))
+    return row.strip("| ").split(" | ")
+
+
+def test_the_real_models_table_has_a_row_per_model_and_engine(monkeypatch):
+    rows = get_model_matrix().splitlines()[2:]
+    assert len(rows) == len(REAL_MODELS) * len(BACKENDS) and {"smollm2", "qwen2.5-1.5b", "gemma3-270m"} <= set(REAL_MODELS)
+    # a catalogue model's transformers drafts follow its shipped bound and the CPU it holds on
+    gemma = catalog.CATALOG["gemma3-270m"]
+    assert "shipped bound 0.001; else" in get_model_cells("gemma3-270m", "transformers")[3]
+    assert f"a CPU with {gemma.bounds_isa}" in get_model_cells("gemma3-270m", "transformers")[3]
+    monkeypatch.setitem(catalog.CATALOG, "gemma3-270m", dataclasses.replace(gemma, bounds={}))
+    assert get_model_cells("gemma3-270m", "transformers")[3] == "after `unsee calibrate` (no shipped bound)"
+    # what the engine class declares, and vLLM loads no GGUF of the catalogue
+    llama = get_engine_classes()["llamacpp"]
+    assert get_model_cells("qwen2.5-1.5b", "llama.cpp")[3:] == [
+        llama.SUPPORT["drafts"], "yes" if issubclass(llama, PrefixCache) else "no", llama.SUPPORT["store"],
+        llama.SUPPORT["receipts"]]
+    assert get_model_cells("qwen2.5-1.5b", "vLLM")[2].startswith("no") and get_model_cells("smollm2", "vLLM")[2] != "no"
 
 
 @pytest.mark.parametrize("name", ["tiny", "llamacpp-tiny"])

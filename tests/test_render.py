@@ -134,6 +134,7 @@ def test_role_mapping_for_system_blocks_and_consecutive_user_turns(gemma):
     roles = renderer.describe()["roles"]
     assert roles == {"system prompt": "user", "system block mid-conversation": "user",
                      "tool result": "user, prefixed [result of tool NAME]",
+                     "tool definitions": "not rendered: the template has no tool-definition format in its system block",
                      "consecutive turns of one role": "one segment each, never merged"}
     # memory after a tool result's answer, then a user turn: two user segments in a row, which the
     # template itself would refuse (it only ever renders the probe conversation)
@@ -278,3 +279,102 @@ def test_the_renderer_cache_does_not_keep_a_model_alive(lm):
     del model, first
     gc.collect()
     assert ref() is None
+
+
+# --- tool definitions in the system block (issue 27 item 2) -------------------------------------------------
+
+def get_message_body(tools_in_system: str) -> str:
+    """A Qwen2.5-style template written for these tests: the system turn lists the tools
+    (``tools_in_system``: the Jinja test under which it does), then TOOLS_TEMPLATE's turns."""
+    return (
+        "{%- if messages[0]['role'] == 'system' -%}{{ '<|im_start|>system\\n' + messages[0]['content'] }}"
+        "{%- if " + tools_in_system + " -%}{{ '\\n# Tools\\n<tools>' }}"
+        "{%- for t in tools -%}{{ '\\n' + t | tojson }}{%- endfor -%}{{ '\\n</tools>' }}{%- endif -%}"
+        "{{ '<|im_end|>\\n' }}{%- endif -%}"
+        "{%- for m in messages -%}{%- if not (loop.first and m['role'] == 'system') -%}"
+        "{%- if m['role'] == 'user' and tools and not (" + tools_in_system + ") and loop.index0 == 1 -%}"
+        "{{ '<|im_start|>user\\n' + tools | map(attribute='function.name') | join(',') + '\\n' + m['content']"
+        " + '<|im_end|>\\n' }}"
+        "{%- elif m['role'] == 'tool' -%}"
+        "{{ '<|im_start|>user\\n<tool_response>\\n' + m['content'] + '\\n</tool_response><|im_end|>\\n' }}"
+        "{%- elif m.tool_calls -%}{{ '<|im_start|>assistant' }}"
+        "{%- for c in m.tool_calls -%}{{ '\\n<tool_call>\\n{\"name\": \"' + c.function.name + '\", \"arguments\": '"
+        " + c.function.arguments | tojson + '}\\n</tool_call>' }}{%- endfor -%}{{ '<|im_end|>\\n' }}"
+        "{%- else -%}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}{%- endif -%}"
+        "{%- endif -%}{%- endfor -%}"
+        "{%- if add_generation_prompt -%}{{ '<|im_start|>assistant\\n' }}{%- endif -%}")
+
+
+TOOL_DEFS_TEMPLATE = get_message_body("tools")
+#: lists one tool in the system turn, but several in the first user turn (rewriting nothing,
+#: yet not the user segment the runtime renders)
+ONE_TOOL_IN_SYSTEM = get_message_body("tools and tools | length == 1")
+
+
+def chatml_model(lm, template: str):
+    return with_template(lm, template, ByteTokenizer.SPECIALS, "<|im_start|>", "<|im_end|>")
+
+
+def get_qwen_template() -> str:
+    """The chat template embedded in the catalogue's Qwen2.5 GGUF (its metadata only, no weights),
+    or a skip where the file is not in the cache."""
+    gguf = pytest.importorskip("gguf")
+    from unsee.impl.engines.catalog import CATALOG, get_model_path
+
+    path = get_model_path(CATALOG["qwen2.5-1.5b"])
+    if not path.is_file():
+        pytest.skip(f"the qwen2.5-1.5b GGUF is not in the cache ({path}); tests/test_realmodel.py fetches it")
+    field = gguf.GGUFReader(path).fields["tokenizer.chat_template"]
+    return bytes(field.parts[field.data[0]]).decode()
+
+
+def tool_runtime_episode():
+    steps = [{"id": "u1", "kind": "user", "text": "hello 12"},
+             {"id": "t1", "kind": "tool", "tool": "fetch", "fields": [{"source": "secret", "text": "lives at 4417 Elm"}]},
+             {"id": "u2", "kind": "user", "text": "where now 3"}]
+    return episode(steps=steps)
+
+
+@pytest.mark.parametrize("source", ["written", "qwen2.5-1.5b"])
+def test_tool_definitions_render_in_the_system_block_through_the_template(lm, source):
+    from unsee.impl.agent.templates import TOOL_DEFINITIONS_NATIVE, compile_template
+    from unsee.impl.agent.tools import ToolAgentRuntime, default_tools
+
+    template = TOOL_DEFS_TEMPLATE if source == "written" else get_qwen_template()
+    model = chatml_model(lm, template)
+    renderer = get_renderer(model)
+    assert dict(renderer.describe()["roles"])["tool definitions"] == TOOL_DEFINITIONS_NATIVE
+    engine, ep = make_engine(model), tool_runtime_episode()
+    runtime = ToolAgentRuntime.from_episode(engine, ep)
+    tools = [t.get_definition() for _, t in sorted(default_tools().items())]
+    own = compile_template(template, {})([{"role": "system", "content": ep.system}], False, tools=tools)
+    assert runtime.graph["system"].text == own and '"name": "send_message"' in own
+    # without a tool layer the first block is the template's plain system turn, as before
+    assert run_episode(engine, ep).graph["system"].text == renderer.segments.first.fill(ep.system)
+    runtime.check_invariants()
+    other = ToolAgentRuntime.from_episode(make_engine(model), ep)
+    forget, reset = runtime.forget("secret"), other.full_reset("secret")
+    assert forget.digest == reset.digest and forget.boundary == 1 and reset.boundary == 0
+    assert forget.extra["rendering"]["roles"]["tool definitions"] == TOOL_DEFINITIONS_NATIVE
+
+
+def test_a_template_without_tool_definitions_keeps_the_system_block(gemma, lm):
+    from unsee.impl.agent.templates import TOOL_DEFINITIONS_NONE
+    from unsee.impl.agent.tools import ToolAgentRuntime
+
+    for model in (gemma, chatml_model(lm, TOOLS_TEMPLATE), chatml_model(lm, CHATML_TEMPLATE)):
+        renderer = get_renderer(model)
+        assert renderer.describe()["roles"]["tool definitions"] == TOOL_DEFINITIONS_NONE
+        runtime = ToolAgentRuntime.from_episode(make_engine(model), tool_runtime_episode())
+        assert runtime.graph["system"].text == renderer.segments.first.fill("You are a helpful agent.")
+
+
+def test_tool_definitions_that_leave_the_system_block_are_refused_before_any_work(lm):
+    # the probe's one tool goes in the system turn (a definition format), the runtime's four
+    # go into the first user turn: the check with the runtime's own tools refuses it
+    from unsee.impl.agent.tools import ToolAgentRuntime
+
+    model = dataclasses.replace(chatml_model(lm, ONE_TOOL_IN_SYSTEM), name="tiny-tooldefs")
+    assert get_renderer(model).segments.tool_definitions
+    with pytest.raises(TemplateError, match="model tiny-tooldefs: .*system prompt with these tools"):
+        ToolAgentRuntime.start(make_engine(model), "You are a helpful agent.")

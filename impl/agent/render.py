@@ -22,13 +22,22 @@ Which renderer a runtime uses (:func:`get_renderer`, docs/templates.md):
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import attrs
 
 from unsee.impl.agent.episode import Step
 from unsee.impl.agent.provenance import DERIVED_TYPES, RuntimeBlock
-from unsee.impl.agent.templates import Segment, Segments, TemplateError, build_segments, compile_template
+from unsee.impl.agent.templates import (
+    TOOL_DEFINITIONS_NONE,
+    Render,
+    Segment,
+    Segments,
+    TemplateError,
+    build_segments,
+    compile_template,
+    render_first_with_tools,
+)
 from unsee.impl.engines.protocol import ModelInfo
 
 START, END = "<|im_start|>", "<|im_end|>"
@@ -91,16 +100,28 @@ class Renderer:
 
     ``closes_turns``: whether the next block after a model turn opens with
     the rest of the template's closing (False for the built-in ChatML, which
-    has always written nothing there)."""
+    has always written nothing there). ``template``: the compiled template,
+    kept where it renders tool definitions (the first block with a runtime's
+    tools is its own rendering, checked append-only each time)."""
 
     name: str  # 'chatml' or 'template'
     source: str  # where the template came from, in words
     segments: Segments
     closes_turns: bool = True
+    template: Render | None = attrs.field(default=None, eq=False, repr=False)
 
-    def render_first(self, text: str) -> str:
-        """The first block of a context: the system prompt."""
-        return self.segments.first.fill(text)
+    def render_first(self, text: str, tools: Sequence[Mapping] = (),
+                     encode: Callable[[str], list[int]] | None = None, model: str = "") -> str:
+        """The first block of a context: the system prompt, with the definitions of ``tools``
+        (function schemas, :meth:`Tool.get_definition`) where the template renders them (they
+        are left out where it has no format for them, as before). ``encode`` checks the
+        template's rendering with these tools append-only."""
+        if not tools or not self.segments.tool_definitions or self.template is None:
+            return self.segments.first.fill(text)
+        if encode is None:
+            raise ValueError("render_first: tool definitions are rendered by the template and need encode= "
+                             "to check them append-only")
+        return render_first_with_tools(self.template, encode, text, tools, self.segments.user, model)
 
     def get_message(self, step: Step) -> tuple[str, str]:
         """``(role, text)`` of an observation's block under this renderer: a tool result in the
@@ -155,7 +176,7 @@ class Renderer:
 
 
 _CHATML_ROLES = (("system prompt", "system"), ("system block mid-conversation", "system"),
-                 ("tool result", "user, prefixed [result of tool NAME]"),
+                 ("tool result", "user, prefixed [result of tool NAME]"), ("tool definitions", TOOL_DEFINITIONS_NONE),
                  ("consecutive turns of one role", "one segment each, never merged"))
 CHATML_SEGMENTS = Segments(Segment(f"{START}system\n", f"{END}\n"), Segment(f"{START}user\n", f"{END}\n"),
                            Segment(f"{START}system\n", f"{END}\n"), render_header(), f"{END}\n", (), _CHATML_ROLES)
@@ -164,7 +185,8 @@ CHATML = Renderer("chatml", "built in", CHATML_SEGMENTS, closes_turns=False)
 
 def is_chatml(segments: Segments) -> bool:
     """Whether a template's segments are ChatML's (the EOS split aside)."""
-    return attrs.evolve(segments, after_eos=(), roles=_CHATML_ROLES, tool_call=None, tool_result=None) == CHATML_SEGMENTS
+    return attrs.evolve(segments, after_eos=(), roles=_CHATML_ROLES, tool_call=None, tool_result=None,
+                        tool_definitions=False) == CHATML_SEGMENTS
 
 
 def get_renderer(lm: ModelInfo, template: str | None = None) -> Renderer:
@@ -204,15 +226,17 @@ def compute_renderer(lm: ModelInfo, text: str, template: str | None) -> Renderer
     """The renderer of the Jinja template ``text`` over ``lm``'s tokenizer (it keeps no reference to ``lm``)."""
     render_fn = compile_template(text, getattr(lm, "special_tokens", None) or {})
     segments = build_segments(render_fn, lm.encode, lm.eos_ids, lm.name)
+    own = render_fn if segments.tool_definitions else None  # kept only where it renders tool definitions
     if template is None and is_chatml(segments):
-        if segments.tool_result is None:
+        if segments.tool_result is None and not segments.tool_definitions:
             return attrs.evolve(CHATML, source="the tokenizer's template, recognised as ChatML")
         # ChatML's tokens, with the template's own tool format
         return attrs.evolve(CHATML, source="the tokenizer's template, recognised as ChatML with its own tool format",
-                            segments=attrs.evolve(CHATML_SEGMENTS, tool_call=segments.tool_call,
-                                                  tool_result=segments.tool_result, roles=segments.roles))
+                            template=own, segments=attrs.evolve(
+                                CHATML_SEGMENTS, tool_call=segments.tool_call, tool_result=segments.tool_result,
+                                tool_definitions=segments.tool_definitions, roles=segments.roles))
     source = "the tokenizer's chat template" if template in (None, "model") else "the episode's settings (Jinja)"
-    return Renderer("template", source, segments)
+    return Renderer("template", source, segments, template=own)
 
 
 __all__ = ["CHATML", "END", "NOTE_REQUEST", "START", "SUMMARY_OPENING", "SUMMARY_REQUEST", "TEMPLATE_NAMES",

@@ -128,6 +128,12 @@ class AgentRuntime(SelectiveReplay):
     plans = _view("plans", "The pending plans' block ids.", copy=True)
     forgotten = _view("forgotten", "Source ids forgotten so far (ids, never values).", copy=True)
 
+    def render_first(self) -> str:
+        """The system prompt's block, with the definitions of the tools the extensions offer (a tool
+        layer's ``get_tool_definitions``) where the template renders them (impl/agent/render.py)."""
+        tools = [d for e in self.extensions for d in getattr(e, "get_tool_definitions", list)()]
+        return self.renderer.render_first(self.system, tools, self.engine.lm.encode, self.engine.lm.name)
+
     def get_extension(self, name: str) -> Extension | None:
         return next((e for e in self.extensions if e.name == name), None)
 
@@ -143,8 +149,7 @@ class AgentRuntime(SelectiveReplay):
     def _begin(self) -> None:
         """Make this empty runtime ``R_0``: a new lineage with the system prompt."""
         self._update(lineage=self.engine.new_lineage())
-        self.append_block(SYSTEM_ID, "system", self.renderer.render_first(self.system), parents=(),
-                          sources=frozenset())
+        self.append_block(SYSTEM_ID, "system", self.render_first(), parents=(), sources=frozenset())
 
     @classmethod
     def from_episode(cls, engine: Engine, episode: Episode, progress: Progress | None = None,
@@ -340,8 +345,7 @@ class AgentRuntime(SelectiveReplay):
 
     def _new_lineage(self, step: Step) -> None:
         self._update(lineage=self.engine.new_lineage(), context=())
-        self.append_block(f"{step.id}/system", "system", self.renderer.render_first(self.system), parents=(),
-                          sources=frozenset())
+        self.append_block(f"{step.id}/system", "system", self.render_first(), parents=(), sources=frozenset())
 
     def _get_checkpoint(self) -> Checkpoint:
         """The checkpoint of the state now (``R_t``, before the next transition)."""

@@ -21,6 +21,7 @@ sequence (it never sees it: only the probe is rendered by the template).
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 from collections.abc import Callable, Mapping, Sequence
@@ -41,6 +42,12 @@ PROBE_TOOL_NAME = "probe_tool_name"
 PROBE_TOOL_RESULT = "Probe tool result."
 TOOL_ROLE_NATIVE = "the template's own: the call in an assistant turn, the result in its tool role"
 TOOL_ROLE_MAPPED = "user, prefixed [result of tool NAME]"
+#: The probe's tool definition (the function-schema shape chat templates read from ``tools=``).
+PROBE_TOOL_DEFINITION = {"type": "function", "function": {
+    "name": PROBE_TOOL_NAME, "parameters": {"type": "object", "properties": {"probe_argument": {"type": "string"}},
+                                            "required": ["probe_argument"]}}}
+TOOL_DEFINITIONS_NATIVE = "the template's own, in the system block (the runtime's tools, where it has any)"
+TOOL_DEFINITIONS_NONE = "not rendered: the template has no tool-definition format in its system block"
 
 
 class TemplateError(ValueError):
@@ -81,13 +88,17 @@ class Segments:
     #: an assistant turn calling a tool (around its name) and the tool role's result (around its text)
     tool_call: Segment | None = None
     tool_result: Segment | None = None
+    #: whether the template renders tool definitions (``tools=``) in its system block, append-only,
+    #: leaving every later turn as it is (the first block is then the template's own rendering)
+    tool_definitions: bool = False
 
 
-Render = Callable[[Sequence[Mapping[str, str]], bool], str]
+#: ``render(messages, add_generation_prompt, tools=None)``: a compiled chat template
+Render = Callable[..., str]
 
 
 def compile_template(template: str, special_tokens: Mapping[str, str]) -> Render:
-    """``render(messages, add_generation_prompt)`` of a Jinja chat template,
+    """``render(messages, add_generation_prompt, tools=None)`` of a Jinja chat template,
     in the sandbox and with the names chat templates expect
     (``raise_exception``, ``tojson``, ``bos_token``/``eos_token``)."""
     import jinja2
@@ -105,9 +116,11 @@ def compile_template(template: str, special_tokens: Mapping[str, str]) -> Render
         raise TemplateError(f"the chat template is not valid Jinja: {exc}") from None
     tokens = dict(special_tokens)
 
-    def render(messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = False) -> str:
+    def render(messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = False,
+               tools: Sequence[Mapping] | None = None) -> str:
         try:
-            return compiled.render(messages=list(messages), add_generation_prompt=add_generation_prompt, **tokens)
+            return compiled.render(messages=list(messages), add_generation_prompt=add_generation_prompt,
+                                   tools=list(tools) if tools else None, **tokens)
         except TemplateError:
             raise
         except Exception as exc:  # noqa: BLE001 (a template's own error on a conversation it does not accept)
@@ -196,11 +209,46 @@ def build_segments(render: Render, encode: Callable[[str], list[int]], eos_ids: 
     system = get_mid_system(render, encode, probe[:n + 2])
     after_eos = get_after_eos(closing, encode, eos_ids)
     tool_call, tool_result = get_tool_segments(render, encode, probe[:n + 2], model)
+    definitions = system_first and has_tool_definitions(render, encode, probe, renderings, model)
     roles = (("system prompt", "system" if system_first else "user"),
              ("system block mid-conversation", "system" if system is not None else "user"),
              ("tool result", TOOL_ROLE_NATIVE if tool_result is not None else TOOL_ROLE_MAPPED),
+             ("tool definitions", TOOL_DEFINITIONS_NATIVE if definitions else TOOL_DEFINITIONS_NONE),
              ("consecutive turns of one role", "one segment each, never merged"))
-    return Segments(first, user, system, header, closing, after_eos, roles, tool_call, tool_result)
+    return Segments(first, user, system, header, closing, after_eos, roles, tool_call, tool_result, definitions)
+
+
+def has_tool_definitions(render: Render, encode: Callable[[str], list[int]], probe: Sequence[Mapping[str, str]],
+                         plain: Sequence[tuple[str, str]], model: str) -> bool:
+    """Whether the template renders tool definitions in its system block: the probe rendered with
+    a tool (``tools=``) names it in the first block, and every later turn adds what it adds
+    without tools (``plain``: the probe's renderings without). Where it does, the probe with the
+    tool must be append-only (:class:`TemplateError` otherwise, as for other turns)."""
+    try:
+        with_tools = get_renderings(functools.partial(render, tools=[PROBE_TOOL_DEFINITION]), probe)
+    except TemplateError:
+        return False
+    if PROBE_TOOL_NAME not in with_tools[1][1] or PROBE_TOOL_NAME in plain[1][1]:
+        return False  # a template that ignores tools= (or names the probe tool anyway)
+    added = [after[len(before):] for (_, before), (_, after) in itertools.pairwise(with_tools)]
+    if added[1:] != [after[len(before):] for (_, before), (_, after) in itertools.pairwise(plain)][1:]:
+        return False  # the definitions go elsewhere than the system block (e.g. into a user turn)
+    check_append_only(with_tools, encode, model)
+    return True
+
+
+def render_first_with_tools(render: Render, encode: Callable[[str], list[int]], system: str,
+                            tools: Sequence[Mapping], user: Segment, model: str) -> str:
+    """The first block (the system prompt with ``tools``' definitions) as the template renders it,
+    checked append-only with the tools given: a user turn after it adds ``user``'s segment, in
+    text and in token ids; :class:`TemplateError` naming the model otherwise."""
+    first = render([_msg("system", system)], False, tools=tools)
+    whole = render([_msg("system", system), _msg("user", PROBE_USERS[0])], False, tools=tools)
+    check_append_only([("start", ""), ("system prompt with tools", first), ("turn 2 (user)", whole)], encode, model)
+    if whole[len(first):] != user.fill(PROBE_USERS[0]) or system not in first:
+        raise TemplateError(f"model {model}: its chat template renders the system prompt with these tools unlike "
+                            "the probe's (a user turn after it is not its user segment, or the prompt is not verbatim)")
+    return first
 
 
 def get_tool_segments(render: Render, encode: Callable[[str], list[int]], head: Sequence[Mapping[str, str]],
@@ -284,7 +332,8 @@ def _msg(role: str, content: str) -> dict[str, str]:
     return {"role": role, "content": content}
 
 
-__all__ = ["PROBE_ASSISTANTS", "PROBE_MEMORY", "PROBE_SYSTEM", "PROBE_TOOL_NAME", "PROBE_TOOL_RESULT", "PROBE_USERS",
-           "TOOL_ROLE_MAPPED", "TOOL_ROLE_NATIVE", "Segment", "Segments", "TemplateError", "build_segments",
-           "check_append_only", "compile_template", "get_probe", "get_renderings", "get_tool_segments",
-           "is_system_first"]
+__all__ = ["PROBE_ASSISTANTS", "PROBE_MEMORY", "PROBE_SYSTEM", "PROBE_TOOL_DEFINITION", "PROBE_TOOL_NAME",
+           "PROBE_TOOL_RESULT", "PROBE_USERS", "TOOL_DEFINITIONS_NATIVE", "TOOL_DEFINITIONS_NONE", "TOOL_ROLE_MAPPED",
+           "TOOL_ROLE_NATIVE", "Render", "Segment", "Segments", "TemplateError", "build_segments", "check_append_only",
+           "compile_template", "get_probe", "get_renderings", "get_tool_segments", "has_tool_definitions",
+           "is_system_first", "render_first_with_tools"]

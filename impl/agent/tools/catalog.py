@@ -31,6 +31,13 @@ class Tool:
             if param not in self.params or filler not in FILLERS:
                 raise ValueError(f"tool {self.name!r}: bad filler {param}={filler!r}; fillers are {FILLERS}")
 
+    def get_definition(self) -> dict:
+        """The tool as a function schema, the shape chat templates read from ``tools=``: every
+        parameter a string, the required ones listed."""
+        return {"type": "function", "function": {"name": self.name, "parameters": {
+            "type": "object", "properties": {p: {"type": "string"} for p in self.params},
+            "required": list(self.required)}}}
+
     def filler(self, param: str) -> str:
         return dict(self.fill).get(param, "model")
 

@@ -92,6 +92,10 @@ class ToolLayer:
         self._world_before: str | None = None
         self._last_replay: dict[str, list] = get_empty_replay_log()
 
+    def get_tool_definitions(self) -> list[dict]:
+        """The tools' definitions, by name, for the system block (impl/agent/render.py)."""
+        return [self.tools[name].get_definition() for name in sorted(self.tools)]
+
     # --- the plan -> call -> observation transition ---------------------------
 
     def after_plan(self, runtime, step: Step, plan: RuntimeBlock) -> None:
