@@ -153,3 +153,15 @@ def test_a_kv_budget_evicts_no_branch_a_later_generation_needs(backend):
     finally:
         asker.close()
     assert engine.budget.memory().lineages == 1 and state is not None  # the trees' branches are gone
+
+
+def test_the_docs_table_says_how_each_engine_is_asked():
+    """docs/eval.md's table of how a state is asked matches get_asking on the engines this machine loads."""
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "eval.md").read_text()
+    words = {"tree": "prompt tree", "one at a time": "one at a time"}
+    for backend, name in (("transformers", "transformers"), ("llamacpp", "llama.cpp")):
+        if backend == "llamacpp":
+            pytest.importorskip("llama_cpp")
+        assert f"| {name} | {words[get_asking(load_engine('tiny', backend))]} |" in text
