@@ -11,23 +11,32 @@ batch, and for SmolLM2's Q4_1 file prefill and decode logits were bitwise
 equal on every comparison measured (bench/llamacpp_bitwise.py); for f32
 weights they are not (another matmul path serves batches).
 
-But only up to a batch size: measured here, SmolLM2's Q4_1 file and the
-tiny Q4_1 files give decode == prefill bitwise for forwards of up to 63
-tokens, and a forward of 64 or more takes another kernel whose logits differ
-by up to about 1 (flash attention on; 32 tokens without it). So the engine
-measures it per file, thread count, flash-attention setting and
-llama-cpp-python version (:func:`get_decode_facts`): greedy-decode
-:data:`PROBE_DECODE` tokens one step at a time after a fixed pseudo-random
-prompt, then feed the first L of them again as one forward, L = 2, 3, ...,
-comparing every logit, until one differs; after two prompt lengths
-(:data:`PROBE_PROMPTS`), the longest equal size is the engine's
-``max_forward``, and the KV such a forward writes is checked too. With a
-``max_forward`` of 2 or more the bound is 0.0 and every verification forward
-(a draft, a context guess) is at most ``max_forward`` tokens long (a longer
-draft is verified in its first ``max_forward`` tokens, the rest decoded); a
-decision needs a margin above 0, so an exact tie still falls back (the guard
-stays as a safety net). Otherwise None: drafts off. A measurement on two
-prompts, not a proof: the properties run forget == reset with drafts on.
+But only up to a batch size, and only with the right kernels. SmolLM2's
+Q4_1 file and the tiny Q4_1 files give decode == prefill bitwise for
+forwards of up to 63 tokens; from 64 on, flash attention takes its tiled
+kernel, whose logits differ by up to about 1 (32 tokens without flash
+attention). Other weight types meet other kernels first: llama.cpp repacks
+Q4_K weights for the CPU and multiplies 4 rows at a time (Qwen2.5-Coder-1.5B
+Q4_K_M: equal up to 3 tokens), and ggml's tiled K-quant matmul takes batches
+of 8 rows or more (equal up to 7). The loader keeps the file's layout and
+turns the tiled matmul off (``exact_kernels``, model.py), which gives that
+file 63 too. So the engine measures it per file, kernel setting, thread
+count, flash-attention setting and llama-cpp-python version
+(:func:`get_decode_facts`): greedy-decode :data:`PROBE_DECODE` tokens one
+step at a time after a fixed pseudo-random prompt, then feed the first L of
+them again as one forward, L = 2, 3, ..., comparing every logit, until one
+differs. After a second, longer prompt (past 256 tokens, so that a decode
+step attends over 512 cells or more, where flash attention splits the keys
+for decoding) the sizes up to that limit are checked again at powers of two
+and the limit itself (:data:`LONG_PROMPT_SIZES`). The longest equal size is
+the engine's ``max_forward``, and the KV such a forward writes is checked
+too. With a ``max_forward`` of 2 or more the bound is 0.0 and every
+verification forward (a draft, a context guess) is at most ``max_forward``
+tokens long (a longer draft is verified in its first ``max_forward`` tokens,
+the rest decoded); a decision needs a margin above 0, so an exact tie still
+falls back (the guard stays as a safety net). Otherwise None: drafts off. A
+measurement on two prompts, not a proof: the properties run forget == reset
+with drafts on.
 The result is cached in ``llamacpp-facts.json`` under the cache dir, keyed
 by the file's path, size and mtime and the settings.
 """
@@ -38,6 +47,7 @@ import ctypes
 import json
 import os
 import tempfile
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -47,11 +57,16 @@ import torch
 from unsee.impl.engines.decoding import get_scores, pick
 from unsee.impl.engines.files import default_cache_dir
 
-#: the probe: prompt lengths (the comparison runs after each), tokens decoded after them
-PROBE_PROMPTS = (24, 160)
+#: the probe: prompt lengths (the comparison runs after each), tokens decoded after them.
+#: The second passes 256 tokens: its decode steps attend over 512 cells or more
+PROBE_PROMPTS = (24, 300)
 PROBE_DECODE = 96
+#: the forward sizes checked after the second prompt (those under the first's limit,
+#: and the limit itself): each size costs a forward of that size, and what the
+#: second prompt adds is the attention's length, not another batch size
+LONG_PROMPT_SIZES = (2, 4, 8, 16, 32, 64)
 #: bump when the measurement changes (old cache entries are then ignored)
-FACTS_VERSION = "v4"
+FACTS_VERSION = "v5"
 
 
 @dataclass(frozen=True)
@@ -73,7 +88,8 @@ class DecodeFacts:
     def describe(self, lm) -> str:
         """Where the bound came from, in words (the forget report's draft reason)."""
         where = (f"llama.cpp {os.path.basename(lm.source)}, {lm.threads} thread(s), flash attention "
-                 f"{'on' if lm.flash_attn else 'off'}")
+                 f"{'on' if lm.flash_attn else 'off'}, "
+                 f"{'per-row kernels' if lm.exact_kernels else 'repacked weights'}")
         if not lm.flash_attn:
             return (f"not measured ({where}): without flash attention the forward size from which llama.cpp's "
                     "logits stop equalling decoding varied with the context (33 to over 96 tokens on the tiny "
@@ -135,21 +151,24 @@ def measure_decode_facts(lm, lc) -> DecodeFacts:
     try:
         limit, worst, positions = PROBE_DECODE, 0.0, 0
         rng = np.random.default_rng(0)
-        for size in PROBE_PROMPTS:
+        for i, size in enumerate(PROBE_PROMPTS):
             prompt = [int(t) for t in rng.integers(0, lm.vocab_size, size)]
-            limit, diff, compared = get_equal_forward(lc, ctx, batch, lm.vocab_size, prompt, limit)
+            sizes = range(2, limit + 1) if i == 0 else sorted({s for s in LONG_PROMPT_SIZES if s < limit} | {limit})
+            limit, diff, compared = get_equal_forward(lc, ctx, batch, lm.vocab_size, prompt, sizes)
             worst, positions = max(worst, diff), positions + compared
+            if limit < 2:
+                break  # not even two tokens: drafts off, nothing left to check
         return DecodeFacts(limit if limit >= 2 else 0, worst, positions)
     finally:
         lc.llama_batch_free(batch)
         lc.llama_free(ctx)
 
 
-def get_equal_forward(lc, ctx, batch, vocab: int, prompt: list[int], limit: int) -> tuple[int, float, int]:
-    """After ``prompt``: the longest forward size up to ``limit`` equal to
-    decoding (logits, then the KV of a forward of that size followed by
-    decode steps); the logit difference at the first size that differed; the
-    positions compared."""
+def get_equal_forward(lc, ctx, batch, vocab: int, prompt: list[int], sizes: Sequence[int]) -> tuple[int, float, int]:
+    """After ``prompt``: the largest of ``sizes`` (ascending, at least 2)
+    checked equal to decoding before the first that differs (logits,
+    then the KV of a forward of that size followed by decode steps); the logit
+    difference at the first size that differed; the positions compared."""
     mem = lc.llama_get_memory(ctx)
     lc.llama_memory_clear(mem, True)
     logits = forward(lc, ctx, batch, prompt, 0, False, vocab)
@@ -159,14 +178,15 @@ def get_equal_forward(lc, ctx, batch, vocab: int, prompt: list[int], limit: int)
         logits = forward(lc, ctx, batch, [decoded[-1]], len(prompt) + i, False, vocab)
         steps.append(logits)
     reference, state = np.stack(steps), read_state(lc, ctx)
-    diff, compared = 0.0, 0
-    for size in range(2, limit + 1):
+    diff, compared, limit = 0.0, 0, 0
+    for size in sizes:
         lc.llama_memory_seq_rm(mem, 0, len(prompt), -1)
         got = forward(lc, ctx, batch, decoded[:size], len(prompt), True, vocab)
         compared += size
         if not np.array_equal(got, reference[:size]):
-            diff, limit = float(np.abs(got - reference[:size]).max()), size - 1
+            diff = float(np.abs(got - reference[:size]).max())
             break
+        limit = size
     lc.llama_memory_seq_rm(mem, 0, len(prompt), -1)
     if limit >= 2:  # the KV such a forward writes, continued by decode steps, is the decode's
         forward(lc, ctx, batch, decoded[:limit], len(prompt), True, vocab)
@@ -178,10 +198,12 @@ def get_equal_forward(lc, ctx, batch, vocab: int, prompt: list[int], limit: int)
 
 
 def get_cache_key(lm) -> str:
-    """What the facts depend on: the file (path, size, mtime), threads, flash attention, the library."""
+    """What the facts depend on: the file (path, size, mtime), the kernels
+    (repacking, ggml's tiled matmul), threads, flash attention, the library."""
     stat = Path(lm.source).stat()
     return (f"{FACTS_VERSION}|{Path(lm.source).resolve()}|{stat.st_size}|{stat.st_mtime_ns}|threads={lm.threads}"
-            f"|fa={int(lm.flash_attn)}|llama_cpp={lm.info.get('llama_cpp_python', '?')}")
+            f"|fa={int(lm.flash_attn)}|exact_kernels={int(lm.exact_kernels)}"
+            f"|tiled_mm={lm.info.get('GGML_CPU_TILED_MM', '')}|llama_cpp={lm.info.get('llama_cpp_python', '?')}")
 
 
 def get_decode_facts(lm, lc, cache_dir: str | os.PathLike | None = None) -> DecodeFacts:

@@ -42,12 +42,21 @@ def available() -> bool:
 
 _BACKEND: dict = {}
 
+#: ggml's CPU switch for its tiled K-quant matmul (batches of 8 rows or more):
+#: its sums are its own, so a forward of 8+ tokens stops equalling decode steps
+#: (measured on Qwen2.5-Coder-1.5B Q4_K_M: logits 0.54 apart). Off by default
+#: here (:func:`_init_backend`); the decode facts record the value they ran under.
+TILED_MM_ENV = "GGML_CPU_TILED_MM"
+
 
 def _init_backend(lc) -> None:
-    """Once per process: initialise ggml and silence llama.cpp's logging
-    (it writes every load's details to stderr)."""
+    """Once per process: turn ggml's tiled K-quant matmul off unless the user
+    set it (before anything computes: ggml reads it process-wide), initialise
+    ggml and silence llama.cpp's logging (it writes every load's details to
+    stderr)."""
     if _BACKEND:
         return
+    os.environ.setdefault(TILED_MM_ENV, "0")
     lc.llama_backend_init()
 
     @lc.llama_log_callback
@@ -86,6 +95,9 @@ class LlamaCppModel:
     draft_bound: float | None = None
     draft_bound_source: str = "not measured"
     max_forward: int = 0
+    #: weights kept in the file's own layout (no CPU repacking), so that every
+    #: forward size takes the same per-row kernels (:func:`load_llamacpp`)
+    exact_kernels: bool = True
     #: the sliding window of the model's windowed layers, in tokens (0: none; two KV caches otherwise)
     n_swa: int = 0
     _tokenizer: object = None  # a ByteTokenizer (tiny GGUF), or None: llama.cpp's own vocabulary
@@ -175,8 +187,9 @@ class LlamaCppModel:
             pass
 
 
-def _determinism_text(threads: int, flash_attn: bool) -> str:
-    return (f"llama.cpp cpu, {threads} thread(s), flash attention {'on' if flash_attn else 'off'}, f16 KV: "
+def _determinism_text(threads: int, flash_attn: bool, exact_kernels: bool) -> str:
+    kernels = "per-row kernels (no repacking)" if exact_kernels else "repacked weights"
+    return (f"llama.cpp cpu, {threads} thread(s), flash attention {'on' if flash_attn else 'off'}, {kernels}, f16 KV: "
             "the same chunking repeats bitwise; crop + continue equals a fresh prefill; other chunkings, "
             "decode steps and thread counts may differ in the last bits (docs/engines.md)")
 
@@ -207,13 +220,26 @@ def resolve_gguf(key: str, cache_dir: str | os.PathLike | None = None) -> tuple[
 
 
 def load_llamacpp(name_or_path: str | os.PathLike = "smollm2", threads: int | None = None, n_ctx: int | None = None,
-                  flash_attn: bool = True, cache_dir: str | os.PathLike | None = None) -> LlamaCppModel:
+                  flash_attn: bool = True, cache_dir: str | os.PathLike | None = None,
+                  exact_kernels: bool = True) -> LlamaCppModel:
     """Load a GGUF into llama.cpp: ``'smollm2'`` (the embedded SmolLM2 file),
     ``'tiny'`` or ``'tiny-<family>'`` (a tiny random GGUF, byte tokenizer), or
     a ``*.gguf`` path (:func:`resolve_gguf`).
 
     ``threads`` defaults to $UNSEE_LLAMA_THREADS or 1 (the KV may depend on
-    it: docs/engines.md); ``n_ctx`` (the longest lineage) to 4096."""
+    it: docs/engines.md); ``n_ctx`` (the longest lineage) to 4096.
+
+    ``exact_kernels`` (default) keeps the weights in the file's layout: llama.cpp
+    otherwise repacks some types (Q4_K, Q4_0, ...) for its CPU, and a repacked
+    matmul sums batches of 4 rows its own way, so a forward of 4 or more tokens
+    stops equalling decode steps (Qwen2.5-Coder-1.5B Q4_K_M: from 4 tokens on).
+    With the file's layout and ggml's tiled matmul off (:data:`TILED_MM_ENV`),
+    each row of a forward is computed as a decode step computes it, up to flash
+    attention's tile of 64 queries: drafts are then verified in one forward of
+    up to 63 tokens, the turn's own chunk (docs/drafts.md). It costs prefill
+    speed (measured on that file: about 1.6x the CPU time per prefilled token,
+    1.15x per decode step); False gives the repacked speed and, on such a file,
+    drafts verified 3 tokens at a time."""
     lc = llama_module()
     _init_backend(lc)
     path, name, tokenizer = resolve_gguf(os.fspath(name_or_path), cache_dir)
@@ -223,6 +249,7 @@ def load_llamacpp(name_or_path: str | os.PathLike = "smollm2", threads: int | No
     n_ctx = int(n_ctx or 4096)
     mparams = lc.llama_model_default_params()
     mparams.n_gpu_layers = 0
+    mparams.use_extra_bufts = not exact_kernels
     model = lc.llama_model_load_from_file(str(path).encode(), mparams)
     if not model:
         raise ValueError(f"llama.cpp could not load {path}")
@@ -244,8 +271,10 @@ def load_llamacpp(name_or_path: str | os.PathLike = "smollm2", threads: int | No
         eos = tuple(sorted(i for i in ids if 0 <= i < n_vocab))
     lm = LlamaCppModel(name=name, source=str(path), eos_ids=eos, vocab_size=n_vocab,
                        n_layer=lc.llama_model_n_layer(model), n_ctx=n_ctx, threads=threads, flash_attn=flash_attn,
-                       determinism=_determinism_text(threads, flash_attn),
-                       info={"llama_cpp_python": getattr(lc, "__version__", "?")})
+                       determinism=_determinism_text(threads, flash_attn, exact_kernels),
+                       info={"llama_cpp_python": getattr(lc, "__version__", "?"),
+                             TILED_MM_ENV: os.environ.get(TILED_MM_ENV, "")},
+                       exact_kernels=exact_kernels)
     lm._tokenizer, lm._model, lm._vocab = tokenizer, model, vocab
     lm.n_swa = max(0, int(lc.llama_model_n_swa(model)))
     if tokenizer is None:
