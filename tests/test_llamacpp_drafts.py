@@ -8,6 +8,9 @@ transformers engine's)."""
 
 from __future__ import annotations
 
+import os
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 
@@ -43,6 +46,19 @@ def test_q4_1_file_measures_decode_equal_to_prefill_below_a_batch_size(engine):
     assert engine.draft_bound == 0.0 and engine.lm.max_forward >= 2
     assert f"decode == prefill bitwise for forwards of up to {engine.lm.max_forward} tokens" in \
         engine.lm.draft_bound_source
+
+
+def test_exact_kernels_by_default_and_the_facts_key_names_the_kernels(engine):
+    # repacked weights and ggml's tiled matmul sum rows their own way above a batch
+    # size (model.py load_llamacpp): the facts measured under one setting say nothing of the other
+    lm = engine.lm
+    assert lm.exact_kernels and "per-row kernels" in lm.draft_bound_source
+    assert lm.info["GGML_CPU_TILED_MM"] == os.environ["GGML_CPU_TILED_MM"]
+    fields = {k: getattr(lm, k) for k in ("source", "threads", "flash_attn", "info")}
+    keys = {facts.get_cache_key(SimpleNamespace(**fields, exact_kernels=exact)) for exact in (True, False)}
+    tiled = {**lm.info, "GGML_CPU_TILED_MM": "1"}
+    keys.add(facts.get_cache_key(SimpleNamespace(**{**fields, "info": tiled}, exact_kernels=True)))
+    assert len(keys) == 3 and facts.get_cache_key(lm) in keys
 
 
 def test_a_draft_longer_than_max_forward_is_verified_in_its_first_part(engine):
