@@ -153,7 +153,9 @@ def test_decode_after_a_served_chunk(engine):
         b = fresh(engine, x[:25], x[25:30])
         assert engine.generate(b, 6, stop_ids=()) == g  # decoded, never served
     spent = engine.counters - before
-    assert spent == Counters(forward_calls=5, prefilled_tokens=0, decoded_tokens=6, reused_tokens=36)
+    # the decoded turn is committed as B5 commits it (engine._commit_decoded: its last token
+    # fed alone, its other rows are the decode's), not served: B5' does B5's work less what it serves
+    assert spent == Counters(forward_calls=6, prefilled_tokens=1, decoded_tokens=6, reused_tokens=30)
     assert engine.digest(b) == ref
     engine.drop(src)
     engine.drop(b)
@@ -193,3 +195,19 @@ def test_the_forward_cap_is_needed(engine_factory):
     finally:
         engine.lm.max_forward = cap
     assert differs[cap] == 0 and differs[0] > 0, differs
+
+
+def test_a_decoded_turn_commits_without_a_reprefill_up_to_max_forward(engine):
+    # every row of a decoded turn came from a forward of at most max_forward tokens, so it
+    # is the row the turn's one-chunk prefill writes (facts.py): only the last token is fed
+    x = ids(engine, 30)
+    for n, prefilled in ((12, 1), (engine.lm.max_forward + 5, engine.lm.max_forward + 5)):
+        h = fresh(engine, x)
+        before = engine.counters.snapshot()
+        out = engine.generate(h, n, stop_ids=())
+        assert (engine.counters - before).prefilled_tokens == prefilled
+        ref = fresh(engine, x, out)
+        assert engine.digest(h) == engine.digest(ref)
+        assert engine.logits(h).equal(engine.logits(ref))
+        engine.drop(ref)
+        engine.drop(h)

@@ -180,12 +180,35 @@ class LlamaCppEngine(ComputedKVBook):
             lin.record_chunk(start)
             lin.served_last = False
             self.budget.enforce()
-        elif out:
+        elif out and not self._commit_decoded(handle, lin, start, out):
             self._truncate(lin, start)
             # through the verb, as any prefill: a wrapper of the verbs (bench/timing.py) then
             # sees the canonical chunk as a prefill inside generate
             self.prefill(self._need_current(), out)
         return out
+
+    def _commit_decoded(self, handle: str, lin: LlamaLineage, start: int, out: list[int]) -> bool:
+        """Commit a decoded turn without re-prefilling it, where that is the
+        same KV: a turn of at most ``max_forward`` tokens, whose rows before
+        its last token the turn's own forwards wrote (each of at most
+        ``max_forward`` tokens, so each row equal to a decode step's, and to
+        the row a one-chunk prefill of the turn writes: facts.py). Feeds the
+        last token alone for the logits after it. False (nothing changed)
+        where it does not apply. Inside a prefix cache too, so that B5' does the
+        work B5 does, less what it serves."""
+        cap = self.lm.max_forward
+        if not cap or len(out) > cap:
+            return False
+        if lin.tokens[start:start + len(out) - 1] != out[:-1]:
+            return False
+        self._truncate(lin, start + len(out) - 1, handle)
+        lin.last_logits = self._feed(lin, out[-1:], False)
+        lin.record_chunk(start)
+        lin.served_last = False
+        self.counters.forward_calls += 1
+        self.counters.prefilled_tokens += 1
+        self.budget.enforce()
+        return True
 
     def logits(self, lineage: str) -> torch.Tensor | None:
         """The logits after the lineage's last prefill (float32, a copy), or
