@@ -9,7 +9,9 @@ calls and every model forward inside them, and sorts the time into
   ``pin``): a forget's restore of its checkpoint, and a reset's new session;
 * ``prefill``: forwards of ``prefill`` called by the runtime (observations,
   turn headers, turns committed as one chunk);
-* ``decode``: one-token forwards inside ``generate`` (decode steps, probes);
+* ``decode``: one-token forwards inside ``generate`` (decode steps, probes,
+  and on llama.cpp the last token of a decoded turn committed without a
+  re-prefill: ``LlamaCppEngine._commit_decoded``);
 * ``verification``: forwards of more than one token inside ``generate``
   (a draft's verification, a decided token fed with its context guesses);
 * ``canonical``: the prefill ``generate`` makes of a decoded turn to commit it
