@@ -148,7 +148,7 @@ def time_engine(engine) -> Iterator[Breakdown]:
 CATEGORY_NOTES = {
     "restore": "lineage set-up: the forget's restore of its checkpoint (share_prefix), a reset's new lineage",
     "prefill": "forwards of prefill: observations, turn headers, turns committed whole",
-    "decode": "one-token forwards inside generate: decode steps and probes",
+    "decode": "one-token forwards inside generate: decode steps, probes (llama.cpp: a decoded turn's last token, its commit)",
     "verification": "multi-token forwards inside generate: draft verification, tokens fed with context guesses",
     "canonical": "a decoded turn's re-prefill as its canonical chunk",
     "engine_other": "engine verbs outside forwards: sampling, the margin guard, cache bookkeeping",
