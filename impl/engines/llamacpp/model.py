@@ -229,17 +229,13 @@ def load_llamacpp(name_or_path: str | os.PathLike = "smollm2", threads: int | No
     ``threads`` defaults to $UNSEE_LLAMA_THREADS or 1 (the KV may depend on
     it: docs/engines.md); ``n_ctx`` (the longest lineage) to 4096.
 
-    ``exact_kernels`` (default) keeps the weights in the file's layout: llama.cpp
-    otherwise repacks some types (Q4_K, Q4_0, ...) for its CPU, and a repacked
-    matmul sums batches of 4 rows its own way, so a forward of 4 or more tokens
-    stops equalling decode steps (Qwen2.5-Coder-1.5B Q4_K_M: from 4 tokens on).
-    With the file's layout and ggml's tiled matmul off (:data:`TILED_MM_ENV`),
-    each row of a forward is computed as a decode step computes it, up to flash
-    attention's tile of 64 queries: drafts are then verified in one forward of
-    up to 63 tokens, the turn's own chunk (docs/drafts.md). It costs prefill
-    speed (measured on that file: about 1.6x the CPU time per prefilled token,
-    1.15x per decode step); False gives the repacked speed and, on such a file,
-    drafts verified 3 tokens at a time."""
+    ``exact_kernels`` (default) keeps the weights in the file's layout (llama.cpp
+    otherwise repacks Q4_K, Q4_0, ... for its CPU and sums 4 rows at a time its
+    own way); with ggml's tiled matmul off too (:data:`TILED_MM_ENV`), a forward
+    of up to 63 tokens equals decode steps (flash attention's tile is 64), so a
+    draft is verified in one forward (docs/engines.md, "Exact kernels"). It costs
+    prefill speed (Qwen2.5-Coder-1.5B Q4_K_M: about 1.6x the CPU time per
+    prefilled token); False gives the repacked speed, drafts 3 tokens at a time."""
     lc = llama_module()
     _init_backend(lc)
     path, name, tokenizer = resolve_gguf(os.fspath(name_or_path), cache_dir)
