@@ -211,3 +211,19 @@ def test_a_decoded_turn_commits_without_a_reprefill_up_to_max_forward(engine):
         assert engine.logits(h).equal(engine.logits(ref))
         engine.drop(ref)
         engine.drop(h)
+
+
+@pytest.mark.parametrize("limit", [0, 1, 3, 7, 40, 63, 96])
+def test_the_facts_find_the_limit_from_sampled_sizes(limit):
+    # facts.PROBE_SIZES samples the sizes past 16; a bisection between the last equal size and the
+    # first that differs finds the limit, at fewer tokens of forwards than trying every size
+    tried = []
+
+    def get_diff(size):
+        tried.append(size)
+        return None if size <= limit else float(size)
+
+    got, diff = facts.compute_equal_limit(facts.PROBE_SIZES, get_diff)
+    assert got == (limit if limit >= 2 else 0)
+    assert diff == (0.0 if limit >= facts.PROBE_DECODE else float(max(limit, 1) + 1))
+    assert sum(tried) < sum(range(2, min(limit + 1, facts.PROBE_DECODE) + 1)) or limit < 17

@@ -24,11 +24,18 @@ file 63 too. So the engine measures it per file, kernel setting, thread
 count, flash-attention setting and llama-cpp-python version
 (:func:`get_decode_facts`): greedy-decode :data:`PROBE_DECODE` tokens one
 step at a time after a fixed pseudo-random prompt, then feed the first L of
-them again as one forward, L = 2, 3, ..., comparing every logit, until one
-differs. After a second, longer prompt (past 256 tokens, so that a decode
-step attends over 512 cells or more, where flash attention splits the keys
-for decoding) the sizes up to that limit are checked again at powers of two
-and the limit itself (:data:`LONG_PROMPT_SIZES`). The longest equal size is
+them again as one forward (the KV cut back to the prompt's end each time,
+never re-prefilled), comparing every logit, for the sizes of
+:data:`PROBE_SIZES`: every size up to 16 (where the repacked and tiled
+kernels take over: 4 and 8), then each multiple of 8 and the size below it,
+until one differs; between the last equal size and that one, a bisection
+(the kernels change with the batch size at thresholds). Each size costs a
+forward of that size: checking every size up to 64 took about 2,100 tokens
+of forwards, these sizes about 660. After a second, longer prompt (past 256
+tokens, so that a decode step attends over 512 cells or more, where flash
+attention splits the keys for decoding) the sizes up to that limit are
+checked again at powers of two and the limit itself
+(:data:`LONG_PROMPT_SIZES`). The longest equal size is
 the engine's ``max_forward``, and the KV such a forward writes is checked
 too. With a ``max_forward`` of 2 or more the bound is 0.0 and every
 verification forward (a draft, a context guess) is at most ``max_forward``
@@ -61,12 +68,15 @@ from unsee.impl.engines.files import default_cache_dir
 #: The second passes 256 tokens: its decode steps attend over 512 cells or more
 PROBE_PROMPTS = (24, 300)
 PROBE_DECODE = 96
+#: the forward sizes checked after the first prompt, ascending: every size up to 16,
+#: then each multiple of 8 and the size below it (a bisection finds the limit between)
+PROBE_SIZES = tuple(range(2, 17)) + tuple(s for k in range(3, PROBE_DECODE // 8 + 1) for s in (8 * k - 1, 8 * k))
 #: the forward sizes checked after the second prompt (those under the first's limit,
 #: and the limit itself): each size costs a forward of that size, and what the
 #: second prompt adds is the attention's length, not another batch size
 LONG_PROMPT_SIZES = (2, 4, 8, 16, 32, 64)
 #: bump when the measurement changes (old cache entries are then ignored)
-FACTS_VERSION = "v5"
+FACTS_VERSION = "v6"
 
 
 @dataclass(frozen=True)
@@ -153,7 +163,7 @@ def measure_decode_facts(lm, lc) -> DecodeFacts:
         rng = np.random.default_rng(0)
         for i, size in enumerate(PROBE_PROMPTS):
             prompt = [int(t) for t in rng.integers(0, lm.vocab_size, size)]
-            sizes = range(2, limit + 1) if i == 0 else sorted({s for s in LONG_PROMPT_SIZES if s < limit} | {limit})
+            sizes = (PROBE_SIZES if i == 0 else sorted({s for s in LONG_PROMPT_SIZES if s < limit} | {limit}))
             limit, diff, compared = get_equal_forward(lc, ctx, batch, lm.vocab_size, prompt, sizes)
             worst, positions = max(worst, diff), positions + compared
             if limit < 2:
@@ -165,10 +175,11 @@ def measure_decode_facts(lm, lc) -> DecodeFacts:
 
 
 def get_equal_forward(lc, ctx, batch, vocab: int, prompt: list[int], sizes: Sequence[int]) -> tuple[int, float, int]:
-    """After ``prompt``: the largest of ``sizes`` (ascending, at least 2)
-    checked equal to decoding before the first that differs (logits,
-    then the KV of a forward of that size followed by decode steps); the logit
-    difference at the first size that differed; the positions compared."""
+    """After ``prompt``: the largest forward size equal to decoding (logits,
+    then the KV of a forward of that size followed by decode steps): the
+    largest of ``sizes`` (ascending, at least 2, at most :data:`PROBE_DECODE`)
+    before the first that differs, raised by a bisection between the two; the
+    logit difference at the smallest size found to differ; the positions compared."""
     mem = lc.llama_get_memory(ctx)
     lc.llama_memory_clear(mem, True)
     logits = forward(lc, ctx, batch, prompt, 0, False, vocab)
@@ -178,15 +189,18 @@ def get_equal_forward(lc, ctx, batch, vocab: int, prompt: list[int], sizes: Sequ
         logits = forward(lc, ctx, batch, [decoded[-1]], len(prompt) + i, False, vocab)
         steps.append(logits)
     reference, state = np.stack(steps), read_state(lc, ctx)
-    diff, compared, limit = 0.0, 0, 0
-    for size in sizes:
+    compared = 0
+
+    def get_diff(size: int) -> float | None:
+        """None where a forward of ``size`` gives decoding's logits, else their max difference.
+        The KV is cut back to the prompt's end first: the prompt is never prefilled again."""
+        nonlocal compared
         lc.llama_memory_seq_rm(mem, 0, len(prompt), -1)
         got = forward(lc, ctx, batch, decoded[:size], len(prompt), True, vocab)
         compared += size
-        if not np.array_equal(got, reference[:size]):
-            diff = float(np.abs(got - reference[:size]).max())
-            break
-        limit = size
+        return None if np.array_equal(got, reference[:size]) else float(np.abs(got - reference[:size]).max())
+
+    limit, diff = compute_equal_limit(sizes, get_diff)
     lc.llama_memory_seq_rm(mem, 0, len(prompt), -1)
     if limit >= 2:  # the KV such a forward writes, continued by decode steps, is the decode's
         forward(lc, ctx, batch, decoded[:limit], len(prompt), True, vocab)
@@ -195,6 +209,30 @@ def get_equal_forward(lc, ctx, batch, vocab: int, prompt: list[int], sizes: Sequ
         if read_state(lc, ctx) != state:
             limit = 0
     return limit, diff, compared
+
+
+def compute_equal_limit(sizes: Sequence[int], get_diff) -> tuple[int, float]:
+    """The largest size found equal (``get_diff(size)`` None) and the
+    difference at the smallest found to differ (0.0: none did): ``sizes`` in
+    order up to the first that differs, then a bisection between the last
+    equal one and it (0 when the first size differs)."""
+    limit, bad, diff = 0, None, 0.0
+    for size in sizes:
+        got = get_diff(size)
+        if got is not None:
+            bad, diff = size, got
+            break
+        limit = size
+    if bad is None or not limit:
+        return limit, diff
+    while bad - limit > 1:
+        mid = (limit + bad) // 2
+        got = get_diff(mid)
+        if got is None:
+            limit = mid
+        else:
+            bad, diff = mid, got
+    return limit, diff
 
 
 def get_cache_key(lm) -> str:
@@ -239,4 +277,4 @@ def write_cache(path: Path, data: dict) -> None:
     os.replace(tmp, path)
 
 
-__all__ = ["DecodeFacts", "forward", "get_decode_facts", "measure_decode_facts", "read_state"]
+__all__ = ["DecodeFacts", "compute_equal_limit", "forward", "get_decode_facts", "measure_decode_facts", "read_state"]

@@ -47,16 +47,32 @@ _BACKEND: dict = {}
 #: (measured on Qwen2.5-Coder-1.5B Q4_K_M: logits 0.54 apart). Off by default
 #: here (:func:`_init_backend`); the decode facts record the value they ran under.
 TILED_MM_ENV = "GGML_CPU_TILED_MM"
+#: the loader's default kernels, where ``exact_kernels`` is not given: ``exact`` (unset) or ``repacked``
+KERNELS_ENV = "UNSEE_LLAMA_KERNELS"
+KERNELS = {"exact": True, "repacked": False}
 
 
-def _init_backend(lc) -> None:
-    """Once per process: turn ggml's tiled K-quant matmul off unless the user
-    set it (before anything computes: ggml reads it process-wide), initialise
-    ggml and silence llama.cpp's logging (it writes every load's details to
-    stderr)."""
+def get_exact_kernels(exact_kernels: bool | None = None) -> bool:
+    """``exact_kernels`` if given, else what $UNSEE_LLAMA_KERNELS names
+    (``exact``, the default, or ``repacked``); a ValueError naming any other value."""
+    if exact_kernels is not None:
+        return bool(exact_kernels)
+    value = os.environ.get(KERNELS_ENV, "").strip().lower() or "exact"
+    if value not in KERNELS:
+        raise ValueError(f"${KERNELS_ENV}={value!r}: expected one of {', '.join(KERNELS)}")
+    return KERNELS[value]
+
+
+def _init_backend(lc, exact_kernels: bool = True) -> None:
+    """Once per process: turn ggml's tiled K-quant matmul off for exact kernels
+    unless the user set it (before anything computes: ggml reads it
+    process-wide, so the first load decides; the decode facts record the value
+    they ran under), initialise ggml and silence llama.cpp's logging (it writes
+    every load's details to stderr)."""
     if _BACKEND:
         return
-    os.environ.setdefault(TILED_MM_ENV, "0")
+    if exact_kernels:
+        os.environ.setdefault(TILED_MM_ENV, "0")
     lc.llama_backend_init()
 
     @lc.llama_log_callback
@@ -221,7 +237,7 @@ def resolve_gguf(key: str, cache_dir: str | os.PathLike | None = None) -> tuple[
 
 def load_llamacpp(name_or_path: str | os.PathLike = "smollm2", threads: int | None = None, n_ctx: int | None = None,
                   flash_attn: bool = True, cache_dir: str | os.PathLike | None = None,
-                  exact_kernels: bool = True) -> LlamaCppModel:
+                  exact_kernels: bool | None = None) -> LlamaCppModel:
     """Load a GGUF into llama.cpp: ``'smollm2'`` (the embedded SmolLM2 file),
     ``'tiny'`` or ``'tiny-<family>'`` (a tiny random GGUF, byte tokenizer), or
     a ``*.gguf`` path (:func:`resolve_gguf`).
@@ -229,15 +245,16 @@ def load_llamacpp(name_or_path: str | os.PathLike = "smollm2", threads: int | No
     ``threads`` defaults to $UNSEE_LLAMA_THREADS or 1 (the KV may depend on
     it: docs/engines.md); ``n_ctx`` (the longest lineage) to 4096.
 
-    ``exact_kernels`` (default) keeps the weights in the file's layout (llama.cpp
+    ``exact_kernels`` (default: $UNSEE_LLAMA_KERNELS, else exact) keeps the weights in the file's layout (llama.cpp
     otherwise repacks Q4_K, Q4_0, ... for its CPU and sums 4 rows at a time its
     own way); with ggml's tiled matmul off too (:data:`TILED_MM_ENV`), a forward
     of up to 63 tokens equals decode steps (flash attention's tile is 64), so a
     draft is verified in one forward (docs/engines.md, "Exact kernels"). It costs
     prefill speed (Qwen2.5-Coder-1.5B Q4_K_M: about 1.6x the CPU time per
     prefilled token); False gives the repacked speed, drafts 3 tokens at a time."""
+    exact_kernels = get_exact_kernels(exact_kernels)
     lc = llama_module()
-    _init_backend(lc)
+    _init_backend(lc, exact_kernels)
     path, name, tokenizer = resolve_gguf(os.fspath(name_or_path), cache_dir)
     threads = int(threads or os.environ.get("UNSEE_LLAMA_THREADS") or 1)
     if threads < 1:
