@@ -201,7 +201,7 @@ def test_stored_session_forgets_and_verifies_through_the_cli(stored, tmp_path, c
 
     body = json.loads(receipt.read_text())
     assert body["environment"]["engine"].endswith("LlamaCppEngine") and body["environment"]["threads"] >= 1
-    assert {"flash_attn", "n_ctx", "llama_cpp_python"} <= set(body["environment"])
+    assert {"flash_attn", "n_ctx", "exact_kernels", "llama_cpp_python"} <= set(body["environment"])
     assert "torch" not in body["environment"]  # torch computes nothing there
     code, out, err = run_cli(capsys, "verify", str(stored), "--receipt", str(receipt), "--value", SECRET)
     assert code == 0, out + err
@@ -223,7 +223,7 @@ def test_a_conflicting_engine_is_refused_and_changes_nothing(stored, capsys):
 
 @needs_llamacpp
 def test_store_records_the_options_the_bits_depend_on(engine, tmp_path):
-    """threads, flash attention and n_ctx are recorded, and the engine the
+    """threads, flash attention, n_ctx and the kernels are recorded, and the engine the
     store rebuilds has them, whatever this process's defaults."""
     from unsee.impl.agent.runtime import AgentRuntime
     from unsee.impl.store.backend import load_stored_engine
@@ -239,8 +239,8 @@ def test_store_records_the_options_the_bits_depend_on(engine, tmp_path):
         assert store.load(rebuilt).digest() == runtime.digest()
     assert meta["backend"] == "llamacpp" and meta["model_ref"] == "tiny"
     assert json.loads(meta["engine_options"]) == {"threads": engine.lm.threads, "n_ctx": 256,
-                                                  "flash_attn": engine.lm.flash_attn}
-    assert (rebuilt.lm.n_ctx, rebuilt.lm.flash_attn) == (256, engine.lm.flash_attn)
+                                                  "flash_attn": engine.lm.flash_attn, "exact_kernels": True}
+    assert (rebuilt.lm.n_ctx, rebuilt.lm.flash_attn, rebuilt.lm.exact_kernels) == (256, engine.lm.flash_attn, True)
 
 
 @needs_llamacpp

@@ -8,7 +8,9 @@ A store's ``meta`` records, besides ``model`` (the loaded model's name) and
 ``model_ref``       what the registry loads that model from: a name (``tiny``,
                     ``smollm2``) or the path given at creation
 ``engine_options``  JSON object: the loader options the state's bits depend on
-                    (llama.cpp: ``threads``, ``flash_attn``, ``n_ctx``;
+                    (llama.cpp: ``threads``, ``flash_attn``, ``n_ctx``,
+                    ``exact_kernels``: absent in stores written before it, which
+                    then load with the loader's default;
                     transformers: ``attn``, the attention implementation, besides
                     ``dtype``; the device is the caller's. A transformers store
                     without ``attn`` was made with ``unsee_eager``, the only one then;
@@ -44,7 +46,7 @@ LEGACY_BACKEND = DEFAULT_BACKEND
 #: and the near-ties the margin guard recomputes). The executor (``ray``, ``mp``) computes the
 #: same bits and is the caller's; salts are not recorded: a reopened session holds no cached
 #: block and draws fresh ones (impl/engines/vllm/engine.py).
-RECORDED_OPTIONS = {"transformers": ("attn",), "llamacpp": ("threads", "flash_attn", "n_ctx"),
+RECORDED_OPTIONS = {"transformers": ("attn",), "llamacpp": ("threads", "flash_attn", "n_ctx", "exact_kernels"),
                     "vllm": ("block_size", "max_model_len", "tensor_parallel_size", "pipeline_parallel_size")}
 #: The attention of a transformers store that records none (written before ``--attn`` existed).
 LEGACY_ATTN = "unsee_eager"
