@@ -205,10 +205,13 @@ def test_a_decoded_turn_commits_without_a_reprefill_up_to_max_forward(engine):
         h = fresh(engine, x)
         before = engine.counters.snapshot()
         out = engine.generate(h, n, stop_ids=())
-        assert (engine.counters - before).prefilled_tokens == prefilled
+        spent = engine.counters - before
         ref = fresh(engine, x, out)
+        # the bits first: without the max_forward cap (engine._commit_decoded) the longer turn's
+        # rows are the decode's, not the 68-token chunk's, and this fails (checked by removing it)
         assert engine.digest(h) == engine.digest(ref)
         assert engine.logits(h).equal(engine.logits(ref))
+        assert spent.prefilled_tokens == prefilled
         engine.drop(ref)
         engine.drop(h)
 
@@ -227,3 +230,16 @@ def test_the_facts_find_the_limit_from_sampled_sizes(limit):
     assert got == (limit if limit >= 2 else 0)
     assert diff == (0.0 if limit >= facts.PROBE_DECODE else float(max(limit, 1) + 1))
     assert sum(tried) < sum(range(2, min(limit + 1, facts.PROBE_DECODE) + 1)) or limit < 17
+
+
+def test_the_kernels_default_comes_from_the_environment(monkeypatch):
+    # UNSEE_LLAMA_KERNELS picks the loader's default; an argument wins; a bad value is named
+    from unsee.impl.engines.llamacpp.model import KERNELS_ENV, get_exact_kernels
+
+    monkeypatch.delenv(KERNELS_ENV, raising=False)
+    assert get_exact_kernels() is True
+    monkeypatch.setenv(KERNELS_ENV, "repacked")
+    assert get_exact_kernels() is False and get_exact_kernels(True) is True
+    monkeypatch.setenv(KERNELS_ENV, "fast")
+    with pytest.raises(ValueError, match="UNSEE_LLAMA_KERNELS='fast'"):
+        get_exact_kernels()
