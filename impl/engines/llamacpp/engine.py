@@ -92,7 +92,7 @@ class LlamaCppEngine(ComputedKVBook):
     #: what equal digests mean (protocol.Determinism.digest), and the support matrix's words (engines/support.py)
     DIGEST = "kv"
     SUPPORT: ClassVar[dict[str, str]] = {"drafts": "yes where decode == prefill is measured at load (bound 0, forwards capped)",
-               "kv_budget": "yes: parked lineages' rows, LRU", "store": "yes (records threads, flash attention, n_ctx)",
+               "kv_budget": "yes: parked lineages' rows, LRU", "store": "yes (records threads, flash attention, n_ctx, kernels)",
                "receipts": "yes"}
 
     def __init__(self, lm: LlamaCppModel, kv_budget: int | None = None):
