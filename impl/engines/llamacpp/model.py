@@ -250,8 +250,8 @@ def load_llamacpp(name_or_path: str | os.PathLike = "smollm2", threads: int | No
     own way); with ggml's tiled matmul off too (:data:`TILED_MM_ENV`), a forward
     of up to 63 tokens equals decode steps (flash attention's tile is 64), so a
     draft is verified in one forward (docs/engines.md, "Exact kernels"). It costs
-    prefill speed (Qwen2.5-Coder-1.5B Q4_K_M: about 1.6x the CPU time per
-    prefilled token); False gives the repacked speed, drafts 3 tokens at a time."""
+    prefill speed (Qwen2.5-Coder-1.5B Q4_K_M: about 1.3x the time per prefilled
+    token, docs/bench.md); False gives the repacked speed, drafts 3 tokens at a time."""
     exact_kernels = get_exact_kernels(exact_kernels)
     lc = llama_module()
     _init_backend(lc, exact_kernels)
