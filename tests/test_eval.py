@@ -221,6 +221,21 @@ def test_resume_after_an_interrupt(run, engine, tmp_path):
     assert len(read_rows(tmp_path / ROWS_FILE)) == len(rows)
 
 
+def test_resume_refuses_rows_of_other_engine_options(run, engine, tmp_path):
+    """Rows name the loader options their bits depend on (llama.cpp's kernels among
+    them); a resumed run whose engine has others stops before writing a row."""
+    _out, config, rows = run
+    assert all(r["engine_options"] == rows[0]["engine_options"] for r in rows) and rows[0]["engine_options"]
+    other = [dict(r, engine_options={"attn": "not-this-one"}) for r in rows[:-1]]
+    (tmp_path / ROWS_FILE).write_text("".join(json.dumps(r) + "\n" for r in other))
+    with pytest.raises(EvalError, match="engine options"):
+        run_evaluation([c() for c in CASES], config, tmp_path, progress=False, engine=engine)
+    assert len(read_rows(tmp_path / ROWS_FILE)) == len(rows) - 1  # nothing written
+    legacy = [{k: v for k, v in r.items() if k != "engine_options"} for r in rows[:-1]]
+    (tmp_path / ROWS_FILE).write_text("".join(json.dumps(r) + "\n" for r in legacy))
+    assert len(run_evaluation([c() for c in CASES], config, tmp_path, progress=False, engine=engine)) == len(rows)
+
+
 def test_rows_of_an_older_build_get_the_security_field(run, engine, tmp_path):
     """Rows written before ``security`` was recorded are filled in when the run
     is resumed, and the file is rewritten with them; nothing else changes."""

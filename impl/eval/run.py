@@ -410,6 +410,7 @@ def _run_methods(engine, base: AgentRuntime, case: EvalCase, config: EvalConfig,
         if key:
             asked_by_key.setdefault(key, (method, asked))
         row = _row(case, method, result, config, carries, base)
+        row["engine_options"] = get_engine_options(engine)
         row["asked_from"] = shared[0] if shared else None
         if method == REFERENCE:
             row |= evaluate_state(runtime, result, case, config, None, asked)
@@ -427,6 +428,28 @@ def _run_methods(engine, base: AgentRuntime, case: EvalCase, config: EvalConfig,
         del runtime
         engine.budget.enforce()
         yield row
+
+
+def get_engine_options(engine) -> dict:
+    """The loader options the engine's bits depend on, as a store records them
+    (impl/store/backend.py): llama.cpp's threads, flash attention, context size
+    and kernels (``UNSEE_LLAMA_KERNELS``); rows of other options are another experiment."""
+    from unsee.impl.store.backend import get_engine_meta
+
+    return json.loads(get_engine_meta(engine)["engine_options"])
+
+
+def check_engine_options(rows: Sequence[dict], row: dict, path: Path) -> None:
+    """An EvalError, before ``row`` is written, when the rows already in ``path``
+    were made with other engine options (rows written before rows recorded
+    them are not checked: they name none)."""
+    mine = row.get("engine_options")
+    for number, other in enumerate(rows, start=1):
+        had = other.get("engine_options")
+        if mine is not None and had is not None and had != mine:
+            raise EvalError(f"{path}: row {number} was run with engine options {had}, this run's engine has "
+                            f"{mine} (llama.cpp's kernels: UNSEE_LLAMA_KERNELS): use another --out folder "
+                            "or the same settings; the rows so far are kept")
 
 
 def _row(case: EvalCase, method: str, result, config: EvalConfig, carries: bool, base: AgentRuntime) -> dict:
@@ -470,6 +493,7 @@ def run_evaluation(cases: Sequence[EvalCase], config: EvalConfig, out: str | Pat
     try:
         with path.open("a", encoding="utf-8") as sink:
             def emit(row: dict) -> None:
+                check_engine_options(rows, row, path)
                 sink.write(json.dumps(row, default=str) + "\n")
                 sink.flush()
                 rows.append(row)
