@@ -24,7 +24,7 @@ def make_run(model="qwen2.5-1.5b", backend="llamacpp"):
         case = f"c{i}"
         rows.append(make_row(case, "reset", avoid=False, equal=True, recomputed=400, wall=40.0,
                              model=model, backend=backend))
-        rows.append(make_row(case, "forget-instruction", leak=i < 3, avoid=i < 2, recomputed=20, wall=1.0,
+        rows.append(make_row(case, "source-redaction", leak=i < 3, avoid=i < 2, recomputed=20, wall=1.0,
                              model=model, backend=backend))
         rows.append(make_row(case, "replay", avoid=False, equal=i != 0, recomputed=100, wall=10.0,
                              model=model, backend=backend))

@@ -1,7 +1,7 @@
 """The paper's cross-model paragraph as one table (issue 27, item 6): its two
 load-bearing findings, measured on every run given, one row per run.
 
-1. **B3 still leaks.** A forget instruction (B3, ``forget-instruction``)
+1. **B3 still leaks.** Redacting the source (B3, ``source-redaction``)
    leaves the target in the state: its any-leak rate against B5's (the
    counterfactual) on the same episodes, with an exact McNemar test, and,
    where a suite has a behaviour, how much more often than B5 it still
@@ -29,7 +29,7 @@ from unsee.impl.eval.report import REFERENCE, REPLAY, Rows, fmt, fmt_test, get_a
 from unsee.impl.eval.run import ROWS_FILE, EvalError, read_rows
 from unsee.impl.eval.stats import mcnemar_exact, mean
 
-INSTRUCTION = "forget-instruction"
+REDACTION = "source-redaction"
 PREFIX_CACHE = "reset-prefix-cache"
 #: the family of a model name that is not a catalogue entry (impl/engines/catalog.py names its own)
 BUILT_IN_FAMILIES = {"smollm2": "llama", "tiny": "llama"}
@@ -55,7 +55,7 @@ def get_run_identity(rows: Rows, where: str) -> tuple[str, str]:
 
 def compute_b3_leak(rows: Rows) -> str:
     """B3's any-leak rate against B5's over every paired episode, and the test."""
-    pairs = rows.paired(None, INSTRUCTION, REFERENCE)
+    pairs = rows.paired(None, REDACTION, REFERENCE)
     if not pairs:
         return "–"
     a = [get_any_leak(x) for x, _ in pairs]
@@ -66,7 +66,7 @@ def compute_b3_leak(rows: Rows) -> str:
 def compute_b3_residue(rows: Rows) -> str:
     """B3's avoid rate minus B5's on the episodes with a behaviour, and how
     many of those B3 left undecided (it named neither option)."""
-    pairs = [(x, y) for x, y in rows.paired(None, INSTRUCTION, REFERENCE) if x.get("behavior") and y.get("behavior")]
+    pairs = [(x, y) for x, y in rows.paired(None, REDACTION, REFERENCE) if x.get("behavior") and y.get("behavior")]
     if not pairs:
         return "–"
     residue = mean([float(x["behavior"]["avoid"]) for x, _ in pairs]) - mean([float(y["behavior"]["avoid"])
