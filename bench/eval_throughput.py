@@ -15,8 +15,8 @@ beside it and is only meaningful on an idle machine.
 
 Model loading (and llama.cpp's decode facts, measured at first load) is
 outside the timed span. The CPU time is also split into the base
-state's run, the methods, the audits' generations and the distributional
-audit's samples (the rest is metrics and bookkeeping).
+state's run, the methods (and by method), the audits' generations and the
+distributional audit's samples (the rest is metrics and bookkeeping).
 """
 
 from __future__ import annotations
@@ -71,10 +71,13 @@ def time_parts(engine, parts: dict) -> Iterator[None]:
             try:
                 return fn(*args, **kwargs)
             finally:
-                spent, into = engine.counters - before, parts.setdefault(part, dict.fromkeys(("cpu_s", *WORK), 0))
-                into["cpu_s"] += time.process_time() - cpu
-                for k in WORK:
-                    into[k] += getattr(spent, k)
+                spent, took = engine.counters - before, time.process_time() - cpu
+                names = [part] + ([f"{part}/{args[1]}"] if part == "methods" else [])  # run_method(base, method, case)
+                for name in names:
+                    into = parts.setdefault(name, dict.fromkeys(("cpu_s", *WORK), 0))
+                    into["cpu_s"] += took
+                    for k in WORK:
+                        into[k] += getattr(spent, k)
         return wrapper
 
     for part, name in PARTS.items():
@@ -153,6 +156,13 @@ def main(argv: list[str] | None = None) -> int:
         got = [r["parts"][part] for r in records if part in r["parts"]]
         cpu = sum(g["cpu_s"] for g in got)
         print(f"  {part:<13} {cpu:>7.1f} s ({100 * cpu / total['cpu_s']:.0f}%)  "
+              + "  ".join(f"{k} {sum(g[k] for g in got)}" for k in WORK))
+    print("the methods' CPU time, by method:")
+    methods = sorted({p.split("/", 1)[1] for r in records for p in r["parts"] if p.startswith("methods/")})
+    for method in methods:
+        got = [r["parts"][f"methods/{method}"] for r in records if f"methods/{method}" in r["parts"]]
+        cpu = sum(g["cpu_s"] for g in got)
+        print(f"  {method:<20} {cpu:>7.1f} s ({100 * cpu / total['cpu_s']:.0f}%)  "
               + "  ".join(f"{k} {sum(g[k] for g in got)}" for k in WORK))
     if args.json:
         with open(args.json, "w", encoding="utf-8") as sink:

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from unsee.impl.eval.workers import WorkerError, collect, describe_exit, join_all, raise_errors
+from unsee.impl.eval.workers import WorkerError, collect, describe_exit, join_all, raise_errors, stopping_on_signals
 
 
 def start_sleepers(n: int):
@@ -69,3 +69,94 @@ def test_a_worker_that_raised_is_reported_and_one_that_finished_is_not():
 
 def test_describe_exit():
     assert describe_exit(-9) == "killed by signal SIGKILL" and describe_exit(1) == "exit code 1"
+
+
+# --- a worker never outlives its parent --------------------------------------------------
+
+PARENT = """
+import multiprocessing, sys, time
+from unsee.impl.eval.workers import collect, run_watched, stop_all, stopping_on_signals
+
+if __name__ == "__main__":
+    context = multiprocessing.get_context("spawn")
+    queue = context.Queue()
+    target = run_watched if sys.argv[1] == "watched" else time.sleep
+    args = (time.sleep, 120) if sys.argv[1] == "watched" else (120,)
+    worker = context.Process(target=target, args=args, daemon=True)
+    with stopping_on_signals():
+        worker.start()
+        print(worker.pid, flush=True)
+        try:
+            collect(queue, [worker], lambda row: None, poll_s=0.1)
+        except BaseException:
+            if sys.argv[2] == "stop":
+                stop_all([worker])
+            raise
+"""
+
+
+def is_running(pid: int) -> bool:
+    """The process exists and is not a zombie (an orphan's zombie waits for a reaper here)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def wait_gone(pid: int, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if not is_running(pid):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def start_parent(tmp_path, kind: str, on_error: str):
+    import subprocess
+    import sys
+
+    script = tmp_path / "parent.py"
+    script.write_text(PARENT)
+    parent = subprocess.Popen([sys.executable, str(script), kind, on_error], stdout=subprocess.PIPE, text=True,
+                              stderr=subprocess.DEVNULL)
+    worker_pid = int(parent.stdout.readline())
+    return parent, worker_pid
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="reads process states from /proc")
+@pytest.mark.parametrize("kind, expect_gone", [("watched", True), ("unwatched", False)])
+def test_a_worker_ends_when_its_parent_is_killed(tmp_path, kind, expect_gone):
+    # SIGKILL: no handler, no finally in the parent; only the worker's own watch ends it
+    parent, worker = start_parent(tmp_path, kind, "keep")
+    try:
+        time.sleep(0.5)
+        parent.kill()
+        parent.wait()
+        assert wait_gone(worker, 10) is expect_gone
+    finally:
+        if is_running(worker):
+            os.kill(worker, signal.SIGKILL)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="reads process states from /proc")
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_stopped_parent_ends_its_workers(tmp_path, sig):
+    # an unwatched worker: only the parent's handler and stop_all can end it
+    parent, worker = start_parent(tmp_path, "unwatched", "stop")
+    try:
+        time.sleep(0.5)
+        parent.send_signal(sig)
+        assert parent.wait(timeout=30) != 0
+        assert wait_gone(worker, 10)
+    finally:
+        if is_running(worker):
+            os.kill(worker, signal.SIGKILL)
+
+
+def test_stopping_on_signals_restores_the_handlers():
+    before = signal.getsignal(signal.SIGTERM)
+    with stopping_on_signals():
+        assert signal.getsignal(signal.SIGTERM) is not before
+    assert signal.getsignal(signal.SIGTERM) is before

@@ -546,18 +546,21 @@ def _run_workers(cases: Sequence[EvalCase], config: EvalConfig, done: dict, emit
     worker that raises or is killed ends the run with an error naming it."""
     import multiprocessing
 
-    from unsee.impl.eval.workers import collect, join_all, raise_errors
+    from unsee.impl.eval.workers import collect, join_all, raise_errors, run_watched, stop_all, stopping_on_signals
 
     context = multiprocessing.get_context("spawn")
     queue = context.Queue()
     k = min(config.workers, len(cases))
-    workers = [context.Process(target=_worker, args=(i, list(cases[i::k]), config, done, queue), daemon=True)
-               for i in range(k)]
-    for w in workers:
-        w.start()
-    try:
-        errors = collect(queue, workers, emit)
-    finally:
+    workers = [context.Process(target=run_watched, args=(_worker, i, list(cases[i::k]), config, done, queue),
+                               daemon=True) for i in range(k)]
+    with stopping_on_signals():
+        for w in workers:
+            w.start()
+        try:
+            errors = collect(queue, workers, emit)
+        except BaseException:  # interrupted or stopped: the workers' cases are abandoned, not awaited
+            stop_all(workers)
+            raise
         join_all(workers)
     raise_errors(errors, ROWS_FILE)
 
