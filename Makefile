@@ -84,11 +84,17 @@ bench: $(VENV)/.installed paper
 # The paper's evaluation on a real model (docs/eval.md; issue 27): every suite at
 # EVAL_N episodes, resumable (run it again to go on where it stopped), then the
 # cross-model table over the real families' runs. Hours on 2 cores: nightly work.
+# It spans sittings on different machines through EVAL_ARCHIVE, committed: the
+# finished episodes' rows, packed (impl/eval/archive.py), restored before the run
+# and saved after it, also when it is interrupted.
 EVAL_N       ?= 30
 EVAL_WORKERS ?= 2
 EVAL_SUITES  ?= all
+EVAL_ARCHIVE ?= docs/eval-qwen/rows.jsonl.gz
 eval-qwen: $(VENV)/.test-installed $(VENV)/.llamacpp-installed
-	$(PY) -m unsee.impl.cli.main eval --suite $(EVAL_SUITES) --episodes $(EVAL_N) --model qwen2.5-1.5b --engine llamacpp --workers $(EVAL_WORKERS) --out out/eval-qwen
+	$(PY) -m unsee.impl.eval.archive restore $(EVAL_ARCHIVE) out/eval-qwen
+	$(PY) -m unsee.impl.cli.main eval --suite $(EVAL_SUITES) --episodes $(EVAL_N) --model qwen2.5-1.5b --engine llamacpp --workers $(EVAL_WORKERS) --out out/eval-qwen; \
+	  status=$$?; $(PY) -m unsee.impl.eval.archive save out/eval-qwen $(EVAL_ARCHIVE); exit $$status
 
 CROSS_N ?= 8
 crossmodel: $(VENV)/.test-installed $(VENV)/.llamacpp-installed

@@ -128,13 +128,18 @@ def embedding_distance(a: Sequence[Sequence[float] | None],
 
 def compute_distances(a: dict, b: dict) -> dict[str, float | None]:
     """The four distances between two sample sets (``{"tools", "texts",
-    "embeddings"}``, as :func:`sample_set` writes them)."""
+    "embeddings"}``, as :func:`sample_set` writes them). A set an archive
+    packed (impl/eval/archive.py) carries its embedding distance to B5's set
+    ``a``, the only ``b`` it is ever compared with, instead of its embeddings."""
     embeddings_a, embeddings_b = a.get("embeddings"), b.get("embeddings")
+    if embeddings_a is not None and embeddings_b is not None:
+        embedding = embedding_distance(embeddings_a, embeddings_b)
+    else:
+        embedding = a.get("embedding_to_reference")
     return {"tool_consistency": tool_disagreement(a["tools"], b["tools"]),
             "tool_tv": tool_tv(a["tools"], b["tools"]),
             "ngram": ngram_distance(a["texts"], b["texts"]),
-            "embedding": (embedding_distance(embeddings_a, embeddings_b)
-                          if embeddings_a is not None and embeddings_b is not None else None)}
+            "embedding": embedding}
 
 
 # --- sampling a state ----------------------------------------------------------------

@@ -135,6 +135,15 @@ def _short_name(method: str) -> str:
 # --- the report ---------------------------------------------------------------------------
 
 
+def get_builds(rows: Sequence[dict]) -> str:
+    """The builds the rows were made with and how many rows each (a run resumed across
+    sittings may span several; rows written before rows recorded it are ``unrecorded``)."""
+    counts: dict[str, int] = {}
+    for row in rows:
+        counts[row.get("build") or "unrecorded"] = counts.get(row.get("build") or "unrecorded", 0) + 1
+    return ", ".join(f"{b} ({n} rows)" for b, n in counts.items())
+
+
 def render_report(rows_in: Iterable[dict], plots: dict[str, str] | None = None, title: str = "unsee eval") -> str:
     rows = Rows(rows_in)
     if not rows.rows:
@@ -143,7 +152,8 @@ def render_report(rows_in: Iterable[dict], plots: dict[str, str] | None = None, 
     lines = [f"# {title}", "",
              f"Model `{first['model']}` on {first['device']} ({first['dtype']}); "
              f"{len(rows.rows)} rows, suites {', '.join(rows.suites)}; methods {', '.join(rows.methods)}. "
-             f"Torch threads per row: {', '.join(str(t) for t in sorted({r['threads'] for r in rows.rows}))}.",
+             f"Torch threads per row: {', '.join(str(t) for t in sorted({r['threads'] for r in rows.rows}))}. "
+             f"Builds: {get_builds(rows.rows)}.",
              "Our figure first with its n (episodes), the paper's in parentheses "
              "(Llama-3.1-8B on GPU; not this model). \"–\" is a cell without rows.", ""]
     methods = [m for m in TABLE1_METHODS if m in rows.methods] + [m for m in rows.methods

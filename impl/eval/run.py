@@ -55,6 +55,7 @@ from unsee.impl.eval.metrics import (
 )
 from unsee.impl.eval.suites import SUITES, get_case_tools
 from unsee.impl.methods.baselines import METHODS, PAPER_NAMES, apply_method
+from unsee.impl.util.build import get_build
 from unsee.impl.util.modules import get_missing_module
 from unsee.impl.util.progress import open_bar
 
@@ -461,7 +462,7 @@ def _row(case: EvalCase, method: str, result, config: EvalConfig, carries: bool,
             "temperature": config.temperature, "probe_tokens": config.max_new_tokens,
             "turn_tokens": config.turn_tokens, "T": base.t,
             "tau": report.tau if report is not None else base.graph.first_entry(case.episode.target.source),
-            "memory_carries_target": carries, "digest": result.digest,
+            "memory_carries_target": carries, "digest": result.digest, "build": get_build(),
             "efficiency": get_efficiency(result)}
 
 
