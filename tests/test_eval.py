@@ -137,6 +137,37 @@ def test_matched_seed_agreement_is_measured_without_sharing(engine, tmp_path):
     assert none["agreement"]["matched"] < 5
 
 
+def test_a_shared_run_gives_the_rows_its_own_run_gives(run, engine, tmp_path):
+    """B9 takes B7's forget and B7-oracle (nothing labelled) B7-without-drafts' run:
+    their rows equal the rows of the runs made on their own, but for the wall time."""
+    _, _, rows = run
+    config = EvalConfig(model="tiny", methods=("replay", "replay-decode", "replay-oracle", "ifc-replay"),
+                        share_runs=False)
+    alone = run_evaluation([tool_case()], config, tmp_path, progress=False, engine=engine)
+
+    def strip(row):
+        out = {k: v for k, v in row.items() if k not in ("run_from", "asked_from")}
+        out["efficiency"] = {k: v for k, v in row["efficiency"].items() if k != "wall_s"}
+        return out
+
+    for method, twin in (("ifc-replay", "replay"), ("replay-oracle", "replay-decode")):
+        shared = by(rows, "tool", method)
+        assert shared["run_from"] == twin and by(alone, "tool", method)["run_from"] is None
+        assert strip(shared) == strip(by(alone, "tool", method))
+
+
+def test_a_labelled_step_keeps_the_oracle_on_its_own_run():
+    from types import SimpleNamespace
+
+    from unsee.impl.methods.baselines import get_equal_run
+
+    plain, labelled = SimpleNamespace(independent=False), SimpleNamespace(independent=True)
+    assert get_equal_run(SimpleNamespace(steps=[plain, labelled]), "replay-oracle") is None
+    base = SimpleNamespace(steps=[plain])
+    assert get_equal_run(base, "replay-oracle") == "replay-decode"
+    assert get_equal_run(base, "ifc-replay") == "replay" and get_equal_run(base, "replay") is None
+
+
 def test_leaks_of_the_baselines(run):
     _, _, rows = run
     b0 = by(rows, "memory", "none")

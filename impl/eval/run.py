@@ -54,7 +54,7 @@ from unsee.impl.eval.metrics import (
     score_leaks,
 )
 from unsee.impl.eval.suites import SUITES, get_case_tools
-from unsee.impl.methods.baselines import METHODS, PAPER_NAMES, apply_method
+from unsee.impl.methods.baselines import METHODS, PAPER_NAMES, apply_method, derive_method, get_equal_run
 from unsee.impl.util.build import get_build
 from unsee.impl.util.modules import get_missing_module
 from unsee.impl.util.progress import open_bar
@@ -97,6 +97,11 @@ class EvalConfig:
     #: reached in this process (exact by A1: the same KV decodes the same tokens);
     #: the row names that method in ``asked_from``
     share_identical: bool = True
+    #: run once what two methods run step for step (impl/methods/baselines.py:
+    #: get_equal_run): B9 takes B7's forget, B7-oracle with nothing labelled takes
+    #: B7-without-drafts' run; the row names the run in ``run_from``, and its counted
+    #: work and wall time are that run's (B9's plus its sink policy's)
+    share_runs: bool = True
     #: vLLM's scale-out options as (name, value) pairs: tensor_parallel_size, distributed_executor_backend
     engine_options: tuple = ()
 
@@ -403,8 +408,18 @@ def run_case(engine, case: EvalCase, config: EvalConfig, done: dict[str, dict] |
 
 def _run_methods(engine, base: AgentRuntime, case: EvalCase, config: EvalConfig, methods: Sequence[str],
                  reference: dict | None, carries: bool, asked_by_key: dict, samplers: dict) -> Iterator[dict]:
+    # a method whose run is another's, step for step (B9: B7's forget; B7-oracle with
+    # no labelled step: B7 without drafts), takes that run where this episode has it
+    twins = {get_equal_run(base, m) for m in methods} - {None} if config.share_runs else set()
+    runs: dict[str, tuple[AgentRuntime, object]] = {}
     for method in methods:
-        runtime, result = run_method(base, method, case)
+        twin = get_equal_run(base, method) if config.share_runs else None
+        if twin in runs:
+            runtime, result = derive_method(method, *runs[twin], case.episode.target.source, get_sink_map(case))
+        else:
+            runtime, result, twin = *run_method(base, method, case), None
+        if method in twins:
+            runs[method] = (runtime.fork(), result)
         key = get_ask_key(runtime, case) if config.share_identical else None
         shared = asked_by_key.get(key) if key else None
         asked = shared[1] if shared else ask_state(runtime, case, config)
@@ -413,6 +428,7 @@ def _run_methods(engine, base: AgentRuntime, case: EvalCase, config: EvalConfig,
         row = _row(case, method, result, config, carries, base)
         row["engine_options"] = get_engine_options(engine)
         row["asked_from"] = shared[0] if shared else None
+        row["run_from"] = twin
         if method == REFERENCE:
             row |= evaluate_state(runtime, result, case, config, None, asked)
             reference = dict(row)

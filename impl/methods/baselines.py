@@ -135,6 +135,44 @@ def apply_method(base: AgentRuntime, method: str, source_id: str, value: str | N
     return runtime, result
 
 
+# --- one run serving two methods -------------------------------------------------
+
+
+def get_equal_run(base: AgentRuntime, method: str) -> str | None:
+    """The method whose run on ``base`` is ``method``'s own run, step for step,
+    so that an evaluation running both may run it once (:func:`derive_method`):
+
+    - B9 (``ifc-replay``) is B7's forget (the same call) and then the sink policy;
+    - B7-oracle (``replay-oracle``) where no step of the session is labelled
+      independent: the oracle then vouches for no turn, and every turn is
+      decoded as B7 without drafts (``replay-decode``) decodes it.
+
+    None where ``method`` has no such twin."""
+    if method == "ifc-replay":
+        return "replay"
+    if method == "replay-oracle" and not any(getattr(s, "independent", False) for s in base.steps):
+        return "replay-decode"
+    return None
+
+
+def derive_method(method: str, runtime: AgentRuntime, result: MethodResult, source_id: str,
+                  sinks: Mapping[str, Mapping[str, str]] | None = None) -> tuple[AgentRuntime, MethodResult]:
+    """``method``'s runtime and result from its equal run's (:func:`get_equal_run`):
+    a fork of ``runtime``, the same counted work, and for B9 the sink policy
+    applied (its time added to the run's). ``runtime`` is left unchanged."""
+    if method not in ("ifc-replay", "replay-oracle") or result.method != {"ifc-replay": "replay",
+                                                                           "replay-oracle": "replay-decode"}[method]:
+        raise ValueError(f"{method!r} cannot be derived from a {result.method!r} run")
+    fork = runtime.fork()
+    started = time.perf_counter()
+    blocked_args: tuple[tuple[str, str], ...] = ()
+    if method == "ifc-replay":
+        blocked_args = get_blocked_args(fork, source_id, sinks)
+    blocked = tuple(dict.fromkeys(plan for plan, _ in blocked_args))
+    return fork, attrs.evolve(result, method=method, blocked_plans=blocked, blocked_args=blocked_args,
+                              wall_s=result.wall_s + time.perf_counter() - started)
+
+
 # --- the edit-style baselines --------------------------------------------------
 
 def delete_memory_records(runtime: AgentRuntime, source_id: str, value: str | None) -> None:
