@@ -430,3 +430,14 @@ def test_generated_suites(tmp_path, one_thread):
     assert f"{len(rows)} rows" in text
     if agentdojo:
         pytest.skip(f"generated suites ran; {agentdojo}")
+
+
+def test_a_run_takes_the_suites_in_turn():
+    from types import SimpleNamespace
+
+    from unsee.impl.eval.run import interleave_suites
+
+    cases = [SimpleNamespace(suite=s, id=f"{s}{i}") for s, n in (("memory", 3), ("tool", 1), ("behavioral", 2))
+             for i in range(n)]
+    assert [c.id for c in interleave_suites(cases)] == ["memory0", "tool0", "behavioral0", "memory1", "behavioral1",
+                                                        "memory2"]

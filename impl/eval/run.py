@@ -504,7 +504,7 @@ def run_evaluation(cases: Sequence[EvalCase], config: EvalConfig, out: str | Pat
     for row in rows:
         done.setdefault((row["suite"], row["case"]), {})[row["method"]] = row
     methods = config.get_methods()
-    todo = [c for c in cases if set(methods) - set(done.get((c.suite, c.id), {}))]
+    todo = interleave_suites([c for c in cases if set(methods) - set(done.get((c.suite, c.id), {}))])
     total = sum(len(set(methods) - set(done.get((c.suite, c.id), {}))) for c in todo)
     bar = open_bar("unsee eval", total, unit="row", dynamic_ncols=True) if progress else None
     try:
@@ -532,6 +532,17 @@ def run_evaluation(cases: Sequence[EvalCase], config: EvalConfig, out: str | Pat
     if add_security(rows, cases):  # rows of an older build: keep their verdicts with them
         rewrite_rows(rows, path)
     return rows
+
+
+def interleave_suites(cases: Sequence[EvalCase]) -> list[EvalCase]:
+    """The cases taken a suite at a time, round robin (each suite's in its order), so
+    that a long run stopped part way, to be resumed in a later sitting, has episodes
+    of every suite and not all of the first."""
+    by_suite: dict[str, list[EvalCase]] = {}
+    for case in cases:
+        by_suite.setdefault(case.suite, []).append(case)
+    queues = list(by_suite.values())
+    return [q[i] for i in range(max(map(len, queues), default=0)) for q in queues if i < len(q)]
 
 
 def load_engine(config: EvalConfig):
