@@ -147,9 +147,13 @@ def test_the_floor_test_flags_b6_and_not_b7():
 
 def test_report_section_has_one_row_per_audited_method():
     lines = render_distribution(_fake_rows(8))
-    table = [line for line in lines if line.startswith("| B")]
+    cut = next(i for i, line in enumerate(lines) if line.startswith("Power:"))
+    table = [line for line in lines[:cut] if line.startswith("| B")]
     assert [line.split(" | ")[0] for line in table] == ["| B7 Selective-Replay", "| B6 Sanitized-Rebuild"]
     assert "**" in table[1] and "*" not in table[0]
+    power = [line for line in lines[cut:] if line.startswith("| B")]
+    assert [line.split(" | ")[0] for line in power] == ["| B7 Selective-Replay", "| B6 Sanitized-Rebuild"]
+    assert "d = " in power[1] and "n = " in power[1]
     assert "No row holds" in render_distribution([{"suite": "s", "case": "c", "method": "reset", "dist": None}])[2]
 
 

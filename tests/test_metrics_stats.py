@@ -204,3 +204,15 @@ def test_generate_cases_names_a_missing_optional_suite(monkeypatch):
     assert len(generate_cases("memory,tool", 2)) == 4
     with pytest.raises(EvalError, match="positive integer"):
         generate_cases("memory", 0)
+
+
+def test_n_for_power_of_a_half_sd_effect():
+    from unsee.impl.eval.stats import compute_n_for_power
+
+    # differences -0.5, 0.5, 1.5: mean 0.5, sd 1, so d = 0.5; the normal approximation
+    # gives 31.4 pairs for a t test, over Wilcoxon's efficiency 3/pi: 32.9, so 33
+    d, n = compute_n_for_power([0.5, 1.5, 2.5], [1.0, 1.0, 1.0])
+    assert d == pytest.approx(0.5) and n == 33
+    assert compute_n_for_power([1.0, 0.0, 1.0], [1.5, 0.5, 0.5])[1] is None  # farther on average: no
+    assert compute_n_for_power([1.0], [0.0]) == (None, None)  # one pair: no spread to measure
+    assert compute_n_for_power([1.0, 2.0], [0.0, 1.0]) == (None, None)  # no spread

@@ -45,7 +45,7 @@ from collections.abc import Sequence
 
 from unsee.impl.eval.asking import Asker, get_prompt
 from unsee.impl.eval.cases import EvalCase
-from unsee.impl.eval.stats import PairedTest, mean, wilcoxon_signed_rank
+from unsee.impl.eval.stats import PairedTest, compute_n_for_power, mean, wilcoxon_signed_rank
 from unsee.impl.util.text import normalize
 
 #: The reference (B5) and the methods the audit samples: B7 under test, B6 the positive control.
@@ -284,14 +284,19 @@ def get_episode_distances(rows: Sequence[dict]) -> dict[str, list[dict]]:
     return out
 
 
+def get_pairs(distances: dict[str, list[dict]], method: str, distance: str) -> tuple[list[float], list[float]]:
+    """``method``'s distances and the floor's, paired by episode (where both have one)."""
+    floor = {(r["suite"], r["case"]): r[distance] for r in distances.get("floor", [])}
+    pairs = [(r[distance], floor[(r["suite"], r["case"])]) for r in distances.get(method, [])
+             if r[distance] is not None and floor.get((r["suite"], r["case"])) is not None]
+    return [p[0] for p in pairs], [p[1] for p in pairs]
+
+
 def compare_to_floor(distances: dict[str, list[dict]], method: str, distance: str) -> tuple[
         PairedTest, float | None, float | None]:
     """The Wilcoxon signed-rank test of ``method``'s distance against the
     floor's over the episodes where both have one; with the two means."""
-    floor = {(r["suite"], r["case"]): r[distance] for r in distances.get("floor", [])}
-    pairs = [(r[distance], floor[(r["suite"], r["case"])]) for r in distances.get(method, [])
-             if r[distance] is not None and floor.get((r["suite"], r["case"])) is not None]
-    a, b = [p[0] for p in pairs], [p[1] for p in pairs]
+    a, b = get_pairs(distances, method, distance)
     return wilcoxon_signed_rank(a, b), mean(a), mean(b)
 
 
@@ -305,8 +310,10 @@ def summarize_distribution(rows: Sequence[dict]) -> dict:
             continue
         for distance in DISTANCES:
             test, m, f = compare_to_floor(distances, method, distance)
+            effect, needed = compute_n_for_power(*get_pairs(distances, method, distance))
             out.setdefault(method, {})[distance] = {"n": test.n, "mean": m, "floor": f, "p": test.p,
-                                                    "above": test.a_only, "below": test.b_only}
+                                                    "above": test.a_only, "below": test.b_only,
+                                                    "effect": effect, "n_for_power": needed}
     return out
 
 
@@ -322,6 +329,7 @@ __all__ = [
     "get_dist_methods",
     "get_episode_distances",
     "get_ngrams",
+    "get_pairs",
     "ngram_distance",
     "parse_tool",
     "sample_distribution",

@@ -14,8 +14,9 @@ from unsee.impl.eval.distribution import (
     DISTANCES,
     compare_to_floor,
     get_episode_distances,
+    get_pairs,
 )
-from unsee.impl.eval.stats import mean
+from unsee.impl.eval.stats import compute_n_for_power, mean
 from unsee.impl.methods.baselines import PAPER_NAMES
 
 PLOT_NAME = "distribution"
@@ -64,7 +65,29 @@ def render_distribution(rows: Sequence[dict]) -> list[str]:
         body.append([PAPER_NAMES.get(method, method), str(n), *cells])
     lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(r) + " |" for r in body]
-    return lines + [""]
+    return lines + [""] + render_power(distances)
+
+
+def render_power(distances: dict) -> list[str]:
+    """The power the audit has: per audited method and distance, the effect the
+    episodes show (mean paired difference to the floor over its sd) and the
+    episodes a Wilcoxon test needs to detect it (80% power, p < .05)."""
+    lines = ["Power: per method and distance, the standardised effect d (mean paired difference to the floor "
+             "over its standard deviation) and the episodes a Wilcoxon test needs to detect an effect of that "
+             "size with 80% power at p < .05 (normal approximation, efficiency 3/pi); \"none\" where the "
+             "method is not farther from B5 than the floor on average.", ""]
+    header = ["method"] + [DISTANCE_NAMES[d] for d in DISTANCES]
+    body = []
+    for method in AUDITED:
+        if method not in distances:
+            continue
+        cells = []
+        for distance in DISTANCES:
+            effect, needed = compute_n_for_power(*get_pairs(distances, method, distance))
+            cells.append("–" if effect is None else f"d = {effect:.2f}, n = {needed if needed else 'none'}")
+        body.append([PAPER_NAMES.get(method, method), *cells])
+    lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return lines + ["| " + " | ".join(r) + " |" for r in body] + [""]
 
 
 def plot_distribution(rows: Sequence[dict], out: Path) -> str | None:
@@ -114,4 +137,4 @@ def _plot_panel(ax, distances: dict, groups: Sequence[str], labels: dict, distan
     ax.set_ylabel("distance to B5" if distance == DISTANCES[0] else "")
 
 
-__all__ = ["PLOT_NAME", "get_stars", "plot_distribution", "render_distribution"]
+__all__ = ["PLOT_NAME", "get_stars", "plot_distribution", "render_distribution", "render_power"]
