@@ -136,6 +136,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "save":
             rows = read_rows(args.out / ROWS_FILE)
+            if not get_finished(rows):
+                print(f"{args.out / ROWS_FILE}: no finished episode yet; {args.archive} was not written")
+                return 0
             n = write_archive(rows, args.archive)
             episodes = len({(r["suite"], r["case"]) for r in get_finished(rows)})
             print(f"{args.archive}: {n} rows of {episodes} finished episodes "

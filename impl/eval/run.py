@@ -492,6 +492,7 @@ def run_evaluation(cases: Sequence[EvalCase], config: EvalConfig, out: str | Pat
 
     ``engine``: an already loaded KVEngine (tests; one worker only); else the
     model of ``config`` is loaded once per process."""
+    get_build()  # read now: the rows name the code this run loaded, not where the checkout is later
     out = check_out_dir(Path(out))
     path = out / ROWS_FILE
     rows = read_rows(path)
@@ -558,6 +559,7 @@ def _worker(index: int, cases: list[EvalCase], config: EvalConfig, done: dict, q
     import torch
 
     torch.set_num_threads(1)
+    get_build()  # read at the start, as the parent does
     try:
         engine = load_engine(config)
         for case in cases:

@@ -10,13 +10,16 @@ from pathlib import Path
 
 @functools.cache
 def get_build() -> str:
-    """The git commit of this checkout, short, with ``+dirty`` where files differ
-    from it; the installed package's version where unsee is not a git checkout."""
+    """The git commit of this checkout, short, with ``+dirty`` where its Python
+    files differ from it (docs do not change what runs); the installed
+    package's version where unsee is not a git checkout. Read once per
+    process: call it when the process starts work, not after, since the
+    checkout may move on while a long run goes (its code stays what it loaded)."""
     root = Path(__file__).resolve().parents[2]
     try:
         commit = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
                                 text=True, timeout=10, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no", "--", "*.py"],
                                capture_output=True, text=True, timeout=10, check=True).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         from importlib.metadata import PackageNotFoundError, version
