@@ -3,8 +3,10 @@ full_reset (B5), checkpoints, provenance closures, probe, fork."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
+import attrs
 import pytest
 
 from unsee.impl.agent.episode import OBSERVED_KINDS, parse_episode
@@ -206,6 +208,46 @@ def test_target_after_compaction_restores_on_the_new_lineage(eng):
     assert (report.tau, report.boundary, report.invocations) == (3, 2, 1)
     assert runtime.forget("secret").checkpoint["lineage"] == new_lineage
     assert runtime.digest() == report.digest
+
+
+def test_a_new_context_forks_the_system_block_and_equals_a_fresh_prefill(eng, monkeypatch):
+    """Compaction and a new session open with the system block: its KV is forked from the
+    live lineage, not prefilled, and the state is bitwise the one prefilling it gives
+    (the same steps run on the engine with its crop promise taken away)."""
+    steps = [{"id": "t1", "kind": "user", "source": "secret", "text": "Bob 12"}, {"id": "t2", "kind": "compact"},
+             {"id": "t3", "kind": "session"}, {"id": "t4", "kind": "user", "text": "tea 7"}]
+
+    def run_counted():
+        before = eng.counters.snapshot()
+        runtime = run(eng, steps)
+        return runtime, (eng.counters - before).prefilled_tokens
+
+    forked, forked_tokens = run_counted()
+    monkeypatch.setattr(eng, "determinism", dataclasses.replace(eng.determinism, crop_continue_is_fresh=False))
+    prefilled, prefilled_tokens = run_counted()
+    system = forked.graph[forked.context[0]]
+    assert forked.context[0] == "t3/system" and system.tokens == forked.graph["system"].tokens
+    assert prefilled_tokens - forked_tokens == 2 * len(system.tokens)  # two new contexts
+    assert forked.digest() == prefilled.digest()
+    fresh = forked.rebuild_lineage(forked.context)
+    assert eng.digest(fresh) == eng.digest(forked.lineage)
+    eng.drop(fresh)
+
+
+def test_a_rewritten_system_block_is_prefilled_again(eng):
+    """The fork's guard: where the live lineage's first block is not the system block's
+    tokens (B6 redacted it), a new context prefills the block, and its KV is a fresh prefill's."""
+    first = {"id": "t1", "kind": "user", "source": "secret", "text": "Bob 12"}
+    runtime = run(eng, [first])
+    runtime.rebuild_context(keep=lambda b: True,
+                            transform=lambda b: b if b.type != "system" else attrs.evolve(
+                                b, id="system~edited", text=b.text.replace("helpful", "careful")))
+    assert runtime.graph[runtime.context[0]].tokens != tuple(eng.lm.encode(runtime.render_first()))
+    runtime.run(episode([first, {"id": "t2", "kind": "compact"}]).steps[1:])
+    assert runtime.context[0] == "t2/system"
+    fresh = runtime.rebuild_lineage(runtime.context)
+    assert eng.digest(fresh) == eng.digest(runtime.lineage)
+    eng.drop(fresh)
 
 
 # --- reading the state ----------------------------------------------------------------------
