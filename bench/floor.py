@@ -45,6 +45,7 @@ import attrs
 from unsee.impl.agent.provenance import DERIVED_TYPES, RuntimeBlock
 from unsee.impl.agent.runtime import AgentRuntime
 from unsee.impl.engines.lineage import crop
+from unsee.impl.engines.opening import can_fork_first_chunk
 from unsee.impl.engines.protocol import Engine
 
 
@@ -142,33 +143,43 @@ def compute_floor(engine: Engine, base_runtime: AgentRuntime, reset_runtime: Age
             if first is not None:
                 generated = len(block.tokens) - (block.chunks[0] if block.chunks else 0)
                 changed[block.id] = FloorTurn(block.id, generated, first)
-    chunks = [len(chunk) for block in blocks for chunk in block.get_chunks()]
-    floor_counts = {"prefilled": sum(chunks), "decoded": sum(t.decoded for t in changed.values()),
-                    "forwards": len(chunks) + sum(t.forwards for t in changed.values())}
-
     # set-up (untimed): the restored prefix, as a restore would leave it
     prefix = engine.fork(checkpoint.lineage) if checkpoint.lineage in engine.budget.lineages \
         else base_runtime.rebuild_lineage(checkpoint.context)
     prefix = crop(engine, prefix, checkpoint.token_offset)
     created = [prefix]
+    first = base_runtime.graph[checkpoint.context[0]].get_chunks()[:1] if checkpoint.context else []
     try:
         started, cpu_started = time.perf_counter(), time.thread_time()
-        _run_floor(engine, prefix, blocks, changed, created)
+        forked = _run_floor(engine, prefix, first, blocks, changed, created)
         wall, cpu = time.perf_counter() - started, time.thread_time() - cpu_started
     finally:
         for lineage in created:
             if lineage in engine.budget.lineages:
                 engine.drop(lineage)
+    # a new context's system block is forked from the live lineage, as the runtime does: no prefill
+    chunks = [len(chunk) for block in blocks if block.id not in forked for chunk in block.get_chunks()]
+    floor_counts = {"prefilled": sum(chunks), "decoded": sum(t.decoded for t in changed.values()),
+                    "forwards": len(chunks) + sum(t.forwards for t in changed.values())}
     return Floor(wall_s=wall, cpu_s=cpu, boundary=boundary, blocks=len(blocks),
                  changed_turns=tuple(changed.values()), **floor_counts)
 
 
-def _run_floor(engine: Engine, prefix: str, blocks: list[RuntimeBlock], changed: dict[str, FloorTurn],
-               created: list[str]) -> None:
-    """Exactly the floor's operations, engine verbs only."""
-    lineage = prefix
+def _run_floor(engine: Engine, prefix: str, first: list, blocks: list[RuntimeBlock], changed: dict[str, FloorTurn],
+               created: list[str]) -> set[str]:
+    """Exactly the floor's operations, engine verbs only; the ids of the
+    blocks that opened a lineage as a fork of the live one (``first``: the
+    live lineage's first chunk, as :func:`~unsee.impl.engines.lineage.open_lineage` reads it)."""
+    lineage, forked = prefix, set()
     for block in blocks:
         if block.token_span[0] == 0:  # a block at offset 0 opens a lineage (compaction, new session)
+            chunks = block.get_chunks()
+            if block.type == "system" and len(chunks) == 1 and can_fork_first_chunk(engine, lineage, first, chunks[0]):
+                lineage = engine.fork(lineage, len(chunks[0]))
+                created.append(lineage)
+                forked.add(block.id)
+                continue
+            first = chunks[:1]
             lineage = engine.new_lineage()
             created.append(lineage)
         if len(engine.tokens(lineage)) != block.token_span[0]:
@@ -191,6 +202,7 @@ def _run_floor(engine: Engine, prefix: str, blocks: list[RuntimeBlock], changed:
         created.append(lineage)
         for chunk in chunks[1:]:  # the turn's canonical prefill
             engine.prefill(lineage, chunk)
+    return forked
 
 
 #: Why a replayed model turn cost more than the floor's operations for it

@@ -56,6 +56,7 @@ from unsee.impl.agent.render import (
 from unsee.impl.agent.report import ForgetReport
 from unsee.impl.agent.state import RuntimeState
 from unsee.impl.engines.lineage import rebuild
+from unsee.impl.engines.opening import open_lineage
 from unsee.impl.engines.protocol import Assist, Engine
 from unsee.impl.util.exclusive import Exclusive
 
@@ -104,8 +105,7 @@ class AgentRuntime(SelectiveReplay):
 
     def _set_state(self, state: RuntimeState) -> None:
         if state.lineage != self._state.lineage:
-            # The pin keeps the lineage out of the KV budget's reach while this
-            # runtime still refers to it.
+            # The pin keeps the lineage out of the KV budget's reach while this runtime refers to it.
             released = self._lineage_pin is not None
             self._lineage_pin = self.engine.budget.pin(state.lineage) if state.lineage else None
             self._state = state
@@ -293,9 +293,8 @@ class AgentRuntime(SelectiveReplay):
         if draft is not None and draft.trusted:
             self.drafts.turns.append(TurnCost(block_id, len(draft.tokens), 0, 0, 0, len(draft.tokens), False, True,
                                               generated=len(draft.tokens)))
-            # B7-oracle: an attribution oracle vouched for this turn; its old
-            # tokens are re-materialised by prefill, unverified (not exact if
-            # the label is wrong)
+            # B7-oracle: an attribution oracle vouched for this turn; its old tokens are
+            # re-materialised by prefill, unverified (not exact if the label is wrong)
             generated = list(draft.tokens)
             self.engine.prefill(self.lineage, generated)
         else:
@@ -344,39 +343,10 @@ class AgentRuntime(SelectiveReplay):
         return (self.settings.seed * 1_000_003 + self.t) % (2**63)
 
     def _new_lineage(self, step: Step) -> None:
-        """A new context (compaction, a new session) that opens with the system block.
-        The live lineage opens with the same block as one prefill chunk from position
-        0, so its first rows are the KV a fresh prefill of the block would write
-        (``same_chunking_repeats``, ``crop_continue_is_fresh``): they are forked, not
-        recomputed. With Qwen's tools list that block is 365 tokens, re-prefilled at
-        every compaction of every run (the base, B5's re-run and B7's replay alike)."""
-        text = self.render_first()
-        tokens = tuple(self.engine.lm.encode(text))
-        lineage = self._fork_system_block(tokens)
-        if lineage is None:
-            self._update(lineage=self.engine.new_lineage(), context=())
-            self.append_block(f"{step.id}/system", "system", text, parents=(), sources=frozenset())
-            return
-        self._update(lineage=lineage, context=())
-        self.commit_block(RuntimeBlock(f"{step.id}/system", "system", text, tokens, (), frozenset(),
-                                       (0, len(tokens)), self.t))
-
-    def _fork_system_block(self, tokens: tuple[int, ...]) -> str | None:
-        """A new lineage holding the first ``len(tokens)`` rows of the live one,
-        where those rows are a one-chunk prefill of ``tokens`` from position 0:
-        the live context's first chunk (its first block's, which starts the
-        lineage) is exactly ``tokens``. None where it is not (a baseline rewrote
-        the first block), where the engine does not promise that repeating a
-        chunking and cropping keep a fresh prefill's bits, or where the live KV
-        is not resident."""
-        det = self.engine.determinism
-        if not tokens or not self._state.context or not (det.same_chunking_repeats and det.crop_continue_is_fresh):
-            return None
-        if self.graph[self._state.context[0]].get_chunks()[:1] != [list(tokens)]:
-            return None
-        if self.engine.budget.is_evicted(self.lineage):
-            return None
-        return self.engine.fork(self.lineage, len(tokens))
+        first = self.graph[self._state.context[0]].get_chunks()[:1] if self._state.context else []
+        ids = tuple(self.engine.lm.encode(text := self.render_first()))
+        self._update(lineage=open_lineage(self.engine, self.lineage, first, ids), context=())
+        self.commit_block(RuntimeBlock(f"{step.id}/system", "system", text, ids, (), frozenset(), (0, len(ids)), self.t))
 
     def _get_checkpoint(self) -> Checkpoint:
         """The checkpoint of the state now (``R_t``, before the next transition)."""

@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from unsee.impl.eval.distribution import FLOOR_SETS, REFERENCE, embedding_distance
-from unsee.impl.eval.run import ROWS_FILE, EvalError, read_rows
+from unsee.impl.eval.rows import ROWS_FILE, EvalError, read_rows
 
 #: the field a packed sample set carries instead of its embeddings
 PACKED = "embedding_to_reference"

@@ -150,7 +150,8 @@ def watch_parent(poll_s: float | None = None) -> threading.Thread | None:
 
         while not wait_for([parent.sentinel], timeout=poll_s):
             pass
-        os._exit(1)  # no cleanup: the parent that would collect this worker's rows is gone
+        # at once, no cleanup: the parent that would collect this worker's rows is gone
+        os.kill(os.getpid(), signal.SIGKILL)
 
     thread = threading.Thread(target=wait, name="unsee-watch-parent", daemon=True)
     thread.start()
