@@ -100,6 +100,7 @@ CROSS_N ?= 8
 crossmodel: $(VENV)/.test-installed $(VENV)/.llamacpp-installed
 	$(PY) -m unsee.impl.cli.main eval --suite $(EVAL_SUITES) --episodes $(CROSS_N) --model smollm2 --engine llamacpp --workers $(EVAL_WORKERS) --out out/eval-smollm2-llamacpp
 	$(PY) -m unsee.impl.cli.main eval --suite $(EVAL_SUITES) --episodes $(CROSS_N) --model gemma3-270m --engine llamacpp --workers $(EVAL_WORKERS) --out out/eval-gemma3
+	$(PY) -m unsee.impl.eval.archive restore $(EVAL_ARCHIVE) out/eval-qwen
 	$(PY) -m unsee.impl.eval.crossmodel out/eval-smollm2-llamacpp out/eval-qwen out/eval-gemma3 --write out/crossmodel.md
 
 # The paper's efficiency tables (docs/bench.md).
