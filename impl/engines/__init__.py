@@ -19,6 +19,8 @@ The map:
                the verbs that name a lineage, LRU clock, the prefix cache), the KV
                budget (:class:`~lineage.Budget`), :class:`~lineage.Counters`,
                :class:`~lineage.KVMemory`, ``rebuild`` and ``crop`` (as a fork)
+``opening``    a new context's lineage: the system block forked from the live
+               lineage where its first chunk is that block, else prefilled
 ``computed``   the lineage skeleton of an engine that computes its own KV (transformers,
                llama.cpp): prefill, serving and recomputing a served chunk
 ``turn``       one decoding turn with drafts, a probe and context lookup, over any
