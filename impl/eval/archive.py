@@ -109,8 +109,7 @@ def restore(archive: Path, out: Path) -> int:
     rows = read_archive(archive)
     path = out / ROWS_FILE
     have = {get_key(r): r for r in read_rows(path)}
-    clashes = [k for k in map(get_key, rows) if k in have and have[k]["digest"] != next(
-        r for r in rows if get_key(r) == k)["digest"]]
+    clashes = [get_key(r) for r in rows if get_key(r) in have and have[get_key(r)]["digest"] != r["digest"]]
     if clashes:
         raise EvalError(f"{archive} and {path} disagree on {len(clashes)} row(s), e.g. {'/'.join(clashes[0])}: "
                         "they are not one run; nothing was written")

@@ -11,7 +11,7 @@ its B7 figures sit in that row.
 from __future__ import annotations
 
 import json
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
@@ -138,9 +138,7 @@ def _short_name(method: str) -> str:
 def get_builds(rows: Sequence[dict]) -> str:
     """The builds the rows were made with and how many rows each (a run resumed across
     sittings may span several; rows written before rows recorded it are ``unrecorded``)."""
-    counts: dict[str, int] = {}
-    for row in rows:
-        counts[row.get("build") or "unrecorded"] = counts.get(row.get("build") or "unrecorded", 0) + 1
+    counts = Counter(row.get("build") or "unrecorded" for row in rows)
     return ", ".join(f"{b} ({n} rows)" for b, n in counts.items())
 
 

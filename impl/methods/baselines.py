@@ -138,6 +138,10 @@ def apply_method(base: AgentRuntime, method: str, source_id: str, value: str | N
 # --- one run serving two methods -------------------------------------------------
 
 
+#: the method whose run is this one's (B7-oracle's only where no step is labelled: :func:`get_equal_run`)
+EQUAL_RUNS = {"ifc-replay": "replay", "replay-oracle": "replay-decode"}
+
+
 def get_equal_run(base: AgentRuntime, method: str) -> str | None:
     """The method whose run on ``base`` is ``method``'s own run, step for step,
     so that an evaluation running both may run it once (:func:`derive_method`):
@@ -148,11 +152,9 @@ def get_equal_run(base: AgentRuntime, method: str) -> str | None:
       decoded as B7 without drafts (``replay-decode``) decodes it.
 
     None where ``method`` has no such twin."""
-    if method == "ifc-replay":
-        return "replay"
-    if method == "replay-oracle" and not any(getattr(s, "independent", False) for s in base.steps):
-        return "replay-decode"
-    return None
+    if method == "replay-oracle" and any(getattr(s, "independent", False) for s in base.steps):
+        return None
+    return EQUAL_RUNS.get(method)
 
 
 def derive_method(method: str, runtime: AgentRuntime, result: MethodResult, source_id: str,
@@ -160,8 +162,7 @@ def derive_method(method: str, runtime: AgentRuntime, result: MethodResult, sour
     """``method``'s runtime and result from its equal run's (:func:`get_equal_run`):
     a fork of ``runtime``, the same counted work, and for B9 the sink policy
     applied (its time added to the run's). ``runtime`` is left unchanged."""
-    if method not in ("ifc-replay", "replay-oracle") or result.method != {"ifc-replay": "replay",
-                                                                           "replay-oracle": "replay-decode"}[method]:
+    if EQUAL_RUNS.get(method) is None or result.method != EQUAL_RUNS[method]:
         raise ValueError(f"{method!r} cannot be derived from a {result.method!r} run")
     fork = runtime.fork()
     started = time.perf_counter()
