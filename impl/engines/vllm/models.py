@@ -32,8 +32,9 @@ from unsee.impl.engines.vllm import adapter
 _DONE = "unsee-complete"
 #: the vLLM tiny models' shapes (see the module docstring); part of their cache keys.
 #: ``tiny-ties`` is the near-tie family of the margin guard's test: SmolLM2's width
-#: (576, where vLLM's decode steps move logits by ~3e-6 from the cold run; at 64
-#: and 256 they were bitwise) and LM-head rows tied to 3e-7, so decisions flip.
+#: (576, where vLLM's decode steps moved logits by ~3e-6 from the cold run on the
+#: CPU that measured its bound; at 64 and 256 they were bitwise) and LM-head rows
+#: tied to 3e-7, so near-ties are in every turn.
 TINY_MODELS = {
     "tiny": {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1,
              "intermediate_size": 128, "seed": 0},
