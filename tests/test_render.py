@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import json
 import weakref
 
 import pytest
@@ -133,6 +134,7 @@ def test_role_mapping_for_system_blocks_and_consecutive_user_turns(gemma):
     renderer = get_renderer(gemma)
     roles = renderer.describe()["roles"]
     assert roles == {"system prompt": "user", "system block mid-conversation": "user",
+                     "tool call (a plan)": "an assistant turn opened with CALL NAME(",
                      "tool result": "user, prefixed [result of tool NAME]",
                      "tool definitions": "not rendered: the template has no tool-definition format in its system block",
                      "consecutive turns of one role": "one segment each, never merged"}
@@ -378,3 +380,94 @@ def test_tool_definitions_that_leave_the_system_block_are_refused_before_any_wor
     assert get_renderer(model).segments.tool_definitions
     with pytest.raises(TemplateError, match="model tiny-tooldefs: .*system prompt with these tools"):
         ToolAgentRuntime.start(make_engine(model), "You are a helpful agent.")
+
+
+# --- plans as calls in the template's own format (issue 27 item 2) ---------------------------------------------
+
+def plan_episode():
+    steps = [{"id": "u1", "kind": "user", "text": "hello 12"},
+             {"id": "t1", "kind": "tool", "tool": "fetch",
+              "fields": [{"source": "secret", "text": "write to ann@a.test about 4417 Elm"}]},
+             {"id": "p1", "kind": "plan", "tool": "send_message", "text": "email Ann 55"},
+             {"id": "u2", "kind": "user", "text": "done 3"}]
+    return episode(steps=steps)
+
+
+@pytest.mark.parametrize("source", ["written", "qwen2.5-1.5b"])
+def test_a_plan_is_a_call_in_the_template_s_own_format(lm, source):
+    """Where the template has a call format with an arguments slot, a plan turn opens with the
+    call up to its arguments and the model writes them; a completed call is exactly the
+    template's own rendering of it, and the result goes in its tool role. Forget == reset."""
+    from unsee.impl.agent.templates import TOOL_CALL_NATIVE, compile_template
+    from unsee.impl.agent.tools import ToolAgentRuntime, parse_json_arguments
+
+    template = TOOLS_TEMPLATE if source == "written" else get_qwen_template()
+    model = chatml_model(lm, template)
+    renderer = get_renderer(model)
+    opening = renderer.get_plan_opening("send_message")
+    assert renderer.has_native_calls() and opening == '<tool_call>\n{"name": "send_message", "arguments":'
+    own = compile_template(template, {})
+    head = [{"role": "system", "content": "S."}, {"role": "user", "content": "U."}]
+    args = {"to": "ann@a.test", "body": "hi"}
+    call = {"role": "assistant", "content": "",
+            "tool_calls": [{"type": "function", "function": {"name": "send_message", "arguments": args}}]}
+    result = {"role": "tool", "name": "send_message", "content": "sent"}
+    texts = [own(head, False), own([*head, call], False), own([*head, call, result], False)]
+    # the turn the model writes after the opening, in the template's own rendering, parses back to the call
+    added = texts[1][len(texts[0]):]
+    assert added.startswith(renderer.render_header(opening))
+    written = added[len(renderer.render_header(opening)):]
+    assert written == f" {json.dumps(args)}{renderer.segments.tool_arguments.after}"
+    assert parse_json_arguments(("to", "body"), written) == (args, True)
+    assert renderer.get_call_result("send_message", "p1/call", "sent") == ("tool", texts[2][len(texts[1]):])
+
+    ep = plan_episode()
+    runtime = ToolAgentRuntime.from_episode(make_engine(model), ep)
+    header = model.encode(renderer.render_header(opening))
+    assert list(runtime.graph["p1/plan"].tokens[:len(header)]) == header
+    assert "<tool_response>" in runtime.graph["p1/call/result"].text
+    assert "[result of tool" not in runtime.graph["p1/call/result"].text
+    runtime.check_invariants()
+    other = ToolAgentRuntime.from_episode(make_engine(model), ep)
+    forget, reset = runtime.forget("secret"), other.full_reset("secret")
+    assert forget.digest == reset.digest and forget.boundary == 1
+    assert forget.extra["rendering"]["roles"]["tool call (a plan)"] == TOOL_CALL_NATIVE
+
+
+def test_a_template_without_a_call_format_keeps_call_syntax(gemma, lm):
+    from unsee.impl.agent.templates import TOOL_CALL_MAPPED
+
+    for model in (gemma, chatml_model(lm, CHATML_TEMPLATE)):
+        renderer = get_renderer(model)
+        assert not renderer.has_native_calls() and renderer.get_plan_opening("send_message") == "CALL send_message("
+        assert renderer.get_call_result("fetch", "p1/call", "v") == ("user", "[result of tool fetch call p1/call]\nv")
+        assert renderer.describe()["roles"]["tool call (a plan)"] == TOOL_CALL_MAPPED
+
+
+#: the call turn opens in a role of its own, not after the assistant header the model decodes after
+CALL_IN_ITS_OWN_ROLE = TOOLS_TEMPLATE.replace("{%- elif m.tool_calls -%}{{ '<|im_start|>assistant' }}",
+                                              "{%- elif m.tool_calls -%}{{ '<|im_start|>call' }}")
+#: the arguments as Python writes a dict, not JSON
+ARGUMENTS_NOT_JSON = TOOLS_TEMPLATE.replace("c.function.arguments | tojson", "c.function.arguments | string")
+#: the arguments written twice (a slot the model's one answer cannot fill)
+ARGUMENTS_TWICE = TOOLS_TEMPLATE.replace("c.function.arguments | tojson", "c.function.arguments | tojson + ', ' + "
+                                         "c.function.arguments | tojson")
+
+
+@pytest.mark.parametrize("template", [CALL_IN_ITS_OWN_ROLE, ARGUMENTS_NOT_JSON, ARGUMENTS_TWICE],
+                         ids=["own-role", "not-json", "twice"])
+def test_a_call_format_without_an_arguments_slot_keeps_call_syntax(lm, template):
+    """Each condition of get_call_arguments: where it fails, plans keep ``CALL NAME(`` (and a
+    tool step still renders through the template's call format where it has one)."""
+    renderer = get_renderer(chatml_model(lm, template))
+    assert renderer.segments.tool_call is not None and renderer.segments.tool_arguments is None
+    assert renderer.get_plan_opening("send_message") == "CALL send_message("
+
+
+def test_a_call_format_that_rewrites_a_call_with_arguments_is_refused(lm):
+    # a call with arguments is rendered as an empty assistant turn once a result follows it
+    rewriting = TOOLS_TEMPLATE.replace("{%- elif m.tool_calls -%}",
+                                       "{%- elif m.tool_calls and (loop.last or not m.tool_calls[0].function.arguments) -%}")
+    model = dataclasses.replace(chatml_model(lm, rewriting), name="tiny-calls")
+    with pytest.raises(TemplateError, match="model tiny-calls: .*not append-only: adding tool result rewrites"):
+        get_renderer(model)

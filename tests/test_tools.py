@@ -17,6 +17,7 @@ from unsee.impl.agent.tools import (
     call_id_for,
     default_tools,
     parse_arguments,
+    parse_json_arguments,
     result_source,
     snapshot_id,
 )
@@ -143,6 +144,28 @@ def test_parse_is_total_and_deterministic(text):
     args, closed = parse_arguments(params, text)
     assert (args, closed) == parse_arguments(params, text)
     assert set(args) == set(params) and closed == (")" in text)
+    assert all(len(v) <= MAX_ARG_CHARS and v == v.strip() and v.isprintable() for v in args.values())
+
+
+def test_parse_json_arguments_well_formed_and_fallback():
+    params = ("to", "body")
+    # well formed: the object the model wrote, then the rest of its call (ignored); markers never reach a value
+    assert parse_json_arguments(params, ' {"to": "a@b.c", "body": "hi, <|im_end|>there", "cc": "x"}}\n</tool_call>') == (
+        {"to": "a@b.c", "body": "hi, there"}, True)
+    assert parse_json_arguments(params, '{"to": ["a", 1]}') == ({"to": '["a", 1]', "body": ""}, True)
+    # fallback: the object was cut (at max_new_tokens); each member found binds, escapes undone
+    assert parse_json_arguments(params, '{"body": "say \\"hi\\" to", "to": "x@y.z", "body": "other') == (
+        {"to": "x@y.z", "body": 'say "hi" to'}, False)
+    assert parse_json_arguments(params, "to=x)") == ({"to": "", "body": ""}, False)
+    assert parse_json_arguments((), "{}") == ({}, True)
+
+
+@given(st.text(max_size=200))
+def test_parse_json_arguments_is_total_and_deterministic(text):
+    params = ("to", "body", "extra")
+    args, well_formed = parse_json_arguments(params, text)
+    assert (args, well_formed) == parse_json_arguments(params, text)
+    assert set(args) == set(params)
     assert all(len(v) <= MAX_ARG_CHARS and v == v.strip() and v.isprintable() for v in args.values())
 
 

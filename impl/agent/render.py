@@ -29,7 +29,9 @@ import attrs
 from unsee.impl.agent.episode import Step
 from unsee.impl.agent.provenance import DERIVED_TYPES, RuntimeBlock
 from unsee.impl.agent.templates import (
+    TOOL_CALL_MAPPED,
     TOOL_DEFINITIONS_NONE,
+    TOOL_ROLE_MAPPED,
     Render,
     Segment,
     Segments,
@@ -132,6 +134,31 @@ class Renderer:
             return "tool", self.segments.tool_call.fill(step.tool or "tool") + self.segments.tool_result.fill(body)
         return get_observation_message(step)
 
+    def has_native_calls(self) -> bool:
+        """Whether plans are decoded and their results rendered in the template's own tool
+        format: it writes a call's arguments where the model can write them
+        (:func:`~unsee.impl.agent.templates.get_call_arguments`; a template has that only with a
+        tool role, :func:`~unsee.impl.agent.templates.get_tool_segments`)."""
+        return self.segments.tool_arguments is not None
+
+    def get_plan_opening(self, tool: str) -> str:
+        """What a plan turn is decoded after, past the assistant header: the template's call of
+        ``tool`` up to its arguments (the model writes them, as JSON), else ``CALL tool(``.
+        Whitespace before the arguments is the model's to write: a tokenizer merges it with
+        what follows (`` {"``), and a prompt ending in a lone space token is one the model
+        never saw (qwen2.5-1.5b then wrote ``60}`` for a ``pay`` call's arguments)."""
+        if not self.has_native_calls():
+            return f"CALL {tool}("
+        call = self.segments.tool_call
+        return (call.before[len(self.segments.header):] + tool + self.segments.tool_arguments.before).rstrip()
+
+    def get_call_result(self, tool: str, call_id: str, body: str) -> tuple[str, str]:
+        """``(role, text)`` of a call's result block: the template's tool role after a call in
+        its format (:meth:`has_native_calls`), else a user turn naming the tool and the call."""
+        if self.has_native_calls():
+            return "tool", self.segments.tool_result.fill(body)
+        return "user", f"[result of tool {tool} call {call_id}]\n{body}"
+
     def render_message(self, role: str, text: str) -> str:
         """A block of ``role`` ('user', 'system' or 'assistant') after the first; ``"tool"``:
         ``text`` is a tool exchange :meth:`get_message` rendered in the template's format."""
@@ -176,7 +203,8 @@ class Renderer:
 
 
 _CHATML_ROLES = (("system prompt", "system"), ("system block mid-conversation", "system"),
-                 ("tool result", "user, prefixed [result of tool NAME]"), ("tool definitions", TOOL_DEFINITIONS_NONE),
+                 ("tool call (a plan)", TOOL_CALL_MAPPED), ("tool result", TOOL_ROLE_MAPPED),
+                 ("tool definitions", TOOL_DEFINITIONS_NONE),
                  ("consecutive turns of one role", "one segment each, never merged"))
 CHATML_SEGMENTS = Segments(Segment(f"{START}system\n", f"{END}\n"), Segment(f"{START}user\n", f"{END}\n"),
                            Segment(f"{START}system\n", f"{END}\n"), render_header(), f"{END}\n", (), _CHATML_ROLES)
@@ -186,7 +214,7 @@ CHATML = Renderer("chatml", "built in", CHATML_SEGMENTS, closes_turns=False)
 def is_chatml(segments: Segments) -> bool:
     """Whether a template's segments are ChatML's (the EOS split aside)."""
     return attrs.evolve(segments, after_eos=(), roles=_CHATML_ROLES, tool_call=None, tool_result=None,
-                        tool_definitions=False) == CHATML_SEGMENTS
+                        tool_definitions=False, tool_arguments=None) == CHATML_SEGMENTS
 
 
 def get_renderer(lm: ModelInfo, template: str | None = None) -> Renderer:
@@ -234,7 +262,8 @@ def compute_renderer(lm: ModelInfo, text: str, template: str | None) -> Renderer
         return attrs.evolve(CHATML, source="the tokenizer's template, recognised as ChatML with its own tool format",
                             template=own, segments=attrs.evolve(
                                 CHATML_SEGMENTS, tool_call=segments.tool_call, tool_result=segments.tool_result,
-                                tool_definitions=segments.tool_definitions, roles=segments.roles))
+                                tool_arguments=segments.tool_arguments, tool_definitions=segments.tool_definitions,
+                                roles=segments.roles))
     source = "the tokenizer's chat template" if template in (None, "model") else "the episode's settings (Jinja)"
     return Renderer("template", source, segments, template=own)
 

@@ -199,7 +199,7 @@ class AgentRuntime(SelectiveReplay):
 
     def _on_plan(self, step: Step) -> None:
         self._observe(step)
-        plan = self._answer(f"{step.id}/plan", "plan", header_suffix=f"CALL {step.tool}(")
+        plan = self._answer(f"{step.id}/plan", "plan", header_suffix=self.renderer.get_plan_opening(step.tool))
         self._update(plans=(*self._state.plans, plan.id))
         for extension in self.extensions:  # e.g. the tool layer turns the plan into a call (issue 4)
             extension.after_plan(self, step, plan)
@@ -270,7 +270,7 @@ class AgentRuntime(SelectiveReplay):
         self._update(graph=self.graph.with_replaced(attrs.evolve(self.graph[block_id], committed=True)))
 
     def render_block(self, role: str, text: str) -> str:
-        """The text of a ``role`` block ('user' or 'system') appended now (impl/agent/render.py)."""
+        """The text of a ``role`` block ('user', 'system', or 'tool' with text the renderer gave) appended now."""
         last = self.graph[self._state.context[-1]] if self._state.context else None
         return self.renderer.render_after(last, self.engine.lm.encode, role, text)
 

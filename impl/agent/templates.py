@@ -40,8 +40,12 @@ PROBE_MEMORY = "Probe memory block."
 #: The probe's tool exchange: a call of a tool of this name (no arguments), then its result.
 PROBE_TOOL_NAME = "probe_tool_name"
 PROBE_TOOL_RESULT = "Probe tool result."
+#: The probe's arguments, to find where a call's arguments go (as the template writes them: ``tojson``).
+PROBE_ARGUMENTS = {"probe_argument": "Probe argument value."}
 TOOL_ROLE_NATIVE = "the template's own: the call in an assistant turn, the result in its tool role"
 TOOL_ROLE_MAPPED = "user, prefixed [result of tool NAME]"
+TOOL_CALL_NATIVE = "the template's own: the model writes the arguments of a call opened with the tool's name"
+TOOL_CALL_MAPPED = "an assistant turn opened with CALL NAME("
 #: The probe's tool definition (the function-schema shape chat templates read from ``tools=``).
 PROBE_TOOL_DEFINITION = {"type": "function", "function": {
     "name": PROBE_TOOL_NAME, "parameters": {"type": "object", "properties": {"probe_argument": {"type": "string"}},
@@ -91,6 +95,10 @@ class Segments:
     #: whether the template renders tool definitions (``tools=``) in its system block, append-only,
     #: leaving every later turn as it is (the first block is then the template's own rendering)
     tool_definitions: bool = False
+    #: where a call's arguments go: the call of tool N with arguments A renders as
+    #: ``tool_call.before + N + tool_arguments.fill(json(A))`` (None where the template has no
+    #: tool format, or writes arguments no way the probe could find)
+    tool_arguments: Segment | None = None
 
 
 #: ``render(messages, add_generation_prompt, tools=None)``: a compiled chat template
@@ -209,13 +217,16 @@ def build_segments(render: Render, encode: Callable[[str], list[int]], eos_ids: 
     system = get_mid_system(render, encode, probe[:n + 2])
     after_eos = get_after_eos(closing, encode, eos_ids)
     tool_call, tool_result = get_tool_segments(render, encode, probe[:n + 2], model)
+    arguments = get_call_arguments(render, encode, probe[:n + 2], tool_call, header, model)
     definitions = system_first and has_tool_definitions(render, encode, probe, renderings, model)
     roles = (("system prompt", "system" if system_first else "user"),
              ("system block mid-conversation", "system" if system is not None else "user"),
+             ("tool call (a plan)", TOOL_CALL_NATIVE if arguments is not None else TOOL_CALL_MAPPED),
              ("tool result", TOOL_ROLE_NATIVE if tool_result is not None else TOOL_ROLE_MAPPED),
              ("tool definitions", TOOL_DEFINITIONS_NATIVE if definitions else TOOL_DEFINITIONS_NONE),
              ("consecutive turns of one role", "one segment each, never merged"))
-    return Segments(first, user, system, header, closing, after_eos, roles, tool_call, tool_result, definitions)
+    return Segments(first, user, system, header, closing, after_eos, roles, tool_call, tool_result, definitions,
+                    arguments)
 
 
 def has_tool_definitions(render: Render, encode: Callable[[str], list[int]], probe: Sequence[Mapping[str, str]],
@@ -275,6 +286,33 @@ def get_tool_segments(render: Render, encode: Callable[[str], list[int]], head: 
     return Segment(*added[0].split(PROBE_TOOL_NAME)), Segment(*added[1].split(PROBE_TOOL_RESULT))
 
 
+def get_call_arguments(render: Render, encode: Callable[[str], list[int]], head: Sequence[Mapping[str, str]],
+                       tool_call: Segment | None, header: str, model: str) -> Segment | None:
+    """Where the template writes a call's arguments, so that the model can write them itself:
+    the text between the tool's name and the arguments' JSON, and after it. Only where the
+    call turn opens with the assistant header (the model's turn is decoded after the header
+    and the call's opening) and the probe's arguments are written once, as JSON (the
+    model's own text is parsed as JSON); appended as other turns are (:class:`TemplateError`
+    otherwise). None where any of that fails: plans then keep ``CALL NAME(``."""
+    if tool_call is None or not tool_call.before.startswith(header):
+        return None
+    call = {"role": "assistant", "content": "",
+            "tool_calls": [{"type": "function", "function": {"name": PROBE_TOOL_NAME, "arguments": PROBE_ARGUMENTS}}]}
+    result = {"role": "tool", "name": PROBE_TOOL_NAME, "content": PROBE_TOOL_RESULT}
+    try:
+        texts = [render(head, False), render([*head, call], False), render([*head, call, result], False)]
+    except TemplateError:
+        return None
+    added = texts[1][len(texts[0]):]
+    written = json.dumps(PROBE_ARGUMENTS)
+    if not (texts[1].startswith(texts[0]) and added.startswith(tool_call.before + PROBE_TOOL_NAME)
+            and added.count(written) == 1):
+        return None
+    between, after = added[len(tool_call.before + PROBE_TOOL_NAME):].split(written)
+    check_append_only(list(zip(("turns before", "tool call with arguments", "tool result"), texts)), encode, model)
+    return Segment(between, after)
+
+
 def split_turn(texts: Mapping[str, str], label: str, before: str, content: str, model: str) -> Segment:
     """The segment around ``content`` in what rendering ``label`` added to ``before``."""
     added = get_delta(texts, label, before)
@@ -332,8 +370,8 @@ def _msg(role: str, content: str) -> dict[str, str]:
     return {"role": role, "content": content}
 
 
-__all__ = ["PROBE_ASSISTANTS", "PROBE_MEMORY", "PROBE_SYSTEM", "PROBE_TOOL_DEFINITION", "PROBE_TOOL_NAME",
-           "PROBE_TOOL_RESULT", "PROBE_USERS", "TOOL_DEFINITIONS_NATIVE", "TOOL_DEFINITIONS_NONE", "TOOL_ROLE_MAPPED",
+__all__ = ["PROBE_ARGUMENTS", "PROBE_ASSISTANTS", "PROBE_MEMORY", "PROBE_SYSTEM", "PROBE_TOOL_DEFINITION", "PROBE_TOOL_NAME",
+           "PROBE_TOOL_RESULT", "PROBE_USERS", "TOOL_CALL_MAPPED", "TOOL_CALL_NATIVE", "TOOL_DEFINITIONS_NATIVE", "TOOL_DEFINITIONS_NONE", "TOOL_ROLE_MAPPED",
            "TOOL_ROLE_NATIVE", "Render", "Segment", "Segments", "TemplateError", "build_segments", "check_append_only",
-           "compile_template", "get_probe", "get_renderings", "get_tool_segments", "has_tool_definitions",
+           "compile_template", "get_call_arguments", "get_probe", "get_renderings", "get_tool_segments", "has_tool_definitions",
            "is_system_first", "render_first_with_tools"]

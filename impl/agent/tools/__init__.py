@@ -26,6 +26,7 @@ from unsee.impl.agent.tools.calls import (
     call_id_for,
     clean_value,
     parse_arguments,
+    parse_json_arguments,
     result_source,
 )
 from unsee.impl.agent.tools.catalog import Tool, default_tools
@@ -51,6 +52,7 @@ __all__ = [
     "clean_value",
     "default_tools",
     "parse_arguments",
+    "parse_json_arguments",
     "result_source",
     "snapshot_id",
 ]

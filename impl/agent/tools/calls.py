@@ -7,6 +7,7 @@ step has the same ID, which is what de-duplication keys on.
 
 from __future__ import annotations
 
+import json
 import re
 import unicodedata
 
@@ -29,7 +30,8 @@ READ_MODES = ("reexecute", "recorded")
 DEFAULT_READ_MODE = "reexecute"
 
 #: Where a tool parameter's value comes from.
-#: ``model``: parsed from the plan the model decoded after ``CALL tool(``;
+#: ``model``: parsed from the plan the model decoded after ``CALL tool(`` (or, where the
+#: template has its own call format, the JSON arguments it wrote: :func:`parse_json_arguments`);
 #: ``request``: parsed from the plan step's own text (the user's request);
 #: ``address``: the last e-mail address in the latest tool result in context
 #: (consequential calls' confirmations do not count), copied by the scaffold.
@@ -38,6 +40,8 @@ FILLERS = ("model", "request", "address")
 ADDRESS = re.compile(r"[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)+")
 _SPECIAL = re.compile(r"<\|[^|<>]{0,40}\|>")
 _NAMED = re.compile(r"\s*([A-Za-z_][A-Za-z0-9_]*)\s*=(.*)\Z", re.DOTALL)
+#: a JSON object's string member, possibly unterminated: ``"name": "value``
+_JSON_MEMBER = re.compile(r'"([A-Za-z_][A-Za-z0-9_]*)"\s*:\s*"((?:[^"\\]|\\.)*)')
 MAX_ARG_CHARS = 80
 
 #: The divergence kinds a forget report lists.
@@ -122,6 +126,40 @@ def parse_arguments(params: tuple[str, ...], text: str) -> tuple[dict[str, str],
     return args, closed
 
 
+def parse_json_arguments(params: tuple[str, ...], text: str) -> tuple[dict[str, str], bool]:
+    """Total, deterministic parse of the arguments a model wrote in its template's own call
+    format: a JSON object (then the rest of the call, ignored).
+
+    Well formed: ``text`` opens with a JSON object; its members named in ``params`` bind
+    (a value that is not a string is written as JSON), the others are ignored. Fallback
+    (the object does not parse, e.g. cut at ``max_new_tokens``): each ``"param": "value``
+    found binds, the first one a parameter's. Values are cleaned as :func:`parse_arguments`'
+    are; anything missing is ``''``.
+    """
+    args = {p: "" for p in params}
+    try:
+        found, _ = json.JSONDecoder().raw_decode(text.lstrip())
+    except ValueError:
+        found = None
+    if isinstance(found, dict):
+        for p in params:
+            value = found.get(p, "")
+            args[p] = clean_value(value if isinstance(value, str) else json.dumps(value, ensure_ascii=False))
+        return args, True
+    for name, value in _JSON_MEMBER.findall(text):
+        if name in args and not args[name]:
+            args[name] = clean_value(_unescape(value))
+    return args, False
+
+
+def _unescape(value: str) -> str:
+    """A JSON string's body unescaped, or as it is where it is cut inside an escape."""
+    try:
+        return json.loads(f'"{value}"')
+    except ValueError:
+        return value
+
+
 __all__ = [
     "ADDRESS",
     "DEFAULT_READ_MODE",
@@ -133,5 +171,6 @@ __all__ = [
     "call_id_for",
     "clean_value",
     "parse_arguments",
+    "parse_json_arguments",
     "result_source",
 ]

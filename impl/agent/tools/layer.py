@@ -33,6 +33,7 @@ from unsee.impl.agent.tools.calls import (
     Call,
     call_id_for,
     parse_arguments,
+    parse_json_arguments,
     result_source,
 )
 from unsee.impl.agent.tools.catalog import Tool, default_tools
@@ -116,12 +117,14 @@ class ToolLayer:
                 self.calls.append(call)
         source = result_source(call_id)
         withheld = source in self.withheld  # the result observation was forgotten: sanitized away
-        text = runtime.render_block("user", f"[result of tool {step.tool} call {call_id}]\n{'' if withheld else body}")
+        text = runtime.render_block(*runtime.renderer.get_call_result(step.tool, call_id, "" if withheld else body))
         runtime.append_block(source, "tool", text, parents=tuple(runtime.context),
                              sources=runtime.get_resident_sources() | (frozenset() if withheld else {source}))
 
     def _resolve_arguments(self, runtime, tool: Tool, step: Step, plan: RuntimeBlock) -> tuple[dict[str, str], bool]:
-        from_model, well_formed = parse_arguments(tool.params, plan.text)
+        # the model wrote JSON where the template's own call format opened the turn, else `a, b=c)`
+        parse = parse_json_arguments if runtime.renderer.has_native_calls() else parse_arguments
+        from_model, well_formed = parse(tool.params, plan.text)
         request = "\n".join(i.text for i in step.items)
         from_request, _ = parse_arguments(tool.params, request)
         address = self._latest_address(runtime)
