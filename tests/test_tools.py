@@ -138,12 +138,14 @@ def test_parse_named_positional_and_fallback():
     assert parse_arguments((), "anything)") == ({}, True)
 
 
-@given(st.text(max_size=200))
-def test_parse_is_total_and_deterministic(text):
+@pytest.mark.parametrize("parse", [parse_arguments, parse_json_arguments])
+@given(text=st.text(max_size=200))
+def test_parse_is_total_and_deterministic(parse, text):
     params = ("to", "body", "extra")
-    args, closed = parse_arguments(params, text)
-    assert (args, closed) == parse_arguments(params, text)
-    assert set(args) == set(params) and closed == (")" in text)
+    args, well_formed = parse(params, text)
+    assert (args, well_formed) == parse(params, text)
+    assert set(args) == set(params)
+    assert parse is not parse_arguments or well_formed == (")" in text)
     assert all(len(v) <= MAX_ARG_CHARS and v == v.strip() and v.isprintable() for v in args.values())
 
 
@@ -158,15 +160,6 @@ def test_parse_json_arguments_well_formed_and_fallback():
         {"to": "x@y.z", "body": 'say "hi" to'}, False)
     assert parse_json_arguments(params, "to=x)") == ({"to": "", "body": ""}, False)
     assert parse_json_arguments((), "{}") == ({}, True)
-
-
-@given(st.text(max_size=200))
-def test_parse_json_arguments_is_total_and_deterministic(text):
-    params = ("to", "body", "extra")
-    args, well_formed = parse_json_arguments(params, text)
-    assert (args, well_formed) == parse_json_arguments(params, text)
-    assert set(args) == set(params)
-    assert all(len(v) <= MAX_ARG_CHARS and v == v.strip() and v.isprintable() for v in args.values())
 
 
 # --- call IDs and the transition ----------------------------------------------------
