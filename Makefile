@@ -111,9 +111,10 @@ paper: $(VENV)/.installed
 # installed): bitwise facts of eager, sdpa and flash attention in bf16 and fp16,
 # calibrated bounds, forget == reset and timings on the tiny model, in one command
 # of under 10 minutes (bench/gpu.py's --deadline). No install: a path shim maps the
-# `unsee` namespace onto these folders. The few pure-Python packages torch and
+# `unsee` namespace onto these folders, and python -P keeps the working directory (whose
+# ./unsee/ holds only __init__.py) from shadowing it. The few pure-Python packages torch and
 # transformers do not bring come from $(GPU_WHEELS) where present (`make gpu-wheels`
-# fills it on a machine with network; carry it along). docs/gpu.md: the CPU dry run.
+# fills it on a machine with network; carry it along). docs/gpu.md: its run on an H100.
 GPU_PY     ?= python3
 GPU_DEVICE ?= cuda
 GPU_WHEELS ?= out/gpu-wheels
@@ -125,7 +126,7 @@ gpu:
 	for d in impl spec properties proofs bench; do ln -sfn $(CURDIR)/$$d $(GPU_SHIM)/unsee/$$d; done
 	if [ -d $(GPU_WHEELS) ]; then $(GPU_PY) -m pip install -q --no-index --find-links $(GPU_WHEELS) \
 		attrs hypothesis jinja2 tqdm; fi
-	PYTHONPATH=$(GPU_SHIM) $(GPU_PY) -m unsee.bench.gpu --device $(GPU_DEVICE) --out docs/gpu.md $(GPU_ARGS)
+	PYTHONPATH=$(CURDIR)/$(GPU_SHIM) $(GPU_PY) -P -m unsee.bench.gpu --device $(GPU_DEVICE) --out docs/gpu.md $(GPU_ARGS)
 
 gpu-wheels:
 	$(PY) -m pip download -q --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 \
