@@ -52,9 +52,9 @@ UNMEASURED = (True, True, False, False, False)
 #: CPU that is ``sdpa``: exact under the canonical chunking (its facts above), faster than
 #: ours in prefill and decode (``python -m unsee.bench.attention``), with its own shipped
 #: rows (decoding.SDPA_DRAFT_BOUNDS). A store records the attention it ran with, and is
-#: rebuilt with that one, not with this default (store/backend.py). On CUDA nothing has been
-#: measured here, so it stays eager's bits (``unsee_eager`` runs eager off the CPU) until
-#: ``make gpu`` (docs/gpu.md) measures the others there.
+#: rebuilt with that one, not with this default (store/backend.py). On CUDA it stays eager's
+#: bits (``unsee_eager`` runs eager off the CPU): the one ``make gpu`` run (docs/gpu.md, an
+#: H100) found sdpa's decode differing from its prefill there, and no CUDA bound ships.
 DEFAULT_ATTN = {"cpu": "sdpa", "cuda": "unsee_eager"}
 
 
