@@ -17,6 +17,7 @@ from unsee.impl.agent.episode import episode_to_json, load_episode, parse_episod
 from unsee.impl.cli.main import main
 from unsee.impl.conform.adapters import ADAPTERS as SHIPPED
 from unsee.impl.conform.adapters import redaction, reference, self_consistent
+from unsee.impl.conform.answers import AnswerContractError
 from unsee.impl.conform.contract import CONTRACT, CONTRACT_VERSION
 from unsee.impl.conform.episodes import TARGET, episode_jsons
 from unsee.impl.conform.harness import (
@@ -144,12 +145,13 @@ def test_the_schema_and_the_checker_require_the_same_fields(tmp_path):
         for key in parents:
             node = node[key]
         del node[last]
-        with pytest.raises(ImplementationError, match=rf"result ({re.escape(path)}|contract/version)\b"):
+        refused = AnswerContractError if path == "version" else ImplementationError
+        with pytest.raises(refused, match=rf"result ({re.escape(path)}|contract/version)\b"):
             read_result(broken, ("t1",), "secret")
 
 
 def junk(episode: str, forget: str | None = None) -> dict:
-    return {"contract": "unsee.conformance", "version": 1, "run": {}}
+    return {"contract": "unsee.conformance", "version": 2, "run": {}}
 
 
 def test_a_malformed_answer_is_a_failure_that_names_the_field(tmp_path):
@@ -282,7 +284,27 @@ def test_an_implementation_that_answers_differently_is_called_flaky(tmp_path):
     outcome = search(EntryPointImplementation("tests:sometimes_junk", sometimes_junk), tmp_path, examples=2)
     assert outcome.flaky and not outcome.passed
     assert outcome.failure.get_names() == ("implementation answered",)
-    assert "it is not deterministic, which the contract requires" in outcome.describe()
+    assert "is not deterministic, which the contract requires" in outcome.describe()
+    assert "answered differently (one run did not answer, the other did" in outcome.describe()
+
+
+def test_a_failure_that_does_not_repeat_is_not_called_non_deterministic(tmp_path):
+    """Issue 37: the store's random id held the secret's digits once, and the
+    report blamed determinism. A rerun whose answers agree in every field but
+    ``kept`` is reported as a failure that did not repeat."""
+    calls = []
+
+    def kept_once(episode: str, forget: str | None = None) -> dict:
+        calls.append(episode)
+        out = reference(episode, forget)
+        if len(calls) == 1:  # the first answer keeps a note of the target; none after
+            out["forget"]["kept"].append({"name": "scratch", "text": "noted: 4417 Elm"})
+        return out
+
+    outcome = search(EntryPointImplementation("tests:kept_once", kept_once), tmp_path, examples=2)
+    assert not outcome.passed and not outcome.flaky and outcome.failure.get_names() == ("residue (kept)",)
+    assert "scratch at byte 7" in outcome.describe() and "not deterministic" not in outcome.describe()
+    assert "the failure did not repeat on a rerun of the same episode" in outcome.describe()
 
 
 # --- through the CLI: the command path and the entry point ------------------------------------------

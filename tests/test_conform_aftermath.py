@@ -97,7 +97,8 @@ def kept(text):
 def test_residue_scans_variants_and_subtracts_what_the_counterfactual_keeps():
     values = ["4417 Elm"]
     assert check_residue({"kept": kept("row: 4417   ELM!")}, {"kept": []}, values).actual == [
-        "normalised variant '4417 elm' in db", "normalised variant '4417' in db"]
+        "normalised variant '4417 elm' in db at byte 5: b'row: 4417   ELM!'",
+        "normalised variant '4417' in db at byte 5: b'row: 4417   ELM!'"]
     assert check_residue({"kept": kept("x 4417 y")}, {"kept": kept("paid 4417")}, values).ok  # another item's number
     assert not check_residue({"kept": kept("x 4417 Elm")}, {"kept": kept("paid 4417")}, values).ok
     assert check_residue({"kept": [{"name": "t", "text": "tea"}]}, {}, values).status == PASS
@@ -105,7 +106,7 @@ def test_residue_scans_variants_and_subtracts_what_the_counterfactual_keeps():
 
 
 def test_a_malformed_kept_or_effects_names_the_field(tmp_path):
-    answer = {"contract": "unsee.conformance", "version": 1, "implementation": dict.fromkeys(
+    answer = {"contract": "unsee.conformance", "version": 2, "implementation": dict.fromkeys(
         ("name", "engine", "model"), "x"), "run": {"T": 1, "digest": "d", "turns": {}, "kept": [{"name": 1}]}}
     with pytest.raises(ImplementationError, match=r"result run.kept\[0\]"):
         read_result(answer, (), None)

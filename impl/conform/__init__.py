@@ -1,6 +1,7 @@
 """Conformance: check any implementation against the paper's claims (docs/conformance.md).
 
-``contract``       the contract's name, version and reference engine
+``contract``       the contract's name, version, the fields an answer may hold, and the reference engine
+``answers``        reading an answer strictly: another version or an undefined field is refused (exit 2)
 ``harness``        run generated episodes and their counterfactuals through an
                    implementation, compare, shrink a failure to an episode file
 ``checks``         the named checks, and those for what stays behind (residue,

@@ -9,8 +9,10 @@ answer:
 
 - ``residue``: ``forget.kept`` (every byte the implementation persists or
   holds after the forget) holds none of the target's text or its normalised
-  variants, beyond what the counterfactual run's ``run.kept`` holds (another
-  item may carry the same number);
+  variants standing as their own tokens (not digits inside a random id, not a
+  number field: :mod:`unsee.impl.util.residue`), beyond what the
+  counterfactual run's ``run.kept`` holds (another item may carry the same
+  number);
 - ``reopen``: ``forget.reopened`` (the session reopened from what it
   persisted) is the forgotten state;
 - ``idempotent``: ``forget.again`` (a second forget of the same source) changes
@@ -30,7 +32,7 @@ from typing import Any
 
 import attrs
 
-from unsee.impl.util.text import get_variants, normalize
+from unsee.impl.util.residue import Hit, find_hits, get_needles
 
 PASS, FAIL, NA = "pass", "fail", "n/a"
 
@@ -83,37 +85,27 @@ def get_kept_bytes(kept: list[dict]) -> dict[str, bytes]:
     return out
 
 
-def get_needles(values: list[str]) -> list[tuple[str, str, str]]:
-    """What a residue scan looks for (as ``unsee verify --value`` does, less
-    the token ids, which need the model): each value's exact text, the value
-    case-folded, and its normalised variants, as ``(description, view, text)``
-    where ``view`` is how the kept text is read (exact, folded, normalised)."""
-    needles = []
-    for value in values:
-        needles += [(f"the value {value!r}", "exact", value),
-                    (f"the value {value!r}, case-insensitively", "folded", value.casefold())]
-        needles += [(f"normalised variant {v!r}", "normalised", v) for v in get_variants(value)]
-    return needles
-
-
-def find_needles(kept: dict[str, bytes], values: list[str]) -> dict[str, list[str]]:
-    """Which needles of ``values`` each kept entry holds: description -> entry names."""
-    found: dict[str, list[str]] = {}
+def find_needles(kept: dict[str, bytes], values: list[str]) -> dict[str, list[Hit]]:
+    """Where the needles of ``values`` stand in each kept entry
+    (:mod:`unsee.impl.util.residue`): needle description -> its hits, one a file."""
+    needles = get_needles(values)
+    found: dict[str, list[Hit]] = {}
     for name, raw in kept.items():
-        text = raw.decode("utf-8", "replace")
-        views = {"exact": text, "folded": text.casefold(), "normalised": normalize(text)}
-        for description, view, what in get_needles(values):
-            if what and what in views[view] and name not in found.get(description, []):
-                found.setdefault(description, []).append(name)
+        for hit in find_hits(name, raw, needles):
+            found.setdefault(hit.needle, []).append(hit)
     return found
 
 
 def check_residue(forget: dict, twin_run: dict, values: list[str]) -> Check:
+    """No needle of the target stands in what the implementation keeps after
+    the forget, beyond the needles the counterfactual run's kept bytes hold too
+    (another item may carry the same number). Each finding names the file, the
+    byte offset and the bytes around it."""
     if forget.get("kept") is None:
         return Check(RESIDUE, None, None, na="the implementation reports no kept bytes (forget.kept)")
     after = find_needles(get_kept_bytes(forget["kept"]), values)
     baseline = find_needles(get_kept_bytes(twin_run.get("kept") or []), values)
-    residue = sorted(f"{needle} in {', '.join(names)}" for needle, names in after.items() if needle not in baseline)
+    residue = sorted(hit.describe() for needle, hits in after.items() if needle not in baseline for hit in hits)
     return Check(RESIDUE, residue, [])
 
 
@@ -190,4 +182,4 @@ def read_aftermath(raw: dict, problem) -> None:
 
 __all__ = ["AFTERMATH_CHECKS", "EFFECTS", "FAIL", "IDEMPOTENT", "NA", "PASS", "REOPEN", "RESIDUE", "Check",
            "check_aftermath", "check_effects", "check_idempotent", "check_reopen", "check_residue",
-           "find_needles", "get_kept_bytes", "get_needles", "read_aftermath"]
+           "find_needles", "get_kept_bytes", "read_aftermath"]

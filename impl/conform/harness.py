@@ -61,18 +61,14 @@ from unsee.impl.agent.episode import (
     load_episode,
     parse_episode,
 )
-from unsee.impl.conform.checks import Check, check_aftermath, read_aftermath
-from unsee.impl.conform.contract import CONTRACT, CONTRACT_VERSION, REFERENCE_ENGINE, REFERENCE_MODELS
-
-
-class ConformanceInputError(ValueError):
-    """Bad input to the harness itself (not a failure of the implementation)."""
-
-
-class ImplementationError(RuntimeError):
-    """The implementation did not answer a request (crash, timeout, no or
-    malformed JSON): a conformance failure like any other."""
-
+from unsee.impl.conform.answers import (
+    AnswerContractError,
+    ConformanceInputError,
+    ImplementationError,
+    read_result,
+)
+from unsee.impl.conform.checks import Check, check_aftermath
+from unsee.impl.conform.contract import REFERENCE_ENGINE, REFERENCE_MODELS
 
 # --- implementations -------------------------------------------------------------
 
@@ -222,81 +218,6 @@ class Expected:
                    any(s.kind == "plan" and s.tool for s in episode.steps))
 
 
-# --- reading an answer --------------------------------------------------------------
-
-def _problem(where: str, message: str) -> ImplementationError:
-    return ImplementationError(f"result {where}: {message}")
-
-
-def _int(value: Any, where: str) -> int:
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise _problem(where, f"must be an integer, got {value!r}")
-    return value
-
-
-def _str(value: Any, where: str) -> str:
-    if not isinstance(value, str) or not value:
-        raise _problem(where, f"must be a non-empty string, got {value!r}")
-    return value
-
-
-def _turns(value: Any, where: str, expected: Sequence[str]) -> dict[str, list[int]]:
-    if not isinstance(value, dict):
-        raise _problem(where, "must be an object: step id -> list of token ids")
-    if sorted(value) != sorted(expected):
-        raise _problem(where, f"must name exactly the steps with a model turn {list(expected)}, "
-                              f"got {sorted(value)}")
-    for step, ids in value.items():
-        if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
-            raise _problem(f"{where}.{step}", "must be a list of integer token ids")
-    return value
-
-
-def _object(value: Any, where: str) -> dict:
-    if not isinstance(value, dict):
-        raise _problem(where, f"must be an object, got {type(value).__name__}")
-    return value
-
-
-def read_result(raw: Any, turn_steps: Sequence[str], forget: str | None) -> dict:
-    """Validate an answer against docs/conformance.schema.json (by hand: the
-    messages name the field) and return it. A malformed answer raises
-    :class:`ImplementationError`."""
-    raw = _object(raw, "")
-    if raw.get("contract") != CONTRACT or raw.get("version") != CONTRACT_VERSION:
-        raise _problem("contract/version", f"must be {CONTRACT!r} version {CONTRACT_VERSION}, got "
-                                           f"{raw.get('contract')!r} version {raw.get('version')!r}")
-    impl = _object(raw.get("implementation"), "implementation")
-    for key in ("name", "engine", "model"):
-        _str(impl.get(key), f"implementation.{key}")
-    run = _object(raw.get("run"), "run")
-    _int(run.get("T"), "run.T")
-    _str(run.get("digest"), "run.digest")
-    _turns(run.get("turns"), "run.turns", turn_steps)
-    if forget is None:
-        for key in ("forget", "reset"):
-            if raw.get(key) is not None:
-                raise _problem(key, "must be absent when no forget was requested")
-        read_aftermath(raw, _problem)
-        return raw
-    answer = _object(raw.get("forget"), "forget")
-    if answer.get("source") != forget:
-        raise _problem("forget.source", f"must be the requested source {forget!r}, got {answer.get('source')!r}")
-    for key in ("tau", "boundary", "invocations"):
-        _int(answer.get(key), f"forget.{key}")
-    reset = _object(raw.get("reset"), "reset")
-    _int(reset.get("invocations"), "reset.invocations")
-    for name, part in (("forget", answer), ("reset", reset)):
-        _str(part.get("digest_before"), f"{name}.digest_before")
-        _str(part.get("digest_after"), f"{name}.digest_after")
-        _turns(part.get("turns"), f"{name}.turns", turn_steps)
-    read_aftermath(raw, _problem)
-    for key in ("reopened", "again"):
-        if answer.get(key) is not None:
-            _turns(answer[key]["turns"], f"forget.{key}.turns", turn_steps)
-    return raw
-
-
 # --- the checks -------------------------------------------------------------------
 
 #: The checks whose failure means a forget that is not the counterfactual
@@ -431,6 +352,25 @@ class Harness:
 # --- the search --------------------------------------------------------------------------
 
 @attrs.frozen
+class Rerun:
+    """The failed episode asked again: where the answers differed (None: every
+    field but ``kept`` repeated), and whether a check failed again."""
+
+    differs: str | None
+    failed_again: bool
+
+    def describe(self) -> str:
+        if self.differs is not None:
+            return (f"a rerun of the same episode answered differently {self.differs}: the implementation is "
+                    "not deterministic, which the contract requires")
+        if self.failed_again:
+            return "a rerun of the same episode answered the same and failed again"
+        return ("the failure did not repeat on a rerun of the same episode, whose answers agreed in every field "
+                "but the kept bytes: the finding stands for the run that made it, and what differs between the "
+                "runs is what the implementation kept")
+
+
+@attrs.frozen
 class Outcome:
     """What a conformance run found: pass, or the shrunk failure and where it was written."""
 
@@ -439,8 +379,13 @@ class Outcome:
     failure: Failure | None = None
     counterexample: Path | None = None
     answers: Path | None = None
-    flaky: bool = False
+    rerun: Rerun | None = None  # the failed episode asked again, where the failure did not repeat
     records: tuple[Record, ...] = ()  # every episode checked (the reports list them)
+
+    @property
+    def flaky(self) -> bool:
+        """A rerun of the failed episode answered differently."""
+        return self.rerun is not None and self.rerun.differs is not None
 
     @property
     def passed(self) -> bool:
@@ -459,9 +404,8 @@ class Outcome:
                  f"{len(episode.steps)}, tau = {tau} (target {episode.target.source!r} in a "
                  f"{episode.steps[tau - 1].kind} step, policy {episode.settings.checkpoint_policy}):",
                  self.failure.describe()]
-        if self.flaky:
-            lines.append("  (the implementation answered the same episode differently on a rerun: "
-                         "it is not deterministic, which the contract requires)")
+        if self.rerun is not None:
+            lines.append(f"  ({self.rerun.describe()})")
         lines += [f"counterexample  {self.counterexample}",
                   json.dumps(episode_to_json(episode), sort_keys=True),
                   f"answers         {self.answers}", f"rerun           {self.get_rerun()}"]
@@ -498,6 +442,7 @@ def search(implementation: Implementation, out: Path, examples: int = 10, max_st
     if examples < 1 or max_steps < 1:
         raise ConformanceInputError(f"examples ({examples}) and max_steps ({max_steps}) must be at least 1")
     failures: list[Failure] = []
+    refused: list[AnswerContractError] = []
     count = 0
     with tempfile.TemporaryDirectory(prefix="unsee-conform-") as tmp:
         harness = Harness(implementation, Path(tmp), reference)
@@ -508,8 +453,14 @@ def search(implementation: Implementation, out: Path, examples: int = 10, max_st
         @given(episode_jsons(1, max_steps))
         def conforms(raw: dict) -> None:
             nonlocal count
+            if refused:  # an answer the contract cannot read ends the search: nothing to shrink
+                return
             count += 1
-            failure = harness.check_episode(parse_episode(raw))
+            try:
+                failure = harness.check_episode(parse_episode(raw))
+            except AnswerContractError as exc:
+                refused.append(exc)
+                return
             if failure is not None:
                 failures.append(failure)
                 raise _Rejected(failure.describe())
@@ -521,12 +472,49 @@ def search(implementation: Implementation, out: Path, examples: int = 10, max_st
         except ConformanceInputError:
             raise
         except Exception as exc:  # _Rejected, or Hypothesis's report that a failure did not repeat
+            if refused:
+                raise refused[0] from None
             if not failures:
                 raise
-            flaky = not isinstance(exc, _Rejected)
+            rerun = None if isinstance(exc, _Rejected) else rerun_failure(harness, failures[-1])
             episode, answers = write_failure(failures[-1], out)
-            return Outcome(implementation, count, failures[-1], episode, answers, flaky, tuple(harness.records))
+            return Outcome(implementation, count, failures[-1], episode, answers, rerun, tuple(harness.records))
+        if refused:
+            raise refused[0]
     return Outcome(implementation, count, records=tuple(harness.records))
+
+
+def get_rerun_difference(first: Any, again: Any, path: str = "") -> str | None:
+    """The first field where two answers to the same requests differ, ``kept``
+    aside (an implementation may keep a random id; the contract requires its
+    state, tokens and counts to repeat, not its bytes), or None."""
+    if isinstance(first, dict) and isinstance(again, dict):
+        for key in sorted(set(first) | set(again)):
+            if key == "kept":
+                continue
+            where = f"{path}.{key}" if path else key
+            if key not in first or key not in again:
+                return where
+            found = get_rerun_difference(first[key], again[key], where)
+            if found is not None:
+                return found
+        return None
+    return None if first == again else (path or "the answer")
+
+
+def rerun_failure(harness: Harness, failure: Failure) -> Rerun:
+    """Ask the failed episode again (Hypothesis saw the failure not repeat):
+    the implementation is called non-deterministic only where the rerun's
+    answers differ from the failure's."""
+    again = harness.check_episode(failure.episode)
+    answers = harness.records[-1].answers
+    if failure.error is not None or (again is not None and again.error is not None):
+        same = again is not None and again.error == failure.error
+        differs = None if same else "(one run did not answer, the other did, or not the same way)"
+    else:
+        field = get_rerun_difference(failure.answers, answers)
+        differs = None if field is None else f"at `{field}`"
+    return Rerun(differs, again is not None)
 
 
 def check_file(implementation: Implementation, episode_path: str | Path, out: Path,
@@ -570,8 +558,11 @@ def conformance_test(command: Sequence[str] | None = None, entry: str | None = N
 
         active = settings()
         count = examples if examples is not None else max(2, active.max_examples // 20)
-        outcome = search(make_implementation(command, entry), tmp_path, count, max_steps,
-                         derandomize=active.derandomize, reference=reference)
+        try:
+            outcome = search(make_implementation(command, entry), tmp_path, count, max_steps,
+                             derandomize=active.derandomize, reference=reference)
+        except AnswerContractError as exc:  # the message `unsee conform` exits 2 with
+            raise AssertionError(f"error: {exc}") from None
         assert outcome.passed, outcome.describe()
 
     return test_conforms

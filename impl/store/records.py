@@ -15,7 +15,7 @@ from typing import Any
 
 from unsee.impl.agent.tools.layer import TOOLS
 from unsee.impl.store.schema import StoreError
-from unsee.impl.util.text import get_variants, normalize
+from unsee.impl.util.residue import find_hits, get_needles
 
 
 def canonical_record(record: dict) -> dict:
@@ -106,35 +106,28 @@ def session_files(path: str | Path) -> list[Path]:
 def find_residue(files: Iterable[str | Path], value: str, encode=None) -> list[str]:
     """Where a target value survives in the raw bytes of ``files``.
 
-    Looks, in every byte of every file (live rows, free pages, journal), for:
-    the value's UTF-8 bytes; the value case-insensitively (the bytes decoded
-    as UTF-8 and casefolded); each normalised variant of
-    :func:`~unsee.impl.util.text.get_variants` in the normalised decoded text; and,
-    with ``encode`` (a tokenizer's ``encode``), the value's token ids as the
-    store packs them (uint32 little-endian), with and without a leading
-    space. Returns one line per finding; empty means no residue."""
-    needles = {"utf-8": value.encode("utf-8", "surrogatepass")}
+    Looks, in every byte of every file (live rows, free pages, journal), for
+    the value and its normalised variants standing as their own tokens
+    (:mod:`unsee.impl.util.residue`: not digits inside a random id, not a
+    number field), and, with ``encode`` (a tokenizer's ``encode``), for the
+    value's token ids as the store packs them (uint32 little-endian), with and
+    without a leading space. Returns one line per finding, naming the file,
+    the byte offset and the bytes around it; empty means no residue."""
+    packed = {}
     if encode is not None:
         for prefix in ("", " "):
             ids = encode(prefix + value)
             if ids:
-                needles[f"token ids of {prefix + value!r}"] = pack_tokens(ids)
-    folded = value.casefold()
-    variants = get_variants(value)
+                packed[f"token ids of {prefix + value!r}"] = pack_tokens(ids)
+    needles = get_needles([value])
     found = []
     for path in files:
         raw = Path(path).read_bytes()
-        for kind, needle in needles.items():
+        found += [h.describe() for h in find_hits(str(path), raw, needles)]
+        for kind, needle in packed.items():
             at = raw.find(needle)
-            if needle and at >= 0:
-                found.append(f"{path}: {kind} at byte {at}")
-        text = raw.decode("utf-8", "replace")
-        if folded and folded in text.casefold():
-            found.append(f"{path}: the value, case-insensitively")
-        normalized = normalize(text)
-        for variant in variants:
-            if variant in normalized:
-                found.append(f"{path}: normalised variant {variant!r}")
+            if at >= 0:
+                found.append(f"{kind} in {path} at byte {at}")
     return found
 
 
