@@ -29,6 +29,7 @@ here so that callers keep reading ``adapter.new_cache``.
 from __future__ import annotations
 
 import copy
+import inspect
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -452,21 +453,32 @@ def forward_all_logits(model, token_ids: Sequence[int], cache) -> torch.Tensor:
     return _forward(model, token_ids, cache, logits_to_keep=0)  # 0 keeps every position
 
 
+def get_cache_argument(model) -> str:
+    """The name a model's forward takes its KV cache by: ``cache`` from
+    transformers 5.24 on (``past_key_values`` is deprecated there and goes in
+    5.40), ``past_key_values`` before. Read from the signature, per class."""
+    forward = type(model).forward
+    name = _CACHE_ARGUMENT.get(forward)
+    if name is None:
+        name = "cache" if "cache" in inspect.signature(forward).parameters else "past_key_values"
+        _CACHE_ARGUMENT[forward] = name
+    return name
+
+
+_CACHE_ARGUMENT: dict = {}  # a model class's forward -> the name of its cache argument
+
+
 def _forward(model, token_ids: Sequence[int], cache, logits_to_keep: int) -> torch.Tensor:
     """One forward appending `token_ids` to `cache` in place; logits [kept, vocab]."""
     device = model.get_input_embeddings().weight.device
     past = cache_length(cache)
     n = len(token_ids)
+    argument = get_cache_argument(model)
     with torch.inference_mode():
         input_ids = torch.tensor([list(token_ids)], dtype=torch.long, device=device)
         position_ids = torch.arange(past, past + n, dtype=torch.long, device=device).unsqueeze(0)
-        out = model(
-            input_ids=input_ids,
-            position_ids=position_ids,
-            past_key_values=cache,
-            use_cache=True,
-            logits_to_keep=logits_to_keep,
-        )
-        if out.past_key_values is not cache:  # the cache must be updated in place
+        out = model(input_ids=input_ids, position_ids=position_ids, use_cache=True, logits_to_keep=logits_to_keep,
+                    **{argument: cache})
+        if getattr(out, argument) is not cache:  # the cache must be updated in place
             raise RuntimeError(f"transformers {TRANSFORMERS_VERSION}: model returned a new cache object")
         return out.logits[0]
