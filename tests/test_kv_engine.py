@@ -245,3 +245,18 @@ def test_engine_keeps_freed_host_memory_for_reuse():
     assert faults < 8_000
     retained, faults = run({"UNSEE_RETAIN_HOST_MEMORY": "0"})
     assert not retained and faults > 8_000
+
+
+def test_forwards_use_the_cache_argument_the_model_takes(tiny_engine, lm):
+    """transformers 5.24 deprecates ``past_key_values`` for ``cache`` (removed in
+    5.40): a prefill and a decode raise no FutureWarning, so the adapter passes
+    the name the model's forward takes (issue 41, item 4)."""
+    import warnings
+
+    from unsee.impl.engines.hf.adapter import get_cache_argument
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        handle = fresh(tiny_engine, ids(lm, 12))
+        tiny_engine.generate(handle, 3, stop_ids=())
+    assert get_cache_argument(lm.model) in ("cache", "past_key_values")
