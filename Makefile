@@ -18,7 +18,7 @@ PIP_C      = $(if $(CONSTRAINTS),-c $(CONSTRAINTS))
 PIP_C_VLLM = $(if $(VLLM_CONSTRAINTS),-c $(VLLM_CONSTRAINTS))
 PIP_C_CONFORM = $(if $(CONFORM_CONSTRAINTS),-c $(CONFORM_CONSTRAINTS))
 
-.PHONY: demo test lint nightly bench paper install clean gpu gpu-wheels vllm test-vllm lock serve scorecard eval-qwen crossmodel
+.PHONY: demo test lint nightly flake bench paper install clean gpu gpu-wheels vllm test-vllm lock serve scorecard eval-qwen crossmodel
 
 $(VENV)/.installed: pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
@@ -69,6 +69,23 @@ test: $(VENV)/.test-installed
 
 nightly: $(VENV)/.test-installed
 	UNSEE_PROFILE=nightly $(PY) -m pytest -q
+
+# Flakes found before CI finds them: the suite (and the vLLM venv's tests) FLAKE_RUNS
+# times under the `flake` profile (the ci bounds, randomized), a fresh seed each run,
+# then every test that failed in any run, with the seed that replays it
+# (tests/flake_report.py; exit 1 if there is one). About FLAKE_RUNS x `make test`.
+FLAKE_RUNS ?= 3
+flake: $(VENV)/.test-installed $(VLLM_VENV)/.installed
+	rm -rf out/flake && mkdir -p out/flake
+	for i in $$(seq 1 $(FLAKE_RUNS)); do \
+	  seed=$$(od -An -N4 -tu4 /dev/urandom | tr -d ' '); echo "run $$i of $(FLAKE_RUNS): --hypothesis-seed=$$seed"; \
+	  UNSEE_PROFILE=flake $(PY) -m pytest -q --hypothesis-seed=$$seed \
+	    --junitxml=out/flake/run-$$i-seed-$$seed.xml > out/flake/run-$$i.log 2>&1; tail -n 1 out/flake/run-$$i.log; \
+	  UNSEE_PROFILE=flake UNSEE_ENGINE=vllm-tiny OMP_NUM_THREADS=1 $(VLLM_PY) -m pytest -q --hypothesis-seed=$$seed \
+	    --junitxml=out/flake/vllm-$$i-seed-$$seed.xml $(VLLM_TESTS) > out/flake/vllm-$$i.log 2>&1; \
+	  tail -n 1 out/flake/vllm-$$i.log; \
+	done
+	$(PY) tests/flake_report.py out/flake/*.xml
 
 # Everything docs/bench.md and docs/drafts.md report, on SmolLM2 (add
 # DEVICE=cuda DTYPE=bfloat16 on a GPU: drafts are then off, see docs/drafts.md).
@@ -149,8 +166,10 @@ $(VLLM_VENV)/.installed: pyproject.toml $(VLLM_CONSTRAINTS)
 vllm: $(VLLM_VENV)/.installed
 
 # What CI runs of the vLLM engine, on its tiny model (a small budget; `make test` runs it)
+VLLM_TESTS := tests/test_vllm.py properties/prop_impl_engines.py properties/prop_engine_verbs.py \
+	properties/prop_engine_machine.py
 test-vllm: $(VLLM_VENV)/.installed
-	UNSEE_ENGINE=vllm-tiny OMP_NUM_THREADS=1 $(VLLM_PY) -m pytest -q tests/test_vllm.py properties/prop_impl_engines.py properties/prop_engine_verbs.py properties/prop_engine_machine.py
+	UNSEE_ENGINE=vllm-tiny OMP_NUM_THREADS=1 $(VLLM_PY) -m pytest -q $(VLLM_TESTS)
 
 # Re-pin every package: fresh venvs from pyproject.toml alone (no constraints),
 # frozen into constraints/*.txt. Run after changing a dependency; commit the result.

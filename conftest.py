@@ -25,7 +25,10 @@ Hypothesis profiles, chosen by the UNSEE_PROFILE variable:
 
 - ``ci``: bounded and deterministic (derandomized), the default under CI=true;
 - ``dev``: the default on a workstation, same bounds but randomized;
-- ``nightly``: large example counts for the long runs.
+- ``nightly``: large example counts for the long runs;
+- ``flake``: the ``ci`` bounds, randomized from ``--hypothesis-seed`` (``make
+  flake`` runs the suite under it several times, a fresh seed each run, and
+  reports every test that failed in any run: tests/flake_report.py).
 """
 
 import os
@@ -44,6 +47,14 @@ settings.register_profile(
     "dev",
     max_examples=60,
     deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+settings.register_profile(
+    "flake",
+    max_examples=60,
+    deadline=None,
+    print_blob=True,
+    database=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
 settings.register_profile(
