@@ -24,7 +24,8 @@ import threading
 import time
 from pathlib import Path
 
-from unsee import AgentRuntime, Item, Settings, Step, load_engine
+from unsee import Item, Settings, Step, load_engine
+from unsee.impl.agent.tools.client import ClientToolRuntime
 
 
 def get_percentile(values: list[float], q: float) -> float:
@@ -68,9 +69,10 @@ def run_script(client, conv_id: str, script: list[tuple], deadline: float, timin
 
 def replay_serially(engine, system: str, settings: Settings, done: list[tuple]) -> tuple[str, int]:
     """The conversation's operations on a fresh runtime, in-process, one at a time:
-    its digest, and the KV bytes its runtime held."""
+    its digest, and the KV bytes its runtime held (the server's runtime: a conversation with no
+    tools runs under its system prompt alone)."""
     before = engine.budget.memory().held_bytes
-    runtime = AgentRuntime.start(engine, system=system, settings=settings)
+    runtime = ClientToolRuntime.start(engine, system=system, settings=settings)
     n = 0
     for op in done:
         if op[0] == "response":
