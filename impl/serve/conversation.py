@@ -22,9 +22,9 @@ alone keeps its own, and a stream can name an answer before it is decoded.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
-import secrets
 import threading
 import time
 from collections.abc import Sequence
@@ -64,8 +64,14 @@ def get_answer_ids(key: str, n_calls: int) -> tuple[str, list[tuple[str, str]]]:
     return f"msg_{key}", [(f"fc_{key[:24]}_{i}", f"call_{key[:24]}_{i}") for i in range(n_calls)]
 
 
-def new_item_id(kind: str) -> str:
-    return ("fco_" if kind == "function_call_output" else "msg_") + secrets.token_hex(12)
+def compute_item_id(item: dict, turn: int, position: int) -> str:
+    """The server's id for an item the client named none: a hash of the turn it is observed in,
+    its place there and its content, so two conversations given the same items in the same turns
+    name them alike (the twin of a forget: same digest, same items). Not of a tool output's
+    call id: a replay reuses an output for the same call made anew, whose id is new."""
+    key = json.dumps([turn, position, item["kind"], item["text"]])
+    prefix = "fco_" if item["kind"] == "function_call_output" else "msg_"
+    return prefix + hashlib.sha256(key.encode()).hexdigest()[:24]
 
 
 def get_prompt(runtime, step_id: str) -> list[int]:
@@ -144,13 +150,21 @@ class Conversation:
         self.record = record
 
     @staticmethod
-    def assign_ids(record: dict, items: list[dict], used: set[str]) -> list[dict]:
-        """``items`` with an id each (the client's, or a new one), refused if one is taken."""
+    def assign_ids(record: dict, items: list[dict], used: set[str], turn: int = 1) -> list[dict]:
+        """``items`` (to be observed in step ``turn``, after the waiting ones) with an id each: the
+        client's, or :func:`compute_item_id` (the next free one, where a forgotten item took it);
+        refused if the client's is taken."""
         taken = used | {p["id"] for p in record["pending"]} | get_held_ids(record)
         out = []
-        for item in items:
-            item_id = item["id"] or new_item_id(item["kind"])
-            if item_id in taken:
+        for position, item in enumerate(items, start=len(record["pending"])):
+            item_id = item["id"]
+            if item_id is None:
+                base = item_id = compute_item_id(item, turn, position)
+                for n in itertools.count(2):
+                    if item_id not in taken:
+                        break
+                    item_id = f"{base}_{n}"
+            elif item_id in taken:
                 raise bad_request(f"item id {item_id!r} is already used in conversation {record['id']}",
                                   param="id")
             taken.add(item_id)
@@ -232,8 +246,11 @@ class Conversation:
                 return item
         raise not_found(f"no item {item_id!r} in conversation {self.id}", param="item_id")
 
+    def get_next_turn(self) -> int:
+        return (self.runtime.t if self.runtime is not None else 0) + 1
+
     def add_items(self, items: list[dict]) -> list[dict]:
-        added = self.assign_ids(self.record, items, self.get_used_ids())
+        added = self.assign_ids(self.record, items, self.get_used_ids(), self.get_next_turn())
         self.save({**self.record, "pending": self.record["pending"] + added})
         ids = {a["id"] for a in added}
         return [i for i in self.get_items() if i["id"] in ids]
@@ -263,5 +280,5 @@ def get_waiting_items(record: dict) -> list[dict]:
                                      p["call_id"]) for p in record["pending"]]
 
 
-__all__ = ["SIDECAR", "STORE", "Conversation", "compute_answer_key", "get_answer_ids", "get_answer_items",
-           "get_call_ids", "get_held_ids", "get_prompt", "get_waiting_items", "new_item_id", "write_json_atomic"]
+__all__ = ["SIDECAR", "STORE", "Conversation", "compute_answer_key", "compute_item_id", "get_answer_ids",
+           "get_answer_items", "get_call_ids", "get_held_ids", "get_prompt", "get_waiting_items", "write_json_atomic"]

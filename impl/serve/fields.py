@@ -161,7 +161,7 @@ CHAT_FIELDS = (
     Field("top_logprobs", REFUSED, "log probabilities are not returned", _absent),
     Field("audio", REFUSED, "text only", _absent),
     Field("prediction", REFUSED, "no predicted outputs", _absent),
-    Field("web_search_options", REFUSED, "no hosted tools", _absent),
+    Field("web_search_options", REFUSED, "no hosted tools", lambda v: v is None),
 )
 
 CONVERSATION_FIELDS = (

@@ -156,7 +156,7 @@ def respond(conv: Conversation, engine, req: dict, defaults: Settings, response_
             req["tools"] or req["instructions"] is not None):
         raise bad_request("tools and instructions: this conversation was stored before the server served them; "
                           "start a new one", param="tools")
-    items = conv.assign_ids(conv.record, req["items"], conv.get_used_ids())
+    items = conv.assign_ids(conv.record, req["items"], conv.get_used_ids(), conv.get_next_turn())
     config = get_config(conv, req)
     todo, bound = bind_outputs(conv, conv.record["pending"] + items)
     step = get_step(conv, todo)  # refuses before anything is written
