@@ -144,11 +144,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", help="write the figures as JSON here")
     args = parser.parse_args(argv)
     out = run(args)
-    print(json.dumps(out, indent=1))
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(out, indent=1))
+    report(out, args.out)
     return 0 if out["digests_differ"] == 0 and out["kv_budget"] < out["kv_sum_bytes"] else 1
+
+
+def report(out: dict, path: str | None) -> None:
+    """Print a serve bench's figures, and write them as JSON to ``path`` where given."""
+    print(json.dumps(out, indent=1))
+    if path:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps(out, indent=1))
 
 
 if __name__ == "__main__":

@@ -14,13 +14,12 @@ with the last; the ratio is what streaming saves.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import tempfile
 import time
-from pathlib import Path
 
 from unsee import Settings, load_engine
+from unsee.bench.serve_load import report
 
 QUESTIONS = ("Explain in a few sentences how a refrigerator keeps food cold.",
              "Now explain how a heat pump warms a house.", "Which of the two uses more energy, and why?",
@@ -70,11 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-output-tokens", type=int, default=64)
     parser.add_argument("--out", help="write the figures as JSON here")
     args = parser.parse_args(argv)
-    out = run(args)
-    print(json.dumps(out, indent=1))
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(out, indent=1))
+    report(run(args), args.out)
     return 0
 
 

@@ -17,8 +17,8 @@ httpx = pytest.importorskip("httpx")
 from unsee import Settings
 from unsee.impl.cli.main import main
 from unsee.impl.engines.registry import make_engine
-from unsee.impl.serve.pool import Pool
 from unsee.impl.serve.app import get_owner_of
+from unsee.impl.serve.pool import Pool
 from unsee.impl.serve.server import ServerThread, read_api_keys
 
 KEY = "sk-test-0123456789"
