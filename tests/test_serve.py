@@ -391,3 +391,29 @@ def test_a_stateless_response_stores_nothing(client, server):
                                                                    for m in history])
     assert kept.output_text == chat.choices[0].message.content  # computed as the chat completion is
     assert json.loads(kept.model_dump_json())["usage"]["input_tokens"] == chat.usage.prompt_tokens
+
+
+def test_removed_texts_leave_no_file_the_server_keeps_after_a_restart(lm, tmp_path):
+    """A tool output forgotten, a waiting item deleted, a conversation deleted: after a restart no
+    file under the store root holds a byte of their text (the store, the sidecar's tool records
+    and waiting lists, the owner index)."""
+    removed = {"o1": "The vault code is 9-4-7-1.", "w1": "My passport number is X1234.",
+               "x1": "Deleted along with its conversation."}
+    with ServerThread(Pool(make_engine(lm), tmp_path, defaults=SETTINGS), "tiny") as srv:
+        c = openai.OpenAI(base_url=srv.url, api_key="unused", max_retries=0)
+        conv = c.conversations.create(items=[user("r1", "Look it up.")])
+        c.responses.create(model="tiny", conversation=conv.id)
+        c.responses.create(model="tiny", conversation=conv.id, input=[
+            {"type": "function_call_output", "call_id": "call_9", "output": removed["o1"], "id": "o1", "name": "vault"}])
+        c.conversations.items.create(conv.id, items=[user("w1", removed["w1"])])
+        for item_id in ("o1", "w1"):
+            assert c.conversations.items.delete(item_id, conversation_id=conv.id).model_extra["removed"][0] == item_id
+        other = c.conversations.create(items=[user("x1", removed["x1"])])
+        c.responses.create(model="tiny", conversation=other.id)
+        c.conversations.delete(other.id)
+        digest = state(c, conv.id)["digest"]
+    with ServerThread(Pool(make_engine(lm), tmp_path, defaults=SETTINGS), "tiny") as srv:
+        assert state(openai.OpenAI(base_url=srv.url, api_key="unused", max_retries=0), conv.id)["digest"] == digest
+    found = [(str(p.relative_to(tmp_path)), k) for p in tmp_path.rglob("*") if p.is_file()
+             for k, text in removed.items() if text.encode() in p.read_bytes()]
+    assert not found

@@ -115,7 +115,7 @@ def complete(pool: Pool, req: dict, messages: list[dict], owner: str, listener=N
     config = Config(system, req["tools"], req["choice"], req["function"], req["parallel"])
     with pool.engine_lock:
         try:
-            return {**pool.get_chat(owner).complete(messages, settings, config, listener), "settings": settings}
+            return {**pool.open_chat(owner).complete(messages, settings, config, listener), "settings": settings}
         finally:
             pool.enforce_budget()
 

@@ -11,7 +11,7 @@ inside the engine's prefix cache (B5'), whose sources are the lineages of the
 owner's last :attr:`ChatCache.size` completions: a block whose chunk history
 and tokens equal a cached lineage's is served from that lineage's KV, which
 is the KV a prefill computes, bit for bit; nothing else is reused. Each API
-key has its own cache (:meth:`Pool.get_chat`), so ``cached_tokens`` tells no
+key has its own cache (:meth:`Pool.open_chat`), so ``cached_tokens`` tells no
 key what another sent. The cache never reads a conversation's lineages, so a
 conversation's forget has nothing to chase here.
 """

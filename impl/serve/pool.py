@@ -99,7 +99,7 @@ class Pool:
         except ApiError:
             raise not_found(f"no response {response_id!r}", param="previous_response_id") from None
 
-    def get_chat(self, owner: str) -> ChatCache:
+    def open_chat(self, owner: str) -> ChatCache:
         """The owner's chat prefix cache (made on first use)."""
         with self.index_lock:
             return self.chats.setdefault(owner, ChatCache(self.engine))

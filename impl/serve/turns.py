@@ -236,19 +236,27 @@ def forget_waiting(conv: Conversation, item_id: str) -> bool:
     return True
 
 
-def forget(conv: Conversation, item_id: str) -> dict:
-    """An exact forget of ``item_id`` (Algorithm 1, one atomic commit), or of a waiting item."""
-    if forget_waiting(conv, item_id):
-        return {"rewritten": [], "removed": [item_id], "receipt": None, "report": None, **get_status(conv)}
-    before = conv.get_items()
-    item = next((i for i in before if i["id"] == item_id), None)
-    if item is None:
-        raise not_found(f"no item {item_id!r} in conversation {conv.id}", param="item_id")
-    if item.get("role") == "assistant" or item["type"] == "function_call":
-        raise bad_request(f"item {item_id!r} is the model's ({item['type']}), derived from the items before it: "
-                          "delete the input item it came from (a forget names a source)", param="item_id")
+def get_earlier_held(conv: Conversation) -> list[dict]:
+    """What an earlier forget holds, as groups a later one keeps after its own: the outputs kept
+    for the calls that wait (one tool group, each with its call's signature), then the rest."""
+    outputs, runtime = conv.record["held_outputs"], conv.runtime
+    if not outputs:
+        return list(conv.record["held"])
+    calls = runtime.get_turn(runtime.steps[-1].id)[1]
+    items = [{**{k: o[k] for k in ("id", "text", "call_id", "name")},
+              "signature": list(calls[o["call_index"]].get_signature())} for o in outputs]
+    group = {"step": get_step_id(runtime.t), "kind": "tool", "tool": ",".join(sorted({o["name"] for o in outputs})),
+             "config": runtime.get_config().get_record(), "items": items}
+    return [group, *conv.record["held"]]
+
+
+def forget_replayed(conv: Conversation, item_id: str):
+    """Algorithm 1 on the store (one atomic commit), then the inputs its replay did not replay held
+    in the sidecar, before those an earlier forget held; where it replayed every input, the held
+    ones are replayed as far as they go. The forget's report."""
     runtime = conv.runtime
-    steps, clients = list(runtime.steps), isinstance(runtime, ClientToolRuntime)
+    clients = isinstance(runtime, ClientToolRuntime)
+    steps, earlier = list(runtime.steps), get_earlier_held(conv) if clients else []
     configs = dict(runtime.client.configs) if clients else {}
     signatures = get_signatures(runtime) if clients else {}
     report = conv.session.forget(item_id)
@@ -258,10 +266,28 @@ def forget(conv: Conversation, item_id: str) -> dict:
     outputs = []
     if groups and groups[0]["kind"] == "tool":  # where the replay stopped: the outputs it matched wait
         outputs, groups = get_held_outputs(conv, groups[0], outcome["held_bound"]), groups[1:]
-    after_ids = {i["id"] for i in conv.get_items()} | {i["id"] for g in groups for i in g["items"]} | {
+    groups += earlier
+    kept = {i["id"] for i in conv.get_items()} | {i["id"] for g in groups for i in g["items"]} | {
         o["id"] for o in outputs}
-    tools = {k: v for k, v in conv.record["tools"].items() if k in after_ids and k != item_id}
+    tools = {k: v for k, v in conv.record["tools"].items() if k in kept and k != item_id}
     conv.save({**conv.record, "tools": tools, "held": groups, "held_outputs": outputs})
+    if groups and not outcome.get("halted"):
+        resume(conv, conv.runtime.engine, conv.runtime.settings)
+    return report, bool(outcome.get("halted"))
+
+
+def forget(conv: Conversation, item_id: str) -> dict:
+    """An exact forget of ``item_id``, or of a waiting item; the DELETE reply's fields."""
+    if forget_waiting(conv, item_id):
+        return {"rewritten": [], "removed": [item_id], "receipt": None, "report": None, **get_status(conv)}
+    before = conv.get_items()
+    item = next((i for i in before if i["id"] == item_id), None)
+    if item is None:
+        raise not_found(f"no item {item_id!r} in conversation {conv.id}", param="item_id")
+    if item.get("role") == "assistant" or item["type"] == "function_call":
+        raise bad_request(f"item {item_id!r} is the model's ({item['type']}), derived from the items before it: "
+                          "delete the input item it came from (a forget names a source)", param="item_id")
+    report, halted = forget_replayed(conv, item_id)
     after = conv.get_items()
     after_ids, before_ids = {i["id"] for i in after}, {i["id"] for i in before}
     return {"rewritten": [i for i in after if i["id"] not in before_ids],
@@ -270,7 +296,7 @@ def forget(conv: Conversation, item_id: str) -> dict:
             "report": {"tau": report.tau, "length": report.length, "invocations": report.invocations,
                        "prefilled_tokens": report.prefilled_tokens, "decoded_tokens": report.decoded_tokens,
                        "wall_s": report.wall_s, "assumptions": report.assumptions},
-            **get_status(conv, bool(outcome.get("halted")))}
+            **get_status(conv, halted)}
 
 
 def get_status(conv: Conversation, halted: bool = False) -> dict:
@@ -284,6 +310,6 @@ def get_status(conv: Conversation, halted: bool = False) -> dict:
             "unreplayed": [i for i in get_waiting_items(record) if i["id"] not in added]}
 
 
-__all__ = ["bind_outputs", "check_length", "check_settings", "forget", "forget_waiting", "get_config",
-           "get_context_length", "get_held", "get_held_outputs", "get_status", "get_step", "get_tool_records",
-           "respond", "resume", "run_step"]
+__all__ = ["bind_outputs", "check_length", "check_settings", "forget", "forget_replayed", "forget_waiting",
+           "get_config", "get_context_length", "get_earlier_held", "get_held", "get_held_outputs", "get_status",
+           "get_step", "get_tool_records", "respond", "resume", "run_step"]
