@@ -106,6 +106,7 @@ BAD_REQUESTS = [
     ("POST", "/v1/responses", '{"conversation": "{c}", "background": true}'),
     ("POST", "/v1/responses", '{"conversation": "{c}", "top_logprobs": 3}'),
     ("POST", "/v1/responses", '{"input": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]}'),
+    ("POST", "/v1/responses", '{"input": [{"role": "user", "content": "a"}, {"role": "system", "content": "b"}]}'),
     ("POST", "/v1/responses", '{"input": "a", "store": false, "tools": [{"type": "function", "name": "f"}]}'),
     ("POST", "/v1/responses", '{"conversation": "{c}", "input": [{"type": "function_call_output", "call_id": "k", '
                               '"output": "o"}]}'),  # mixed with the pending user message

@@ -156,8 +156,7 @@ def read_items(raw: Any, param: str, system_first: bool = False, empty_ok: bool 
     limit = MAX_ITEMS * 10 if model_ok else MAX_ITEMS  # a client's whole history
     if not isinstance(raw, list) or len(raw) > limit or (not raw and not empty_ok):
         raise bad_request(f"{param}: must be a list of 1 to {limit} items", param=param)
-    items = [read_item(r, f"{param}[{i}]", system_first and i == 0 or model_ok, model_ok)
-             for i, r in enumerate(raw)]
+    items = [read_item(r, f"{param}[{i}]", system_first and i == 0, model_ok) for i, r in enumerate(raw)]
     ids = [i["id"] for i in items if i["id"] is not None]
     if len(set(ids)) != len(ids):
         raise bad_request(f"{param}: duplicate item id", param=param)

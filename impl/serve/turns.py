@@ -300,13 +300,13 @@ def forget(conv: Conversation, item_id: str) -> dict:
 
 
 def get_status(conv: Conversation, halted: bool = False) -> dict:
-    """Where the conversation stands after a delete: ``completed``, or ``pending``: it ends in calls
-    that wait for the client's outputs, with the recorded inputs the replay has not yet replayed."""
+    """Where the conversation stands after a delete: ``completed`` (every recorded input replayed),
+    or ``pending`` (the replay waits for the client's outputs, with the recorded inputs it has not
+    yet replayed); ``pending_calls``: the calls that wait for an output, in either."""
     record = conv.record
     held = record["held"] or record["held_outputs"] or halted
     added = {p["id"] for p in record["pending"]}
-    return {"status": "pending" if held else "completed",
-            "pending_calls": conv.get_pending_calls() if held else [],
+    return {"status": "pending" if held else "completed", "pending_calls": conv.get_pending_calls(),
             "unreplayed": [i for i in get_waiting_items(record) if i["id"] not in added]}
 
 
