@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -299,11 +300,12 @@ def test_a_client_that_leaves_mid_stream_leaves_the_turn_committed_whole(client,
     conv = client.conversations.create()
     body = {"model": "tiny", "conversation": conv.id, "input": [user("d1", "A long story, please.")], "stream": True,
             "max_output_tokens": 600}
-    with httpx.Client(timeout=60) as http, http.stream("POST", f"{server.url}/responses", json=body) as reply:
+    slow = server.pool.engine.hook_forwards(lambda n, started: time.sleep(0.01))  # a turn of ~2 s at least
+    with slow, httpx.Client(timeout=60) as http, http.stream("POST", f"{server.url}/responses", json=body) as reply:
         for line in reply.iter_lines():
             if '"response.output_text.delta"' in line:
                 break  # the first token arrived: the client goes away
-    assert server.pool.get(conv.id).lock.locked()  # the turn was still being decoded when it left
+        assert server.pool.get(conv.id).lock.locked()  # the turn was still being decoded when it left
     after = state(client, conv.id)  # waits for the conversation: the worker finished the turn
     assert after["steps"] == 1
     twin = client.conversations.create()
