@@ -24,7 +24,8 @@ import threading
 import time
 from pathlib import Path
 
-from unsee import AgentRuntime, Item, Settings, Step, load_engine
+from unsee import Item, Settings, Step, load_engine
+from unsee.impl.agent.tools.client import ClientToolRuntime
 
 
 def get_percentile(values: list[float], q: float) -> float:
@@ -68,9 +69,10 @@ def run_script(client, conv_id: str, script: list[tuple], deadline: float, timin
 
 def replay_serially(engine, system: str, settings: Settings, done: list[tuple]) -> tuple[str, int]:
     """The conversation's operations on a fresh runtime, in-process, one at a time:
-    its digest, and the KV bytes its runtime held."""
+    its digest, and the KV bytes its runtime held (the server's runtime: a conversation with no
+    tools runs under its system prompt alone)."""
     before = engine.budget.memory().held_bytes
-    runtime = AgentRuntime.start(engine, system=system, settings=settings)
+    runtime = ClientToolRuntime.start(engine, system=system, settings=settings)
     n = 0
     for op in done:
         if op[0] == "response":
@@ -142,11 +144,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", help="write the figures as JSON here")
     args = parser.parse_args(argv)
     out = run(args)
-    print(json.dumps(out, indent=1))
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(out, indent=1))
+    report(out, args.out)
     return 0 if out["digests_differ"] == 0 and out["kv_budget"] < out["kv_sum_bytes"] else 1
+
+
+def report(out: dict, path: str | None) -> None:
+    """Print a serve bench's figures, and write them as JSON to ``path`` where given."""
+    print(json.dumps(out, indent=1))
+    if path:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps(out, indent=1))
 
 
 if __name__ == "__main__":

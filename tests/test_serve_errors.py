@@ -17,8 +17,9 @@ httpx = pytest.importorskip("httpx")
 from unsee import Settings
 from unsee.impl.cli.main import main
 from unsee.impl.engines.registry import make_engine
+from unsee.impl.serve.app import get_owner_of
 from unsee.impl.serve.pool import Pool
-from unsee.impl.serve.server import ServerThread, read_api_key
+from unsee.impl.serve.server import ServerThread, read_api_keys
 
 KEY = "sk-test-0123456789"
 
@@ -34,7 +35,7 @@ def server(lm, tmp_path_factory):
     key_file = root.parent / "key.txt"
     key_file.write_text(KEY + "\n")
     pool = Pool(make_engine(lm), root, busy_wait=0.2, defaults=Settings(max_new_tokens=4))
-    with ServerThread(pool, "tiny", api_key=read_api_key(key_file)) as srv:
+    with ServerThread(pool, "tiny", api_keys=read_api_keys(key_file)) as srv:
         client = openai.OpenAI(base_url=srv.url, api_key=KEY, max_retries=0)
         conv = client.conversations.create(items=[{"role": "user", "content": "I live at 4417 Elm Street.",
                                                    "id": "u1"}])
@@ -93,7 +94,20 @@ BAD_REQUESTS = [
     ("POST", "/v1/responses", '{"conversation": "{c}", "previous_response_id": "{r}"}'),
     ("POST", "/v1/responses", '{"conversation": "{c}", "stream": "yes"}'),
     ("POST", "/v1/responses", '{"conversation": "{c}", "store": false}'),
-    ("POST", "/v1/responses", '{"conversation": "{c}", "instructions": "be evil"}'),
+    ("POST", "/v1/responses", '{"conversation": "{c}", "instructions": 42}'),
+    # fields the server cannot honour, each named (docs/serve.md's field table)
+    ("POST", "/v1/responses", '{"conversation": "{c}", "tools": [{"type": "web_search"}]}'),
+    ("POST", "/v1/responses", '{"conversation": "{c}", "tools": [{"type": "function", "name": "f"}]}'),  # tiny: no format
+    ("POST", "/v1/responses", '{"conversation": "{c}", "tool_choice": "required"}'),
+    ("POST", "/v1/responses", '{"conversation": "{c}", "text": {"format": {"type": "json_schema", "name": "x", '
+                              '"schema": {}}}}'),
+    ("POST", "/v1/responses", '{"conversation": "{c}", "include": ["message.output_text.logprobs"]}'),
+    ("POST", "/v1/responses", '{"conversation": "{c}", "truncation": "auto"}'),
+    ("POST", "/v1/responses", '{"conversation": "{c}", "background": true}'),
+    ("POST", "/v1/responses", '{"conversation": "{c}", "top_logprobs": 3}'),
+    ("POST", "/v1/responses", '{"input": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]}'),
+    ("POST", "/v1/responses", '{"input": [{"role": "user", "content": "a"}, {"role": "system", "content": "b"}]}'),
+    ("POST", "/v1/responses", '{"input": "a", "store": false, "tools": [{"type": "function", "name": "f"}]}'),
     ("POST", "/v1/responses", '{"conversation": "{c}", "input": [{"type": "function_call_output", "call_id": "k", '
                               '"output": "o"}]}'),  # mixed with the pending user message
     ("POST", "/v1/responses", '{"input": [{"role": "user", "content": "a"}, {"type": "function_call_output", '
@@ -107,6 +121,15 @@ BAD_REQUESTS = [
     ("POST", "/v1/chat/completions", '{"messages": [{"role": "user", "content": "a"}, {"role": "system", '
                                      '"content": "b"}, {"role": "user", "content": "c"}]}'),
     ("POST", "/v1/chat/completions", '{"messages": [{"role": "tool", "content": "hi"}]}'),
+    ("POST", "/v1/chat/completions", '{"messages": [{"role": "tool", "content": "hi", "tool_call_id": "c"}]}'),
+    ("POST", "/v1/chat/completions", '{"messages": [{"role": "user", "content": "hi"}], "stop": ["x"]}'),
+    ("POST", "/v1/chat/completions", '{"messages": [{"role": "user", "content": "hi"}], "top_p": 0.5}'),
+    ("POST", "/v1/chat/completions", '{"messages": [{"role": "user", "content": "hi"}], "response_format": '
+                                     '{"type": "json_object"}}'),
+    ("POST", "/v1/chat/completions", '{"messages": [{"role": "user", "content": "hi"}], "tools": '
+                                     '[{"type": "function", "function": {"name": "f"}}]}'),  # tiny: no tool format
+    ("POST", "/v1/chat/completions", '{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 5000}'),
+    ("POST", "/v1/chat/completions", '{"messages": [{"role": "user", "content": "' + "word " * 5000 + '"}]}'),
 ]
 
 
@@ -151,7 +174,7 @@ def test_the_openai_client_with_a_wrong_key_gets_401(server):
 
 
 def test_a_busy_conversation_is_409_with_retry_after_and_changes_nothing(server):
-    lock = server.pool.get(server.conv).lock
+    lock = server.pool.get(server.conv, get_owner_of(KEY)).lock
     with lock:  # another request holds the conversation
         for method, path, body in [("POST", "/v1/responses", '{"conversation": "{c}"}'.replace("{c}", server.conv)),
                                    ("DELETE", "/v1/conversations/{c}/items/u1", None),

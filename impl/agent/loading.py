@@ -12,12 +12,14 @@ from collections.abc import Callable, Mapping
 
 from unsee.impl.agent.extensions import Extension
 from unsee.impl.agent.runtime import AgentRuntime
+from unsee.impl.agent.tools.client import CLIENT, ClientToolRuntime, ClientTools
 from unsee.impl.agent.tools.layer import TOOLS, ToolLayer
 from unsee.impl.agent.tools.runtime import ToolAgentRuntime
 from unsee.impl.engines.protocol import Engine
 
 #: Stored extension name -> the loader of its record.
-EXTENSION_LOADERS: dict[str, Callable[[dict], Extension]] = {TOOLS: ToolLayer.from_record}
+EXTENSION_LOADERS: dict[str, Callable[[dict], Extension]] = {TOOLS: ToolLayer.from_record,
+                                                              CLIENT: ClientTools.from_record}
 
 
 class UnknownExtensionError(ValueError):
@@ -35,7 +37,10 @@ def load_extensions(records: Mapping[str, dict]) -> list[Extension]:
 
 def get_runtime_class(extensions: list[Extension]) -> type[AgentRuntime]:
     """The runtime class that presents ``extensions``: a session with a tool
-    layer is a :class:`ToolAgentRuntime` (its ``world``, ``calls``... at hand)."""
+    layer is a :class:`ToolAgentRuntime` (its ``world``, ``calls``... at hand); one with a client's
+    tools (a server's conversation) a :class:`ClientToolRuntime`."""
+    if any(isinstance(e, ClientTools) for e in extensions):
+        return ClientToolRuntime
     return ToolAgentRuntime if any(isinstance(e, ToolLayer) for e in extensions) else AgentRuntime
 
 

@@ -1,10 +1,12 @@
-"""The README's command-line table, generated from the argument parser.
+"""The docs' generated tables: the README's command-line table, from the
+argument parser, and docs/serve.md's request-field table, from
+:mod:`unsee.impl.serve.fields` (the table the server checks bodies against).
 
-The README holds the table between ``<!-- generated: cli-table -->`` and
-``<!-- end: cli-table -->``. ``python -m unsee.impl.cli.docs --write``
-rewrites that region from :func:`~unsee.impl.cli.parser.build_parser`;
-``--check`` exits 1 when the committed text differs (tests/test_docs.py runs
-the same comparison). A subcommand or option added to the parser appears on
+A page holds a table between ``<!-- generated: NAME -->`` and
+``<!-- end: NAME -->``. ``python -m unsee.impl.cli.docs --write`` rewrites
+every region of every page in :data:`PAGES` from the code; ``--check`` exits 1
+when the committed text differs (tests/test_docs.py and
+tests/test_serve_fields.py run the same comparison). A subcommand or option added to the parser appears on
 the next ``--write`` with no edit here: the table lists every subcommand,
 its positional arguments, its one-line help and every option ``--help``
 shows (hidden aliases stay hidden).
@@ -24,8 +26,11 @@ from pathlib import Path
 from unsee.impl.cli.parser import build_parser
 
 CLI_REGION = "cli-table"
+FIELDS_REGION = "serve-fields"
 #: what rewrites a region, named in its opening marker
 WRITE_COMMAND = "python -m unsee.impl.cli.docs --write"
+#: the pages with generated regions, from the repository's root
+PAGES = ("README.md", "docs/serve.md")
 
 
 def get_subparsers_action(parser: argparse.ArgumentParser) -> argparse.Action:
@@ -114,8 +119,14 @@ def replace_region(text: str, name: str, body: str) -> str:
     return text[:head] + body + text[head + len(old):]
 
 
-#: region name -> what renders it; a generated README region is added here
-RENDERERS = {CLI_REGION: render_cli_table}
+def render_serve_fields() -> str:
+    from unsee.impl.serve.fields import render_fields_table
+
+    return render_fields_table()
+
+
+#: region name -> what renders it; a generated region is added here
+RENDERERS = {CLI_REGION: render_cli_table, FIELDS_REGION: render_serve_fields}
 
 
 def compute_readme(text: str) -> str:
@@ -128,22 +139,24 @@ def compute_readme(text: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     cli = argparse.ArgumentParser(prog="python -m unsee.impl.cli.docs",
-                                  description="Rewrite or check the README's generated regions.")
-    cli.add_argument("--readme", default="README.md", help="the README to rewrite or check (default ./README.md)")
+                                  description="Rewrite or check the docs' generated regions.")
+    cli.add_argument("--readme", action="append", metavar="PAGE",
+                     help=f"a page to rewrite or check (repeatable; default {', '.join(PAGES)})")
     mode = cli.add_mutually_exclusive_group(required=True)
     mode.add_argument("--write", action="store_true", help="rewrite the generated regions in place")
     mode.add_argument("--check", action="store_true", help="exit 1 if a generated region differs from the code")
     args = cli.parse_args(argv)
-    path = Path(args.readme)
-    text = path.read_text()
-    new = compute_readme(text)
-    if args.write:
-        path.write_text(new)
-        return 0
-    if new != text:
+    stale = []
+    for path in map(Path, args.readme or PAGES):
+        text = path.read_text()
+        new = compute_readme(text)
+        if args.write:
+            path.write_text(new)
+        elif new != text:
+            stale.append(path)
+    for path in stale:
         print(f"{path}: a generated region differs from the code; run {WRITE_COMMAND}", file=sys.stderr)
-        return 1
-    return 0
+    return 1 if stale else 0
 
 
 if __name__ == "__main__":

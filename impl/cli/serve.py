@@ -15,8 +15,9 @@ def add_serve_parser(sub) -> None:
                        help="the folder of the conversations' session stores (created if missing)")
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (beyond loopback: needs a key)")
     serve.add_argument("--port", type=int, default=8000)
-    serve.add_argument("--api-key-file", metavar="FILE", help="require 'Authorization: Bearer <key>', the key "
-                                                              "being this file's first line")
+    serve.add_argument("--api-key-file", metavar="FILE", help="require 'Authorization: Bearer <key>' of one of "
+                                                              "this file's keys (one a line); each key sees only "
+                                                              "its own conversations")
     serve.add_argument("--system", default="You are a helpful assistant.",
                        help="the system prompt of a conversation that gives none")
     serve.add_argument("--max-output-tokens", type=int, default=64,
@@ -31,15 +32,18 @@ def do_serve(args: argparse.Namespace) -> int:
     from unsee.impl.serve.pool import Pool
 
     try:
-        from unsee.impl.serve.server import check_exposure, read_api_key, run
+        from unsee.impl.serve.app import get_owner_of
+        from unsee.impl.serve.server import check_exposure, read_api_keys, run
     except ModuleNotFoundError as exc:  # a usage error: nothing ran
         raise ValueError(f"unsee serve needs the serve extra ({exc.name} is missing): "
                          "pip install 'unsee[serve]'") from None
 
-    api_key = read_api_key(args.api_key_file)
-    check_exposure(args.host, api_key)  # before any model loads
+    api_keys = read_api_keys(args.api_key_file)
+    check_exposure(args.host, api_keys)  # before any model loads
     engine = build_engine(args)
+    # a conversation stored before conversations had owners belongs to the file's first key
     pool = Pool(engine, args.store, kv_budget=args.kv_budget, busy_wait=args.busy_wait, system=args.system,
-                defaults=Settings(max_new_tokens=args.max_output_tokens))
-    run(pool, args.model, args.host, args.port, api_key)
+                defaults=Settings(max_new_tokens=args.max_output_tokens),
+                legacy_owner=get_owner_of(api_keys[0]) if api_keys else "")
+    run(pool, args.model, args.host, args.port, api_keys)
     return int(Exit.OK)

@@ -10,12 +10,12 @@ no trace (it is logged), and the store is as its last commit left it.
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import json
 import logging
 import secrets
-import time
-from collections.abc import Iterable
+from collections.abc import Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -24,11 +24,12 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 
-from unsee.impl.serve import requests, shapes
-from unsee.impl.serve.chat import ChatCache
+from unsee.impl.serve import answers, requests, shapes, turns
 from unsee.impl.serve.conversation import Conversation
 from unsee.impl.serve.errors import ApiError, bad_request, not_found, server_error, unauthorized
+from unsee.impl.serve.fields import CONVERSATION_FIELDS, ITEMS_FIELDS, check_fields
 from unsee.impl.serve.pool import Pool
+from unsee.impl.serve.stream import ChatEvents, ResponseEvents, TurnStream, open_stream
 
 log = logging.getLogger("unsee.serve")
 LIST_PARAMS = {"limit", "order", "after", "include"}
@@ -85,12 +86,17 @@ def get_state(pool: Pool, conv: Conversation) -> dict:
     runtime = conv.session.runtime if conv.session is not None else None
     return {"digest": conv.digest(), "steps": runtime.t if runtime else 0,
             "forgotten": list(runtime.forgotten) if runtime else [], "pending": len(conv.record["pending"]),
-            "model": pool.engine.lm.name}
+            "held": sum(len(g["items"]) for g in conv.record["held"]) + len(conv.record["held_outputs"]),
+            "pending_calls": [c["call_id"] for c in conv.get_pending_calls()], "model": pool.engine.lm.name}
 
 
-def stream(events: Iterable[dict]) -> StreamingResponse:
-    return StreamingResponse((shapes.sse(e) for e in events), media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache"})
+def get_owner_of(key: str) -> str:
+    """The owner a key's conversations are recorded under (a hash: the sidecar holds no key)."""
+    return hashlib.sha256(f"unsee-owner\0{key}".encode()).hexdigest()[:32]
+
+
+def get_owner(request: Request) -> str:
+    return getattr(request.state, "owner", "")
 
 
 def run_held(pool: Pool, conv: Conversation, work):
@@ -101,12 +107,12 @@ def run_held(pool: Pool, conv: Conversation, work):
     return run_in_threadpool(held)
 
 
-def build_app(pool: Pool, model_name: str, api_key: str | None = None) -> FastAPI:
+def build_app(pool: Pool, model_name: str, api_keys: Sequence[str] = ()) -> FastAPI:
     app = FastAPI(title="unsee serve", openapi_url=None, docs_url=None, redoc_url=None)
     app.state.pool = pool
     add_error_handlers(app)
-    if api_key is not None:
-        add_auth(app, api_key)
+    if api_keys:
+        add_auth(app, api_keys)
     add_conversation_routes(app, pool, model_name)
     add_item_routes(app, pool)
     add_response_routes(app, pool, model_name)
@@ -135,15 +141,20 @@ def add_error_handlers(app: FastAPI) -> None:
         return JSONResponse(server_error().to_json(), status_code=500)
 
 
-def add_auth(app: FastAPI, api_key: str) -> None:
-    """Every route needs ``Authorization: Bearer <key>`` (compared in constant time)."""
+def add_auth(app: FastAPI, api_keys: Sequence[str]) -> None:
+    """Every route needs ``Authorization: Bearer <key>`` of one of ``api_keys`` (each compared in
+    constant time, all of them every time); the request then acts as that key's owner."""
+    owners = [(f"Bearer {k}".encode(), get_owner_of(k)) for k in api_keys]
+
     @app.middleware("http")
     async def check_key(request: Request, call_next):
-        given = request.headers.get("authorization", "")
-        if not hmac.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
+        given = request.headers.get("authorization", "").encode()
+        matches = [owner for key, owner in owners if hmac.compare_digest(given, key)]
+        if not matches:
             why = "no API key given" if not given else "the API key is wrong"
             return JSONResponse(unauthorized(f"{why}: send 'Authorization: Bearer <key>'").to_json(),
                                 status_code=401)
+        request.state.owner = matches[0]
         return await call_next(request)
 
 
@@ -154,16 +165,16 @@ def add_conversation_routes(app: FastAPI, pool: Pool, model_name: str) -> None:
 
     @app.post("/v1/conversations")
     async def create_conversation(request: Request) -> dict:
-        body = requests.read_object(await read_json(request, empty_ok=True), requests.CONVERSATION_FIELDS,
-                                    "conversations")
+        body = check_fields(await read_json(request, empty_ok=True), CONVERSATION_FIELDS, "conversations")
         items = requests.read_items(body.get("items"), "items", system_first=True, empty_ok=True)
         metadata = requests.read_metadata(body.get("metadata"))
-        conv = await run_in_threadpool(pool.create, items, metadata)
+        conv = await run_in_threadpool(pool.create, items, metadata, get_owner(request))
         return shapes.conversation(conv.record)
 
     @app.get("/v1/conversations/{conv_id}")
-    async def get_conversation(conv_id: str) -> dict:
-        return await run_held(pool, pool.get(conv_id), lambda c: shapes.conversation(c.record, get_state(pool, c)))
+    async def get_conversation(conv_id: str, request: Request) -> dict:
+        return await run_held(pool, pool.get(conv_id, get_owner(request)),
+                              lambda c: shapes.conversation(c.record, get_state(pool, c)))
 
     @app.post("/v1/conversations/{conv_id}")
     async def update_conversation(conv_id: str, request: Request) -> dict:
@@ -173,11 +184,11 @@ def add_conversation_routes(app: FastAPI, pool: Pool, model_name: str) -> None:
         def work(conv: Conversation) -> dict:
             conv.save({**conv.record, "metadata": metadata})
             return shapes.conversation(conv.record)
-        return await run_held(pool, pool.get(conv_id), work)
+        return await run_held(pool, pool.get(conv_id, get_owner(request)), work)
 
     @app.delete("/v1/conversations/{conv_id}")
-    async def delete_conversation(conv_id: str) -> dict:
-        await run_in_threadpool(pool.delete, pool.get(conv_id))
+    async def delete_conversation(conv_id: str, request: Request) -> dict:
+        await run_in_threadpool(pool.delete, pool.get(conv_id, get_owner(request)))
         return {"id": conv_id, "object": "conversation.deleted", "deleted": True}
 
 
@@ -185,20 +196,22 @@ def add_item_routes(app: FastAPI, pool: Pool) -> None:
     @app.post("/v1/conversations/{conv_id}/items")
     async def add_items(conv_id: str, request: Request) -> dict:
         check_query(request, {"include"})
-        body = requests.read_object(await read_json(request), requests.ITEMS_FIELDS, "items.create")
+        body = check_fields(await read_json(request), ITEMS_FIELDS, "items.create")
         items = requests.read_items(body.get("items"), "items")
-        return await run_held(pool, pool.get(conv_id), lambda c: shapes.item_list(c.add_items(items)))
+        return await run_held(pool, pool.get(conv_id, get_owner(request)),
+                              lambda c: shapes.item_list(c.add_items(items)))
 
     @app.get("/v1/conversations/{conv_id}/items")
     async def list_items(conv_id: str, request: Request) -> dict:
-        page = await run_held(pool, pool.get(conv_id), lambda c: get_page(c.get_items(), request))
+        page = await run_held(pool, pool.get(conv_id, get_owner(request)), lambda c: get_page(c.get_items(), request))
         limit = int(request.query_params.get("limit", "20"))
         return {**shapes.item_list(page[:limit]), "has_more": len(page) > limit}
 
     @app.get("/v1/conversations/{conv_id}/items/{item_id}")
     async def get_item(conv_id: str, item_id: str, request: Request) -> dict:
         check_query(request, {"include"})
-        return await run_held(pool, pool.get(conv_id), lambda c: shapes.public_item(c.get_item(item_id)))
+        return await run_held(pool, pool.get(conv_id, get_owner(request)),
+                              lambda c: shapes.public_item(c.get_item(item_id)))
 
     @app.delete("/v1/conversations/{conv_id}/items/{item_id}")
     async def delete_item(conv_id: str, item_id: str, request: Request) -> dict:
@@ -210,100 +223,51 @@ def add_item_routes(app: FastAPI, pool: Pool) -> None:
                               param="mode")
 
         def work(conv: Conversation) -> dict:
-            out = conv.forget(item_id)
-            return {**shapes.conversation(conv.record), "deleted_item_id": item_id, "mode": "exact",
-                    "rewritten": [shapes.public_item(i) for i in out["rewritten"]], "removed": out["removed"],
-                    "receipt": out["receipt"], "report": out["report"], "digest": conv.digest()}
-        return await run_held(pool, pool.get(conv_id), work)
-
-
-def get_target(pool: Pool, req: dict) -> tuple[Conversation | None, str | None]:
-    """The conversation a response continues and the response id it names (None, None: a new one)."""
-    if req["conversation"]:
-        return pool.get(req["conversation"]), None
-    if req["previous_response_id"]:
-        return pool.get_by_response(req["previous_response_id"]), req["previous_response_id"]
-    return None, None
-
-
-def respond(pool: Pool, model_name: str, req: dict, conv: Conversation, previous: str | None) -> dict:
-    """One response on ``conv``: a step committed, the Response object."""
-    response_id = "resp_" + secrets.token_hex(24)
-    created = time.time()
-    with pool.hold(conv) as c:
-        if previous is not None and c.record["responses"][-1]["id"] != previous:
-            raise bad_request(f"previous_response_id: {previous!r} is not the latest response of its "
-                              "conversation; this server continues only the latest (no branches)",
-                              param="previous_response_id")
-        settings = c.check_settings({k: req[k] for k in ("temperature", "seed", "max_new_tokens")}, pool.defaults)
-        step, _ = c.respond(pool.engine, req["items"], settings, response_id)
-        answer = c.get_answer(step)
-        block = c.session.runtime.graph[f"{step.id}/answer"]
-        usage = shapes.usage(block.token_span[0], len(pool.engine.lm.encode(block.text)))
-        out = shapes.response(response_id, model_name, answer["status"], [answer], conversation_id=c.id,
-                              previous_response_id=previous, settings=c.session.runtime.settings,
-                              metadata=req["metadata"], usage=usage, created_at=created)
-    pool.note_response(response_id, conv)
-    return out
-
-
-def respond_new(pool: Pool, model_name: str, req: dict) -> dict:
-    """A response with no conversation: a new one, removed again if the response is refused."""
-    kinds = {i["kind"] for i in req["items"] if i["role"] not in ("system", "developer")}
-    if len(kinds) > 1:
-        raise bad_request("input: a turn is user messages or function_call_output items, not both", param="input")
-    system = [i for i in req["items"] if i["role"] in ("system", "developer")]
-    conv = pool.create(system, {})
-    try:
-        return respond(pool, model_name, {**req, "items": [i for i in req["items"] if i not in system]}, conv, None)
-    except BaseException:
-        pool.delete(conv)
-        raise
-
-
-def get_response_events(out: dict) -> list[dict]:
-    """The server-sent events of a finished response, numbered."""
-    start = {**out, "status": "in_progress", "output": [], "usage": None, "incomplete_details": None}
-    events = [{"type": "response.created", "response": start}, {"type": "response.in_progress", "response": start}]
-    for i, item in enumerate(out["output"]):
-        events += shapes.message_events(item, i)
-    end = "response.incomplete" if out["status"] == "incomplete" else "response.completed"
-    return shapes.numbered(events + [{"type": end, "response": out}], 0)
+            out = turns.forget(conv, item_id)
+            public = {k: [shapes.public_item(i) for i in out[k]] for k in ("rewritten", "pending_calls", "unreplayed")}
+            return {**shapes.conversation(conv.record), "deleted_item_id": item_id, "mode": "exact", **out, **public,
+                    "digest": conv.digest()}
+        return await run_held(pool, pool.get(conv_id, get_owner(request)), work)
 
 
 def add_response_routes(app: FastAPI, pool: Pool, model_name: str) -> None:
+    lm = pool.engine.lm
+
     @app.post("/v1/responses")
     async def create_response(request: Request):
         req = requests.read_response_request(await read_json(request))
-        conv, previous = get_target(pool, req)
-        if conv is None:
-            out = await run_in_threadpool(respond_new, pool, model_name, req)
+        answers.check_tools(pool, req)
+        owner = get_owner(request)
+        if req["stateless"]:
+            def work(listener):
+                return answers.respond_stateless(pool, model_name, req, owner, listener)
         else:
-            out = await run_in_threadpool(respond, pool, model_name, req, conv, previous)
-        return stream(get_response_events(out)) if req["stream"] else out
+            conv, previous = answers.get_target(pool, req, owner)
+
+            def work(listener):
+                if conv is None:
+                    return answers.respond_new(pool, model_name, req, owner, listener)
+                return answers.respond(pool, model_name, req, conv, previous, owner, listener)
+        if not req["stream"]:
+            return await run_in_threadpool(work, None)
+        body = await open_stream(lambda emit: work(TurnStream(lm, pool.call_format, emit)), ResponseEvents(),
+                                 named=True)
+        return StreamingResponse(body, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
 
 def add_chat_routes(app: FastAPI, pool: Pool, model_name: str) -> None:
-    chat = ChatCache(pool.engine)
+    lm = pool.engine.lm
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
         req = requests.read_chat_request(await read_json(request))
-        d = pool.defaults
-        settings = type(d)(max_new_tokens=req["max_new_tokens"] or d.max_new_tokens,
-                           temperature=req["temperature"] if req["temperature"] is not None else d.temperature,
-                           seed=req["seed"] if req["seed"] is not None else d.seed)
+        answers.check_tools(pool, req)
+        owner, completion_id = get_owner(request), "chatcmpl-" + secrets.token_hex(16)
 
-        def work() -> dict:
-            with pool.engine_lock:
-                try:
-                    return chat.complete(req["messages"], settings, pool.system)
-                finally:
-                    pool.enforce_budget()
-        out = await run_in_threadpool(work)
-        completion_id = "chatcmpl-" + secrets.token_hex(16)
+        def work(listener):
+            return answers.complete_chat(pool, model_name, req, owner, completion_id, listener)
         if not req["stream"]:
-            return shapes.chat_completion(completion_id, model_name, out["text"], out["finish_reason"], out["usage"])
-        chunks = shapes.chat_chunks(completion_id, model_name, out["text"], out["finish_reason"])
-        return StreamingResponse([f"data: {json.dumps(c)}\n\n" for c in chunks] + ["data: [DONE]\n\n"],
-                                 media_type="text/event-stream")
+            return (await run_in_threadpool(work, None))["completion"]
+        body = await open_stream(lambda emit: work(TurnStream(lm, pool.call_format, emit)),
+                                 ChatEvents(completion_id, model_name, req["include_usage"]), named=False)
+        return StreamingResponse(body, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})

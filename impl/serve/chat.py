@@ -1,14 +1,19 @@
-"""Stateless chat completions over the engine's exact prefix cache.
+"""Stateless completions over the engine's exact prefix cache: chat
+completions, and responses that store nothing (``store: false``, or a
+client's own history with the model's items in it).
 
-Each request runs a throwaway runtime: the system prompt, then every earlier
-message as one block (one prefill chunk each), then the last user message as
-a step whose answer is the completion. The prefills run inside the engine's
-prefix cache (B5'), whose sources are the lineages of the last
-:attr:`ChatCache.size` chat completions: a block whose chunk history and
-tokens equal a cached lineage's is served from that lineage's KV, which is
-the KV a prefill computes, bit for bit; nothing else is reused. The cache
-never reads a conversation's lineages, so a conversation's forget has
-nothing to chase here.
+Each request runs a throwaway runtime (:class:`ClientToolRuntime`): the
+system block (its system text and tools), then every earlier message as one
+block (one prefill chunk each; a run of tool results is one block, as a
+conversation's tool step is), then the last user message, or the last run
+of tool results, as a step whose answer is the completion. The prefills run
+inside the engine's prefix cache (B5'), whose sources are the lineages of the
+owner's last :attr:`ChatCache.size` completions: a block whose chunk history
+and tokens equal a cached lineage's is served from that lineage's KV, which
+is the KV a prefill computes, bit for bit; nothing else is reused. Each API
+key has its own cache (:meth:`Pool.open_chat`), so ``cached_tokens`` tells no
+key what another sent. The cache never reads a conversation's lineages, so a
+conversation's forget has nothing to chase here.
 """
 
 from __future__ import annotations
@@ -16,12 +21,101 @@ from __future__ import annotations
 import collections
 import contextlib
 
-from unsee import AgentRuntime, Item, Settings, Step
+from unsee import Item, Settings, Step
+from unsee.impl.agent.provenance import RuntimeBlock
+from unsee.impl.agent.tools.client import ClientToolRuntime, Config
+from unsee.impl.agent.tools.native import FunctionCall
 from unsee.impl.engines.protocol import PrefixCache
+from unsee.impl.serve.conversation import get_answer_items
+from unsee.impl.serve.errors import bad_request
+from unsee.impl.serve.turns import get_context_length
+
+STEP = "chat"
+
+
+def get_messages(items: list[dict]) -> list[dict]:
+    """A response's input items as chat messages: function calls join the assistant message
+    before them, function outputs are tool messages."""
+    out: list[dict] = []
+    for item in items:
+        if item["kind"] == "function_call":
+            if not out or out[-1]["role"] != "assistant":
+                out.append({"role": "assistant", "text": "", "calls": (), "call_ids": (), "call_id": None})
+            call = {"calls": (*out[-1]["calls"], FunctionCall(item["name"], item["arguments"])),
+                    "call_ids": (*out[-1]["call_ids"], item["call_id"])}
+            out[-1] = {**out[-1], **call}
+        elif item["kind"] == "function_call_output":
+            out.append({"role": "tool", "text": item["text"], "calls": (), "call_ids": (), "call_id": item["call_id"]})
+        else:
+            out.append({"role": item["role"], "text": item["text"], "calls": (), "call_ids": (), "call_id": None})
+    return out
+
+
+def check_messages(messages: list[dict], tools_ok: bool) -> None:
+    """Every tool message answers a call of the assistant message before its run; calls and
+    results need a model whose template has a call format."""
+    calls: tuple[str, ...] = ()
+    for i, m in enumerate(messages):
+        if (m["calls"] or m["role"] == "tool") and not tools_ok:
+            raise bad_request(f"messages[{i}]: tool calls and results need a model whose chat template has a "
+                              "tool-call format this server parses", param=f"messages[{i}]")
+        if m["role"] == "tool" and m["call_id"] not in calls:
+            raise bad_request(f"messages[{i}].tool_call_id: {m['call_id']!r} names no call of the assistant "
+                              "message before it", param=f"messages[{i}].tool_call_id")
+        if m["role"] != "tool":
+            calls = m["call_ids"]
+
+
+def split_last(messages: list[dict]) -> tuple[list[dict], Step]:
+    """The history, and the last user message or run of tool results as the completion's step."""
+    if messages[-1]["role"] == "user":
+        return messages[:-1], Step(STEP, "user", (Item("last", messages[-1]["text"]),))
+    n = len(messages)
+    while n and messages[n - 1]["role"] == "tool":
+        n -= 1
+    results = messages[n:]
+    return messages[:n], Step(STEP, "tool", tuple(Item(f"result{i}", m["text"]) for i, m in enumerate(results)),
+                              "tool")
+
+
+def group_history(messages: list[dict]) -> list[list[dict]]:
+    """The history's blocks: each message alone, a run of tool results together."""
+    groups: list[list[dict]] = []
+    for m in messages:
+        if m["role"] == "tool" and groups and groups[-1][0]["role"] == "tool":
+            groups[-1].append(m)
+        else:
+            groups.append([m])
+    return groups
+
+
+def render_group(runtime: ClientToolRuntime, last: RuntimeBlock, group: list[dict]) -> tuple[str, str]:
+    """``(type, text)`` of the block of ``group`` (one message, or a run of tool results) after the
+    block ``last``, as the runtime renders it."""
+    renderer, encode = runtime.renderer, runtime.engine.lm.encode
+    first = group[0]
+    if first["role"] == "tool":
+        body = "".join(renderer.get_call_result("", "", m["text"])[1] for m in group)
+        return "tool", renderer.render_after(last, encode, "tool", body)
+    if first["role"] == "assistant":
+        content = runtime.call_format.render_turn(first["text"], first["calls"]) if first["calls"] else first["text"]
+        # an instruction: the assistant text already carries its closing
+        return "instruction", renderer.render_after(last, encode, "assistant", content)
+    return "user", renderer.render_after(last, encode, "user", first["text"])
+
+
+def render_history(runtime: ClientToolRuntime, groups: list[list[dict]]) -> list[RuntimeBlock]:
+    """The blocks of ``groups`` after the runtime's system block, rendered in turn (a block's
+    opening reads the one before it), not yet prefilled."""
+    blocks = [runtime.graph[runtime.context[0]]]
+    for i, group in enumerate(groups):
+        type_, text = render_group(runtime, blocks[-1], group)
+        blocks.append(RuntimeBlock(f"m{i}", type_, text, tuple(runtime.engine.lm.encode(text))))
+    return blocks[1:]
 
 
 class ChatCache:
-    """The lineages of recent chat completions (unpinned: the KV budget may evict them)."""
+    """The lineages of one owner's recent completions (unpinned: the KV budget may evict them)."""
 
     def __init__(self, engine, size: int = 8):
         self.engine = engine
@@ -38,31 +132,56 @@ class ChatCache:
             if old in self.engine.budget.lineages:
                 self.engine.drop(old)
 
-    def complete(self, messages: list[tuple[str, str]], settings: Settings, system: str) -> dict:
-        """The answer to ``messages`` (the caller holds the engine lock)."""
-        if messages[0][0] in ("system", "developer"):
-            system, messages = messages[0][1], messages[1:]
+    def complete(self, messages: list[dict], settings: Settings, config: Config, listener=None) -> dict:
+        """The answer to ``messages`` (the system message, if any, already in ``config``) under
+        ``config``: its items, finish reason and usage. The caller holds the engine lock."""
+        _, step = split_last(messages)
         before = self.engine.counters.snapshot()
         # an engine without a prefix cache recomputes the prefix: the same tokens, more work
         cache = (self.engine.prefix_cache(self.get_sources()) if isinstance(self.engine, PrefixCache)
                  else contextlib.nullcontext())
         with cache:
-            runtime = AgentRuntime.start(self.engine, system=system, settings=settings)
-            for i, (role, text) in enumerate(messages[:-1]):
-                rendered = (runtime.renderer.render_message("assistant", text) if role == "assistant"
-                            else runtime.render_block("user", text))
-                # typed as an instruction: the assistant text already carries its closing
-                runtime.append_block(f"m{i}", "user" if role == "user" else "instruction", rendered,
-                                     parents=(), sources=frozenset())
-            runtime.step(Step("chat", "user", (Item("last", messages[-1][1]),)))
+            runtime = ClientToolRuntime.start(self.engine, config.system, settings, config=config)
+            try:
+                self.observe_history(runtime, messages, config)
+                if listener is not None:
+                    listener.start()  # every check passed: the stream may open
+                runtime.client.expect(config)
+                runtime.listener = listener
+                runtime.step(step)
+            except BaseException:
+                self.engine.drop(runtime.lineage)
+                raise
         spent = self.engine.counters.snapshot() - before
-        block = runtime.graph["chat/answer"]
-        finished = bool(block.tokens) and block.tokens[-1] in set(self.engine.lm.eos_ids)
+        block = runtime.graph[f"{STEP}/answer"]
         self.keep(runtime.lineage)
+        items = get_answer_items(runtime, STEP)
+        if listener is not None:
+            listener.answer(items)
         output_tokens = len(self.engine.lm.encode(block.text))
-        return {"text": block.text, "finish_reason": "stop" if finished else "length",
-                "usage": {"prompt_tokens": block.token_span[0], "completion_tokens": output_tokens,
-                          "total_tokens": block.token_span[0] + output_tokens,
-                          # the prompt's tokens served from the cache (the runtime's canonical
-                          # re-prefill of a generated turn may be served too: not a prompt token)
-                          "prompt_tokens_details": {"cached_tokens": min(spent.reused_tokens, block.token_span[0])}}}
+        finished = bool(block.tokens) and block.tokens[-1] in set(self.engine.lm.eos_ids)
+        calls = [i for i in items if i["type"] == "function_call"]
+        return {"items": items, "finish_reason": "tool_calls" if calls else "stop" if finished else "length",
+                "complete": finished, "prompt_tokens": block.token_span[0], "output_tokens": output_tokens,
+                # the prompt's tokens served from the cache (the runtime's canonical
+                # re-prefill of a generated turn may be served too: not a prompt token)
+                "cached_tokens": min(spent.reused_tokens, block.token_span[0])}
+
+    def observe_history(self, runtime: ClientToolRuntime, messages: list[dict], config: Config) -> None:
+        """Prefill the history's blocks, refusing first (400 ``context_length_exceeded``) where the
+        prompt and the output cap would pass the model's context."""
+        history, _ = split_last(messages)
+        blocks = render_history(runtime, group_history(history))
+        last = blocks[-1] if blocks else runtime.graph[runtime.context[0]]
+        _, observed = render_group(runtime, last, group_history(messages[len(history):])[0])
+        header = runtime.renderer.render_header(runtime.get_opening(config))
+        encode = self.engine.lm.encode
+        prompt = (len(runtime.graph[runtime.context[0]].tokens) + sum(len(b.tokens) for b in blocks)
+                  + len(encode(observed)) + len(encode(header)))
+        limit = get_context_length(self.engine.lm)
+        if limit is not None and prompt + runtime.settings.max_new_tokens > limit:
+            raise bad_request(f"messages: the prompt is {prompt} tokens and the output cap "
+                              f"{runtime.settings.max_new_tokens}; the model's context holds {limit}",
+                              param="messages", code="context_length_exceeded")
+        for block in blocks:
+            runtime.append_block(block.id, block.type, block.text, parents=(), sources=frozenset())

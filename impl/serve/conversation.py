@@ -1,7 +1,8 @@
 """One conversation: a session store (``session.db``, the runtime's every
 step and forget committed atomically) and a sidecar (``conversation.json``:
-its id, metadata, system prompt, the items added but not yet answered, the
-function-call ids of tool outputs, and its responses' ids).
+its id, owner, metadata, system prompt, the items added but not yet answered,
+the recorded inputs a forget's replay has not yet replayed, the call ids of
+tool outputs, and its responses' ids).
 
 The store is created by the conversation's first response, which fixes the
 sampling settings a replay must reuse. Items added before a response wait in
@@ -10,19 +11,27 @@ is replaced atomically (write, fsync, rename); a crash between a step's
 commit and the sidecar's rewrite leaves items in both, and :meth:`reconcile`
 drops from the sidecar what the store already holds. So a committed item is
 never lost and never doubled.
+
+The model's answers are read from the store: an answer's text and its calls
+(parsed in the model's own format, :mod:`unsee.impl.agent.tools.native`),
+with ids that are a hash of the answer's step and the tokens it was decoded
+after, so an answer a forget's replay recomputed has new ids, one it left
+alone keeps its own, and a stream can name an answer before it is decoded.
 """
 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
-import secrets
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
-from unsee import AgentRuntime, Item, PersistentSession, Settings, Step
+from unsee import PersistentSession
+from unsee.impl.agent.tools.client import ClientToolRuntime
 from unsee.impl.serve import shapes
 from unsee.impl.serve.errors import bad_request, not_found
 
@@ -45,14 +54,53 @@ def write_json_atomic(path: Path, value: dict) -> None:
         os.close(fd)
 
 
-def compute_answer_id(step_id: str, text: str) -> str:
-    """An assistant item's id: a function of its turn and its text, so a turn
-    that a forget's replay rewrote has a new id and one it left alone keeps its own."""
-    return "msg_" + hashlib.sha256(f"{step_id}\0{text}".encode()).hexdigest()[:32]
+def compute_answer_key(step_id: str, prompt: Sequence[int]) -> str:
+    """What an answer's ids are made of: its step and the tokens it was decoded after."""
+    return hashlib.sha256(f"{step_id}\0{','.join(map(str, prompt))}".encode()).hexdigest()[:32]
 
 
-def new_item_id(kind: str) -> str:
-    return ("fco_" if kind == "function_call_output" else "msg_") + secrets.token_hex(12)
+def get_answer_ids(key: str, n_calls: int) -> tuple[str, list[tuple[str, str]]]:
+    """An answer's message id, and each call's ``(item id, call id)``."""
+    return f"msg_{key}", [(f"fc_{key[:24]}_{i}", f"call_{key[:24]}_{i}") for i in range(n_calls)]
+
+
+def compute_item_id(item: dict, turn: int, position: int) -> str:
+    """The server's id for an item the client named none: a hash of the turn it is observed in,
+    its place there and its content, so two conversations given the same items in the same turns
+    name them alike (the twin of a forget: same digest, same items). Not of a tool output's
+    call id: a replay reuses an output for the same call made anew, whose id is new."""
+    key = json.dumps([turn, position, item["kind"], item["text"]])
+    prefix = "fco_" if item["kind"] == "function_call_output" else "msg_"
+    return prefix + hashlib.sha256(key.encode()).hexdigest()[:24]
+
+
+def get_prompt(runtime, step_id: str) -> list[int]:
+    """The tokens ``step_id``'s answer was decoded after (a session stored before client tools
+    has no turn opening: its header is the plain one)."""
+    if isinstance(runtime, ClientToolRuntime):
+        return runtime.get_prompt(step_id)
+    block = runtime.graph[f"{step_id}/answer"]
+    header = runtime.engine.lm.encode(runtime.renderer.render_header())
+    return [t for p in block.parents for t in runtime.graph[p].tokens] + list(block.tokens[:len(header)])
+
+
+def get_answer_items(runtime, step_id: str) -> list[dict]:
+    """The items of the model's answer to ``step_id``: its text (a message, where it has text or no
+    call) and its function calls."""
+    block = runtime.graph[f"{step_id}/answer"]
+    complete = bool(block.tokens) and block.tokens[-1] in set(runtime.engine.lm.eos_ids)
+    text, calls = (runtime.get_turn(step_id)[:2] if isinstance(runtime, ClientToolRuntime) else (block.text, ()))
+    message_id, call_ids = get_answer_ids(compute_answer_key(step_id, get_prompt(runtime, step_id)), len(calls))
+    out = [shapes.output_message(message_id, text, complete)] if text or not calls else []
+    return out + [shapes.function_call(item_id, call_id, c.name, c.arguments)
+                  for (item_id, call_id), c in zip(call_ids, calls)]
+
+
+def get_call_ids(runtime, step_id: str | None) -> list[str]:
+    """The call ids of ``step_id``'s answer, in its calls' order."""
+    if step_id is None:
+        return []
+    return [i["call_id"] for i in get_answer_items(runtime, step_id) if i["type"] == "function_call"]
 
 
 class Conversation:
@@ -60,7 +108,7 @@ class Conversation:
 
     def __init__(self, root: Path, record: dict):
         self.root = root
-        self.record = record
+        self.record = {"owner": "", "held": [], "held_outputs": [], **record}
         self.lock = threading.Lock()  # one request at a time (the pool takes it)
         self.session: PersistentSession | None = None
         self.last_used = time.monotonic()
@@ -77,12 +125,17 @@ class Conversation:
     def started(self) -> bool:
         return self.store_path.exists()
 
+    @property
+    def runtime(self):
+        return self.session.runtime if self.session is not None else None
+
     # --- files -----------------------------------------------------------------
 
     @classmethod
-    def create(cls, root: Path, conv_id: str, system: str, metadata: dict, items: list[dict]) -> Conversation:
+    def create(cls, root: Path, conv_id: str, system: str, metadata: dict, items: list[dict],
+               owner: str = "") -> Conversation:
         record = {"id": conv_id, "created_at": int(time.time()), "metadata": metadata, "system": system,
-                  "pending": [], "tools": {}, "responses": []}
+                  "owner": owner, "pending": [], "tools": {}, "responses": [], "held": [], "held_outputs": []}
         record["pending"] = cls.assign_ids(record, items, used=set())
         root.mkdir(parents=True)
         write_json_atomic(root / SIDECAR, record)
@@ -97,13 +150,21 @@ class Conversation:
         self.record = record
 
     @staticmethod
-    def assign_ids(record: dict, items: list[dict], used: set[str]) -> list[dict]:
-        """``items`` with an id each (the client's, or a new one), refused if one is taken."""
-        taken = used | {p["id"] for p in record["pending"]}
+    def assign_ids(record: dict, items: list[dict], used: set[str], turn: int = 1) -> list[dict]:
+        """``items`` (to be observed in step ``turn``, after the waiting ones) with an id each: the
+        client's, or :func:`compute_item_id` (the next free one, where a forgotten item took it);
+        refused if the client's is taken."""
+        taken = used | {p["id"] for p in record["pending"]} | get_held_ids(record)
         out = []
-        for item in items:
-            item_id = item["id"] or new_item_id(item["kind"])
-            if item_id in taken:
+        for position, item in enumerate(items, start=len(record["pending"])):
+            item_id = item["id"]
+            if item_id is None:
+                base = item_id = compute_item_id(item, turn, position)
+                for n in itertools.count(2):
+                    if item_id not in taken:
+                        break
+                    item_id = f"{base}_{n}"
+            elif item_id in taken:
                 raise bad_request(f"item id {item_id!r} is already used in conversation {record['id']}",
                                   param="id")
             taken.add(item_id)
@@ -152,23 +213,32 @@ class Conversation:
 
     # --- items -----------------------------------------------------------------
 
-    def get_items(self) -> list[dict]:
-        """The conversation's items in order: each step's inputs, its answer, then the pending ones."""
+    def get_step_items(self, step, previous: str | None) -> list[dict]:
+        """A step's input items (a tool output with the call id of the call it answers)."""
+        runtime = self.runtime
+        if step.kind != "tool":
+            return [shapes.input_item(i.source, i.text, "user", None) for i in step.items]
+        calls = get_call_ids(runtime, previous) if isinstance(runtime, ClientToolRuntime) else []
+        bound = runtime.client.bound if isinstance(runtime, ClientToolRuntime) else {}
         out = []
-        if self.session is not None:
-            runtime = self.session.runtime
-            eos = set(runtime.engine.lm.eos_ids)
-            for step in runtime.steps:
-                out += [shapes.input_item(i.source, i.text, step.kind, self.record["tools"].get(i.source))
-                        for i in step.items]
-                block_id = f"{step.id}/answer"
-                if block_id in runtime.graph:
-                    block = runtime.graph[block_id]
-                    complete = bool(block.tokens) and block.tokens[-1] in eos
-                    out.append(shapes.output_message(compute_answer_id(step.id, block.text), block.text, complete))
-        out += [shapes.input_item(p["id"], p["text"], "tool" if p["kind"] == "function_call_output" else "user",
-                                  {"call_id": p["call_id"], "name": p["name"]}) for p in self.record["pending"]]
+        for item in step.items:
+            i = bound.get(item.source)
+            call_id = calls[i] if i is not None and i < len(calls) else self.record["tools"].get(
+                item.source, {}).get("call_id")
+            out.append(shapes.input_item(item.source, item.text, "tool", call_id))
         return out
+
+    def get_items(self) -> list[dict]:
+        """The conversation's items in order: each step's inputs and its answer; then the inputs that
+        wait: outputs kept for a pending call, the recorded inputs not yet replayed, the added ones."""
+        out, previous = [], None
+        runtime = self.runtime
+        for step in runtime.steps if runtime is not None else ():
+            out += self.get_step_items(step, previous)
+            if f"{step.id}/answer" in runtime.graph:
+                out += get_answer_items(runtime, step.id)
+            previous = step.id
+        return out + get_waiting_items(self.record)
 
     def get_item(self, item_id: str) -> dict:
         for item in self.get_items():
@@ -176,92 +246,39 @@ class Conversation:
                 return item
         raise not_found(f"no item {item_id!r} in conversation {self.id}", param="item_id")
 
-    # --- operations (the pool holds this conversation's lock and the engine's) ----
+    def get_next_turn(self) -> int:
+        return (self.runtime.t if self.runtime is not None else 0) + 1
 
     def add_items(self, items: list[dict]) -> list[dict]:
-        added = self.assign_ids(self.record, items, self.get_used_ids())
+        added = self.assign_ids(self.record, items, self.get_used_ids(), self.get_next_turn())
         self.save({**self.record, "pending": self.record["pending"] + added})
         ids = {a["id"] for a in added}
         return [i for i in self.get_items() if i["id"] in ids]
 
-    def check_settings(self, sampling: dict, defaults: Settings) -> Settings:
-        """The settings this response runs with: the conversation's (its first
-        response fixed them), refused if the request asks for others."""
-        if self.session is None:
-            return Settings(max_new_tokens=sampling["max_new_tokens"] or defaults.max_new_tokens,
-                            temperature=sampling["temperature"] if sampling["temperature"] is not None
-                            else defaults.temperature,
-                            seed=sampling["seed"] if sampling["seed"] is not None else defaults.seed)
-        settings = self.session.runtime.settings
-        fixed = {"temperature": settings.temperature, "seed": settings.seed, "max_new_tokens": settings.max_new_tokens}
-        names = {"max_new_tokens": "max_output_tokens"}
-        for key, value in sampling.items():
-            if value is not None and value != fixed[key]:
-                raise bad_request(f"{names.get(key, key)}: this conversation runs with {fixed[key]!r}, fixed by its "
-                                  f"first response (a forget replays every turn with the same settings); got "
-                                  f"{value!r}", param=names.get(key, key))
-        return settings
+    def get_pending_calls(self) -> list[dict]:
+        """The function calls of the last answer that no output answers yet."""
+        runtime = self.runtime
+        if not isinstance(runtime, ClientToolRuntime) or not runtime.t:
+            return []
+        answered = {o["call_index"] for o in self.record["held_outputs"]}
+        calls = [i for i in get_answer_items(runtime, runtime.steps[-1].id) if i["type"] == "function_call"]
+        return [c for k, c in enumerate(calls) if k not in answered]
 
-    def get_step(self, items: list[dict]) -> Step:
-        """The next step: the pending items and ``items`` (all user messages, or all function outputs)."""
-        todo = self.record["pending"] + items
-        kinds = {i["kind"] for i in todo}
-        if len(kinds) > 1:
-            raise bad_request("input: a turn is user messages or function_call_output items, not both: "
-                              "add the outputs in a response of their own", param="input")
-        t = self.session.runtime.t if self.session is not None else 0
-        if kinds == {"function_call_output"}:
-            names = sorted({i["name"] for i in todo})
-            return Step(f"turn_{t + 1}", "tool", tuple(Item(i["id"], i["text"]) for i in todo), ",".join(names))
-        return Step(f"turn_{t + 1}", "user", tuple(Item(i["id"], i["text"]) for i in todo))
 
-    def respond(self, engine, items: list[dict], settings: Settings, response_id: str) -> tuple[Step, list[dict]]:
-        """One step: the pending items and ``items`` observed, the model's answer decoded; committed."""
-        items = self.assign_ids(self.record, items, self.get_used_ids())
-        step = self.get_step(items)  # refuses before anything is written
-        todo = self.record["pending"] + items
-        first = self.session is None
-        if first:
-            runtime = AgentRuntime.start(engine, system=self.record["system"], settings=settings)
-            self.session = PersistentSession.create(self.store_path, runtime)
-        try:
-            self.session.step(step)
-        except BaseException:
-            if first:  # a failed first response leaves no store (it would fix the settings)
-                self.evict()
-                self.store_path.unlink(missing_ok=True)
-            raise
-        tools = {**self.record["tools"], **{i["id"]: {"call_id": i["call_id"], "name": i["name"]}
-                                            for i in todo if i["kind"] == "function_call_output"}}
-        responses = self.record["responses"] + [{"id": response_id, "step": step.id}]
-        self.save({**self.record, "pending": [], "tools": tools, "responses": responses})
-        return step, [i for i in self.get_items() if i["id"] in {x["id"] for x in todo}]
+def get_held_ids(record: dict) -> set[str]:
+    return ({o["id"] for o in record["held_outputs"]}
+            | {i["id"] for g in record["held"] for i in g["items"]})
 
-    def get_answer(self, step: Step) -> dict:
-        """The answer item of ``step`` (a committed step always has one)."""
-        answer_id = compute_answer_id(step.id, self.session.runtime.graph[f"{step.id}/answer"].text)
-        return next(i for i in self.get_items() if i["id"] == answer_id)
 
-    def forget(self, item_id: str) -> dict:
-        """An exact forget of ``item_id`` (Algorithm 1, one atomic commit), or
-        of a pending item (nothing was derived from it yet)."""
-        if any(p["id"] == item_id for p in self.record["pending"]):
-            self.save({**self.record, "pending": [p for p in self.record["pending"] if p["id"] != item_id]})
-            return {"rewritten": [], "removed": [item_id], "receipt": None, "report": None}
-        before = self.get_items()
-        item = next((i for i in before if i["id"] == item_id), None)
-        if item is None:
-            raise not_found(f"no item {item_id!r} in conversation {self.id}", param="item_id")
-        if item["role"] == "assistant":
-            raise bad_request(f"item {item_id!r} is the model's answer, derived from the items before it: "
-                              "delete the input item it came from (a forget names a source)", param="item_id")
-        report = self.session.forget(item_id)
-        after = self.get_items()
-        after_ids, before_ids = {i["id"] for i in after}, {i["id"] for i in before}
-        self.save({**self.record, "tools": {k: v for k, v in self.record["tools"].items() if k != item_id}})
-        return {"rewritten": [i for i in after if i["id"] not in before_ids],
-                "removed": [i["id"] for i in before if i["id"] not in after_ids],
-                "receipt": self.session.receipt,  # canonical JSON text: what `unsee verify --receipt` reads
-                "report": {"tau": report.tau, "length": report.length, "invocations": report.invocations,
-                           "prefilled_tokens": report.prefilled_tokens, "decoded_tokens": report.decoded_tokens,
-                           "wall_s": report.wall_s, "assumptions": report.assumptions}}
+def get_waiting_items(record: dict) -> list[dict]:
+    """The items that wait for a response, in the order they will be observed."""
+    held = [shapes.input_item(o["id"], o["text"], "tool", o["call_id"]) for o in record["held_outputs"]]
+    for group in record["held"]:
+        held += [shapes.input_item(i["id"], i["text"], "tool" if group["kind"] == "tool" else "user", i["call_id"])
+                 for i in group["items"]]
+    return held + [shapes.input_item(p["id"], p["text"], "tool" if p["kind"] == "function_call_output" else "user",
+                                     p["call_id"]) for p in record["pending"]]
+
+
+__all__ = ["SIDECAR", "STORE", "Conversation", "compute_answer_key", "compute_item_id", "get_answer_ids",
+           "get_answer_items", "get_call_ids", "get_held_ids", "get_prompt", "get_waiting_items", "write_json_atomic"]

@@ -11,6 +11,10 @@
   it is serving, while the engine holds more than ``kv_budget`` bytes. An
   evicted session keeps everything in its store and is rebuilt (its digest
   checked) by its next request.
+- **Owners.** A conversation belongs to the API key that created it (its
+  owner, a hash of the key); a request under another key is answered 404
+  for it, as for an id that does not exist. The chat prefix cache is one per
+  owner, so no key's ``cached_tokens`` counts what another sent.
 - **Files.** ``root/<conversation id>/`` per conversation
   (:mod:`unsee.impl.serve.conversation`); a deleted one is renamed to
   ``<id>.deleting`` first (one atomic rename) and then removed, and a leftover
@@ -28,8 +32,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from unsee import Settings
+from unsee.impl.agent.render import get_renderer
+from unsee.impl.agent.tools.native import get_call_format
+from unsee.impl.serve.chat import ChatCache
 from unsee.impl.serve.conversation import SIDECAR, Conversation
-from unsee.impl.serve.errors import busy, not_found
+from unsee.impl.serve.errors import ApiError, busy, not_found
 
 DELETING = ".deleting"
 DEFAULTS = Settings(max_new_tokens=64)
@@ -39,8 +46,16 @@ class Pool:
     """The server's conversations and the engine they share."""
 
     def __init__(self, engine, root: str | Path, kv_budget: int | None = None, busy_wait: float = 5.0,
-                 system: str = "You are a helpful assistant.", defaults: Settings = DEFAULTS):
+                 system: str = "You are a helpful assistant.", defaults: Settings = DEFAULTS,
+                 legacy_owner: str = ""):
         self.engine = engine
+        renderer = get_renderer(engine.lm)
+        #: the model's call format, where its template writes calls this server parses (else tools are a 400)
+        self.call_format = get_call_format(renderer.segments, renderer.has_native_calls())
+        self.tools_ok = self.call_format is not None
+        #: the owner of a conversation stored before conversations had owners (the key file's first key)
+        self.legacy_owner = legacy_owner
+        self.chats: dict[str, ChatCache] = {}
         self.root = Path(root)
         self.kv_budget = kv_budget
         self.busy_wait = busy_wait
@@ -65,19 +80,29 @@ class Pool:
 
     # --- finding and holding ---------------------------------------------------
 
-    def get(self, conv_id: str) -> Conversation:
+    def get(self, conv_id: str, owner: str = "") -> Conversation:
+        """The conversation, if ``owner`` owns it (another owner's is as unknown as a missing one)."""
         with self.index_lock:
             conv = self.conversations.get(conv_id)
-        if conv is None:
+        if conv is None or self.get_owner(conv) != owner:
             raise not_found(f"no conversation {conv_id!r}", param="conversation_id")
         return conv
 
-    def get_by_response(self, response_id: str) -> Conversation:
+    def get_owner(self, conv: Conversation) -> str:
+        return conv.record["owner"] or self.legacy_owner
+
+    def get_by_response(self, response_id: str, owner: str = "") -> Conversation:
         with self.index_lock:
             conv_id = self.responses.get(response_id)
-        if conv_id is None:
-            raise not_found(f"no response {response_id!r}", param="previous_response_id")
-        return self.get(conv_id)
+        try:
+            return self.get(conv_id or "", owner)
+        except ApiError:
+            raise not_found(f"no response {response_id!r}", param="previous_response_id") from None
+
+    def open_chat(self, owner: str) -> ChatCache:
+        """The owner's chat prefix cache (made on first use)."""
+        with self.index_lock:
+            return self.chats.setdefault(owner, ChatCache(self.engine))
 
     @contextlib.contextmanager
     def hold(self, conv: Conversation) -> Iterator[Conversation]:
@@ -118,12 +143,12 @@ class Pool:
 
     # --- conversations -----------------------------------------------------------
 
-    def create(self, items: list[dict], metadata: dict) -> Conversation:
+    def create(self, items: list[dict], metadata: dict, owner: str = "") -> Conversation:
         system = self.system
         if items and items[0]["role"] in ("system", "developer"):
             system, items = items[0]["text"], items[1:]
         conv_id = "conv_" + secrets.token_hex(24)
-        conv = Conversation.create(self.root / conv_id, conv_id, system, metadata, items)
+        conv = Conversation.create(self.root / conv_id, conv_id, system, metadata, items, owner)
         with self.index_lock:
             self.conversations[conv_id] = conv
         return conv

@@ -1,22 +1,29 @@
 """Strict readers of request bodies: a decoded JSON value in, plain data out,
 or :class:`~unsee.impl.serve.errors.ApiError` (400) naming the field.
 
-An unknown field is refused rather than ignored: a client that sends a
-parameter this server does not honour (``top_p``, images, ...) learns so
-instead of getting an answer computed without it.
+An unknown field is refused rather than ignored, and so is a value the
+server cannot honour (the table of :mod:`.fields`): a client that sends a
+parameter this server does not honour (``top_p`` of 0.5, images, ...) learns
+so instead of getting an answer computed without it.
 
-An input item becomes ``{"kind", "id", "role", "text", "call_id", "name"}``:
-``kind`` is ``message`` or ``function_call_output``. Only text is read.
+An input item becomes ``{"kind", "id", "role", "text", "call_id", "name",
+"arguments"}``: ``kind`` is ``message``, ``function_call_output`` or (the
+model's own, read only where nothing is stored) ``function_call``. A chat
+message becomes ``{"role", "text", "calls", "call_id"}``. Tools become their
+definitions in the chat-template shape, as canonical JSON. Only text is read.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from collections.abc import Mapping
 from typing import Any
 
+from unsee.impl.agent.tools.native import FunctionCall
 from unsee.impl.serve.errors import bad_request
+from unsee.impl.serve.fields import CHAT_FIELDS, RESPONSE_FIELDS, check_fields
 
 #: at most this many items per request, as the Conversations API allows
 MAX_ITEMS = 20
@@ -24,13 +31,11 @@ MAX_ITEMS = 20
 ID_PATTERN = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
 MESSAGE_FIELDS = {"type", "role", "content", "id", "status", "phase"}
 OUTPUT_FIELDS = {"type", "call_id", "output", "id", "name", "status"}
+CALL_FIELDS = {"type", "call_id", "name", "arguments", "id", "status"}
+CHAT_MESSAGE_FIELDS = {"role", "content", "name", "tool_calls", "tool_call_id", "refusal"}
 TEXT_PART_TYPES = ("input_text", "text", "output_text")
-RESPONSE_FIELDS = {"model", "input", "conversation", "previous_response_id", "stream", "temperature", "seed",
-                   "max_output_tokens", "metadata", "store", "instructions", "parallel_tool_calls", "user"}
-CHAT_FIELDS = {"model", "messages", "temperature", "seed", "max_tokens", "max_completion_tokens", "stream", "n",
-               "user", "stream_options"}
-CONVERSATION_FIELDS = {"items", "metadata"}
-ITEMS_FIELDS = {"items", "include"}
+#: a tool's name, as OpenAI's API allows it
+TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 
 def read_object(body: Any, fields: set[str], where: str) -> Mapping[str, Any]:
@@ -70,45 +75,88 @@ def read_id(raw: Any, param: str) -> str | None:
     return raw
 
 
-def read_item(raw: Any, param: str, system_ok: bool) -> dict:
+def new_item(kind: str, role: str, text: str, item_id: str | None = None, call_id: str | None = None,
+             name: str | None = None, arguments: str | None = None) -> dict:
+    return {"kind": kind, "id": item_id, "role": role, "text": text, "call_id": call_id, "name": name,
+            "arguments": arguments}
+
+
+def read_call_id(raw: Any, param: str) -> str:
+    if not isinstance(raw, str) or not raw or len(raw) > 128:
+        raise bad_request(f"{param}: a call id is a non-empty string (at most 128 characters)", param=param)
+    return raw
+
+
+def read_arguments(raw: Any, param: str) -> str:
+    """A call's arguments: a JSON object's text."""
+    try:
+        ok = isinstance(raw, str) and isinstance(json.loads(raw), dict)
+    except ValueError:
+        ok = False
+    if not ok:
+        raise bad_request(f"{param}: a call's arguments are a JSON object's text", param=param)
+    return raw
+
+
+def read_output_item(raw: Mapping, param: str) -> dict:
+    read_object(raw, OUTPUT_FIELDS, param)
+    name = raw.get("name")
+    if name is not None and (not isinstance(name, str) or not ID_PATTERN.match(name)):
+        raise bad_request(f"{param}.name: a function name is 1-64 of letters, digits and _.:-", param=param)
+    return new_item("function_call_output", "tool", read_text(raw.get("output"), f"{param}.output"),
+                    read_id(raw.get("id"), f"{param}.id"), read_call_id(raw.get("call_id"), f"{param}.call_id"),
+                    name or "function")
+
+
+def read_call_item(raw: Mapping, param: str) -> dict:
+    read_object(raw, CALL_FIELDS, param)
+    name = raw.get("name")
+    if not isinstance(name, str) or not TOOL_NAME.match(name):
+        raise bad_request(f"{param}.name: a function name is 1-64 of letters, digits, _ and -", param=param)
+    return new_item("function_call", "assistant", "", read_id(raw.get("id"), f"{param}.id"),
+                    read_call_id(raw.get("call_id"), f"{param}.call_id"), name,
+                    read_arguments(raw.get("arguments"), f"{param}.arguments"))
+
+
+def read_item(raw: Any, param: str, system_ok: bool, model_ok: bool = False) -> dict:
+    """One input item; ``model_ok``: the model's own items (assistant messages, function calls)
+    are read too (a client that keeps its history, where nothing is stored)."""
     if not isinstance(raw, Mapping):
         raise bad_request(f"{param}: an item must be an object", param=param)
     kind = raw.get("type", "message")
     if kind == "function_call_output":
-        read_object(raw, OUTPUT_FIELDS, param)
-        if not isinstance(raw.get("call_id"), str) or not raw["call_id"]:
-            raise bad_request(f"{param}.call_id: a function_call_output needs a string call_id", param=param)
-        name = raw.get("name")
-        if name is not None and (not isinstance(name, str) or not ID_PATTERN.match(name)):
-            raise bad_request(f"{param}.name: a function name is 1-64 of letters, digits and _.:-", param=param)
-        return {"kind": kind, "id": read_id(raw.get("id"), f"{param}.id"), "role": "tool",
-                "text": read_text(raw.get("output"), f"{param}.output"), "call_id": raw["call_id"],
-                "name": name or "function"}
+        return read_output_item(raw, param)
+    if kind == "function_call" and model_ok:
+        return read_call_item(raw, param)
     if kind != "message":
-        raise bad_request(f"{param}.type: {kind!r} items are not read here (message, function_call_output)",
-                          param=f"{param}.type")
+        why = ("the model's own: in a stored conversation this server writes them" if kind == "function_call"
+               else "not read here (message, function_call_output)")
+        raise bad_request(f"{param}.type: {kind!r} items are {why}", param=f"{param}.type")
     read_object(raw, MESSAGE_FIELDS, param)
     roles = ("user", "system", "developer") if system_ok else ("user",)
+    roles += ("assistant",) if model_ok else ()
     if raw.get("role") not in roles:
         why = ("assistant items are the model's own: this server writes them" if raw.get("role") == "assistant"
                else "a system or developer message is read only as the first item of a new conversation"
                if raw.get("role") in ("system", "developer") else f"expected one of {roles}")
         raise bad_request(f"{param}.role: {raw.get('role')!r}: {why}", param=f"{param}.role")
-    return {"kind": kind, "id": read_id(raw.get("id"), f"{param}.id"), "role": raw["role"],
-            "text": read_text(raw.get("content"), f"{param}.content"), "call_id": None, "name": None}
+    return new_item("message", raw["role"], read_text(raw.get("content"), f"{param}.content"),
+                    read_id(raw.get("id"), f"{param}.id"))
 
 
 def read_items(raw: Any, param: str, system_first: bool = False, empty_ok: bool = False,
-               text_ok: bool = False) -> list[dict]:
+               text_ok: bool = False, model_ok: bool = False) -> list[dict]:
     """A list of input items (``system_first``: its first may be a system
-    message; ``text_ok``: a string is one user message, as a response's input)."""
+    message; ``text_ok``: a string is one user message, as a response's input;
+    ``model_ok``: see :func:`read_item`)."""
     if raw is None and empty_ok:
         return []
     if isinstance(raw, str) and text_ok:
-        return [{"kind": "message", "id": None, "role": "user", "text": raw, "call_id": None, "name": None}]
-    if not isinstance(raw, list) or len(raw) > MAX_ITEMS or (not raw and not empty_ok):
-        raise bad_request(f"{param}: must be a list of 1 to {MAX_ITEMS} items", param=param)
-    items = [read_item(r, f"{param}[{i}]", system_first and i == 0) for i, r in enumerate(raw)]
+        return [new_item("message", "user", raw)]
+    limit = MAX_ITEMS * 10 if model_ok else MAX_ITEMS  # a client's whole history
+    if not isinstance(raw, list) or len(raw) > limit or (not raw and not empty_ok):
+        raise bad_request(f"{param}: must be a list of 1 to {limit} items", param=param)
+    items = [read_item(r, f"{param}[{i}]", system_first and i == 0, model_ok) for i, r in enumerate(raw)]
     ids = [i["id"] for i in items if i["id"] is not None]
     if len(set(ids)) != len(ids):
         raise bad_request(f"{param}: duplicate item id", param=param)
@@ -144,10 +192,10 @@ def read_sampling(body: Mapping, max_name: str) -> dict:
             "max_new_tokens": read_number(body, max_name, int, 1, 4096)}
 
 
-def read_flag(body: Mapping, name: str) -> bool:
-    value = body.get(name, False)
+def read_flag(body: Mapping, name: str, default: bool = False) -> bool:
+    value = body.get(name, default)
     if value is None:
-        return False
+        return default
     if not isinstance(value, bool):
         raise bad_request(f"{name}: must be true or false", param=name)
     return value
@@ -163,48 +211,157 @@ def read_ref(body: Mapping, name: str) -> str | None:
     return value
 
 
+# --- tools ------------------------------------------------------------------------
+
+
+def read_tool(raw: Any, param: str, nested: bool) -> str:
+    """One function tool as its definition in the chat-template shape (canonical JSON): the
+    Responses API's flat ``{"type", "name", ...}``, or (``nested``) Chat Completions'
+    ``{"type", "function": {"name", ...}}``."""
+    if not isinstance(raw, Mapping) or raw.get("type") != "function":
+        kind = raw.get("type") if isinstance(raw, Mapping) else raw
+        raise bad_request(f"{param}.type: {kind!r} tools are not served (function tools only: the server runs "
+                          "no hosted tool)", param=f"{param}.type")
+    spec = raw
+    if nested:
+        read_object(raw, {"type", "function"}, param)
+        spec, param = raw.get("function"), f"{param}.function"
+        if not isinstance(spec, Mapping):
+            raise bad_request(f"{param}: must be an object", param=param)
+    read_object(spec, {"name", "description", "parameters", "strict"} | (set() if nested else {"type"}), param)
+    if not isinstance(spec.get("name"), str) or not TOOL_NAME.match(spec["name"]):
+        raise bad_request(f"{param}.name: 1-64 letters, digits, _ and -", param=f"{param}.name")
+    if spec.get("description") is not None and not isinstance(spec["description"], str):
+        raise bad_request(f"{param}.description: must be a string", param=f"{param}.description")
+    if spec.get("parameters") is not None and not isinstance(spec["parameters"], Mapping):
+        raise bad_request(f"{param}.parameters: must be a JSON schema object", param=f"{param}.parameters")
+    if spec.get("strict") not in (None, True, False):
+        raise bad_request(f"{param}.strict: must be true or false", param=f"{param}.strict")
+    function = {"name": spec["name"]}
+    function.update({k: spec[k] for k in ("description", "parameters") if spec.get(k) is not None})
+    return json.dumps({"type": "function", "function": function}, ensure_ascii=False)
+
+
+def read_tools(raw: Any, nested: bool) -> tuple[str, ...]:
+    if raw is None:
+        return ()
+    if not isinstance(raw, list) or len(raw) > 128:
+        raise bad_request("tools: must be a list of at most 128 tools", param="tools")
+    tools = tuple(read_tool(t, f"tools[{i}]", nested) for i, t in enumerate(raw))
+    names = [json.loads(t)["function"]["name"] for t in tools]
+    if len(set(names)) != len(names):
+        raise bad_request("tools: two tools share a name", param="tools")
+    return tools
+
+
+def read_tool_choice(raw: Any, tools: tuple[str, ...], nested: bool) -> tuple[str, str | None]:
+    """``(choice, function)``: ``auto``/``none``/``required``, or ``function`` and its name."""
+    if raw is None:
+        return "auto", None
+    if raw in ("auto", "none", "required"):
+        if raw == "required" and not tools:
+            raise bad_request("tool_choice: 'required' needs tools", param="tool_choice")
+        return raw, None
+    name = None
+    if isinstance(raw, Mapping) and raw.get("type") == "function":
+        spec = raw.get("function") if nested else raw
+        read_object(raw, {"type", "function"} if nested else {"type", "name"}, "tool_choice")
+        name = spec.get("name") if isinstance(spec, Mapping) else None
+    names = {json.loads(t)["function"]["name"] for t in tools}
+    if name not in names:
+        raise bad_request(f"tool_choice: {raw!r} is not served: 'auto', 'none', 'required', or a function of "
+                          f"tools ({sorted(names)})", param="tool_choice")
+    return "function", name
+
+
+def read_tooling(body: Mapping, nested: bool) -> dict:
+    tools = read_tools(body.get("tools"), nested)
+    choice, function = read_tool_choice(body.get("tool_choice"), tools, nested)
+    return {"tools": tools, "choice": choice, "function": function,
+            "parallel": read_flag(body, "parallel_tool_calls", default=True)}
+
+
+# --- requests ---------------------------------------------------------------------
+
+
+def read_instructions(body: Mapping) -> str | None:
+    value = body.get("instructions")
+    if value is not None and not isinstance(value, str):
+        raise bad_request("instructions: must be a string", param="instructions")
+    return value
+
+
 def read_response_request(body: Any) -> dict:
-    body = read_object(body, RESPONSE_FIELDS, "responses")
-    if body.get("instructions") is not None:
-        raise bad_request("instructions: the system prompt is a conversation's, fixed at its creation: "
-                          "give it as a system message, the first item", param="instructions")
-    if body.get("store") is False:
-        raise bad_request("store: every response of this server is stored (its forget needs the log)",
-                          param="store")
-    if body.get("parallel_tool_calls") not in (None, False, True):
-        raise bad_request("parallel_tool_calls: must be true or false", param="parallel_tool_calls")
+    """A ``POST /v1/responses`` body. ``stateless``: nothing is stored (``store: false``, or a
+    client's own history with the model's items in it, without a conversation)."""
+    body = check_fields(body, RESPONSE_FIELDS, "responses")
     conversation, previous = read_ref(body, "conversation"), read_ref(body, "previous_response_id")
     if conversation and previous:
         raise bad_request("give conversation or previous_response_id, not both", param="previous_response_id")
+    continued = bool(conversation or previous)
+    store = read_flag(body, "store", default=True)
+    if not store and continued:
+        raise bad_request("store: false with a conversation: a stored conversation's every turn is stored (its "
+                          "forget needs the log)", param="store")
+    items = read_items(body.get("input"), "input", system_first=not continued, empty_ok=True, text_ok=True,
+                       model_ok=not continued)
+    stateless = not store or any(i["role"] == "assistant" for i in items)
     return {"model": body.get("model"), "conversation": conversation, "previous_response_id": previous,
-            "items": read_items(body.get("input"), "input", system_first=not conversation and not previous,
-                                empty_ok=True, text_ok=True),
+            "items": items, "stateless": stateless, "instructions": read_instructions(body),
             "stream": read_flag(body, "stream"), "metadata": read_metadata(body.get("metadata")),
-            **read_sampling(body, "max_output_tokens")}
+            **read_tooling(body, nested=False), **read_sampling(body, "max_output_tokens")}
+
+
+def read_chat_calls(raw: Any, param: str) -> tuple[tuple[FunctionCall, ...], tuple[str, ...]]:
+    """An assistant message's ``tool_calls``: the calls and their ids."""
+    if raw is None:
+        return (), ()
+    if not isinstance(raw, list):
+        raise bad_request(f"{param}: must be a list", param=param)
+    calls, ids = [], []
+    for i, call in enumerate(raw):
+        where = f"{param}[{i}]"
+        if not isinstance(call, Mapping) or call.get("type", "function") != "function":
+            raise bad_request(f"{where}: function calls only", param=where)
+        read_object(call, {"id", "type", "function"}, where)
+        spec = call.get("function")
+        if not isinstance(spec, Mapping) or not isinstance(spec.get("name"), str):
+            raise bad_request(f"{where}.function: {{'name', 'arguments'}}", param=where)
+        read_object(spec, {"name", "arguments"}, f"{where}.function")
+        calls.append(FunctionCall(spec["name"], read_arguments(spec.get("arguments"), f"{where}.function.arguments")))
+        ids.append(read_call_id(call.get("id"), f"{where}.id"))
+    return tuple(calls), tuple(ids)
+
+
+def read_chat_message(m: Any, where: str) -> dict:
+    if not isinstance(m, Mapping):
+        raise bad_request(f"{where}: must be an object", param=where)
+    read_object(m, CHAT_MESSAGE_FIELDS, where)
+    role = m.get("role")
+    if role not in ("system", "developer", "user", "assistant", "tool"):
+        raise bad_request(f"{where}.role: {role!r} is not read (system, developer, user, assistant, tool)",
+                          param=f"{where}.role")
+    calls, ids = read_chat_calls(m.get("tool_calls"), f"{where}.tool_calls") if role == "assistant" else ((), ())
+    content = m.get("content")
+    text = "" if content is None and calls else read_text(content, f"{where}.content")
+    call_id = read_call_id(m.get("tool_call_id"), f"{where}.tool_call_id") if role == "tool" else None
+    return {"role": role, "text": text, "calls": calls, "call_ids": ids, "call_id": call_id}
 
 
 def read_chat_request(body: Any) -> dict:
-    body = read_object(body, CHAT_FIELDS, "chat.completions")
-    if body.get("n") not in (None, 1):
-        raise bad_request("n: only n=1 is served", param="n")
+    body = check_fields(body, CHAT_FIELDS, "chat.completions")
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise bad_request("messages: must be a non-empty list", param="messages")
-    out = []
-    for i, m in enumerate(messages):
-        where = f"messages[{i}]"
-        if not isinstance(m, Mapping):
-            raise bad_request(f"{where}: must be an object", param=where)
-        read_object(m, {"role", "content", "name"}, where)
-        if m.get("role") not in ("system", "developer", "user", "assistant"):
-            raise bad_request(f"{where}.role: {m.get('role')!r} is not read (system, developer, user, assistant)",
-                              param=f"{where}.role")
-        out.append((m["role"], read_text(m.get("content"), f"{where}.content")))
-    if out[-1][0] != "user":
-        raise bad_request("messages: the last message must be the user's", param="messages")
-    if any(role in ("system", "developer") for role, _ in out[1:]):
+    out = [read_chat_message(m, f"messages[{i}]") for i, m in enumerate(messages)]
+    if out[-1]["role"] not in ("user", "tool"):
+        raise bad_request("messages: the last message must be the user's (or tool results)", param="messages")
+    if any(m["role"] in ("system", "developer") for m in out[1:]):
         raise bad_request("messages: a system message is read only first", param="messages")
     if body.get("max_tokens") is not None and body.get("max_completion_tokens") is not None:
         raise bad_request("give max_tokens or max_completion_tokens, not both", param="max_tokens")
     cap = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
-    return {"model": body.get("model"), "messages": out, "stream": read_flag(body, "stream"), **read_sampling(body, cap)}
+    options = body.get("stream_options") or {}
+    return {"model": body.get("model"), "messages": out, "stream": read_flag(body, "stream"),
+            "include_usage": bool(options.get("include_usage")), **read_tooling(body, nested=True),
+            **read_sampling(body, cap)}

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Self
 
@@ -16,29 +17,30 @@ from unsee.impl.serve.pool import Pool
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
 
 
-def read_api_key(path: str | Path | None) -> str | None:
-    """The key in ``path`` (its first line); None without a file."""
+def read_api_keys(path: str | Path | None) -> list[str]:
+    """The keys in ``path``, one a line (blank lines skipped); none without a file."""
     if path is None:
-        return None
-    lines = Path(path).read_text(encoding="utf-8").splitlines()
-    key = lines[0].strip() if lines else ""
-    if not key:
-        raise ValueError(f"--api-key-file {path}: the file holds no key on its first line")
-    return key
+        return []
+    keys = [line.strip() for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
+    if not keys:
+        raise ValueError(f"--api-key-file {path}: the file holds no key")
+    if len(set(keys)) != len(keys):
+        raise ValueError(f"--api-key-file {path}: a key is given twice")
+    return keys
 
 
-def check_exposure(host: str, api_key: str | None) -> None:
+def check_exposure(host: str, api_keys: Sequence[str]) -> None:
     """A server reachable beyond this machine needs a key (every conversation is readable without one)."""
-    if host not in LOOPBACK and api_key is None:
+    if host not in LOOPBACK and not api_keys:
         raise ValueError(f"--host {host}: serving beyond loopback needs --api-key-file")
 
 
 class ServerThread:
     """The app on ``host`` (port 0: a free one) in a daemon thread; ``url`` is its base URL."""
 
-    def __init__(self, pool: Pool, model_name: str, api_key: str | None = None, host: str = "127.0.0.1",
+    def __init__(self, pool: Pool, model_name: str, api_keys: Sequence[str] = (), host: str = "127.0.0.1",
                  port: int = 0):
-        config = uvicorn.Config(build_app(pool, model_name, api_key), host=host, port=port, log_level="warning",
+        config = uvicorn.Config(build_app(pool, model_name, api_keys), host=host, port=port, log_level="warning",
                                 access_log=False)
         self.pool = pool
         self.server = uvicorn.Server(config)
@@ -61,10 +63,10 @@ class ServerThread:
         self.pool.close()
 
 
-def run(pool: Pool, model_name: str, host: str, port: int, api_key: str | None) -> None:
+def run(pool: Pool, model_name: str, host: str, port: int, api_keys: Sequence[str]) -> None:
     """Serve in the foreground until interrupted."""
-    check_exposure(host, api_key)
+    check_exposure(host, api_keys)
     try:
-        uvicorn.run(build_app(pool, model_name, api_key), host=host, port=port, log_level="info")
+        uvicorn.run(build_app(pool, model_name, api_keys), host=host, port=port, log_level="info")
     finally:
         pool.close()

@@ -9,11 +9,10 @@ import json
 import time
 
 
-def input_item(item_id: str, text: str, kind: str, tool: dict | None) -> dict:
-    """A user message, or (a tool step's field) a function_call_output item."""
+def input_item(item_id: str, text: str, kind: str, call_id: str | None) -> dict:
+    """A user message, or (a tool step's item) a function_call_output item."""
     if kind == "tool":
-        tool = tool or {}
-        return {"id": item_id, "type": "function_call_output", "call_id": tool.get("call_id", item_id),
+        return {"id": item_id, "type": "function_call_output", "call_id": call_id or item_id,
                 "output": text, "status": "completed", "role": "tool"}
     return {"id": item_id, "type": "message", "role": "user", "status": "completed",
             "content": [{"type": "input_text", "text": text}]}
@@ -23,6 +22,11 @@ def output_message(item_id: str, text: str, complete: bool) -> dict:
     return {"id": item_id, "type": "message", "role": "assistant",
             "status": "completed" if complete else "incomplete",
             "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]}
+
+
+def function_call(item_id: str, call_id: str, name: str, arguments: str) -> dict:
+    return {"id": item_id, "type": "function_call", "call_id": call_id, "name": name, "arguments": arguments,
+            "status": "completed"}
 
 
 def public_item(item: dict) -> dict:
@@ -45,18 +49,25 @@ def conversation(record: dict, extra: dict | None = None) -> dict:
 
 
 def response(response_id: str, model: str, status: str, output: list[dict], *, conversation_id: str | None,
-             previous_response_id: str | None, settings, metadata: dict, usage: dict | None,
-             created_at: float | None = None) -> dict:
+             previous_response_id: str | None, settings, req: dict, usage: dict | None,
+             created_at: float | None = None, extra: dict | None = None) -> dict:
+    """A Response object; ``req`` (the request as :func:`~.requests.read_response_request` read it)
+    supplies what the response echoes: instructions, tools, tool choice, metadata."""
     incomplete = status == "incomplete"
-    return {"id": response_id, "object": "response", "created_at": created_at or time.time(), "status": status,
-            "model": model, "output": [public_item(i) for i in output], "error": None,
-            "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
-            "instructions": None, "metadata": metadata, "parallel_tool_calls": False,
-            "temperature": settings.temperature if settings else None, "top_p": None,
-            "max_output_tokens": settings.max_new_tokens if settings else None, "tool_choice": "none", "tools": [],
-            "conversation": {"id": conversation_id} if conversation_id else None,
-            "previous_response_id": previous_response_id, "store": True, "usage": usage,
-            "text": {"format": {"type": "text"}}, "truncation": "disabled"}
+    tools = [{"type": "function", **json.loads(t)["function"]} for t in req["tools"]]
+    choice = ({"type": "function", "name": req["function"]} if req["choice"] == "function" else req["choice"])
+    out = {"id": response_id, "object": "response", "created_at": created_at or time.time(), "status": status,
+           "model": model, "output": [public_item(i) for i in output], "error": None,
+           "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
+           "instructions": req["instructions"], "metadata": req["metadata"], "parallel_tool_calls": req["parallel"],
+           "temperature": settings.temperature if settings else None, "top_p": 1.0,
+           "max_output_tokens": settings.max_new_tokens if settings else None, "tool_choice": choice,
+           "tools": tools, "conversation": {"id": conversation_id} if conversation_id else None,
+           "previous_response_id": previous_response_id, "store": not req["stateless"], "usage": usage,
+           "text": {"format": {"type": "text"}}, "truncation": "disabled"}
+    if extra:
+        out["unsee"] = extra  # what this server adds (a resumed replay's inputs)
+    return out
 
 
 def usage(input_tokens: int, output_tokens: int) -> dict:
@@ -69,45 +80,67 @@ def sse(event: dict) -> str:
     return f"event: {event['type']}\ndata: {json.dumps(event)}\n\n"
 
 
-def split_text(text: str) -> list[str]:
-    """Deltas of ``text`` (words with their leading space), joined back to ``text``."""
-    pieces, start = [], 0
-    for i in range(1, len(text)):
-        if text[i] == " " and text[i - 1] != " ":
-            pieces.append(text[start:i])
-            start = i
-    return pieces + [text[start:]] if text else []
-
-
-def message_events(item: dict, output_index: int) -> list[dict]:
-    """The events of one output message: added, its text part's deltas, done."""
-    text = item["content"][0]["text"]
-    empty = {**item, "status": "in_progress", "content": []}
+def message_added(item_id: str, output_index: int) -> list[dict]:
+    """The events that open a streamed output message (before its first delta)."""
+    empty = output_message(item_id, "", True) | {"status": "in_progress", "content": []}
     part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+    return [{"type": "response.output_item.added", "output_index": output_index, "item": empty},
+            {"type": "response.content_part.added", "item_id": item_id, "output_index": output_index,
+             "content_index": 0, "part": part}]
+
+
+def text_delta(item_id: str, output_index: int, delta: str) -> dict:
+    return {"type": "response.output_text.delta", "item_id": item_id, "output_index": output_index,
+            "content_index": 0, "delta": delta, "logprobs": []}
+
+
+def message_done(item: dict, output_index: int) -> list[dict]:
+    """The events that close a streamed output message, its text whole."""
+    text = item["content"][0]["text"]
     where = {"item_id": item["id"], "output_index": output_index, "content_index": 0}
-    return ([{"type": "response.output_item.added", "output_index": output_index, "item": empty},
-             {"type": "response.content_part.added", **where, "part": part}]
-            + [{"type": "response.output_text.delta", **where, "delta": d, "logprobs": []} for d in split_text(text)]
-            + [{"type": "response.output_text.done", **where, "text": text, "logprobs": []},
-               {"type": "response.content_part.done", **where, "part": {**part, "text": text}},
-               {"type": "response.output_item.done", "output_index": output_index, "item": item}])
+    part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+    return [{"type": "response.output_text.done", **where, "text": text, "logprobs": []},
+            {"type": "response.content_part.done", **where, "part": part},
+            {"type": "response.output_item.done", "output_index": output_index, "item": item}]
+
+
+def call_events(item: dict, output_index: int) -> list[dict]:
+    """The events of one function call: added, its arguments (one delta: a call is sent once it
+    parses, since a call cut short is text), done."""
+    where = {"item_id": item["id"], "output_index": output_index}
+    return [{"type": "response.output_item.added", "output_index": output_index,
+             "item": {**item, "arguments": "", "status": "in_progress"}},
+            {"type": "response.function_call_arguments.delta", **where, "delta": item["arguments"]},
+            {"type": "response.function_call_arguments.done", **where, "arguments": item["arguments"]},
+            {"type": "response.output_item.done", "output_index": output_index, "item": item}]
 
 
 def numbered(events: list[dict], start: int) -> list[dict]:
     return [{**e, "sequence_number": start + i} for i, e in enumerate(events)]
 
 
-def chat_completion(completion_id: str, model: str, text: str, finish: str, usage_: dict) -> dict:
+def chat_message(text: str | None, calls: list[dict]) -> dict:
+    message = {"role": "assistant", "content": text, "refusal": None}
+    if calls:
+        message["tool_calls"] = calls
+    return message
+
+
+def tool_call(call_id: str, name: str, arguments: str) -> dict:
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def chat_completion(completion_id: str, model: str, message: dict, finish: str, usage_: dict) -> dict:
     return {"id": completion_id, "object": "chat.completion", "created": int(time.time()), "model": model,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text, "refusal": None},
-                         "finish_reason": finish, "logprobs": None}],
+            "choices": [{"index": 0, "message": message, "finish_reason": finish, "logprobs": None}],
             "usage": usage_}
 
 
-def chat_chunks(completion_id: str, model: str, text: str, finish: str) -> list[dict]:
-    base = {"id": completion_id, "object": "chat.completion.chunk", "created": int(time.time()), "model": model}
-    first = {**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]}
-    body = [{**base, "choices": [{"index": 0, "delta": {"content": d}, "finish_reason": None}]}
-            for d in split_text(text)]
-    last = {**base, "choices": [{"index": 0, "delta": {}, "finish_reason": finish}]}
-    return [first, *body, last]
+def chat_chunk(completion_id: str, model: str, delta: dict, finish: str | None = None) -> dict:
+    return {"id": completion_id, "object": "chat.completion.chunk", "created": int(time.time()), "model": model,
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+
+
+def usage_chunk(completion_id: str, model: str, usage_: dict) -> dict:
+    return {"id": completion_id, "object": "chat.completion.chunk", "created": int(time.time()), "model": model,
+            "choices": [], "usage": usage_}

@@ -1,0 +1,399 @@
+"""Tools a client runs: a runtime whose turns are rendered under per-step
+instructions and tool definitions, whose model writes calls in its own
+format, and whose replay reuses a recorded tool output only where the
+replayed model makes the same call (issue 38; docs/serve.md).
+
+A step of a :class:`ClientToolRuntime` is a ``user`` step (messages) or a
+``tool`` step (the outputs of the calls the model's last turn made). Each
+step runs under a :class:`Config`: the system text, the tool definitions,
+the tool choice. The config is recorded per step (the :class:`ClientTools`
+extension), so a forget's replay runs every step as it ran:
+
+- where a step's system block (the system text with the tools' definitions,
+  as the model's template renders them) differs from the live one, the
+  context is re-rendered under it on a new lineage, as a compaction opens a
+  new context: the new system block, then a copy of every other context
+  block prefilled in its recorded chunks;
+- a turn whose tool choice is ``required`` or one function opens with the
+  template's call up to the tool's name (or its arguments), so the model
+  writes a call;
+- a ``tool`` step's outputs are prefilled in the template's tool role, one
+  segment each (without a native call format: as the base runtime does).
+
+The replay (:meth:`ClientToolRuntime.run` while replaying) re-feeds the
+recorded inputs as the client would (:func:`prepare_step`): a recorded
+output is reused where the replayed turn makes the call it answered (same
+name, same canonical arguments: A3's shadow execution, for a tool the
+server never runs); outputs of calls the replayed turn does not make are
+dropped, and a tool step left with nothing to answer is dropped; at the
+first call no recorded output answers, the replay stops (the server cannot
+run the client's tool) and the remaining recorded inputs are *held*: the
+report names them, and the client's outputs resume them. Steps are numbered
+``turn_1, turn_2, ...`` by their position, so a replay that drops a step
+numbers the ones after it as a twin that never had it does.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Iterable, Mapping, Sequence
+
+import attrs
+
+from unsee.impl.agent.checkpoints import Checkpoint
+from unsee.impl.agent.episode import Settings, Step
+from unsee.impl.agent.extensions import Extension
+from unsee.impl.agent.forget import Progress
+from unsee.impl.agent.provenance import RuntimeBlock
+from unsee.impl.agent.runtime import AgentRuntime
+from unsee.impl.agent.tools.native import CallFormat, FunctionCall, get_call_format, parse_turn
+from unsee.impl.engines.protocol import Engine, ForwardHooks
+
+#: The name the extension is recorded under (the session record's ``extra``).
+CLIENT = "client_tools"
+CHOICES = ("auto", "none", "required", "function")
+_STEP_ID = re.compile(r"^turn_\d+$")
+
+
+def get_step_id(t: int) -> str:
+    """The id of the step after ``t`` observed ones: steps are numbered by position."""
+    return f"turn_{t + 1}"
+
+
+@attrs.frozen
+class Config:
+    """What one step runs under: the system text, the tools' definitions (each as canonical JSON
+    in the chat-template shape ``{"type": "function", "function": {...}}``), the tool choice
+    (``auto``, ``none``: no tool rendered, ``required``, or ``function``: the tool ``function``)
+    and whether a turn may make several calls."""
+
+    system: str
+    tools: tuple[str, ...] = ()
+    choice: str = "auto"
+    function: str | None = None
+    parallel: bool = True
+
+    def get_definitions(self) -> list[dict]:
+        return [] if self.choice == "none" else [json.loads(t) for t in self.tools]
+
+    def get_names(self) -> set[str]:
+        return {d["function"]["name"] for d in self.get_definitions()}
+
+    def get_record(self) -> dict:
+        return {**attrs.asdict(self), "tools": list(self.tools)}
+
+    @classmethod
+    def from_record(cls, record: Mapping) -> Config:
+        return cls(record["system"], tuple(record["tools"]), record["choice"], record["function"],
+                   record["parallel"])
+
+    def get_key(self) -> str:
+        return hashlib.sha256(json.dumps(self.get_record(), sort_keys=True).encode()).hexdigest()[:32]
+
+
+@attrs.define
+class Outcome:
+    """What a replay did with the recorded steps (ids only: the report is stored)."""
+
+    held: list[str] = attrs.Factory(list)  # original step ids not replayed (the first where it stopped)
+    held_bound: dict[str, int] = attrs.Factory(dict)  # outputs of the first held step the stop reuses
+    dropped: list[str] = attrs.Factory(list)  # outputs whose call the replayed turns do not make
+    skipped: list[str] = attrs.Factory(list)  # tool steps left with no output to give
+
+    def get_record(self) -> dict:
+        return {"held": list(self.held), "held_bound": dict(self.held_bound), "dropped": list(self.dropped),
+                "skipped": list(self.skipped), "halted": bool(self.held)}
+
+
+@attrs.frozen
+class Prepared:
+    """A recorded step, as the client would send it now (:func:`prepare_step`): ``action`` is
+    ``run`` (``step``, renumbered), ``drop`` (nothing to answer) or ``halt`` (a call of the last
+    turn has no recorded output); ``bound``: each kept output's call (an index into the last
+    turn's calls); ``dropped``: outputs of calls that turn does not make."""
+
+    step: Step
+    action: str
+    bound: Mapping[str, int]
+    dropped: tuple[str, ...]
+
+
+class ClientTools:
+    """The runtime's record of each step's :class:`Config` and of which call each tool output
+    answers (an :class:`~unsee.impl.agent.extensions.Extension`); in a replay, also what the
+    original run recorded and the calls its outputs answered (by signature)."""
+
+    name = CLIENT
+
+    def __init__(self, initial: Config, configs: Mapping[str, Config] | None = None,
+                 bound: Mapping[str, int] | None = None):
+        self.initial = initial
+        self.configs: dict[str, Config] = dict(configs or {})
+        self.bound: dict[str, int] = dict(bound or {})  # output source id -> index of the call it answers
+        self.upcoming: tuple[Config, Mapping[str, int]] | None = None  # the next step's, set before it
+        self.recorded: dict[str, Config] = {}  # a replay's: the original steps' configs
+        self.signatures: dict[str, tuple[str, str]] = {}  # a replay's: each output's call, as the original made it
+        self.outcome = Outcome()
+        self.last_outcome = Outcome()
+
+    def expect(self, config: Config, bound: Mapping[str, int] | None = None) -> None:
+        """The next step runs under ``config``, its outputs answering the calls ``bound`` names."""
+        self.upcoming = (config, dict(bound or {}))
+
+    def take(self, step: Step, current: Config) -> Config:
+        """Record the step's config and bindings (the upcoming ones; else ``current``, binding nothing)."""
+        config, bound = self.upcoming or (current, {})
+        self.upcoming = None
+        self.configs[step.id] = config
+        self.bound.update({source: i for source, i in bound.items() if source in {x.source for x in step.items}})
+        return config
+
+    # --- the Extension protocol ------------------------------------------------
+
+    def after_plan(self, runtime, step: Step, plan: RuntimeBlock) -> None:
+        """Plans are not a client-tool session's steps."""
+
+    def get_snapshot_id(self, runtime) -> str | None:
+        return None
+
+    def branch(self, runtime, checkpoint: Checkpoint | None) -> ClientTools:
+        """A replay's: the configs and bindings of the steps before the checkpoint, and the
+        original run's configs and call signatures to replay the rest against."""
+        kept = {s.id for s in runtime.steps[:checkpoint.boundary if checkpoint else 0]}
+        sources = {i.source for s in runtime.steps if s.id in kept for i in s.items}
+        other = ClientTools(self.initial, {k: v for k, v in self.configs.items() if k in kept},
+                            {k: v for k, v in self.bound.items() if k in sources})
+        other.recorded = dict(self.configs)
+        other.signatures = get_signatures(runtime)
+        return other
+
+    def begin_forget(self, runtime, source_ids: Sequence[str]) -> None:
+        self.last_outcome = Outcome()
+
+    def adopt(self, other: ClientTools) -> None:
+        self.configs, self.bound, self.last_outcome = dict(other.configs), dict(other.bound), other.outcome
+
+    def get_report_fields(self) -> dict:
+        return {CLIENT: self.last_outcome.get_record()}
+
+    def get_assumptions(self, assumptions: dict) -> dict:
+        why = ("the client runs its tools, the server none: a replayed call reuses the recorded output of the "
+               "same call (name and canonical arguments); at a call with none the replay stops until the "
+               "client's output")
+        return assumptions | {"A3": {"holds": True, "why": why}}
+
+    def get_state_fields(self) -> dict:
+        return {CLIENT: {"configs": {k: v.get_key() for k, v in sorted(self.configs.items())},
+                         "bound": dict(sorted(self.bound.items()))}}
+
+    def get_record(self) -> dict:
+        unique = list({c.get_key(): c for c in [self.initial, *self.configs.values()]}.values())
+        keys = [c.get_key() for c in unique]
+        return {"initial": keys.index(self.initial.get_key()), "configs": [c.get_record() for c in unique],
+                "by_step": {k: keys.index(v.get_key()) for k, v in self.configs.items()}, "bound": dict(self.bound)}
+
+    @classmethod
+    def from_record(cls, record: dict) -> ClientTools:
+        configs = [Config.from_record(c) for c in record["configs"]]
+        return cls(configs[record["initial"]], {k: configs[i] for k, i in record["by_step"].items()},
+                   record["bound"])
+
+    def fork(self) -> ClientTools:
+        return ClientTools(self.initial, self.configs, self.bound)
+
+
+class ClientToolRuntime(AgentRuntime):
+    """A runtime whose steps run under per-step configs (see the module docstring). ``listener``,
+    where set, is told the prompt and then the tokens of each turn as they are decoded
+    (:meth:`_decode`); a replay tells it nothing."""
+
+    def __init__(self, engine: Engine, system: str, settings: Settings = Settings(), *,
+                 extensions: Iterable[Extension] | None = None, config: Config | None = None):
+        if extensions is None:
+            extensions = [ClientTools(config or Config(system))]
+        super().__init__(engine, system, settings, extensions=extensions)
+        client = self.get_extension(CLIENT)
+        if not isinstance(client, ClientTools):
+            raise TypeError(f"a ClientToolRuntime needs a ClientTools extension; got {self.extensions}")
+        self.client: ClientTools = client
+        self.call_format: CallFormat | None = get_call_format(self.renderer.segments, self.renderer.has_native_calls())
+        self.listener = None
+
+    def get_config(self, step_id: str | None = None) -> Config:
+        """The config ``step_id`` ran under; without one, the last step's (the initial before any)."""
+        if step_id is None:
+            step_id = self.steps[-1].id if self.t else None
+        return self.client.configs.get(step_id, self.client.initial) if step_id else self.client.initial
+
+    def render_first(self, config: Config | None = None) -> str:
+        """The system block of ``config`` (default: the current one): its system text and tools."""
+        config = config or self.get_config()
+        return self.renderer.render_first(config.system, config.get_definitions(), self.engine.lm.encode,
+                                          self.engine.lm.name)
+
+    def get_opening(self, config: Config) -> str:
+        """What a turn under ``config`` opens with after the assistant header: a call, where the
+        tool choice requires one (up to the name; with one function, up to its arguments)."""
+        if config.choice == "required" and self.call_format is not None:
+            return self.call_format.opening
+        if config.choice == "function" and config.function:
+            return self.renderer.get_plan_opening(config.function)
+        return ""
+
+    # --- the transition ----------------------------------------------------------
+
+    def _on_message(self, step: Step) -> None:
+        config = self.client.take(step, self.get_config(self.steps[-2].id if self.t > 1 else None))
+        first = self.render_first(config)
+        if self.context and self.graph[self.context[0]].text != first:
+            self._rerender(step, first)
+        own = frozenset(i.source for i in step.items)
+        self.append_block(step.id, "tool" if step.kind == "tool" else "user", self.get_observation(step),
+                          parents=tuple(self.context), sources=self.get_resident_sources() | own)
+        self._answer(f"{step.id}/answer", "answer", header_suffix=self.get_opening(config))
+
+    def get_observation(self, step: Step) -> str:
+        """The block a step's observation is prefilled as, after the live context: tool outputs
+        in the template's tool role, one segment each (a model turn's calls answered), else the
+        base runtime's rendering."""
+        if step.kind == "tool" and self.call_format is not None:
+            text = "".join(self.renderer.get_call_result(step.tool or "", "", i.text)[1] for i in step.items)
+            return self.render_block("tool", text)
+        return self.render_block(*self.renderer.get_message(step))
+
+    def get_turn_length(self, step: Step, config: Config) -> int:
+        """The tokens the context holds once ``step`` is observed under ``config`` and its turn's
+        header prefilled: what a turn needs before its output (a request is refused past the
+        model's context before any write)."""
+        encode = self.engine.lm.encode
+        first = encode(self.render_first(config))
+        base = len(first)
+        if self.context:
+            base += len(self.engine.tokens(self.lineage)) - len(self.graph[self.context[0]].tokens)
+        header = encode(self.renderer.render_header(self.get_opening(config)))
+        return base + len(encode(self.get_observation(step))) + len(header)
+
+    def _rerender(self, step: Step, first: str) -> None:
+        """The context under a new system block (a new lineage): the block, then a copy of every
+        other context block, prefilled in its recorded chunks (the KV a twin computes the same way)."""
+        blocks = [self.graph[b] for b in self.context[1:]]
+        ids = tuple(self.engine.lm.encode(first))
+        lineage = self.engine.new_lineage()
+        self.engine.prefill(lineage, list(ids))
+        self._update(lineage=lineage, context=())
+        self.commit_block(RuntimeBlock(f"{step.id}/system", "system", first, ids, (), frozenset(), (0, len(ids)),
+                                       self.t))
+        for n, block in enumerate(blocks, start=1):
+            start = len(self.engine.tokens(self.lineage))
+            for chunk in block.get_chunks():
+                self.engine.prefill(self.lineage, chunk)
+            self.commit_block(attrs.evolve(block, id=f"{step.id}/context/{n}", parents=(block.id,),
+                                           token_span=(start, start + len(block.tokens)), turn=self.t,
+                                           committed=False))
+
+    def _decode(self, block_id: str, draft) -> list[int]:
+        """As the base runtime's, telling ``listener`` the turn's tokens after each forward (where the
+        engine reports forwards); the tokens are the lineage's past the prompt, so a turn decoded
+        the reference way reports each decided token as it is fed, and all of them at the end."""
+        listener = self.listener
+        if listener is None or self.replaying or not isinstance(self.engine, ForwardHooks):
+            return super()._decode(block_id, draft)
+        prompt = self.engine.tokens(self.lineage)
+        listener.begin(block_id, prompt)
+        start = len(prompt)
+        with self.engine.hook_forwards(lambda n, started: listener.tokens(self.engine.tokens(self.lineage)[start:])):
+            out = super()._decode(block_id, draft)
+        listener.tokens(out)
+        return out
+
+    # --- reading turns -------------------------------------------------------------
+
+    def get_turn(self, step_id: str) -> tuple[str, tuple[FunctionCall, ...], bool]:
+        """``(text, calls, well_formed)`` of the model's answer to ``step_id`` under its config
+        (:func:`~unsee.impl.agent.tools.native.parse_turn`; past the first call where the config
+        allows one call only)."""
+        config = self.get_config(step_id)
+        block = self.graph[f"{step_id}/answer"]
+        opening = self.get_opening(config)
+        text, calls, ok = parse_turn(self.call_format, opening + block.text if opening else block.text,
+                                     config.get_names())
+        return text, calls if config.parallel else calls[:1], ok
+
+    def get_pending_calls(self) -> tuple[FunctionCall, ...]:
+        """The calls the last turn made (a client answers them with the next step)."""
+        return self.get_turn(self.steps[-1].id)[1] if self.t else ()
+
+    def get_prompt(self, step_id: str) -> list[int]:
+        """The tokens the answer to ``step_id`` was decoded after (its context and header)."""
+        block = self.graph[f"{step_id}/answer"]
+        header = self.engine.lm.encode(self.renderer.render_header(self.get_opening(self.get_config(step_id))))
+        return [t for p in block.parents for t in self.graph[p].tokens] + list(block.tokens[:len(header)])
+
+    # --- the replay ----------------------------------------------------------------
+
+    def run(self, steps: Iterable[Step], progress: Progress | None = None) -> None:
+        """While replaying: each recorded step as the client would send it (:func:`prepare_step`),
+        under its recorded config; the rest held from the first call no recorded output answers."""
+        if not self.replaying:
+            return super().run(steps, progress)
+        steps, outcome = list(steps), self.client.outcome
+        for i, step in enumerate(steps, start=1):
+            if outcome.held:
+                outcome.held.append(step.id)
+                continue
+            prepared = prepare_step(self, step, self.client.signatures)
+            outcome.dropped.extend(prepared.dropped)
+            if prepared.action == "halt":
+                outcome.held.append(step.id)
+                outcome.held_bound.update(prepared.bound)
+            elif prepared.action == "drop":
+                outcome.skipped.append(step.id)
+            else:
+                self.client.expect(self.client.recorded.get(step.id, self.get_config()), prepared.bound)
+                self.step(prepared.step)
+            if progress:
+                progress(i, len(steps))
+
+
+def get_signatures(runtime: ClientToolRuntime) -> dict[str, tuple[str, str]]:
+    """Each bound tool output's call as the run made it (name, canonical arguments), by source id."""
+    out, previous = {}, None
+    for step in runtime.steps:
+        if step.kind == "tool" and previous is not None:
+            calls = runtime.get_turn(previous)[1]
+            for item in step.items:
+                i = runtime.client.bound.get(item.source)
+                if i is not None and i < len(calls):
+                    out[item.source] = calls[i].get_signature()
+        previous = step.id
+    return out
+
+
+def prepare_step(runtime: ClientToolRuntime, step: Step, signatures: Mapping[str, tuple[str, str]]) -> Prepared:
+    """A recorded step as the client would send it after the runtime's last turn: a tool step
+    keeps the outputs whose call (``signatures``) that turn makes, each bound to it, and drops
+    the others; an output bound to no call is kept as recorded. The step halts where a call of
+    that turn has no output (a user step after a turn with calls halts too), and is dropped
+    where it has nothing left to give; it is renumbered to follow the runtime's steps."""
+    calls = runtime.get_pending_calls()
+    renumbered = step.id if not _STEP_ID.match(step.id) else get_step_id(runtime.t)
+    if step.kind != "tool":
+        return Prepared(attrs.evolve(step, id=renumbered), "halt" if calls else "run", {}, ())
+    kept, bound, dropped = [], {}, []
+    for item in step.items:
+        signature = signatures.get(item.source)
+        free = [k for k, c in enumerate(calls) if k not in bound.values() and c.get_signature() == signature]
+        if signature is not None and not free:
+            dropped.append(item.source)
+            continue
+        if free:
+            bound[item.source] = free[0]
+        kept.append(item)
+    action = "halt" if len(set(bound.values())) < len(calls) else "run" if kept else "drop"
+    return Prepared(attrs.evolve(step, id=renumbered, items=tuple(kept)), action, bound, tuple(dropped))
+
+
+__all__ = ["CHOICES", "CLIENT", "ClientToolRuntime", "ClientTools", "Config", "Outcome", "Prepared", "get_signatures",
+           "get_step_id", "prepare_step"]

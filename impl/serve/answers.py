@@ -1,0 +1,153 @@
+"""The model's answers: ``POST /v1/responses`` (stored in a conversation, or
+stateless) and ``POST /v1/chat/completions``, streamed or not.
+
+Each answer is computed by a ``work(listener)`` function run in a worker
+thread (:func:`unsee.impl.serve.stream.open_stream` for a stream, a plain
+thread otherwise); the listener, where given, reports tokens as they are
+decoded. The route code in :mod:`.app` only reads the request and picks the
+work.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+
+from unsee import Settings
+from unsee.impl.agent.tools.client import Config
+from unsee.impl.serve import shapes, turns
+from unsee.impl.serve.chat import check_messages, get_messages
+from unsee.impl.serve.conversation import Conversation
+from unsee.impl.serve.errors import bad_request
+from unsee.impl.serve.pool import Pool
+
+
+def check_tools(pool: Pool, req: dict) -> None:
+    if req["tools"] and not pool.tools_ok:
+        raise bad_request(f"tools: the chat template of model {pool.engine.lm.name} has no tool-call format this "
+                          "server parses (docs/serve.md, 'Tools')", param="tools")
+
+
+def get_target(pool: Pool, req: dict, owner: str) -> tuple[Conversation | None, str | None]:
+    """The conversation a response continues and the response id it names (None, None: a new one)."""
+    if req["conversation"]:
+        return pool.get(req["conversation"], owner), None
+    if req["previous_response_id"]:
+        return pool.get_by_response(req["previous_response_id"], owner), req["previous_response_id"]
+    return None, None
+
+
+def get_usage(runtime, step_ids: list[str]) -> dict:
+    """Tokens of a response's turns: the first turn's prompt, every turn's output."""
+    blocks = [runtime.graph[f"{s}/answer"] for s in step_ids]
+    output = sum(len(runtime.engine.lm.encode(b.text)) for b in blocks)
+    return shapes.usage(blocks[0].token_span[0] if blocks else 0, output)
+
+
+def get_status(items: list[dict]) -> str:
+    """``incomplete`` where the last answer hit the output cap."""
+    return "incomplete" if items and items[-1].get("status") == "incomplete" else "completed"
+
+
+def respond(pool: Pool, model: str, req: dict, conv: Conversation, previous: str | None, owner: str,
+            listener=None) -> dict:
+    """One response on ``conv``: its step (and any resumed replay) committed; the Response object."""
+    response_id, created = "resp_" + secrets.token_hex(24), time.time()
+    with pool.hold(conv) as c:
+        if previous is not None and c.record["responses"][-1]["id"] != previous:
+            raise bad_request(f"previous_response_id: {previous!r} is not the latest response of its "
+                              "conversation; this server continues only the latest (no branches)",
+                              param="previous_response_id")
+        if listener is not None:
+            listener.describe = lambda settings: shapes.response(
+                response_id, model, "in_progress", [], conversation_id=c.id, previous_response_id=previous,
+                settings=settings, req=req, usage=None, created_at=created)
+        t = c.runtime.t if c.runtime is not None else 0
+        items, settings = turns.respond(c, pool.engine, req, pool.defaults, response_id, listener)
+        steps = [s.id for s in c.runtime.steps[t:]]
+        out = shapes.response(response_id, model, get_status(items), items, conversation_id=c.id,
+                              previous_response_id=previous, settings=settings, req=req,
+                              usage=get_usage(c.runtime, steps), created_at=created,
+                              extra={"steps": steps} if len(steps) > 1 else None)
+    pool.note_response(response_id, conv)
+    return out
+
+
+def respond_new(pool: Pool, model: str, req: dict, owner: str, listener=None) -> dict:
+    """A response with no conversation: a new one, removed again if the response is refused."""
+    kinds = {i["kind"] for i in req["items"] if i["role"] not in ("system", "developer")}
+    if len(kinds) > 1:
+        raise bad_request("input: a turn is user messages or function_call_output items, not both", param="input")
+    system = [i for i in req["items"] if i["role"] in ("system", "developer")]
+    conv = pool.create(system, {}, owner)
+    try:
+        return respond(pool, model, {**req, "items": [i for i in req["items"] if i not in system]}, conv, None,
+                       owner, listener)
+    except BaseException:
+        pool.delete(conv)
+        raise
+
+
+def get_settings(pool: Pool, req: dict) -> Settings:
+    d = pool.defaults
+    return Settings(max_new_tokens=req["max_new_tokens"] or d.max_new_tokens,
+                    temperature=req["temperature"] if req["temperature"] is not None else d.temperature,
+                    seed=req["seed"] if req["seed"] is not None else d.seed)
+
+
+def split_system(pool: Pool, messages: list[dict], instructions: str | None) -> tuple[str, list[dict]]:
+    """The system text (``instructions``, else a first system message, else the server's) and the rest."""
+    system = pool.system
+    if messages and messages[0]["role"] in ("system", "developer"):
+        system, messages = messages[0]["text"], messages[1:]
+    if any(m["role"] in ("system", "developer") for m in messages):
+        raise bad_request("input: a system message is read only first", param="input")
+    if not messages or messages[-1]["role"] not in ("user", "tool"):
+        raise bad_request("input: the last message must be the user's (or function outputs)", param="input")
+    return (instructions if instructions is not None else system), messages
+
+
+def complete(pool: Pool, req: dict, messages: list[dict], owner: str, listener=None) -> dict:
+    """A stateless completion of ``messages`` (the chat route's and a stateless response's)."""
+    system, messages = split_system(pool, messages, req.get("instructions"))
+    check_messages(messages, pool.tools_ok)
+    settings = get_settings(pool, req)
+    config = Config(system, req["tools"], req["choice"], req["function"], req["parallel"])
+    with pool.engine_lock:
+        try:
+            return {**pool.open_chat(owner).complete(messages, settings, config, listener), "settings": settings}
+        finally:
+            pool.enforce_budget()
+
+
+def respond_stateless(pool: Pool, model: str, req: dict, owner: str, listener=None) -> dict:
+    """A response that stores nothing: computed as a chat completion is."""
+    response_id, created = "resp_" + secrets.token_hex(24), time.time()
+    if listener is not None:
+        listener.describe = lambda _: shapes.response(
+            response_id, model, "in_progress", [], conversation_id=None, previous_response_id=None,
+            settings=get_settings(pool, req), req=req, usage=None, created_at=created)
+    out = complete(pool, req, get_messages(req["items"]), owner, listener)
+    usage = shapes.usage(out["prompt_tokens"], out["output_tokens"])
+    usage["input_tokens_details"]["cached_tokens"] = out["cached_tokens"]
+    return shapes.response(response_id, model, "completed" if out["complete"] or out["finish_reason"] == "tool_calls"
+                           else "incomplete", out["items"], conversation_id=None, previous_response_id=None,
+                           settings=out["settings"], req=req, usage=usage, created_at=created)
+
+
+def complete_chat(pool: Pool, model: str, req: dict, owner: str, completion_id: str, listener=None) -> dict:
+    """A chat completion: the completion object, its finish reason and usage."""
+    out = complete(pool, req, req["messages"], owner, listener)
+    text = next((i["content"][0]["text"] for i in out["items"] if i["type"] == "message"), None)
+    calls = [shapes.tool_call(i["call_id"], i["name"], i["arguments"]) for i in out["items"]
+             if i["type"] == "function_call"]
+    usage = {"prompt_tokens": out["prompt_tokens"], "completion_tokens": out["output_tokens"],
+             "total_tokens": out["prompt_tokens"] + out["output_tokens"],
+             "prompt_tokens_details": {"cached_tokens": out["cached_tokens"]}}
+    completion = shapes.chat_completion(completion_id, model, shapes.chat_message(text, calls),
+                                        out["finish_reason"], usage)
+    return {"completion": completion, "finish_reason": out["finish_reason"], "usage": usage}
+
+
+__all__ = ["check_tools", "complete", "complete_chat", "get_settings", "get_status", "get_target", "get_usage",
+           "respond", "respond_new", "respond_stateless", "split_system"]

@@ -1,0 +1,211 @@
+"""Every request field the server reads, one table per route: honoured, accepted
+with no effect (and why), or refused (and why). The table is the code's: a
+body's fields are checked against it (:func:`check_fields`: an unknown field
+is a 400 naming it, a field given a value the server cannot honour is a 400
+naming it), and docs/serve.md's field table is rendered from it
+(:func:`render_fields_table`, ``python -m unsee.impl.cli.docs --write``).
+
+Fields the ``openai`` client and the Agents SDK send by default are in it
+(the Agents SDK sends ``include: []``, ``instructions``, ``tools`` with
+``strict: true``; LangChain sends ``stream: false``). Honoured fields are read
+by :mod:`.requests`; this module only refuses the values a field marked
+accepted or refused cannot take. No fastapi here: the docs command renders it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import attrs
+
+from unsee.impl.serve.errors import bad_request
+
+HONOURED, ACCEPTED, REFUSED = "honoured", "accepted, no effect", "refused"
+
+
+def _any(value: Any) -> bool:
+    return True
+
+
+def _absent(value: Any) -> bool:
+    """The values that ask for nothing: null, false, 0, an empty list or object."""
+    return value in (None, False, 0, [], {})
+
+
+def _one_of(*values: Any) -> Callable[[Any], bool]:
+    return lambda value: value is None or (not isinstance(value, bool) and value in values)
+
+
+def _flag(value: Any) -> bool:
+    return value is None or isinstance(value, bool)
+
+
+def _string(value: Any) -> bool:
+    return value is None or isinstance(value, str)
+
+
+def _object_of(keys: Mapping[str, Callable[[Any], bool]]) -> Callable[[Any], bool]:
+    """An object (or null) with only ``keys``, each value accepted by its check."""
+    def check(value: Any) -> bool:
+        return value is None or (isinstance(value, Mapping) and all(k in keys and keys[k](v) for k, v in value.items()))
+    return check
+
+
+#: what ``include`` may name: output the server never produces, so asking for it changes nothing
+INCLUDABLE = ("reasoning.encrypted_content",)
+
+
+def _include(value: Any) -> bool:
+    return value is None or (isinstance(value, list) and all(v in INCLUDABLE for v in value))
+
+
+_REASONING = _object_of({"effort": _one_of("none", "minimal", "low", "medium", "high", "xhigh"),
+                         "summary": _one_of("auto", "concise", "detailed"),
+                         "generate_summary": _one_of("auto", "concise", "detailed")})
+_TEXT_FORMAT = _object_of({"type": _one_of("text")})
+_TEXT = _object_of({"format": _TEXT_FORMAT, "verbosity": _one_of("medium")})
+
+
+@attrs.frozen
+class Field:
+    """One request field: how this server treats it (``status``), why, and (for a field it does
+    not honour) the values it accepts; any other value is a 400 naming the field."""
+
+    name: str
+    status: str
+    why: str
+    accept: Callable[[Any], bool] | None = attrs.field(default=None, eq=False)
+
+
+RESPONSE_FIELDS = (
+    Field("model", ACCEPTED, "the server runs one model (`GET /v1/models`), whatever the name", _string),
+    Field("input", HONOURED, "a string (one user message) or up to 20 items: messages, `function_call_output` "
+                             "(and, without a stored conversation, `function_call` and assistant messages)"),
+    Field("instructions", HONOURED, "the system text of this response; one that differs from the conversation's "
+                                    "current system text re-renders the context under it"),
+    Field("conversation", HONOURED, "the conversation this response continues (an id or `{\"id\"}`)"),
+    Field("previous_response_id", HONOURED, "continues that response's conversation, if it is the latest"),
+    Field("store", HONOURED, "true (the default) stores the turn in a conversation; false computes it as a chat "
+                             "completion is, storing nothing (its id cannot be continued)"),
+    Field("stream", HONOURED, "server-sent events as tokens are decoded"),
+    Field("stream_options", ACCEPTED, "events are not padded (`include_obfuscation` asks for padding against a "
+                                      "length side channel on shared networks)",
+          _object_of({"include_obfuscation": _flag})),
+    Field("tools", HONOURED, "function tools, rendered in the model's own chat template; other tool types are "
+                             "refused (`strict` is accepted: arguments are parsed as JSON, not checked against "
+                             "the schema)"),
+    Field("tool_choice", HONOURED, "`auto`, `none` (no tool rendered), `required` (the turn opens with a call), "
+                                   "or one function (the turn opens with its call)"),
+    Field("parallel_tool_calls", HONOURED, "false keeps a turn's first call only"),
+    Field("temperature", HONOURED, "fixed by a conversation's first response (a forget replays with it)"),
+    Field("seed", HONOURED, "fixed by a conversation's first response"),
+    Field("max_output_tokens", HONOURED, "fixed by a conversation's first response"),
+    Field("top_p", ACCEPTED, "1 only: decoding is greedy, or a seeded race over the whole distribution",
+          _one_of(1, 1.0)),
+    Field("metadata", HONOURED, "returned on the response (up to 16 string pairs)"),
+    Field("include", ACCEPTED, "`[]` or `reasoning.encrypted_content`: the model writes no reasoning items; "
+                               "other values (log probabilities, search results) are refused", _include),
+    Field("user", ACCEPTED, "no abuse monitoring here", _string),
+    Field("safety_identifier", ACCEPTED, "no abuse monitoring here", _string),
+    Field("prompt_cache_key", ACCEPTED, "a conversation keeps its own KV; the chat prefix cache is partitioned by "
+                                        "API key, not by this key", _string),
+    Field("prompt_cache_retention", ACCEPTED, "KV is kept under `--kv-budget`, not for a time", _string),
+    Field("truncation", HONOURED, "`disabled` only: a request past the model's context is a 400 "
+                                  "`context_length_exceeded`; `auto` would drop items the log must keep",
+          _one_of("disabled")),
+    Field("text", ACCEPTED, "format `text` only (no constrained decoding for a JSON schema); verbosity `medium` "
+                            "only", _TEXT),
+    Field("reasoning", ACCEPTED, "the model writes no separate reasoning", _REASONING),
+    Field("service_tier", ACCEPTED, "one tier", _one_of("auto", "default")),
+    Field("background", REFUSED, "a response runs while its request is open", _absent),
+    Field("top_logprobs", REFUSED, "log probabilities are not returned", _absent),
+    Field("prompt", REFUSED, "no stored prompt templates", _absent),
+    Field("context_management", REFUSED, "the server does not compact a conversation on its own", _absent),
+    Field("max_tool_calls", REFUSED, "no hosted tools run here", _absent),
+)
+
+CHAT_FIELDS = (
+    Field("model", ACCEPTED, "the server runs one model, whatever the name", _string),
+    Field("messages", HONOURED, "system (first only), user, assistant (text and `tool_calls`), tool"),
+    Field("tools", HONOURED, "function tools, in the model's own chat template (`strict` is accepted, not "
+                             "enforced)"),
+    Field("tool_choice", HONOURED, "`auto`, `none`, `required` or one function"),
+    Field("parallel_tool_calls", HONOURED, "false keeps the first call only"),
+    Field("stream", HONOURED, "chunks as tokens are decoded, then `[DONE]`"),
+    Field("stream_options", HONOURED, "`include_usage` adds a last chunk with the usage; `include_obfuscation` "
+                                      "is accepted with no effect",
+          _object_of({"include_usage": _flag, "include_obfuscation": _flag})),
+    Field("temperature", HONOURED, "per request (chat completions are stateless)"),
+    Field("seed", HONOURED, "per request"),
+    Field("max_tokens", HONOURED, "the output cap (or `max_completion_tokens`, not both)"),
+    Field("max_completion_tokens", HONOURED, "the output cap"),
+    Field("n", ACCEPTED, "1 only: one choice per request", _one_of(1)),
+    Field("top_p", ACCEPTED, "1 only (see responses)", _one_of(1, 1.0)),
+    Field("frequency_penalty", ACCEPTED, "0 only: penalties would change the decoding rule", _one_of(0, 0.0)),
+    Field("presence_penalty", ACCEPTED, "0 only", _one_of(0, 0.0)),
+    Field("response_format", ACCEPTED, "`text` only (no constrained decoding)", _TEXT_FORMAT),
+    Field("store", ACCEPTED, "false or null: completions are not stored", _one_of(False)),
+    Field("metadata", ACCEPTED, "completions are not stored", _any),
+    Field("user", ACCEPTED, "no abuse monitoring here", _string),
+    Field("safety_identifier", ACCEPTED, "no abuse monitoring here", _string),
+    Field("prompt_cache_key", ACCEPTED, "the prefix cache is partitioned by API key", _string),
+    Field("prompt_cache_retention", ACCEPTED, "KV is kept under `--kv-budget`", _string),
+    Field("reasoning_effort", ACCEPTED, "the model writes no separate reasoning",
+          _one_of("none", "minimal", "low", "medium", "high", "xhigh")),
+    Field("verbosity", ACCEPTED, "`medium` only", _one_of("medium")),
+    Field("service_tier", ACCEPTED, "one tier", _one_of("auto", "default")),
+    Field("modalities", ACCEPTED, "text only", lambda v: v is None or v == ["text"]),
+    Field("stop", REFUSED, "stop sequences are not built (the turn ends at the model's end of turn)", _absent),
+    Field("logprobs", REFUSED, "log probabilities are not returned", _absent),
+    Field("top_logprobs", REFUSED, "log probabilities are not returned", _absent),
+    Field("audio", REFUSED, "text only", _absent),
+    Field("prediction", REFUSED, "no predicted outputs", _absent),
+    Field("web_search_options", REFUSED, "no hosted tools", lambda v: v is None),
+)
+
+CONVERSATION_FIELDS = (
+    Field("items", HONOURED, "up to 20 items; a first `system` or `developer` message is the system prompt"),
+    Field("metadata", HONOURED, "up to 16 string pairs"),
+)
+
+ITEMS_FIELDS = (
+    Field("items", HONOURED, "up to 20 items (user messages, `function_call_output`), waiting for the next "
+                             "response"),
+    Field("include", ACCEPTED, "nothing extra to include", _include),
+)
+
+#: route -> its fields, in the order docs/serve.md lists them
+ROUTES = {"POST /v1/responses": RESPONSE_FIELDS, "POST /v1/chat/completions": CHAT_FIELDS,
+          "POST /v1/conversations": CONVERSATION_FIELDS, "POST /v1/conversations/{id}/items": ITEMS_FIELDS}
+
+
+def check_fields(body: Any, fields: tuple[Field, ...], where: str) -> Mapping[str, Any]:
+    """``body`` as an object whose every field the table knows and whose every field the
+    server does not honour holds a value it accepts; else a 400 naming the first such field."""
+    if not isinstance(body, Mapping):
+        raise bad_request(f"{where}: the body must be a JSON object")
+    known = {f.name: f for f in fields}
+    unknown = sorted(set(body) - set(known))
+    if unknown:
+        raise bad_request(f"{where}: unknown field {unknown[0]!r} (this server reads {sorted(known)}; "
+                          "docs/serve.md lists them)", param=unknown[0], code="unknown_parameter")
+    for name, value in body.items():
+        field = known[name]
+        if field.accept is not None and not field.accept(value):
+            raise bad_request(f"{where}: {name}={value!r} is not served ({field.status}: {field.why})", param=name,
+                              code="unsupported_value")
+    return body
+
+
+def render_fields_table() -> str:
+    """docs/serve.md's field table: each route's fields, how they are treated, and why."""
+    rows = ["| route | field | here | why |", "|---|---|---|---|"]
+    for route, fields in ROUTES.items():
+        for f in fields:
+            rows.append(f"| `{route}` | `{f.name}` | {f.status} | {f.why.replace('|', '/')} |")
+    return "\n".join(rows) + "\n"
+
+
+__all__ = ["ACCEPTED", "CHAT_FIELDS", "CONVERSATION_FIELDS", "HONOURED", "INCLUDABLE", "ITEMS_FIELDS", "REFUSED",
+           "RESPONSE_FIELDS", "ROUTES", "Field", "check_fields", "render_fields_table"]

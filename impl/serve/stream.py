@@ -1,0 +1,228 @@
+"""Token streaming (docs/serve.md, "Streaming"): server-sent events as the
+model decodes.
+
+The model work runs in a worker thread holding the conversation's lock and
+the engine's; a :class:`TurnStream` is the runtime's listener there
+(:meth:`ClientToolRuntime._decode`): after each forward it decodes the
+turn's tokens so far and reports the text that can be sent (not the start
+of a call, not a cut character), and after each step the answer's items.
+Reports cross to the event loop through an asyncio queue
+(:func:`open_stream`); :class:`ResponseEvents` and :class:`ChatEvents` turn
+them into the Responses API's events or Chat Completions' chunks. The
+response generator never holds a lock: the worker alone does, so a later
+engine that takes its lock per forward rather than per turn changes nothing
+here.
+
+A client that disconnects stops the events, not the work: the turn is
+decoded to its end and committed whole (the runtime commits a step in one
+transaction), and its items are in the conversation for the next request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from starlette.concurrency import run_in_threadpool
+
+from unsee.impl.agent.tools.native import CallFormat, split_stream_text
+from unsee.impl.serve import shapes
+from unsee.impl.serve.conversation import compute_answer_key, get_answer_ids
+from unsee.impl.serve.errors import ApiError, server_error
+
+log = logging.getLogger("unsee.serve")
+Emit = Callable[[tuple], None]
+
+
+class TurnStream:
+    """The runtime's listener (worker thread): reports ``("start", info)``, then per turn
+    ``("begin", key)``, ``("delta", text)``... and ``("answer", items, sent)``."""
+
+    def __init__(self, lm, call_format: CallFormat | None, emit: Emit):
+        self.lm, self.call_format, self.emit = lm, call_format, emit
+        self.eos = set(lm.eos_ids)
+        self.forced = False  # the turn opens with a call: its text is not streamed
+        self.sent = ""
+        #: what the start report carries, made from what the work knows then (a response's stub)
+        self.describe: Callable[[Any], Any] = lambda info: info
+
+    def start(self, info: Any = None) -> None:
+        """Every check passed: the stream opens (an error before this is an HTTP error)."""
+        self.emit(("start", self.describe(info)))
+
+    def prepare(self, opening: str) -> None:
+        self.forced = bool(opening)
+
+    def begin(self, block_id: str, prompt: list[int]) -> None:
+        self.sent = ""
+        self.emit(("begin", compute_answer_key(block_id.rsplit("/", 1)[0], prompt)))
+
+    def tokens(self, ids: list[int]) -> None:
+        if self.forced:
+            return
+        text = self.lm.decode([i for i in ids if i not in self.eos])
+        visible, _ = split_stream_text(self.call_format, text)
+        if len(visible) > len(self.sent) and visible.startswith(self.sent):
+            self.emit(("delta", visible[len(self.sent):]))
+            self.sent = visible
+
+    def answer(self, items: list[dict]) -> None:
+        self.emit(("answer", items, self.sent))
+        self.sent = ""
+
+
+class ResponseEvents:
+    """The Responses API's events of a streamed response, numbered, from the worker's reports
+    (the start report carries the response as it starts: in progress, no output)."""
+
+    def __init__(self):
+        self.index, self.seq, self.key, self.open, self.start = 0, 0, None, None, {}
+
+    def __call__(self, report: tuple) -> list[dict]:
+        kind = report[0]
+        if kind == "start":
+            self.start = report[1]
+            events = [{"type": "response.created", "response": self.start},
+                      {"type": "response.in_progress", "response": self.start}]
+        elif kind == "begin":
+            self.key, events = report[1], []
+        elif kind == "delta":
+            events = self.open_message(get_answer_ids(self.key, 0)[0]) if self.open is None else []
+            events.append(shapes.text_delta(self.open, self.index, report[1]))
+        elif kind == "answer":
+            events = self.close_answer(report[1], report[2])
+        elif kind == "end":
+            out = report[1]
+            events = [{"type": "response.incomplete" if out["status"] == "incomplete" else "response.completed",
+                       "response": out}]
+        else:
+            error = report[1]
+            events = [{"type": "response.failed", "response": {**self.start, "status": "failed",
+                                                               "error": {"code": error.code or "server_error",
+                                                                         "message": error.message}}}]
+        return self.number(events)
+
+    def number(self, events: list[dict]) -> list[dict]:
+        out = shapes.numbered(events, self.seq)
+        self.seq += len(events)
+        return out
+
+    def open_message(self, item_id: str) -> list[dict]:
+        self.open = item_id
+        return shapes.message_added(item_id, self.index)
+
+    def close_answer(self, items: list[dict], sent: str) -> list[dict]:
+        """The rest of a turn's text and its calls, each item closed."""
+        events: list[dict] = []
+        for item in items:
+            if item["type"] == "message":
+                if self.open is None:
+                    events += self.open_message(item["id"])
+                text = item["content"][0]["text"]
+                rest = text[len(sent):] if text.startswith(sent) else ""
+                if rest:
+                    events.append(shapes.text_delta(item["id"], self.index, rest))
+                events += shapes.message_done(item, self.index)
+                self.open = None
+            else:
+                events += shapes.call_events(item, self.index)
+            self.index += 1
+        return events
+
+
+class ChatEvents:
+    """Chat Completions' chunks of a streamed completion, from the worker's reports."""
+
+    def __init__(self, completion_id: str, model: str, include_usage: bool):
+        self.id, self.model, self.include_usage = completion_id, model, include_usage
+        self.calls = 0
+
+    def __call__(self, report: tuple) -> list[dict]:
+        kind = report[0]
+        if kind == "start":
+            return [shapes.chat_chunk(self.id, self.model, {"role": "assistant", "content": ""})]
+        if kind == "delta":
+            return [shapes.chat_chunk(self.id, self.model, {"content": report[1]})]
+        if kind == "answer":
+            return self.close_answer(report[1], report[2])
+        if kind == "end":
+            out = report[1]
+            chunks = [shapes.chat_chunk(self.id, self.model, {}, out["finish_reason"])]
+            return chunks + ([shapes.usage_chunk(self.id, self.model, out["usage"])] if self.include_usage else [])
+        if kind == "error":
+            return [report[1].to_json()]
+        return []  # a turn begins: chunks carry no item ids
+
+    def close_answer(self, items: list[dict], sent: str) -> list[dict]:
+        chunks = []
+        for item in items:
+            if item["type"] == "message":
+                text = item["content"][0]["text"]
+                if text.startswith(sent) and text[len(sent):]:
+                    chunks.append(shapes.chat_chunk(self.id, self.model, {"content": text[len(sent):]}))
+            else:
+                call = {"index": self.calls, **shapes.tool_call(item["call_id"], item["name"], item["arguments"])}
+                chunks.append(shapes.chat_chunk(self.id, self.model, {"tool_calls": [call]}))
+                self.calls += 1
+        return chunks
+
+
+def format_sse(event: dict, named: bool) -> str:
+    """One server-sent event: the Responses API names its events; Chat Completions' chunks are data only."""
+    return shapes.sse(event) if named else f"data: {json.dumps(event)}\n\n"
+
+
+async def open_stream(work: Callable[[Emit], Any], events: Callable[[tuple], list[dict]],
+                      named: bool) -> AsyncIterator[str]:
+    """Run ``work(emit)`` in a worker thread; once it reports ``start`` (every check passed), the
+    server-sent events of its reports. An error before that is raised here (an HTTP error);
+    after it, it ends the stream in an error event. The work goes on if the client leaves."""
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue = asyncio.Queue()
+
+    def emit(report: tuple) -> None:
+        loop.call_soon_threadsafe(queue.put_nowait, report)
+
+    def run() -> None:
+        try:
+            emit(("end", work(emit)))
+        except ApiError as exc:
+            emit(("error", exc))
+        except BaseException:  # logged, and answered as OpenAI's 500 object
+            log.exception("a streamed request failed")
+            emit(("error", server_error()))
+
+    worker = asyncio.ensure_future(run_in_threadpool(run))
+    first = await queue.get()
+    if first[0] == "error":
+        raise first[1]
+    if first[0] == "end":  # finished without opening (nothing to check): open, then end
+        queue.put_nowait(first)
+        first = ("start", None)
+
+    async def generate() -> AsyncIterator[str]:
+        report = first
+        try:
+            while True:
+                for event in events(report):
+                    yield format_sse(event, named)
+                if report[0] in ("end", "error"):
+                    break
+                report = await queue.get()
+            if not named:
+                yield "data: [DONE]\n\n"
+        finally:
+            # a client that left: the worker goes on and commits the turn whole; keep a reference
+            # until it ends, so its result is collected rather than reported as never retrieved
+            _RUNNING.add(worker)
+            worker.add_done_callback(_RUNNING.discard)
+    return generate()
+
+
+_RUNNING: set = set()
+
+
+__all__ = ["ChatEvents", "ResponseEvents", "TurnStream", "format_sse", "open_stream"]
