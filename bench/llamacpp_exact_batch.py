@@ -273,10 +273,12 @@ def run_batched(lm, plan: Plan, threads: int, unified: bool) -> tuple[list[list[
         c.close()
 
 
-def compare_batch(lm, plan: Plan, threads: int, unified: bool, prefilled: dict) -> dict:
-    """One row of the batch table: a plan's k sequences on ``threads`` threads."""
-    k = len(plan.histories)
-    alone = [run_alone(lm, plan, s, threads, prefilled) for s in range(k)]
+def compare_batch(lm, plan: Plan, threads: int, unified: bool, prefilled: dict,
+                  reference_threads: int | None = None) -> dict:
+    """One row of the batch table: a plan's k sequences on ``threads`` threads,
+    against each alone on ``reference_threads`` (default: the same)."""
+    k, reference_threads = len(plan.histories), reference_threads or threads
+    alone = [run_alone(lm, plan, s, reference_threads, prefilled) for s in range(k)]
     logits, kvs, cpu, wall = run_batched(lm, plan, threads, unified)
     diffs = [get_max_diff(logits[s], alone[s][0]) for s in range(k)]
     kv_diff = [get_first_kv_diff(kvs[s], alone[s][1]) for s in range(k)]
@@ -284,7 +286,7 @@ def compare_batch(lm, plan: Plan, threads: int, unified: bool, prefilled: dict) 
     decode_rounds = range(1 if mixed else 0, len(plan.rounds))  # rounds of one token a sequence
     single_cpu = [sum(alone[s][2][r] for s in range(k)) for r in decode_rounds]
     single_wall = [sum(alone[s][3][r] for s in range(k)) for r in decode_rounds]
-    return {"k": k, "threads": threads, "layout": "unified" if unified else "split",
+    return {"k": k, "threads": threads, "reference_threads": reference_threads, "layout": "unified" if unified else "split",
             "history": [len(h) for h in plan.histories], "rounds": len(plan.rounds),
             "tokens_compared": sum(len(f) for r in plan.rounds for f in r),
             "max_abs_logit_diff": max(diffs), "logits_equal": all(d == 0.0 for d in diffs),
@@ -298,7 +300,8 @@ def compare_batch(lm, plan: Plan, threads: int, unified: bool, prefilled: dict) 
 
 
 def run_batch_part(lm, sequences: Sequence[int], threads: Sequence[int], chunks: Sequence[int],
-                   layouts: Sequence[str], history: int, stagger: int, progress) -> list[dict]:
+                   layouts: Sequence[str], history: int, stagger: int, progress,
+                   reference_threads: int | None = None) -> list[dict]:
     rows, prefilled = [], {}
     for layout in layouts:
         for t in threads:
@@ -306,7 +309,7 @@ def run_batch_part(lm, sequences: Sequence[int], threads: Sequence[int], chunks:
                 for case, chunk in [("equal", 0), ("staggered", 0)] + [("mixed", c) for c in chunks]:
                     plan = make_plan(case, k, lm.vocab_size, chunk, history, stagger)
                     rows.append({"case": case, "chunk": chunk} | compare_batch(lm, plan, t, layout == "unified",
-                                                                                prefilled))
+                                                                                prefilled, reference_threads))
                     progress(rows[-1])
     return rows
 
@@ -376,7 +379,9 @@ def format_batch(rows: list[dict]) -> list[str]:
         case = f"mixed (chunk {r['chunk']})" if r["case"] == "mixed" else r["case"]
         hist = f"{min(r['history'])}-{max(r['history'])}" if len(set(r["history"])) > 1 else str(r["history"][0])
         kv = "yes" if r["kv_equal"] else f"no (first at {min(d for d in r['first_kv_diff'] if d is not None)})"
-        lines.append(f"| {r['layout']} | {r['threads']} | {case} | {r['k']} | {hist} | {r['max_abs_logit_diff']:.3g} | {kv} | "
+        threads = r["threads"] if r.get("reference_threads", r["threads"]) == r["threads"] else \
+            f"{r['threads']} (alone: {r['reference_threads']})"
+        lines.append(f"| {r['layout']} | {threads} | {case} | {r['k']} | {hist} | {r['max_abs_logit_diff']:.3g} | {kv} | "
                      f"{r['batched_cpu_s'] / r['single_cpu_s']:.2f} ({r['batched_cpu_s']:.3f} / {r['single_cpu_s']:.3f} s) | "
                      f"{r['batched_wall_s'] / r['single_wall_s']:.2f} |")
     return lines
@@ -412,6 +417,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--part", choices=("batch", "threads", "all"), default="all")
     parser.add_argument("--sequences", default="2,4,8", help="k, the sequences decoded in one llama_decode")
     parser.add_argument("--batch-threads", default="1,2", help="thread counts the batch part runs at")
+    parser.add_argument("--reference-threads", type=int, default=None,
+                        help="the threads of each sequence's run alone (default: the batch's)")
     parser.add_argument("--layouts", default="unified,split",
                         help="the batch part's cells: unified (shared by the sequences), split (a stream each)")
     parser.add_argument("--history", type=int, default=HISTORY,
@@ -436,7 +443,8 @@ def main(argv: list[str] | None = None) -> int:
     out: dict = {"label": label}
     if args.part in ("batch", "all"):
         out["batch"] = run_batch_part(lm, ints(args.sequences), ints(args.batch_threads), ints(args.chunks),
-                                      args.layouts.split(","), args.history, args.stagger, show)
+                                      args.layouts.split(","), args.history, args.stagger, show,
+                                      args.reference_threads)
     if args.part in ("threads", "all"):
         settings = [parse_setting(s) for s in args.threads.split(",")]
         out["threads"] = run_threads_part(lm, ints(args.prompts), ints(args.sizes), args.steps, settings, show)
