@@ -9,9 +9,11 @@ Both servers run as the user would start them, each in a process of its own
 on loopback: ``python -m llama_cpp.server`` (its ``server`` extra, in the
 bench's own venv, ``.venv-peer``) over the catalogue's file of ``--model``
 with ``--n_threads`` and ``--n_threads_batch`` at ``--threads``, flash
-attention on (as unsee runs it), the GGUF's own chat template, and
-``interrupt_requests`` off (its default cuts a streaming answer short as soon
-as another request waits); and ``unsee serve --engine llamacpp`` with
+attention on (as unsee runs it), the GGUF's own chat template, logits of
+the last token only (``logits_all`` off: its default computes and copies every
+prompt token's, which a chat client never reads), and ``interrupt_requests``
+off (its default cuts a streaming answer short as soon as another request
+waits); and ``unsee serve --engine llamacpp`` with
 ``UNSEE_LLAMA_THREADS`` at ``--threads``. Every request is made with the
 ``openai`` client, streamed, greedy, and capped at ``--max-tokens`` output
 tokens. Three ways of holding a conversation, each one the same workload:
@@ -130,7 +132,7 @@ def start_peer(python: str, gguf: Path, name: str, threads: int, n_ctx: int, log
     command = [python, "-m", "llama_cpp.server", "--model", str(gguf), "--model_alias", name,
                "--host", "127.0.0.1", "--port", str(port), "--n_threads", str(threads),
                "--n_threads_batch", str(threads), "--n_ctx", str(n_ctx), "--flash_attn", "true",
-               "--interrupt_requests", "false", "--verbose", "false"]
+               "--logits_all", "false", "--interrupt_requests", "false", "--verbose", "false"]
     log = logs / "peer.log"
     with open(log, "w") as out:
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
