@@ -228,101 +228,126 @@ def record(answered: Turn, **where) -> dict:
     return {**where, "latency_s": answered.latency_s, "ttft_s": answered.ttft_s, "text": answered.text}
 
 
+def get_cpu_seconds(pid: int) -> float | None:
+    """A process's CPU seconds so far, user and system (Linux's /proc; None elsewhere)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime: fields 14, 15
+
+
+@dataclass
+class Bench:
+    """What each phase needs: the client, the model's name, the options, and the
+    server's process (its CPU time is what a loaded machine does not inflate)."""
+
+    client: object
+    model: str
+    args: argparse.Namespace
+    pid: int
+
+    def new(self, system: str):
+        return new_conversation(system, self.client, self.model, self.args.max_tokens)
+
+    def measured(self, request, **where) -> dict:
+        """``request()`` (a turn) alone on the server: its record with the server's CPU seconds."""
+        before = get_cpu_seconds(self.pid)
+        row = record(request(), **where)
+        after = get_cpu_seconds(self.pid)
+        return {**row, "server_cpu_s": None if before is None or after is None else after - before}
+
+
 # ------------------------------------------------------------------- phases
 
 
-def run_level(system: str, client, model: str, args: argparse.Namespace, level: int) -> list[dict]:
-    """``level`` conversations of ``args.turns`` turns at once, a client thread
-    each; every turn's record, with the level's wall time. A failed turn fails the run."""
-    convs = [new_conversation(system, client, model, args.max_tokens) for _ in range(level)]
+def run_level(b: Bench, system: str, level: int) -> list[dict]:
+    """``level`` conversations of ``--turns`` turns at once, a client thread
+    each; every turn's record, with the level's wall time and the server's
+    CPU seconds over it. A failed turn fails the run."""
+    convs = [b.new(system) for _ in range(level)]
 
     def drive(j: int) -> list[dict]:
         return [record(convs[j].turn([(f"c{j}t{i}", get_turn_text(j, i))]), phase="load", level=level,
-                       conversation=j, turn=i) for i in range(1, args.turns + 1)]
+                       conversation=j, turn=i) for i in range(1, b.args.turns + 1)]
 
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), get_cpu_seconds(b.pid)
     with concurrent.futures.ThreadPoolExecutor(level) as workers:
         futures = [workers.submit(drive, j) for j in range(level)]
         out = [r for f in futures for r in f.result()]
-    wall = time.perf_counter() - started
-    return [{**r, "level_wall_s": wall} for r in out]
+    wall, cpu_after = time.perf_counter() - started, get_cpu_seconds(b.pid)
+    return [{**r, "level_wall_s": wall, "level_cpu_s": None if cpu is None else cpu_after - cpu} for r in out]
 
 
-def run_load(system: str, client, model: str, args: argparse.Namespace) -> list[dict]:
-    return [r for level in args.concurrency for r in run_level(system, client, model, args, level)]
-
-
-def run_history(system: str, client, model: str, args: argparse.Namespace, document: str) -> list[dict]:
+def run_history(b: Bench, system: str, document: str) -> list[dict]:
     """A first turn over the document, a follow-up right after, a turn of another
     conversation, then another follow-up."""
-    conv = new_conversation(system, client, model, args.max_tokens)
-    other = new_conversation(system, client, model, args.max_tokens)
-    rows = [record(conv.turn([("doc", document + " Summarise these notes in one sentence.")]),
-                   phase="history", step="first")]
-    rows.append(record(conv.turn([("q17", "What colour is item 17?")]), phase="history", step="warm"))
-    rows.append(record(other.turn([("o1", get_turn_text(99, 1))]), phase="history", step="other"))
-    rows.append(record(conv.turn([("q42", "What colour is item 42?")]), phase="history", step="after another"))
-    return rows
+    conv, other = b.new(system), b.new(system)
+    turns = [(conv, "doc", document + " Summarise these notes in one sentence.", "first"),
+             (conv, "q17", "What colour is item 17?", "warm"), (other, "o1", get_turn_text(99, 1), "other"),
+             (conv, "q42", "What colour is item 42?", "after another")]
+    return [b.measured(lambda c=c, i=i, t=t: c.turn([(i, t)]), phase="history", step=step) for c, i, t, step in turns]
 
 
 def get_delete_turns(turns: int) -> list[list[tuple[str, str]]]:
     return [[SECRET, ("d1", get_turn_text(50, 1))]] + [[(f"d{i}", get_turn_text(50, i))] for i in range(2, turns + 1)]
 
 
-def run_delete_unsee(client, model: str, args: argparse.Namespace, store: Path, keep: Path) -> list[dict]:
+def run_delete_unsee(b: Bench, store: Path, keep: Path) -> list[dict]:
     """The DELETE alone (its store copied first, for the floor), then a DELETE
     on a second copy of the conversation with another conversation's turn
     started during it, and that turn alone before."""
-    rows, convs = [], []
-    for _ in range(2):
-        conv = ServerConversation(client, model, args.max_tokens)
-        for items in get_delete_turns(args.turns):
+    convs = [b.new("unsee") for _ in range(2)]
+    for conv in convs:
+        for items in get_delete_turns(b.args.turns):
             conv.turn(items)
-        convs.append(conv)
     shutil.copytree(store / convs[0].id, keep / convs[0].id)
+    cpu = get_cpu_seconds(b.pid)
     seconds, report = convs[0].delete(SECRET[0])
-    digest = client.conversations.retrieve(convs[0].id).model_extra["unsee"]["digest"]
-    rows.append({"phase": "delete", "step": "delete", "latency_s": seconds, "report_wall_s": report.get("wall_s"),
-                 "conversation": convs[0].id, "digest": digest})
-    other = ServerConversation(client, model, args.max_tokens)
+    cpu = None if cpu is None else get_cpu_seconds(b.pid) - cpu
+    digest = b.client.conversations.retrieve(convs[0].id).model_extra["unsee"]["digest"]
+    rows = [{"phase": "delete", "step": "delete", "latency_s": seconds, "server_cpu_s": cpu,
+             "report_wall_s": report.get("wall_s"), "conversation": convs[0].id, "digest": digest}]
+    other = b.new("unsee")
     other.turn([("b1", get_turn_text(60, 1))])
-    alone = other.turn([("b2", get_turn_text(60, 2))])
-    rows.append(record(alone, phase="delete", step="other alone"))
+    rows.append(b.measured(lambda: other.turn([("b2", get_turn_text(60, 2))]), phase="delete", step="other alone"))
     result = {}
     deleting = threading.Thread(target=lambda: result.update(seconds=convs[1].delete(SECRET[0])[0]))
     deleting.start()
-    time.sleep(args.during * seconds)  # into the second DELETE, timed by the first
+    time.sleep(b.args.during * seconds)  # into the second DELETE, timed by the first
     during = other.turn([("b3", get_turn_text(60, 3))])
     deleting.join()
     rows.append(record(during, phase="delete", step="other during delete", delete_s=result.get("seconds"),
-                       started_after_s=args.during * seconds))
+                       started_after_s=b.args.during * seconds))
     return rows
 
 
-def run_delete_peer(client, model: str, args: argparse.Namespace) -> list[dict]:
+def run_delete_peer(b: Bench) -> list[dict]:
     """The conversation, then all of it again without the item, every answer anew."""
-    conv = ChatConversation(client, model, args.max_tokens)
-    for items in get_delete_turns(args.turns):
+    conv = b.new("peer")
+    for items in get_delete_turns(b.args.turns):
         conv.turn(items)
-    again = ChatConversation(client, model, args.max_tokens)
-    turns = [again.turn([i for i in items if i != SECRET]) for items in get_delete_turns(args.turns)]
+    again, cpu = b.new("peer"), get_cpu_seconds(b.pid)
+    turns = [again.turn([i for i in items if i != SECRET]) for items in get_delete_turns(b.args.turns)]
     return [{"phase": "delete", "step": "resend without the item", "latency_s": sum(t.latency_s for t in turns),
-             "turns": len(turns), "texts": [t.text for t in turns]}]
+             "server_cpu_s": None if cpu is None else get_cpu_seconds(b.pid) - cpu, "turns": len(turns),
+             "texts": [t.text for t in turns]}]
 
 
-def run_system(system: str, url: str, model: str, args: argparse.Namespace, document: str,
+def run_system(system: str, server: Server, args: argparse.Namespace, document: str,
                store: Path | None, keep: Path) -> list[dict]:
     import openai
 
-    client = openai.OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=3600)
-    new_conversation(system, client, model, 4).turn([("w", "Hello.")])  # warm-up: the first request's costs
-    rows = run_load(system, client, model, args)
+    client = openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0, timeout=3600)
+    b = Bench(client, args.model, args, server.process.pid)
+    b.new(system).turn([("w", "Hello.")])  # warm-up: the first request's one-time costs
+    rows = [r for level in args.concurrency for r in run_level(b, system, level)]
     if "history" in args.phases:
-        rows += run_history(system, client, model, args, document)
+        rows += run_history(b, system, document)
     if "delete" in args.phases and system == "unsee":
-        rows += run_delete_unsee(client, model, args, store, keep)
+        rows += run_delete_unsee(b, store, keep)
     elif "delete" in args.phases and system == "peer":
-        rows += run_delete_peer(client, model, args)
+        rows += run_delete_peer(b)
     return [{**r, "system": system} for r in rows]
 
 
@@ -376,7 +401,7 @@ def run_servers(args: argparse.Namespace, engine, work: Path) -> list[dict]:
         peer = start_peer(args.peer_python, gguf, args.model, args.threads, args.n_ctx, work)
         try:
             peer.wait_ready(args.start_timeout)
-            rows += run_system("peer", peer.url, args.model, args, document, None, keep)
+            rows += run_system("peer", peer, args, document, None, keep)
         finally:
             peer.stop()
     unsee_systems = [s for s in ("unsee-chat", "unsee") if s in args.systems]
@@ -386,7 +411,7 @@ def run_servers(args: argparse.Namespace, engine, work: Path) -> list[dict]:
         try:
             server.wait_ready(args.start_timeout)
             for system in unsee_systems:
-                rows += run_system(system, server.url, args.model, args, document, store, keep)
+                rows += run_system(system, server, args, document, store, keep)
         finally:
             server.stop()
     return rows
