@@ -1,5 +1,5 @@
 """Is one ``llama_decode`` over several sequences exact, and do threads change
-llama.cpp's bits? (issue 40, items 4 and 5; docs/engines.md, "Batches and threads")
+llama.cpp's bits? (issue 40, items 4 and 5; docs/bench.md, "many sequences in one forward")
 
     python -m unsee.bench.llamacpp_exact_batch --model qwen2.5-1.5b [--part batch|threads|all] [--out F.json]
 

@@ -1,7 +1,7 @@
 """bench/llamacpp_exact_batch.py on the tiny GGUF: the measuring code runs and
 its comparisons find what they look for. Whether a batch of sequences, or a
 second thread, gives llama.cpp's bits is not asserted: it rests on which
-kernels a CPU and a batch take (docs/engines.md, "Batches and threads")."""
+kernels a CPU and a batch take (docs/bench.md, "many sequences in one forward")."""
 
 from __future__ import annotations
 
