@@ -62,7 +62,23 @@ def test_every_dependency_is_pinned(lock):
 
 def test_make_installs_through_the_lock():
     makefile = (ROOT / "Makefile").read_text()
-    installs = [line for line in makefile.splitlines() if re.search(r"\$\((PY|VLLM_PY|CONFORM_PY)\) -m pip install", line)]
+    installs = [line for line in makefile.splitlines() if re.search(r"\$\((PY|VLLM_PY|CONFORM_PY|PEER_PY)\) -m pip install", line)]
     assert installs
     unpinned = [line.strip() for line in installs if "$(PIP_C" not in line]
     assert not unpinned, f"installs that bypass the lock: {unpinned}"
+
+
+def test_peer_lock_agrees_with_main():
+    """The peer benchmark's venv (bench/serve_peer.py: llama-cpp-python's own
+    server) is pinned whole, runs the llama-cpp-python the project pins, and
+    shares every package it has in common with the main lock at that lock's version."""
+    peer, main = get_pins(ROOT / "constraints/peer.txt"), get_pins(ROOT / "constraints/main.txt")
+    llamacpp = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["llamacpp"]
+    pinned = dict(r.split("==") for r in llamacpp)
+    assert peer["llama-cpp-python"] == pinned["llama-cpp-python"]
+    for name in ("fastapi", "uvicorn", "sse-starlette", "pydantic-settings", "starlette-context"):
+        assert name in peer, f"constraints/peer.txt does not pin the server extra's {name}"
+    differ = {name: (peer[name], main[name]) for name in sorted(set(peer) & set(main)) if peer[name] != main[name]}
+    assert not differ, f"constraints/peer.txt and constraints/main.txt pin these differently: {differ}"
+    spec = re.search(r"^PEER_SPEC \?= (\S+)$", (ROOT / "Makefile").read_text(), re.MULTILINE)
+    assert spec and spec.group(1) == f"llama-cpp-python[server]=={pinned['llama-cpp-python']}"

@@ -147,7 +147,7 @@ class LlamaCppModel:
                 return buf.raw[:n].decode("utf-8", "replace")
             cap = -n + 16
 
-    def new_context(self, n_ctx: int | None = None, embeddings: bool = False, n_seq: int = 1):
+    def new_context(self, n_ctx: int | None = None, embeddings: bool = False, n_seq: int = 1, unified: bool = True):
         """A llama.cpp context over this model (each engine owns one): one
         sequence, n_ctx cells, a chunk of any length is one llama_decode.
         Sliding-window layers keep every position (``swa_full``), so that a
@@ -155,7 +155,10 @@ class LlamaCppModel:
         context that returns the mean-pooled last hidden states of a sequence
         instead of logits (impl/engines/llamacpp/embed.py). ``n_seq`` > 1: a
         context of that many sequences sharing the cells (a bench's parallel
-        decoding, bench/llamacpp_batch.py); the engine's own is one sequence."""
+        decoding, bench/llamacpp_batch.py); the engine's own is one sequence.
+        ``unified`` False: each of the ``n_seq`` sequences in a stream of
+        its own, ``n_ctx / n_seq`` cells, its first cell its position 0
+        (bench/llamacpp_exact_batch.py compares the two layouts)."""
         lc = llama_module()
         n_ctx = n_ctx or self.n_ctx
         cparams = lc.llama_context_default_params()
@@ -169,7 +172,7 @@ class LlamaCppModel:
         cparams.n_seq_max = 1
         if n_seq > 1:
             cparams.n_seq_max = n_seq
-            cparams.kv_unified = True
+            cparams.kv_unified = unified
         elif self.n_swa:
             # a second sequence, sharing the cells (one stream), through which
             # the engine reads the sliding-window rows the state writer leaves out

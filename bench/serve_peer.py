@@ -1,0 +1,478 @@
+"""``unsee serve`` against llama-cpp-python's own OpenAI server on the same
+GGUF and threads (issue 40, item 1; docs/serve.md, "Against llama_cpp.server").
+
+    make serve-peer                    # from a fresh clone: both venvs, then this bench
+    python -m unsee.bench.serve_peer --peer-python .venv-peer/bin/python \\
+        [--model qwen2.5-1.5b] [--threads 1] [--concurrency 1,4,8] [--turns 3] [--max-tokens 32]
+
+Both servers run as the user would start them, each in a process of its own
+on loopback: ``python -m llama_cpp.server`` (its ``server`` extra, in the
+bench's own venv, ``.venv-peer``) over the catalogue's file of ``--model``
+with ``--n_threads`` and ``--n_threads_batch`` at ``--threads``, flash
+attention on (as unsee runs it), the GGUF's own chat template, logits of
+the last token only (``logits_all`` off: its default computes and copies every
+prompt token's, which a chat client never reads), and ``interrupt_requests``
+off (its default cuts a streaming answer short as soon as another request
+waits); and ``unsee serve --engine llamacpp`` with
+``UNSEE_LLAMA_THREADS`` at ``--threads``. Every request is made with the
+``openai`` client, streamed, greedy, and capped at ``--max-tokens`` output
+tokens. Three ways of holding a conversation, each one the same workload:
+
+    peer        llama_cpp.server's chat completions, the history resent every turn
+    unsee-chat  unsee serve's chat completions, the history resent (its exact prefix cache serves it)
+    unsee       unsee serve's Responses API on a conversation: the server keeps the conversation's KV
+
+Phases (:mod:`unsee.bench.serve_peer_table` turns the records into the tables):
+
+    load      for each --concurrency level N: N conversations of --turns turns at once, a client
+              thread each; per turn its latency and time to the first streamed text (TTFT); the
+              aggregate output tokens/s (output tokens counted by re-tokenising each answer with
+              the GGUF's own vocabulary, the same count for both servers)
+    history   a conversation whose first message holds --history-tokens tokens, then a follow-up
+              turn right after it ("warm": the peer still holds that prompt) and another after a
+              turn of another conversation ("after another")
+    delete    unsee: a conversation whose first turn holds an item, of --turns turns; the item's
+              DELETE (the exact forget) and its compute floor (bench/floor.py, timed in this
+              process after the servers stop, on the same engine settings, from a copy of the
+              conversation's store taken before the DELETE); and a turn of another conversation
+              started while a DELETE runs, against the same turn run alone.
+              peer: the same conversation resent without the item, every turn answered anew
+              (what an exact forget costs a user of a stateless server)
+
+Figures on a loaded machine are not comparable across runs: compare the
+systems of one run (docs/serve.md gives the labelled run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+SYSTEM = "You are a helpful assistant."
+SYSTEMS = ("peer", "unsee-chat", "unsee")
+TOPICS = ("a bicycle", "a lighthouse", "the moon", "a library", "bread", "a river", "a violin", "a glacier",
+          "a compass", "a beehive", "a volcano", "a telescope")
+SECRET = ("secret", "My locker code is 4417, keep it in mind.")
+
+
+def get_turn_text(conversation: int, turn: int) -> str:
+    return (f"Conversation {conversation}, question {turn}: tell me one surprising fact about "
+            f"{TOPICS[(conversation + turn) % len(TOPICS)]}.")
+
+
+def get_document(n_tokens: int, count) -> str:
+    """A made-up list of notes of at least ``n_tokens`` tokens (``count(text)``: its tokens)."""
+    colours = ("red", "green", "blue", "amber", "violet", "grey", "white", "black")
+    lines, i = ["Here are my notes on the items in the store room."], 0
+    while True:
+        i += 1
+        lines.append(f"Item {i} is {colours[i * 7 % len(colours)]} and sits on shelf {i * 13 % 29}.")
+        if i % 10 == 0 and count(" ".join(lines)) >= n_tokens:
+            return " ".join(lines)
+
+
+# ------------------------------------------------------------------ servers
+
+
+def get_free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Server:
+    """A server process on loopback and its base URL."""
+
+    name: str
+    process: subprocess.Popen
+    url: str
+    log: Path
+
+    def wait_ready(self, timeout: float) -> None:
+        """Until ``GET /v1/models`` answers (the model is loaded), or fail naming the log."""
+        import urllib.request
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"{self.name} exited with {self.process.returncode}; see {self.log}")
+            try:
+                with urllib.request.urlopen(self.url + "/models", timeout=5) as reply:
+                    if reply.status == 200:
+                        return
+            except OSError:
+                pass
+            time.sleep(1)
+        raise RuntimeError(f"{self.name} did not answer within {timeout:.0f} s; see {self.log}")
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+def start_peer(python: str, gguf: Path, name: str, threads: int, n_ctx: int, logs: Path) -> Server:
+    port = get_free_port()
+    command = [python, "-m", "llama_cpp.server", "--model", str(gguf), "--model_alias", name,
+               "--host", "127.0.0.1", "--port", str(port), "--n_threads", str(threads),
+               "--n_threads_batch", str(threads), "--n_ctx", str(n_ctx), "--flash_attn", "true",
+               "--logits_all", "false", "--interrupt_requests", "false", "--verbose", "false"]
+    log = logs / "peer.log"
+    with open(log, "w") as out:
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+    return Server("llama_cpp.server", process, f"http://127.0.0.1:{port}/v1", log)
+
+
+def start_unsee(model: str, threads: int, max_tokens: int, store: Path, logs: Path) -> Server:
+    port = get_free_port()
+    command = [sys.executable, "-m", "unsee.impl.cli", "serve", "--engine", "llamacpp", "--model", model,
+               "--store", str(store), "--port", str(port), "--max-output-tokens", str(max_tokens),
+               "--busy-wait", "3600"]
+    env = {**os.environ, "UNSEE_LLAMA_THREADS": str(threads)}
+    log = logs / "unsee.log"
+    with open(log, "w") as out:
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
+    return Server("unsee serve", process, f"http://127.0.0.1:{port}/v1", log)
+
+
+# ------------------------------------------------------------------ clients
+
+
+@dataclass
+class Turn:
+    """One answered turn, as the client saw it."""
+
+    text: str
+    latency_s: float
+    ttft_s: float  # to the first non-empty streamed text; the latency where none came
+
+
+@dataclass
+class ChatConversation:
+    """A conversation held by the client: chat completions with the whole history resent."""
+
+    client: object
+    model: str
+    max_tokens: int
+    messages: list = field(default_factory=lambda: [{"role": "system", "content": SYSTEM}])
+
+    def turn(self, items: list[tuple[str, str]]) -> Turn:
+        self.messages += [{"role": "user", "content": text} for _, text in items]
+        started, first, parts = time.perf_counter(), None, []
+        stream = self.client.chat.completions.create(model=self.model, messages=self.messages, stream=True,
+                                                     max_tokens=self.max_tokens, temperature=0)
+        for chunk in stream:
+            piece = chunk.choices[0].delta.content if chunk.choices else None
+            if piece:
+                first = first or time.perf_counter()
+                parts.append(piece)
+        done = time.perf_counter()
+        text = "".join(parts)
+        self.messages.append({"role": "assistant", "content": text})
+        return Turn(text, done - started, (first or done) - started)
+
+
+@dataclass
+class ServerConversation:
+    """A conversation the server keeps (unsee's Responses API with ``conversation``)."""
+
+    client: object
+    model: str
+    max_tokens: int
+    id: str = ""
+
+    def turn(self, items: list[tuple[str, str]]) -> Turn:
+        if not self.id:
+            self.id = self.client.conversations.create().id
+        inputs = [{"type": "message", "role": "user", "content": text, "id": item_id} for item_id, text in items]
+        started, first, parts, text = time.perf_counter(), None, [], None
+        stream = self.client.responses.create(model=self.model, conversation=self.id, input=inputs, stream=True,
+                                              max_output_tokens=self.max_tokens, temperature=0)
+        for event in stream:
+            if event.type == "response.output_text.delta" and event.delta:
+                first = first or time.perf_counter()
+                parts.append(event.delta)
+            elif event.type in ("response.completed", "response.incomplete"):
+                text = event.response.output_text
+        done = time.perf_counter()
+        return Turn(text if text is not None else "".join(parts), done - started, (first or done) - started)
+
+    def delete(self, item_id: str) -> tuple[float, dict]:
+        """The item's DELETE: its latency and the reply's ``report`` (the forget's own account)."""
+        started = time.perf_counter()
+        reply = self.client.conversations.items.delete(item_id, conversation_id=self.id)
+        return time.perf_counter() - started, (reply.model_extra or {}).get("report") or {}
+
+
+def new_conversation(system: str, client, model: str, max_tokens: int):
+    return (ServerConversation if system == "unsee" else ChatConversation)(client, model, max_tokens)
+
+
+def record(answered: Turn, **where) -> dict:
+    return {**where, "latency_s": answered.latency_s, "ttft_s": answered.ttft_s, "text": answered.text}
+
+
+def get_cpu_seconds(pid: int) -> float | None:
+    """A process's CPU seconds so far, user and system (Linux's /proc; None elsewhere)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime: fields 14, 15
+
+
+@dataclass
+class Bench:
+    """What each phase needs: the client, the model's name, the options, and the
+    server's process (its CPU time is what a loaded machine does not inflate)."""
+
+    client: object
+    model: str
+    args: argparse.Namespace
+    pid: int
+
+    def new(self, system: str):
+        return new_conversation(system, self.client, self.model, self.args.max_tokens)
+
+    def measured(self, request, **where) -> dict:
+        """``request()`` (a turn) alone on the server: its record with the server's CPU seconds."""
+        before = get_cpu_seconds(self.pid)
+        row = record(request(), **where)
+        after = get_cpu_seconds(self.pid)
+        return {**row, "server_cpu_s": None if before is None or after is None else after - before}
+
+
+# ------------------------------------------------------------------- phases
+
+
+def run_level(b: Bench, system: str, level: int) -> list[dict]:
+    """``level`` conversations of ``--turns`` turns at once, a client thread
+    each; every turn's record, with the level's wall time and the server's
+    CPU seconds over it. A failed turn fails the run."""
+    convs = [b.new(system) for _ in range(level)]
+
+    def drive(j: int) -> list[dict]:
+        return [record(convs[j].turn([(f"c{j}t{i}", get_turn_text(j, i))]), phase="load", level=level,
+                       conversation=j, turn=i) for i in range(1, b.args.turns + 1)]
+
+    started, cpu = time.perf_counter(), get_cpu_seconds(b.pid)
+    with concurrent.futures.ThreadPoolExecutor(level) as workers:
+        futures = [workers.submit(drive, j) for j in range(level)]
+        out = [r for f in futures for r in f.result()]
+    wall, cpu_after = time.perf_counter() - started, get_cpu_seconds(b.pid)
+    return [{**r, "level_wall_s": wall, "level_cpu_s": None if cpu is None else cpu_after - cpu} for r in out]
+
+
+def run_history(b: Bench, system: str, document: str) -> list[dict]:
+    """A first turn over the document, a follow-up right after, a turn of another
+    conversation, then another follow-up."""
+    conv, other = b.new(system), b.new(system)
+    turns = [(conv, "doc", document + " Summarise these notes in one sentence.", "first"),
+             (conv, "q17", "What colour is item 17?", "warm"), (other, "o1", get_turn_text(99, 1), "other"),
+             (conv, "q42", "What colour is item 42?", "after another")]
+    return [b.measured(lambda c=c, i=i, t=t: c.turn([(i, t)]), phase="history", step=step) for c, i, t, step in turns]
+
+
+def get_delete_turns(turns: int) -> list[list[tuple[str, str]]]:
+    return [[SECRET, ("d1", get_turn_text(50, 1))]] + [[(f"d{i}", get_turn_text(50, i))] for i in range(2, turns + 1)]
+
+
+def run_delete_unsee(b: Bench, store: Path, keep: Path) -> list[dict]:
+    """The DELETE alone (its store copied first, for the floor), then a DELETE
+    on a second copy of the conversation with another conversation's turn
+    started during it, and that turn alone before."""
+    convs = [b.new("unsee") for _ in range(2)]
+    for conv in convs:
+        for items in get_delete_turns(b.args.turns):
+            conv.turn(items)
+    shutil.copytree(store / convs[0].id, keep / convs[0].id)
+    cpu = get_cpu_seconds(b.pid)
+    seconds, report = convs[0].delete(SECRET[0])
+    cpu = None if cpu is None else get_cpu_seconds(b.pid) - cpu
+    digest = b.client.conversations.retrieve(convs[0].id).model_extra["unsee"]["digest"]
+    rows = [{"phase": "delete", "step": "delete", "latency_s": seconds, "server_cpu_s": cpu,
+             "report_wall_s": report.get("wall_s"), "conversation": convs[0].id, "digest": digest}]
+    other = b.new("unsee")
+    other.turn([("b1", get_turn_text(60, 1))])
+    rows.append(b.measured(lambda: other.turn([("b2", get_turn_text(60, 2))]), phase="delete", step="other alone"))
+    result = {}
+    deleting = threading.Thread(target=lambda: result.update(seconds=convs[1].delete(SECRET[0])[0]))
+    deleting.start()
+    time.sleep(b.args.during * seconds)  # into the second DELETE, timed by the first
+    during = other.turn([("b3", get_turn_text(60, 3))])
+    deleting.join()
+    rows.append(record(during, phase="delete", step="other during delete", delete_s=result.get("seconds"),
+                       started_after_s=b.args.during * seconds))
+    return rows
+
+
+def run_delete_peer(b: Bench) -> list[dict]:
+    """The conversation, then all of it again without the item, every answer anew."""
+    conv = b.new("peer")
+    for items in get_delete_turns(b.args.turns):
+        conv.turn(items)
+    again, cpu = b.new("peer"), get_cpu_seconds(b.pid)
+    turns = [again.turn([i for i in items if i != SECRET]) for items in get_delete_turns(b.args.turns)]
+    return [{"phase": "delete", "step": "resend without the item", "latency_s": sum(t.latency_s for t in turns),
+             "server_cpu_s": None if cpu is None else get_cpu_seconds(b.pid) - cpu, "turns": len(turns),
+             "texts": [t.text for t in turns]}]
+
+
+def run_system(system: str, server: Server, args: argparse.Namespace, document: str,
+               store: Path | None, keep: Path) -> list[dict]:
+    import openai
+
+    client = openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0, timeout=3600)
+    b = Bench(client, args.model, args, server.process.pid)
+    b.new(system).turn([("w", "Hello.")])  # warm-up: the first request's one-time costs
+    rows = [r for level in args.concurrency for r in run_level(b, system, level)]
+    if "history" in args.phases:
+        rows += run_history(b, system, document)
+    if "delete" in args.phases and system == "unsee":
+        rows += run_delete_unsee(b, store, keep)
+    elif "delete" in args.phases and system == "peer":
+        rows += run_delete_peer(b)
+    return [{**r, "system": system} for r in rows]
+
+
+# -------------------------------------------------------------- the floor
+
+
+def measure_floor(engine, keep: Path, rows: list[dict]) -> dict:
+    """The compute floor of the DELETE (bench/floor.py) from the copy of its
+    conversation's store taken before it, and whether the full reset reaches
+    the digest the server reported after the DELETE."""
+    from unsee import PersistentSession
+    from unsee.bench.floor import compute_floor
+    from unsee.impl.methods.baselines import apply_method
+
+    deleted = next(r for r in rows if r.get("step") == "delete")
+    session = PersistentSession.open(keep / deleted["conversation"] / "session.db", engine)
+    base = session.runtime
+    boundary = base.checkpoints.latest_before(base.graph.first_entry(SECRET[0])).boundary
+    reset, _ = apply_method(base, "reset", SECRET[0])
+    floor = compute_floor(engine, base, reset, boundary).to_json()
+    floor["reset_digest_equal"] = reset.digest() == deleted["digest"]
+    session.close()
+    return floor
+
+
+# --------------------------------------------------------------------- main
+
+
+def get_label(args: argparse.Namespace, argv: list[str]) -> dict:
+    """Build, CPU, threads, command, load: what a figure needs to be read."""
+    from unsee.bench.llamacpp_exact_batch import get_cpu_name
+
+    try:
+        build = subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True, text=True,
+                               cwd=Path(__file__).resolve().parent, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        build = "not recorded"
+    return {"build": build, "cpu": get_cpu_name(), "cores": os.cpu_count(), "threads": args.threads,
+            "model": args.model, "command": "python -m unsee.bench.serve_peer " + " ".join(argv),
+            "load_average": os.getloadavg()[0]}
+
+
+def run_servers(args: argparse.Namespace, engine, work: Path) -> list[dict]:
+    """Each asked-for server in turn (never both at once: they would share the
+    cores), its systems' phases; the rows."""
+    gguf = Path(engine.lm.source)  # the file the engine loaded: the catalogue's, a built-in one or a path
+    document = get_document(args.history_tokens, lambda text: len(engine.lm.encode(text)))
+    rows, keep = [], work / "before-delete"
+    keep.mkdir()
+    if "peer" in args.systems:
+        peer = start_peer(args.peer_python, gguf, args.model, args.threads, args.n_ctx, work)
+        try:
+            peer.wait_ready(args.start_timeout)
+            rows += run_system("peer", peer, args, document, None, keep)
+        finally:
+            peer.stop()
+    unsee_systems = [s for s in ("unsee-chat", "unsee") if s in args.systems]
+    if unsee_systems:
+        store = work / "store"
+        server = start_unsee(args.model, args.threads, args.max_tokens, store, work)
+        try:
+            server.wait_ready(args.start_timeout)
+            for system in unsee_systems:
+                rows += run_system(system, server, args, document, store, keep)
+        finally:
+            server.stop()
+    return rows
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m unsee.bench.serve_peer", description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="qwen2.5-1.5b", help="a catalogue model (its GGUF) or a .gguf path")
+    parser.add_argument("--peer-python", default=".venv-peer/bin/python",
+                        help="the interpreter with llama-cpp-python[server] (make serve-peer builds it)")
+    parser.add_argument("--threads", type=int, default=1, help="threads of both servers")
+    parser.add_argument("--concurrency", type=lambda t: [int(x) for x in t.split(",")], default=[1, 4, 8])
+    parser.add_argument("--turns", type=int, default=3, help="turns per conversation")
+    parser.add_argument("--max-tokens", type=int, default=32, help="output tokens per answer at most")
+    parser.add_argument("--history-tokens", type=int, default=1000, help="the history phase's first message")
+    parser.add_argument("--n-ctx", type=int, default=4096, help="the peer's context (unsee's lineages: 4096)")
+    parser.add_argument("--systems", type=lambda t: t.split(","), default=list(SYSTEMS),
+                        help=f"of {', '.join(SYSTEMS)}")
+    parser.add_argument("--phases", type=lambda t: t.split(","), default=["load", "history", "delete"])
+    parser.add_argument("--during", type=float, default=0.25, metavar="FRACTION",
+                        help="the other conversation's turn starts this fraction of the first DELETE's "
+                             "latency after the second DELETE")
+    parser.add_argument("--start-timeout", type=float, default=1800, metavar="SECONDS")
+    parser.add_argument("--out", default="out/serve-peer", help="a folder: serve-peer.json, serve-peer.md, logs")
+    args = parser.parse_args(argv)
+    unknown = sorted(set(args.systems) - set(SYSTEMS))
+    if unknown:
+        parser.error(f"--systems: unknown {unknown}; expected some of {list(SYSTEMS)}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    from unsee.bench.serve_peer_table import format_markdown, summarise
+    from unsee.impl.engines.registry import load_engine
+
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    label = get_label(args, argv)
+    # loaded here first: the decode facts of these settings are measured (once) before any server times
+    engine = load_engine(args.model, "llamacpp", threads=args.threads)
+    with tempfile.TemporaryDirectory(prefix="serve-peer-") as tmp:
+        work = Path(tmp)
+        rows = run_servers(args, engine, work)
+        for r in rows:
+            for text in [r["text"]] if "text" in r else r.get("texts", []):
+                r["output_tokens"] = r.get("output_tokens", 0) + len(engine.lm.encode(text))
+        floor = measure_floor(engine, work / "before-delete", rows) if any(
+            r.get("step") == "delete" for r in rows) else None
+        for log in ("peer.log", "unsee.log"):
+            if (work / log).exists():
+                shutil.copy(work / log, out / log)
+    label["load_average_end"] = os.getloadavg()[0]
+    result = {"label": label, "summary": summarise(rows, floor, args), "floor": floor, "rows": rows}
+    (out / "serve-peer.json").write_text(json.dumps(result, indent=1))
+    markdown = format_markdown(result)
+    (out / "serve-peer.md").write_text(markdown)
+    print(markdown)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

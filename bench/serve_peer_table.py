@@ -1,0 +1,162 @@
+"""The peer benchmark's figures (bench/serve_peer.py): per system, from its
+records, and issue 40's goals, each with the measured ratio, as markdown."""
+
+from __future__ import annotations
+
+import argparse
+
+LABELS = {"peer": "llama_cpp.server (chat, history resent)", "unsee-chat": "unsee chat (history resent)",
+          "unsee": "unsee responses (conversation)"}
+
+
+def get_percentile(values: list[float], q: float) -> float | None:
+    values = sorted(values)
+    return values[min(len(values) - 1, round(q * (len(values) - 1)))] if values else None
+
+
+def summarise_level(rows: list[dict]) -> dict:
+    """One concurrency level's turns: aggregate output tokens/s over the level's wall, latency, TTFT."""
+    latency, ttft = [r["latency_s"] for r in rows], [r["ttft_s"] for r in rows]
+    tokens, wall, cpu = sum(r["output_tokens"] for r in rows), rows[0]["level_wall_s"], rows[0].get("level_cpu_s")
+    return {"turns": len(rows), "output_tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall,
+            "server_cpu_s": cpu, "cpu_per_token_s": cpu / tokens if cpu is not None and tokens else None,
+            "p50_s": get_percentile(latency, 0.5), "p99_s": get_percentile(latency, 0.99),
+            "ttft_p50_s": get_percentile(ttft, 0.5), "ttft_p99_s": get_percentile(ttft, 0.99),
+            "tokens_per_turn": tokens / len(rows)}
+
+
+def summarise_system(rows: list[dict], floor: dict | None) -> dict:
+    out: dict = {"levels": {}}
+    for level in sorted({r["level"] for r in rows if r["phase"] == "load"}):
+        out["levels"][level] = summarise_level([r for r in rows if r["phase"] == "load" and r["level"] == level])
+    steps = {r["step"]: r for r in rows if r["phase"] in ("history", "delete")}
+    out["history"] = {step: steps[step]["latency_s"] for step in ("first", "warm", "after another") if step in steps}
+    out["history_cpu"] = {step: steps[step].get("server_cpu_s") for step in out["history"]}
+    if "delete" in steps:
+        delete = steps["delete"]
+        out["delete"] = {"latency_s": delete["latency_s"], "report_wall_s": delete["report_wall_s"],
+                         "server_cpu_s": delete.get("server_cpu_s")}
+        if floor:
+            out["delete"] |= {"floor_wall_s": floor["wall_s"], "floor_cpu_s": floor["cpu_s"],
+                              "x_floor": delete["latency_s"] / floor["wall_s"],
+                              "x_floor_cpu": get_ratio(delete.get("server_cpu_s"), floor["cpu_s"]),
+                              "reset_digest_equal": floor["reset_digest_equal"]}
+    if "other during delete" in steps:
+        alone, during = steps["other alone"]["latency_s"], steps["other during delete"]["latency_s"]
+        out["other_turn"] = {"alone_s": alone, "during_delete_s": during, "slowdown": during / alone}
+    if "resend without the item" in steps:
+        out["resend_s"] = steps["resend without the item"]["latency_s"]
+        out["resend_cpu_s"] = steps["resend without the item"].get("server_cpu_s")
+    return out
+
+
+def get_ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+def compute_goals(systems: dict) -> list[dict]:
+    """Issue 40's goals, each with its measured figure (None where not measured in this run)."""
+    peer, ours = systems.get("peer"), systems.get("unsee")
+    goals = []
+
+    def add(goal: str, value: float | None, bar: float, at_least: bool, detail: str = "") -> None:
+        met = None if value is None else (value >= bar if at_least else value <= bar)
+        goals.append({"goal": goal, "value": value, "bar": bar, "met": met, "detail": detail})
+
+    def level(system: dict | None, n: int, key: str) -> float | None:
+        return (system or {}).get("levels", {}).get(n, {}).get(key)
+
+    per_token = get_ratio(level(peer, 1, "cpu_per_token_s"), level(ours, 1, "cpu_per_token_s"))
+    add("1 conversation: output tokens/s vs llama_cpp.server",
+        get_ratio(level(ours, 1, "tokens_per_s"), level(peer, 1, "tokens_per_s")), 0.95, True,
+        f"output tokens per server CPU second: {_fmt(per_token)}x")
+    add("1 conversation: time to first token vs llama_cpp.server",
+        get_ratio(level(ours, 1, "ttft_p50_s"), level(peer, 1, "ttft_p50_s")), 1.1, False)
+    theirs, mine = (peer or {}).get("history", {}), (ours or {}).get("history", {})
+    after = get_ratio(mine.get("after another"), theirs.get("after another"))
+    add("follow-up turn at the history: latency vs llama_cpp.server's (history resent, warm)",
+        get_ratio(mine.get("warm"), theirs.get("warm")), 0.5, False,
+        f"after another conversation's turn: {_fmt(after)}x")
+    top = max(set((peer or {}).get("levels", {})) & set((ours or {}).get("levels", {})), default=None)
+    add(f"{top} concurrent conversations: aggregate tokens/s vs llama_cpp.server",
+        get_ratio(ours["levels"][top]["tokens_per_s"], peer["levels"][top]["tokens_per_s"]) if top else None, 2.0,
+        True, "digests against serial replays: not part of this bench (item 4's test)")
+    delete = (ours or {}).get("delete", {})
+    add("DELETE vs the compute floor of its forget, by CPU seconds", delete.get("x_floor_cpu"), 1.15, False,
+        f"by wall: {_fmt(delete.get('x_floor'))}x")
+    add("another conversation's turn during a DELETE vs alone", (ours or {}).get("other_turn", {}).get("slowdown"),
+        1.2, False)
+    return goals
+
+
+def summarise(rows: list[dict], floor: dict | None, args: argparse.Namespace) -> dict:
+    systems = {s: summarise_system([r for r in rows if r["system"] == s], floor if s == "unsee" else None)
+               for s in LABELS if any(r["system"] == s for r in rows)}
+    return {"systems": systems, "goals": compute_goals(systems),
+            "workload": {"turns": args.turns, "max_tokens": args.max_tokens, "concurrency": args.concurrency,
+                         "history_tokens": args.history_tokens}}
+
+
+def _fmt(value: float | None, unit: str = "", digits: int = 2) -> str:
+    return "-" if value is None else f"{value:.{digits}f}{unit}"
+
+
+def get_table_rows(systems: dict, workload: dict) -> list[tuple[str, list[str]]]:
+    """(metric, one cell per system) for the main table."""
+    def cell(get):
+        return [get(s) for s in systems.values()]
+
+    rows = []
+    for level in workload["concurrency"]:
+        def lv(s: dict, k: str, level: int = level) -> float | None:
+            return s["levels"].get(level, {}).get(k)
+
+        rows.append((f"{level} conversation(s): output tokens/s", cell(lambda s: _fmt(lv(s, "tokens_per_s")))))
+        rows.append((f"{level} conversation(s): p50 / p99 turn",
+                     cell(lambda s: f"{_fmt(lv(s, 'p50_s'), ' s')} / {_fmt(lv(s, 'p99_s'), ' s')}")))
+        rows.append((f"{level} conversation(s): time to first streamed text, p50",
+                     cell(lambda s: _fmt(lv(s, "ttft_p50_s"), " s"))))
+        rows.append((f"{level} conversation(s): server CPU per output token",
+                     cell(lambda s: _fmt(lv(s, "cpu_per_token_s"), " s", 3))))
+    n = workload["history_tokens"]
+    def both(wall: float | None, cpu: float | None) -> str:
+        return "-" if wall is None and cpu is None else f"{_fmt(wall, ' s')}; {_fmt(cpu, ' s')}"
+
+    for step, name in (("first", f"{n}+ tokens of history: first turn"), ("warm", "its follow-up, right after"),
+                       ("after another", "its follow-up, after another conversation's turn")):
+        rows.append((f"{name} (wall; server CPU)",
+                     cell(lambda s, step=step: both(s["history"].get(step), s["history_cpu"].get(step)))))
+    rows.append(("DELETE of a first-turn item, the exact forget (wall; server CPU)",
+                 cell(lambda s: both(s.get("delete", {}).get("latency_s"), s.get("delete", {}).get("server_cpu_s")))))
+    rows.append(("its compute floor (wall; CPU)", cell(lambda s: "-" if "floor_wall_s" not in s.get("delete", {})
+                                                       else f"{s['delete']['floor_wall_s']:.2f} s; "
+                                                            f"{s['delete']['floor_cpu_s']:.2f} s")))
+    rows.append(("the conversation resent without the item, every turn anew (wall; server CPU)",
+                 cell(lambda s: both(s.get("resend_s"), s.get("resend_cpu_s")) if "resend_s" in s else "-")))
+    rows.append(("another conversation's turn: alone / during a DELETE",
+                 cell(lambda s: "-" if "other_turn" not in s else
+                      f"{s['other_turn']['alone_s']:.2f} s / {s['other_turn']['during_delete_s']:.2f} s")))
+    return rows
+
+
+def format_markdown(result: dict) -> str:
+    label, summary = result["label"], result["summary"]
+    systems, workload = summary["systems"], summary["workload"]
+    lines = [f"> build `{label['build']}` · CPU {label['cpu']} ({label['cores']} cores; load average "
+             f"{label['load_average']:.1f} at the start, {label.get('load_average_end', 0):.1f} at the end) · "
+             f"{label['threads']} thread(s) each · model {label['model']} · {workload['turns']} turns of up to "
+             f"{workload['max_tokens']} tokens, greedy, streamed · command `{label['command']}`", "",
+             "| | " + " | ".join(LABELS[s] for s in systems) + " |", "|---|" + "---:|" * len(systems)]
+    lines += [f"| {metric} | " + " | ".join(cells) + " |" for metric, cells in get_table_rows(systems, workload)]
+    lines += ["", "| goal (issue 40) | measured | bar | met |", "|---|---:|---:|---|"]
+    for g in summary["goals"]:
+        met = "not measured" if g["met"] is None else ("yes" if g["met"] else "**no**")
+        detail = f" ({g['detail']})" if g["detail"] else ""
+        lines.append(f"| {g['goal']}{detail} | {_fmt(g['value'], 'x')} | {'>=' if 'tokens/s' in g['goal'] else '<='} "
+                     f"{g['bar']}x | {met} |")
+    floor = result.get("floor")
+    if floor:
+        lines += ["", f"Compute floor: {floor['prefilled']} tokens prefilled, {floor['decoded']} decoded, "
+                      f"{floor['forwards']} forwards; the full reset reaches the server's digest after the DELETE: "
+                      f"{floor['reset_digest_equal']}."]
+    return "\n".join(lines) + "\n"

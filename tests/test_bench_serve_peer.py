@@ -1,0 +1,81 @@
+"""bench/serve_peer.py: its figures and goals from records, and its unsee side
+run end to end on the tiny GGUF (a server process, the ``openai`` client,
+the DELETE's compute floor). The peer's side needs its own venv (``make
+serve-peer``) and is not run here."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+from unsee.bench.serve_peer_table import format_markdown, summarise
+from unsee.impl.engines.llamacpp import engine as llamacpp
+
+WORKLOAD = argparse.Namespace(turns=2, max_tokens=8, concurrency=[1, 8], history_tokens=1000)
+
+
+def make_rows(system: str, seconds: float, tokens: int) -> list[dict]:
+    """Two levels of two turns each, a history phase, and for unsee a DELETE and
+    another conversation's turn; every turn ``seconds`` long with ``tokens`` tokens."""
+    rows = [{"phase": "load", "level": level, "latency_s": seconds, "ttft_s": seconds / 2, "output_tokens": tokens,
+             "level_wall_s": 2 * seconds, "level_cpu_s": 2 * seconds} for level in (1, 8) for _ in range(2)]
+    rows += [{"phase": "history", "step": step, "latency_s": seconds} for step in ("first", "warm", "after another")]
+    if system == "unsee":
+        rows += [{"phase": "delete", "step": "delete", "latency_s": 3.0, "report_wall_s": 2.5, "server_cpu_s": 2.85},
+                 {"phase": "delete", "step": "other alone", "latency_s": 1.0},
+                 {"phase": "delete", "step": "other during delete", "latency_s": 1.5}]
+    return [{**r, "system": system} for r in rows]
+
+
+def test_goals_are_the_measured_ratios():
+    rows = make_rows("peer", 2.0, 10) + make_rows("unsee", 1.0, 10)
+    floor = {"wall_s": 2.0, "cpu_s": 1.9, "reset_digest_equal": True, "prefilled": 40, "decoded": 8, "forwards": 10}
+    summary = summarise(rows, floor, WORKLOAD)
+    assert summary["systems"]["unsee"]["levels"][8]["tokens_per_s"] == 10.0  # 20 tokens in 2 s
+    by_name = {g["goal"]: g for g in summary["goals"]}
+    tokens = by_name["1 conversation: output tokens/s vs llama_cpp.server"]
+    assert tokens["value"] == 2.0 and tokens["met"]
+    ttft = by_name["1 conversation: time to first token vs llama_cpp.server"]
+    assert ttft["value"] == 0.5 and ttft["met"]
+    assert by_name["8 concurrent conversations: aggregate tokens/s vs llama_cpp.server"]["value"] == 2.0
+    delete = by_name["DELETE vs the compute floor of its forget, by CPU seconds"]
+    assert delete["value"] == pytest.approx(1.5) and delete["met"] is False and delete["detail"] == "by wall: 1.50x"
+    assert summary["systems"]["unsee"]["levels"][1]["cpu_per_token_s"] == 0.1
+    assert by_name["another conversation's turn during a DELETE vs alone"]["value"] == 1.5
+    markdown = format_markdown({"label": {"build": "b", "cpu": "c", "cores": 2, "load_average": 1.0, "threads": 1,
+                                          "model": "m", "command": "x"}, "summary": summary, "floor": floor})
+    assert "| DELETE vs the compute floor of its forget, by CPU seconds (by wall: 1.50x) | 1.50x | <= 1.15x | **no** |" \
+        in markdown
+    assert markdown.count("\n| ") >= 20
+
+
+def test_a_goal_without_the_peer_is_not_measured():
+    summary = summarise(make_rows("unsee", 1.0, 10), None, WORKLOAD)
+    assert [g["met"] for g in summary["goals"]][:4] == [None] * 4
+
+
+@pytest.mark.skipif(not llamacpp.available(), reason="llama-cpp-python is not installed")
+def test_the_unsee_side_runs_against_a_server(tmp_path, one_thread):
+    """Both unsee systems through the real client against `unsee serve` on the
+    tiny GGUF; the DELETE's floor from the store copied before it, whose full
+    reset reaches the digest the server reports after the forget."""
+    pytest.importorskip("fastapi")
+    pytest.importorskip("openai")
+    from unsee.bench.serve_peer import main
+
+    out = tmp_path / "peer"
+    assert main(["--model", "tiny", "--systems", "unsee-chat,unsee", "--concurrency", "1,2", "--turns", "2",
+                 "--max-tokens", "4", "--history-tokens", "40", "--out", str(out)]) == 0
+    result = json.loads((out / "serve-peer.json").read_text())
+    rows = result["rows"]
+    for system in ("unsee-chat", "unsee"):
+        load = [r for r in rows if r["system"] == system and r["phase"] == "load"]
+        assert sorted((r["level"], r["conversation"], r["turn"]) for r in load) == [
+            (1, 0, 1), (1, 0, 2), (2, 0, 1), (2, 0, 2), (2, 1, 1), (2, 1, 2)]
+        assert all(r["output_tokens"] > 0 and r["ttft_s"] <= r["latency_s"] for r in load)
+    assert result["floor"]["reset_digest_equal"] is True
+    steps = {r["step"] for r in rows if r["system"] == "unsee" and r["phase"] == "delete"}
+    assert steps == {"delete", "other alone", "other during delete"}
+    assert "unsee responses (conversation)" in (out / "serve-peer.md").read_text()
