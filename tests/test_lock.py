@@ -82,3 +82,12 @@ def test_peer_lock_agrees_with_main():
     assert not differ, f"constraints/peer.txt and constraints/main.txt pin these differently: {differ}"
     spec = re.search(r"^PEER_SPEC \?= (\S+)$", (ROOT / "Makefile").read_text(), re.MULTILINE)
     assert spec and spec.group(1) == f"llama-cpp-python[server]=={pinned['llama-cpp-python']}"
+
+
+@pytest.mark.parametrize("lock", sorted(LOCKS) + ["constraints/peer.txt"])
+def test_no_pin_names_a_local_build(lock):
+    """A pin such as ``torch==2.13.0+cpu`` resolves only where an index serves
+    that local build; PyPI has none, so a stock machine could not install the
+    lock. ``==2.13.0`` matches the local build where one is offered (PEP 440)."""
+    local = sorted(f"{name}=={version}" for name, version in get_pins(ROOT / lock).items() if "+" in version)
+    assert not local, f"{lock} pins local builds PyPI does not serve: {local} (make lock drops the label)"
