@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 # torch, pinned without a local label: `==2.13.0` matches PyPI's build and a
 # `2.13.0+cpu` build where an index or a wheel folder offers one (PEP 440
 # ignores the label when the pin has none). PyPI's Linux build pulls the
-# CUDA packages (about 3 GB); the CPU build comes from PyTorch's own index:
+# CUDA packages (2.7 GB of wheels); the CPU build comes from PyTorch's own index:
 #   make demo TORCH_INDEX='--extra-index-url https://download.pytorch.org/whl/cpu'
 # On GPU hosts: make test TORCH_SPEC='torch==2.11.*'
 TORCH_SPEC ?= torch==2.13.0
