@@ -82,7 +82,9 @@ def get_model_drafts(backend: str, engine_class: type, name: str) -> str:
     device, dtype, attn = TRANSFORMERS_DEFAULT
     row = get_draft_bound_row(name, device, dtype, attn)
     if row is not None:
-        return f"yes on the CPU, {dtype} {attn}: shipped bound {row[0]:g} (any CPU); else after `unsee calibrate`"
+        # the shipped rows (decoding.py) carry no instruction-set key, unlike the catalogue's
+        return (f"yes on the CPU, {dtype} {attn}: shipped bound {row[0]:g} (measured on one CPU, applied on any); "
+                "else after `unsee calibrate`")
     entry = get_entry(name)
     shipped = entry.bounds.get(TRANSFORMERS_DEFAULT) if entry is not None else None
     if shipped is not None:
