@@ -84,6 +84,16 @@ FIGURES: dict[str, Figure] = {
         (r"forwards of up to (\d+) tokens", r"so `max_forward` is (\d+)", r"exact \(`max_forward` (\d+)",
          r"decode == prefill up to (\d+) tokens", r"bounds `max_forward` at (\d+)",
          r"a decoded turn of up to (\d+) tokens")),
+    "qwen2.5-1.5b on transformers, fp32: weights, GB": Figure(
+        "6", "docs/models.md, 'Measured' (build 787fc6f, AMD EPYC)",
+        (r"(\d+) GB of fp32 weights", r"fp32: (\d+) GB of weights")),
+    "qwen2.5-1.5b on transformers, fp32: peak resident, GB": Figure(
+        "14", "docs/models.md, 'Measured' (build 787fc6f, AMD EPYC)",
+        (r"fp32 weights and peaks at (\d+) GB resident", r"(\d+) GB resident at its peak",
+         r"transformers run of the same model peaks at (\d+) GB")),
+    "qwen2.5-1.5b on llama.cpp, load and one turn: peak resident GB": Figure(
+        "1.5", "/usr/bin/time -v at build fdb9dbd, Intel Xeon (README, Set-up)",
+        (r"peaked at ([\d.]+) GB resident",)),
     "qwen eval episodes": Figure(
         "120", "docs/eval-qwen/rows.jsonl.gz: distinct cases",
         (r"(\d+) episodes, 30 a suite", r"qwen2\.5-1\.5b, n = (\d+) episodes", r"the current run, (\d+) episodes on",
