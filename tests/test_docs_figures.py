@@ -94,6 +94,13 @@ FIGURES: dict[str, Figure] = {
     "qwen2.5-1.5b on llama.cpp, load and one turn: peak resident GB": Figure(
         "1.5", "/usr/bin/time -v at build fdb9dbd, Intel Xeon (README, Set-up)",
         (r"peaked at ([\d.]+) GB resident",)),
+    "qwen2.5-1.5b on llama.cpp, exact over repacked kernels: per prefilled token / per decode step": Figure(
+        "1.32/1.14", "bench.md, 'llama.cpp: exact kernels at the paper's shape' (B5's breakdowns; that section's label names the build)",
+        (r"a prefilled token \d+ ms exact against \d+ ms repacked \(([\d.]+)x\), a decode step \d+ ms against \d+ ms"
+         r" \(([\d.]+)x\)", r"([\d.]+)x the repacked time per prefilled token, ([\d.]+)x per decode step")),
+    "SmolLM2 KV per token, f16, bytes": Figure(
+        "23040", "30 layers x 3 KV heads x head_dim 64 x K, V x 2 bytes (the GGUF's config)",
+        (r"SmolLM2: ([\d,]+) B a token",)),
     "qwen eval episodes": Figure(
         "120", "docs/eval-qwen/rows.jsonl.gz: distinct cases",
         (r"(\d+) episodes, 30 a suite", r"qwen2\.5-1\.5b, n = (\d+) episodes", r"the current run, (\d+) episodes on",
