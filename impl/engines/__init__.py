@@ -25,6 +25,8 @@ The map:
                llama.cpp): prefill, serving and recomputing a served chunk
 ``turn``       one decoding turn with drafts, a probe and context lookup, over any
                engine's forwards
+``speculation`` the draft policy: how many proposed tokens a turn's forward feeds
+               (the credit rule: a turn's proposals never lose more than its opening)
 ``decoding``   the decoding rule every engine applies (greedy or the seeded
                exponential race), the drafts' measured bounds and thresholds,
                and context lookup

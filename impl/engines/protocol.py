@@ -32,6 +32,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
+from unsee.impl.engines.speculation import DraftPolicy
+
 
 @dataclass(frozen=True)
 class Determinism:
@@ -226,6 +228,9 @@ class Drafts(Protocol):
     draft_bound: float | None
     #: where ``draft_bound`` came from, in words (a shipped measurement, a calibrated file, the engine's own facts)
     draft_bound_source: str | None
+    #: how a turn sizes its forwards where they equal decoding's (impl/engines/speculation.py),
+    #: or None: a draft is verified in one forward
+    draft_policy: DraftPolicy | None
 
 
 @runtime_checkable
@@ -291,6 +296,11 @@ class ForwardHooks(Protocol):
         started)`` when it ends (``started``: its ``time.perf_counter()``)."""
 
 
+def get_draft_policy(engine: Engine) -> DraftPolicy | None:
+    """The draft policy of an engine with :class:`Drafts`, or None."""
+    return engine.draft_policy if isinstance(engine, Drafts) else None
+
+
 def get_draft_bound(engine: Engine) -> tuple[float | None, str | None]:
     """``(draft_bound, draft_bound_source)`` of an engine with :class:`Drafts`;
     ``(None, None)`` (drafts off) for one without."""
@@ -301,4 +311,4 @@ def get_draft_bound(engine: Engine) -> tuple[float | None, str | None]:
 
 __all__ = ["Assist", "DeepCopy", "Determinism", "Drafts", "Engine", "ForwardHooks", "KVBudget", "MarginGuard", "ModelInfo", "PrefixCache", "Residue",
            "RestoreReport", "SpanExcision",
-           "get_draft_bound"]
+           "get_draft_bound", "get_draft_policy"]

@@ -102,6 +102,9 @@ class KVEngine(ComputedKVBook):
         #: drafts off (impl/agent/drafts.py; a test may set it, e.g. 0 = no guard), and where
         #: it came from (engines/bounds.py: a shipped measured row, a calibrated file, none)
         self.draft_bound, self.draft_bound_source = get_bound_of(lm)
+        #: none: a verification forward is the turn's canonical chunk only when it is the turn's one
+        #: forward, so a draft is verified whole (impl/engines/turn.py, ``decode_guarded``)
+        self.draft_policy = None
         #: the measured facts of this device, attention and dtype (hf/attention.py's
         #: ATTN_FACTS, docs/engines.md): they pick the canonical chunking
         self.determinism = Determinism(**get_determinism_facts(lm.device, lm.attn, lm.dtype),

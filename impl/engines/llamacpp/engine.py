@@ -107,6 +107,8 @@ class LlamaCppEngine(ComputedKVBook):
         #: decode_is_prefill stays False: longer forwards take other kernels
         self.draft_bound = lm.draft_bound
         self.draft_bound_source = lm.draft_bound_source  # the file's measured facts (facts.py)
+        #: how a turn sizes its forwards (impl/engines/speculation.py; None: each feeds all it can)
+        self.draft_policy = lm.draft_policy
         self.determinism = Determinism(same_chunking_repeats=True, crop_continue_is_fresh=True,
                                        chunk_invariant=False, decode_is_prefill=False,
                                        thread_invariant=False, statement=lm.determinism, digest=self.DIGEST)
@@ -169,7 +171,8 @@ class LlamaCppEngine(ComputedKVBook):
         lin.decode_logits[start] = header_logits  # what a prefix cache needs to serve this position
         view = TurnView(lin, self._feed, self._truncate)
         turn = Turn(view, self.counters, start, torch.from_numpy(header_logits), max_new_tokens, stops,
-                    temperature, seed, self.draft_bound, max_forward=self.lm.max_forward or None)
+                    temperature, seed, self.draft_bound, max_forward=self.lm.max_forward or None,
+                    policy=self.draft_policy)
         try:
             out, committed = decode_turn(turn, draft, probe, lookup)
         except BaseException:

@@ -124,6 +124,7 @@ class VllmEngine(LineageBook):
         self.counters = Counters()
         self.draft_bound = None  # no drafts: a turn is one request already
         self.draft_bound_source = "none: the vLLM engine decodes a turn in one request"
+        self.draft_policy = None
         self.restore_bound = get_restore_bound(lm.name, lm.device, lm.dtype)
         # decode_is_prefill is False: vLLM's decode steps move raw logits from the cold run's (the
         # guard absorbs it), and the "turn" chunking it implies keeps a turn's decoded tokens apart
