@@ -77,6 +77,9 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import attrs
 
+from unsee.impl.engines.protocol import Assist
+from unsee.impl.engines.speculation import DraftPolicy
+
 
 @attrs.frozen
 class Draft:
@@ -106,6 +109,18 @@ class TurnCost:
     lookups: int = 0  # forwards that also verified a guess from the context (``get_lookup``)
     looked_up: int = 0  # guessed tokens those forwards verified (counted in ``prefilled``)
     lookup_accepted: int = 0  # of them, accepted instead of decoded
+    forwards: int = 0  # the turn's model forwards (verification, decode steps, its commit)
+
+    @classmethod
+    def from_spent(cls, block: str, draft: Draft | None, spent, generated: int) -> TurnCost:
+        """A decoded turn's cost from the engine's counters over it (``spent``: a
+        :class:`~unsee.impl.engines.lineage.Counters` difference)."""
+        return cls(block, len(draft.tokens) if draft else 0, spent.draft_accepted_tokens,
+                   spent.draft_rejected_tokens, spent.decoded_tokens, spent.prefilled_tokens,
+                   bool(spent.draft_fallbacks), probed=bool(spent.draft_probes), generated=generated,
+                   quotes=draft is not None and draft.quotes, lookups=spent.lookup_forwards,
+                   looked_up=spent.lookup_accepted_tokens + spent.lookup_rejected_tokens,
+                   lookup_accepted=spent.lookup_accepted_tokens, forwards=spent.forward_calls)
 
     @property
     def is_early_miss(self) -> bool:
@@ -180,24 +195,48 @@ def is_quoting(text: str, ngrams: frozenset[tuple[str, ...]]) -> bool:
 
 class Drafts:
     """The drafts of one replay, by model-turn block id (a component the
-    runtime owns while it replays; None outside a forget)."""
+    runtime owns while it replays; None outside a forget). ``policy``: the
+    engine's draft policy (impl/engines/speculation.py), where it sizes its
+    forwards by a credit; None where a draft is verified in one forward."""
 
-    def __init__(self, drafts: Mapping[str, Draft], bound: float | None, lookup: bool = True):
+    def __init__(self, drafts: Mapping[str, Draft], bound: float | None, lookup: bool = True,
+                 policy: DraftPolicy | None = None):
         self._drafts = dict(drafts)
         self.bound = bound
         #: guess from the context once a turn's draft has failed (``get_lookup``)
         self.lookup = lookup
+        self.policy = policy
         self.turns: list[TurnCost] = []
 
     def get(self, block_id: str) -> Draft | None:
         return self._drafts.get(block_id)
 
+    def get_assist(self, draft: Draft | None) -> Assist:
+        """What the next model turn's ``generate`` may verify: its draft, and
+        whether to probe it first and to guess from the context."""
+        return Assist(draft=draft.tokens if draft is not None else None,
+                      probe=draft is not None and self.should_probe(draft), lookup=self.should_lookup())
+
     def should_probe(self, draft: Draft) -> bool:
         """Whether the turn with ``draft`` should probe before verifying: when
         the estimated chance that it is wrong at its second token exceeds
         ``PROBE_ABOVE``, estimated over the earlier turns that quote a forgotten
-        item as it does, or that quote none as it does (``PROBE_PRIORS``)."""
-        return self.get_miss_estimate(draft.quotes) > PROBE_ABOVE
+        item as it does, or that quote none as it does (``PROBE_PRIORS``).
+        Never under a policy: its first forward risks only the opening's few
+        proposals, which is what a probe was for, and a probe would add a
+        forward to every draft that holds."""
+        return self.policy is None and self.get_miss_estimate(draft.quotes) > PROBE_ABOVE
+
+    def should_lookup(self) -> bool:
+        """Whether the next turn guesses from the context. Under a policy, while
+        a guessed token pays: it saves a decode step when kept and costs
+        ``per_token`` when fed, so the replay guesses while the share of its
+        guessed tokens kept, ``(kept + 1) / (fed + 2)`` over its earlier turns,
+        exceeds ``per_token`` (each turn's guesses still ride its credit)."""
+        if not self.lookup or self.policy is None:
+            return self.lookup
+        fed, kept = sum(t.looked_up for t in self.turns), sum(t.lookup_accepted for t in self.turns)
+        return (kept + 1) / (fed + 2) > self.policy.per_token
 
     def get_miss_estimate(self, quotes: bool) -> float:
         """The estimated chance that a draft (quoting or not) which passed its
@@ -213,7 +252,7 @@ class Drafts:
 
     @classmethod
     def from_blocks(cls, blocks: Iterable, bound: float | None, trusted: Iterable[str] = (),
-                    forgotten: Iterable[str] = (), lookup: bool = True) -> Drafts:
+                    forgotten: Iterable[str] = (), lookup: bool = True, policy: DraftPolicy | None = None) -> Drafts:
         """Drafts from the pre-forget model turns: each block's tokens after
         its header chunk (``chunks == (header, turn)``); ``forgotten`` are the
         texts of the items the forget removes, which mark quoting drafts."""
@@ -225,10 +264,11 @@ class Drafts:
                 header = block.chunks[0]
                 drafts[block.id] = Draft(tuple(block.tokens[header:]), block.id in trusted,
                                          bool(ngrams) and is_quoting(block.text, ngrams))
-        return cls(drafts, bound, lookup)
+        return cls(drafts, bound, lookup, policy)
 
     def get_totals(self) -> dict:
-        keys = ("draft", "accepted", "rejected", "decoded", "prefilled", "lookups", "looked_up", "lookup_accepted")
+        keys = ("draft", "accepted", "rejected", "decoded", "prefilled", "lookups", "looked_up", "lookup_accepted",
+                "forwards")
         totals = {k: sum(getattr(t, k) for t in self.turns) for k in keys}
         totals["turns"] = len(self.turns)
         totals["fallbacks"] = sum(t.fallback for t in self.turns)
@@ -240,13 +280,15 @@ class Drafts:
 
 
 def choose_drafts(lm, bound: float | None, blocks: Sequence, steps: Sequence, boundary: int, wanted: bool | None,
-                  oracle: bool, pending: Iterable[str] = (), lookup: bool = True) -> tuple[Drafts | None, dict]:
+                  oracle: bool, pending: Iterable[str] = (), lookup: bool = True,
+                  policy: DraftPolicy | None = None) -> tuple[Drafts | None, dict]:
     """The drafts of a replay from ``boundary``: the model turns written after
     it, before the forget (of ``blocks``, the session's; ``steps``: its
     observation log); returns the drafts (None: every turn decoded) and the
     report's account of the choice. The items of the ``pending`` sources mark the drafts that
     quote them (probed); ``lookup`` adds guesses from the context where a
-    turn is decoded. ``lm`` names the configuration whose ``bound`` it is."""
+    turn is decoded. ``lm`` names the configuration whose ``bound`` it is;
+    ``policy`` is the engine's draft policy (None: whole drafts)."""
     blocks = [b for b in blocks if b.turn > boundary]
     if oracle:
         labelled = {s.id for s in steps[boundary:] if getattr(s, "independent", False)}
@@ -267,7 +309,7 @@ def choose_drafts(lm, bound: float | None, blocks: Sequence, steps: Sequence, bo
                              f"{lm.device} {lm.dtype}: every turn re-decoded (`unsee calibrate` measures one)"}
     pending = set(pending)
     forgotten = [i.text for s in steps for i in s.items if i.source in pending]
-    return Drafts.from_blocks(blocks, bound, forgotten=forgotten, lookup=lookup), {
+    return Drafts.from_blocks(blocks, bound, forgotten=forgotten, lookup=lookup, policy=policy), {
         "mode": "verify", "bound": bound, "lookup": lookup,
         "why": f"verified drafts{' and context guesses' if lookup else ''}, decisions accepted above a "
                f"margin of 2 x {bound:g}"}

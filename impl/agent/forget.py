@@ -23,7 +23,7 @@ from unsee.impl.agent.extensions import Extension
 from unsee.impl.agent.report import ForgetReport
 from unsee.impl.agent.state import RuntimeState
 from unsee.impl.engines.files import get_cpu_isa
-from unsee.impl.engines.protocol import Residue, RestoreReport, get_draft_bound
+from unsee.impl.engines.protocol import Residue, RestoreReport, get_draft_bound, get_draft_policy
 from unsee.impl.util.text import normalize
 
 Progress = Callable[[int, int], None]
@@ -135,9 +135,12 @@ class SelectiveReplay:
         checkpoint = self.checkpoints.latest_before(tau)  # line 4
         shared = checkpoint.lineage in self.engine.budget.lineages  # else _restore rebuilds it from the manifest
         bound, bound_source = get_draft_bound(self.engine)
+        policy = get_draft_policy(self.engine)
         chosen, draft_info = choose_drafts(self.engine.lm, bound, self.graph.blocks(), self.steps,
-                                           checkpoint.boundary, drafts, oracle, pending, lookup)
+                                           checkpoint.boundary, drafts, oracle, pending, lookup, policy)
         draft_info["bound_source"] = bound_source  # "calibrated" (on this CPU) or shipped from another
+        if chosen is not None and policy is not None:
+            draft_info["policy"] = policy.to_json()  # how each turn sized its forwards (the credit rule)
         draft_info["cpu_isa"] = get_cpu_isa()
         # line 5: share the kept prefix of the lineage (a crop, no copy)
         replay = self._restore(checkpoint, pending, chosen)

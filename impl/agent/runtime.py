@@ -310,22 +310,14 @@ class AgentRuntime(SelectiveReplay):
         """Decode a model turn (verifying ``draft`` where one is given); with
         drafts, the turn's cost is logged."""
         before = self.engine.counters.snapshot()
-        assist = Assist(draft=draft.tokens if draft is not None else None,
-                        probe=draft is not None and self.drafts.should_probe(draft),
-                        lookup=self.drafts is not None and self.drafts.lookup)
+        assist = self.drafts.get_assist(draft) if self.drafts is not None else Assist()
         generated = self.engine.generate(self.lineage, self.settings.max_new_tokens, stop_ids=self.engine.lm.eos_ids,
                                          temperature=self.settings.temperature,
                                          seed=self._seed() if self.settings.temperature > 0 else None,
                                          assist=assist)
         if self.drafts is not None:
             spent = self.engine.counters.snapshot() - before
-            self.drafts.turns.append(TurnCost(
-                block_id, len(draft.tokens) if draft else 0, spent.draft_accepted_tokens,
-                spent.draft_rejected_tokens, spent.decoded_tokens, spent.prefilled_tokens,
-                bool(spent.draft_fallbacks), probed=bool(spent.draft_probes), generated=len(generated),
-                quotes=draft is not None and draft.quotes, lookups=spent.lookup_forwards,
-                looked_up=spent.lookup_accepted_tokens + spent.lookup_rejected_tokens,
-                lookup_accepted=spent.lookup_accepted_tokens))
+            self.drafts.turns.append(TurnCost.from_spent(block_id, draft, spent, len(generated)))
         return generated
 
     def _turn_chunks(self, header: Sequence[int], generated: Sequence[int]) -> tuple[int, ...]:
