@@ -41,6 +41,7 @@ from pathlib import Path
 from unsee.impl.agent.runtime import AgentRuntime
 from unsee.impl.cli.demo import DEMO_TURN_TOKENS, get_demo_episode
 from unsee.impl.cli.docs import replace_region
+from unsee.impl.engines.files import get_cpu_isa
 from unsee.impl.engines.registry import load_engine
 from unsee.impl.eval.report import render_table
 from unsee.impl.eval.rows import interleave_suites
@@ -272,10 +273,19 @@ def get_label(engine, args, argv: list[str]) -> dict:
     lm = engine.lm
     return {"build": get_build(), "model": lm.name, "dtype": "the file's weights, f16 KV",
             "kernels": "exact" if getattr(lm, "exact_kernels", False) else "repacked",
-            "cpu": platform.processor() or platform.machine(), "threads": getattr(lm, "threads", 1),
+            "cpu": f"{get_cpu_name()} ({get_cpu_isa()})", "threads": getattr(lm, "threads", 1),
             "policy": engine.draft_policy.to_json() if engine.draft_policy else None,
             "load": "the machine shared with other work: wall time under load",
             "command": "python -m unsee.bench.forget_policy " + shlex.join(argv)}
+
+
+def get_cpu_name() -> str:
+    """The CPU's model name from ``/proc/cpuinfo`` (the machine's kind where there is none)."""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.machine() or "unknown"
 
 
 # --- running ------------------------------------------------------------------------------
@@ -293,8 +303,9 @@ def run(args, argv: list[str]) -> dict:
     path = out / "rows.jsonl"
     rows = read_rows(path)
     done = {(r["suite"], r["case"]) for r in rows}
+    shard, shards = (int(x) for x in args.shard.split("/"))
     for index, case in enumerate(cases):
-        if (case.suite, case.id) in done:
+        if (case.suite, case.id) in done or index % shards != shard:
             continue
         row = run_case(engine, case, tuple(args.methods.split(",")), index)
         rows.append(row)
@@ -319,6 +330,18 @@ def render_demo_episode(rows: list[dict]) -> str:
         f"\n\nB7 / floor, median over rounds: {median:.3f}x ({met(median <= 1.05)}: goal <= 1.05x)\n"
 
 
+def merge(folders: list[str], out: Path) -> dict:
+    """The summary of several runs' rows (shards of one sample, each in a process of
+    its own: every episode's methods still share one process), labelled as the first."""
+    rows = [row for folder in folders for row in read_rows(Path(folder) / "rows.jsonl")]
+    label = json.loads((Path(folders[0]) / "summary.json").read_text())["label"]
+    commands = [json.loads((Path(f) / "summary.json").read_text())["label"]["command"] for f in folders]
+    summary = compute_summary(rows, {**label, "command": "; ".join(commands)})
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    return summary
+
+
 def write_docs(summary: dict, page: Path) -> None:
     page.write_text(replace_region(page.read_text(), REGION, render_summary(summary)))
 
@@ -334,6 +357,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", default="out/forget-policy")
     parser.add_argument("--docs", help="rewrite this page's generated region from the summary")
     parser.add_argument("--summary", help="render this summary.json instead of running")
+    parser.add_argument("--shard", default="0/1", help="K/N: run the sample's episodes whose index is K modulo N")
+    parser.add_argument("--merge", nargs="+", metavar="DIR", help="summarise these runs' rows instead of running")
     parser.add_argument("--demo-episode", action="store_true", help="the demo's episode against its compute floor")
     parser.add_argument("--rounds", type=int, default=3, help="with --demo-episode")
     args = parser.parse_args(argv)
@@ -343,7 +368,10 @@ def main(argv: list[str] | None = None) -> None:
         (Path(args.out) / "demo_episode.json").write_text(json.dumps(rows, indent=1))
         print(render_demo_episode(rows))
         return
-    summary = json.loads(Path(args.summary).read_text()) if args.summary else run(args, argv)
+    if args.merge:
+        summary = merge(args.merge, Path(args.out))
+    else:
+        summary = json.loads(Path(args.summary).read_text()) if args.summary else run(args, argv)
     if args.docs:
         write_docs(summary, Path(args.docs))
     print(render_summary(summary))
