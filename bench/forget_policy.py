@@ -54,8 +54,11 @@ from unsee.impl.util.build import get_build
 METHODS = ("replay", "replay-decode", "reset-prefix-cache", "reset")
 NAMES = {"replay": "B7 with drafts", "replay-decode": "B7 without drafts", "reset-prefix-cache": "B5'",
          "reset": "B5", "replay-whole": "B7, whole drafts"}
-#: the generated region of docs/bench.md this bench's summary fills
+#: the generated region of docs/bench.md this bench's summary fills, the committed summary it
+#: is rendered from, and the command that rewrites it (tests/test_docs.py checks the region)
 REGION = "forget-policy"
+SUMMARY_FILE = "docs/forget-policy.json"
+DOCS_COMMAND = f"python -m unsee.bench.forget_policy --summary {SUMMARY_FILE} --docs docs/bench.md"
 
 
 @contextlib.contextmanager
@@ -343,7 +346,7 @@ def merge(folders: list[str], out: Path) -> dict:
 
 
 def write_docs(summary: dict, page: Path) -> None:
-    page.write_text(replace_region(page.read_text(), REGION, render_summary(summary)))
+    page.write_text(replace_region(page.read_text(), REGION, render_summary(summary), DOCS_COMMAND))
 
 
 def main(argv: list[str] | None = None) -> None:
