@@ -267,14 +267,17 @@ def render_turn_account(account: dict, title: str) -> list[str]:
 
 
 def get_label_line(label: dict) -> str:
-    return (f"> build `{label['build']}` · attention llama.cpp's own kernels ({label['kernels']}), flash attention "
+    builds = " ".join(f"`{b}`" for b in label["build"].split(", "))
+    return (f"> build {builds} · attention llama.cpp's own kernels ({label['kernels']}), flash attention "
             f"on · dtype {label['dtype']} · CPU {label['cpu']} ({label['threads']} thread, {label['load']}) · "
             f"command `{label['command']}`")
 
 
-def get_label(engine, args, argv: list[str]) -> dict:
+def get_label(engine, rows: list[dict], argv: list[str]) -> dict:
+    """What the figures came from: the build(s) the rows were measured on, the model and CPU, the command."""
     lm = engine.lm
-    return {"build": get_build(), "model": lm.name, "dtype": "the file's weights, f16 KV",
+    return {"build": ", ".join(dict.fromkeys(r.get("build", "not recorded") for r in rows)), "model": lm.name,
+            "dtype": "the file's weights, f16 KV",
             "kernels": "exact" if getattr(lm, "exact_kernels", False) else "repacked",
             "cpu": f"{get_cpu_name()} ({get_cpu_isa()})", "threads": getattr(lm, "threads", 1),
             "policy": engine.draft_policy.to_json() if engine.draft_policy else None,
@@ -299,6 +302,7 @@ def read_rows(path: Path) -> list[dict]:
 
 
 def run(args, argv: list[str]) -> dict:
+    build = get_build()  # now, before the checkout can move on while the run goes
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     engine = load_engine(args.model, backend=args.engine)
@@ -310,13 +314,13 @@ def run(args, argv: list[str]) -> dict:
     for index, case in enumerate(cases):
         if (case.suite, case.id) in done or index % shards != shard:
             continue
-        row = run_case(engine, case, tuple(args.methods.split(",")), index)
+        row = {"build": build, **run_case(engine, case, tuple(args.methods.split(",")), index)}
         rows.append(row)
         with path.open("a") as sink:
             sink.write(json.dumps(row) + "\n")
         print(f"{case.suite}/{case.id}: " + ", ".join(f"{m} {r['cpu_s']:.1f} s" for m, r in row["methods"].items()),
               file=sys.stderr, flush=True)
-    summary = compute_summary(rows, get_label(engine, args, argv))
+    summary = compute_summary(rows, get_label(engine, rows, argv))
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     (out / "forget_policy.md").write_text(render_summary(summary))
     return summary
@@ -339,7 +343,8 @@ def merge(folders: list[str], out: Path) -> dict:
     rows = [row for folder in folders for row in read_rows(Path(folder) / "rows.jsonl")]
     label = json.loads((Path(folders[0]) / "summary.json").read_text())["label"]
     commands = [json.loads((Path(f) / "summary.json").read_text())["label"]["command"] for f in folders]
-    summary = compute_summary(rows, {**label, "command": "; ".join(commands)})
+    builds = ", ".join(dict.fromkeys(r.get("build", "not recorded") for r in rows))
+    summary = compute_summary(rows, {**label, "build": builds, "command": "; ".join(commands)})
     out.mkdir(parents=True, exist_ok=True)
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     return summary
