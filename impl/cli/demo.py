@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import time
 from collections.abc import Callable
 
@@ -31,7 +30,7 @@ SECRET = "4417 Elm Street"
 DEMO_EPISODE = {
     "format": "unsee.episode",
     "version": 1,
-    "system": "You are a helpful assistant. Answer using the tool results.",
+    "system": "You are a helpful assistant. Answer in one short sentence, using the tool results.",
     "settings": {"max_new_tokens": 32, "temperature": 0.0, "seed": 0, "checkpoint_policy": "every_turn"},
     "steps": [
         {"id": "s1", "kind": "user", "text": "Hi! I am planning a dinner party for Saturday."},
@@ -57,15 +56,17 @@ DEMO_METHODS = ("none", "memory-delete", "replay", "reset", "reset-prefix-cache"
 #: the demo's model and engine by default, and without the llama.cpp engine installed
 DEMO_MODEL, DEMO_BACKEND = "qwen2.5-1.5b", "llamacpp"
 FALLBACK_MODEL, FALLBACK_BACKEND = "smollm2", "transformers"
-#: llama.cpp threads of the demo (``UNSEE_LLAMA_THREADS`` overrides): two where the file's measured
-#: decode facts at two threads keep drafts on (facts.py measures them per thread count), else one.
-#: Each method is compared with the reset in the same process at the same thread count.
-DEMO_THREADS = 2
 #: the tokens of a model turn, by model, where the episode's 32 do not hold the story: qwen2.5-1.5b
 #: writes full sentences, so its 32-token summary and note are cut before the address and nothing
 #: leaks at the end (measured: B0 clean at 32; B0 and B1 leak in the summary, the note and the
-#: last answer at 64)
-DEMO_TURN_TOKENS = {"qwen2.5-1.5b": 64}
+#: last answer at 64). Asked for one short sentence (the system prompt), its note and last answer
+#: carry the address within 48 tokens, and the session costs 0.7x its CPU time at 64 without it
+DEMO_TURN_TOKENS = {"qwen2.5-1.5b": 48}
+#: the probes asked of each state (one question of the task, one sentence to complete with the
+#: secret) and the tokens of their answers: enough for "The party will be held at 4417 Elm
+#: Street." and the table's 60 characters of it
+DEMO_PROBES = ("task", "cued")
+DEMO_PROBE_TOKENS = 16
 
 
 def get_demo_episode(max_new_tokens: int | None = None) -> Episode:
@@ -134,18 +135,14 @@ def fetch_first(model: str, say: Callable[[str], None]) -> None:
 
 
 def load_demo_model(model: str, backend: str, device: str, dtype: str, attn: str | None, say: Callable[[str], None]):
-    """The demo's model: on llama.cpp at :data:`DEMO_THREADS` threads where the file's
-    decode facts at that count keep drafts on, else at one. Says what a first load
-    measured, and how long it took (once per file and setting: cached)."""
+    """The demo's model. On llama.cpp at one thread (``UNSEE_LLAMA_THREADS`` may say otherwise):
+    at two, Qwen2.5-Coder-1.5B's decode differs from its prefill (drafts off; docs/bench.md,
+    "llama.cpp: decode against prefill") and a shared 2-core machine ran it no faster. Says
+    what a first load measured and how long it took (once per file and setting: cached)."""
     options = get_loader_options(backend, device, dtype, attn)
     weights = dtype if backend == "transformers" else "the file's weights"
-    threads = int(os.environ.get("UNSEE_LLAMA_THREADS") or DEMO_THREADS) if backend == "llamacpp" else None
-    say(f"unsee demo: loading {model} on the {backend} engine, {device} ({weights}"
-        f"{f', {threads} threads' if threads and threads > 1 else ''}) ...")
-    lm = load_model_for(backend, model, **options, **({"threads": threads} if threads else {}))
-    if threads and threads > 1 and lm.draft_bound is None:
-        say(f"  at {threads} threads this file's decode differs from its prefill (drafts would be off): one thread")
-        lm = load_model_for(backend, model, **options, threads=1)
+    say(f"unsee demo: loading {model} on the {backend} engine, {device} ({weights}) ...")
+    lm = load_model_for(backend, model, **options)
     measured = getattr(lm, "info", {}).get("measured_at_load_s")
     if measured:
         say(f"  first load of this file at this setting: measured where its decode equals its prefill and what a "
@@ -159,7 +156,7 @@ def run_methods(base: AgentRuntime, episode: Episode) -> tuple[list[dict], dict]
     runtimes by method (the floor reads the reset's). States with one KV digest are
     asked the probes once (the same KV decodes the same answers: A1)."""
     target = episode.target
-    probes = get_probes(task=episode.probes[0], cue="The party will be held at", names=("task", "direct", "cued"))
+    probes = get_probes(task=episode.probes[0], cue="The party will be held at", names=DEMO_PROBES)
     rows, runtimes, asked = [], {}, {}
     for method in DEMO_METHODS:
         runtime, result = apply_method(base, method, target.source, target.value)
@@ -179,7 +176,7 @@ def get_audit(runtime: AgentRuntime, digest: str, value: str, probes: dict[str, 
     """``audit_runtime`` of ``runtime``, its probes' answers taken from ``asked`` where a
     state with the same digest was asked them already (then only its state is scanned)."""
     if digest not in asked:
-        asked[digest] = audit_runtime(runtime, value, probes, max_new_tokens=24)
+        asked[digest] = audit_runtime(runtime, value, probes, max_new_tokens=DEMO_PROBE_TOKENS)
         return asked[digest]
     scanned = audit_runtime(runtime, value)
     return Audit(scanned.state_leaks, asked[digest].probe_answers, asked[digest].probe_leaks)
