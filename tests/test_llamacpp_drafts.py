@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from unsee.impl.engines.lineage import Counters
+from unsee.impl.engines.llamacpp import cost, facts
 from unsee.impl.engines.llamacpp import engine as llamacpp
-from unsee.impl.engines.llamacpp import facts
 from unsee.impl.engines.llamacpp.tiny_gguf import write_tiny_gguf
 from unsee.impl.engines.protocol import Assist
 from unsee.impl.engines.registry import load_engine
@@ -100,8 +100,12 @@ def test_facts_are_measured_once_then_read_from_the_cache(tmp_path, monkeypatch)
         raise AssertionError("measured again despite the cache")
 
     monkeypatch.setattr(facts, "measure_decode_facts", refuse)
+    monkeypatch.setattr(cost, "measure_per_token", refuse)
     again = load_engine("llamacpp-tiny", threads=1, n_ctx=256)
     assert again.draft_bound == first.draft_bound and again.lm.draft_bound_source == first.lm.draft_bound_source
+    assert again.draft_policy == first.draft_policy and again.draft_policy.per_token > 0
+    # what a first load spent measuring is said once (the demo prints it); a cached load spent none
+    assert first.lm.info["measured_at_load_s"] > 0 and "measured_at_load_s" not in again.lm.info
 
 
 @pytest.mark.parametrize(("policy", "sizes"), [(None, [12]), (DraftPolicy.from_cost(0.5), [3, 5, 4])])
