@@ -21,7 +21,7 @@ Writes ``rows.jsonl`` (one row per episode; a rerun resumes), ``summary.json`` a
 ``forget_policy.md``. ``--docs docs/bench.md`` rewrites that page's generated region from
 the summary (``--summary`` renders a committed one without running anything).
 
-``--demo-episode`` runs ``unsee demo``'s episode instead (qwen2.5-1.5b's 64-token turns),
+``--demo-episode`` runs ``unsee demo``'s episode instead, as it runs on the model (``get_model_episode``),
 ``--rounds`` times, each method and the compute floor (impl/methods/floor.py) timed in the
 same round: the issue's goal of B7 within 1.05x its floor on that episode.
 """
@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 
 from unsee.impl.agent.runtime import AgentRuntime
-from unsee.impl.cli.demo import DEMO_TURN_TOKENS, get_demo_episode
+from unsee.impl.cli.demo import get_model_episode
 from unsee.impl.cli.docs import replace_region
 from unsee.impl.engines.files import get_cpu_isa
 from unsee.impl.engines.registry import load_engine
@@ -120,7 +120,7 @@ def run_any(base, method: str, case):
 def run_demo_episode(engine, rounds: int) -> list[dict]:
     """The demo's episode, ``rounds`` times: each method on a fork of one session and
     the compute floor from the reset's counterfactual and the forget's boundary."""
-    episode = get_demo_episode(DEMO_TURN_TOKENS.get(engine.lm.name))
+    episode = get_model_episode(engine.lm.name)
     base = AgentRuntime.from_episode(engine, episode)
     out = []
     for index in range(rounds):

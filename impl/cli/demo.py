@@ -30,7 +30,7 @@ SECRET = "4417 Elm Street"
 DEMO_EPISODE = {
     "format": "unsee.episode",
     "version": 1,
-    "system": "You are a helpful assistant. Answer in one short sentence, using the tool results.",
+    "system": "You are a helpful assistant. Answer using the tool results.",
     "settings": {"max_new_tokens": 32, "temperature": 0.0, "seed": 0, "checkpoint_policy": "every_turn"},
     "steps": [
         {"id": "s1", "kind": "user", "text": "Hi! I am planning a dinner party for Saturday."},
@@ -59,9 +59,13 @@ FALLBACK_MODEL, FALLBACK_BACKEND = "smollm2", "transformers"
 #: the tokens of a model turn, by model, where the episode's 32 do not hold the story: qwen2.5-1.5b
 #: writes full sentences, so its 32-token summary and note are cut before the address and nothing
 #: leaks at the end (measured: B0 clean at 32; B0 and B1 leak in the summary, the note and the
-#: last answer at 64). Asked for one short sentence (the system prompt), its note and last answer
+#: last answer at 64). Asked for one short sentence (``DEMO_SYSTEM``), its note and last answer
 #: carry the address within 48 tokens, and the session costs 0.7x its CPU time at 64 without it
 DEMO_TURN_TOKENS = {"qwen2.5-1.5b": 48}
+#: the system prompt, by model, where the episode's does not suit the demo's time (the README's
+#: two minutes): qwen2.5-1.5b asked for one short sentence (without s2's question it never says
+#: the address; measured, so the steps stay as they are)
+DEMO_SYSTEM = {"qwen2.5-1.5b": "You are a helpful assistant. Answer in one short sentence, using the tool results."}
 #: the probes asked of each state (one question of the task, one sentence to complete with the
 #: secret) and the tokens of their answers: enough for "The party will be held at 4417 Elm
 #: Street." and the table's 60 characters of it
@@ -69,20 +73,28 @@ DEMO_PROBES = ("task", "cued")
 DEMO_PROBE_TOKENS = 16
 
 
-def get_demo_episode(max_new_tokens: int | None = None) -> Episode:
-    """The demo's episode; ``max_new_tokens`` (None: the episode's 32) bounds each model turn."""
+def get_demo_episode(max_new_tokens: int | None = None, system: str | None = None) -> Episode:
+    """The demo's episode; ``max_new_tokens`` (None: the episode's 32) bounds each model turn,
+    ``system`` (None: the episode's) replaces its system prompt."""
     raw = DEMO_EPISODE if max_new_tokens is None else {
         **DEMO_EPISODE, "settings": {**DEMO_EPISODE["settings"], "max_new_tokens": max_new_tokens}}
-    return parse_episode(raw)
+    return parse_episode(raw if system is None else {**raw, "system": system})
+
+
+def get_model_episode(model: str) -> Episode:
+    """The demo's episode as it runs on ``model`` (:data:`DEMO_TURN_TOKENS`, :data:`DEMO_SYSTEM`)."""
+    return get_demo_episode(DEMO_TURN_TOKENS.get(model), DEMO_SYSTEM.get(model))
 
 
 def run_demo(model: str = FALLBACK_MODEL, device: str = "cpu", dtype: str = "float32", as_json: bool = False,
              out: Callable[[str], None] = print, progress: bool = True, kv_budget: int | None = None,
-             backend: str = "transformers", attn: str | None = None, max_new_tokens: int | None = None) -> dict:
+             backend: str = "transformers", attn: str | None = None, max_new_tokens: int | None = None,
+             system: str | None = None) -> dict:
     """Run the demo and print a report; returns the measurements. ``kv_budget``
     bounds the KV bytes kept of lineages no live runtime extends (None: no bound);
-    ``backend``: the engine (impl/engines/registry.py)."""
-    episode = get_demo_episode(max_new_tokens)
+    ``backend``: the engine (impl/engines/registry.py); ``max_new_tokens`` and
+    ``system``: the episode's, where given (:func:`get_demo_episode`)."""
+    episode = get_demo_episode(max_new_tokens, system)
     target = episode.target
     say = (lambda *_: None) if as_json else out
     fetch_first(model, say)
@@ -250,7 +262,7 @@ def do_demo(args: argparse.Namespace) -> int:
         return Exit.OK
     backend, model = get_demo_model(args.engine, args.model)
     run_demo(model, args.device, args.dtype, as_json=args.json, kv_budget=args.kv_budget, backend=backend,
-             attn=args.attn, max_new_tokens=DEMO_TURN_TOKENS.get(model))
+             attn=args.attn, max_new_tokens=DEMO_TURN_TOKENS.get(model), system=DEMO_SYSTEM.get(model))
     return Exit.OK
 
 
