@@ -28,7 +28,7 @@ import os
 import time
 from collections.abc import Iterator
 
-from unsee.impl.engines.lineage import Counters
+from unsee.impl.engines.counts import Counters
 
 #: the counters printed per episode
 WORK = ("forward_calls", "prefilled_tokens", "decoded_tokens")

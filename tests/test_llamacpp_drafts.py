@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from unsee.impl.engines.lineage import Counters
+from unsee.impl.engines.counts import Counters
 from unsee.impl.engines.llamacpp import cost, facts
 from unsee.impl.engines.llamacpp import engine as llamacpp
 from unsee.impl.engines.llamacpp.tiny_gguf import write_tiny_gguf

@@ -114,7 +114,7 @@ class TurnCost:
     @classmethod
     def from_spent(cls, block: str, draft: Draft | None, spent, generated: int) -> TurnCost:
         """A decoded turn's cost from the engine's counters over it (``spent``: a
-        :class:`~unsee.impl.engines.lineage.Counters` difference)."""
+        :class:`~unsee.impl.engines.counts.Counters` difference)."""
         return cls(block, len(draft.tokens) if draft else 0, spent.draft_accepted_tokens,
                    spent.draft_rejected_tokens, spent.decoded_tokens, spent.prefilled_tokens,
                    bool(spent.draft_fallbacks), probed=bool(spent.draft_probes), generated=generated,

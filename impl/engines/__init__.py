@@ -17,7 +17,7 @@ The map:
                ``load_model_for``, the one-word names of ``UNSEE_ENGINE`` (``ENGINE_NAMES``)
 ``lineage``    what every engine shares: :class:`~lineage.LineageBook` (handles,
                the verbs that name a lineage, LRU clock, the prefix cache), the KV
-               budget (:class:`~lineage.Budget`), :class:`~lineage.Counters`,
+               budget (:class:`~lineage.Budget`), :class:`~counts.Counters`,
                :class:`~lineage.KVMemory`, ``rebuild`` and ``crop`` (as a fork)
 ``opening``    a new context's lineage: the system block forked from the live
                lineage where its first chunk is that block, else prefilled

@@ -172,7 +172,7 @@ class Engine(Protocol):
     lm: ModelInfo
     #: what the engine guarantees bitwise, and what its digest means (:class:`Determinism`)
     determinism: Determinism
-    #: work done so far (:class:`unsee.impl.engines.lineage.Counters`): snapshot and subtract to measure a span
+    #: work done so far (:class:`unsee.impl.engines.counts.Counters`): snapshot and subtract to measure a span
     counters: object
     #: the KV budget (:class:`KVBudget`)
     budget: KVBudget

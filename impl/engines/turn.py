@@ -41,7 +41,7 @@ from typing import Protocol
 import torch
 
 from unsee.impl.engines.decoding import get_lookup, get_scores, get_threshold, pick
-from unsee.impl.engines.lineage import Counters
+from unsee.impl.engines.counts import Counters
 from unsee.impl.engines.speculation import DraftPolicy, compute_credit, compute_proposals
 
 

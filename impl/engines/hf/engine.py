@@ -61,10 +61,8 @@ from unsee.impl.engines.hf.attention import get_determinism_facts
 from unsee.impl.engines.hf.generate import HFTurnLineage
 from unsee.impl.engines.hf.lineage import Lineage
 from unsee.impl.engines.hf.models import LoadedModel, retain_freed_host_memory
-from unsee.impl.engines.lineage import (
-    Counters,
-    as_int,
-)
+from unsee.impl.engines.counts import Counters
+from unsee.impl.engines.lineage import as_int
 from unsee.impl.engines.protocol import Determinism
 from unsee.impl.engines.turn import Turn, decode_turn
 

@@ -61,7 +61,7 @@ import numpy as np
 import torch
 
 from unsee.impl.engines.computed import ComputedKVBook
-from unsee.impl.engines.lineage import Counters
+from unsee.impl.engines.counts import Counters
 from unsee.impl.engines.llamacpp.facts import forward
 from unsee.impl.engines.llamacpp.lineage import LlamaLineage, TurnView
 from unsee.impl.engines.llamacpp.model import (

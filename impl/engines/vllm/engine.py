@@ -53,7 +53,8 @@ from typing import ClassVar
 import torch
 
 from unsee.impl.engines.decoding import get_scores, get_threshold, pick
-from unsee.impl.engines.lineage import Counters, LineageBook
+from unsee.impl.engines.counts import Counters
+from unsee.impl.engines.lineage import LineageBook
 from unsee.impl.engines.protocol import Determinism
 from unsee.impl.engines.vllm import adapter
 
