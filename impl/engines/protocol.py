@@ -291,9 +291,12 @@ class MarginGuard(Protocol):
 class ForwardHooks(Protocol):
     """An engine that can report each model forward (for a profiler)."""
 
-    def hook_forwards(self, on_forward: Callable[[int, float], None]) -> contextlib.AbstractContextManager:
+    def hook_forwards(self, on_forward: Callable[[int, float], None],
+                      on_commit: Callable[[int, float], None] | None = None) -> contextlib.AbstractContextManager:
         """A block inside which every forward calls ``on_forward(n_tokens,
-        started)`` when it ends (``started``: its ``time.perf_counter()``)."""
+        started)`` when it ends (``started``: its ``time.perf_counter()``);
+        with ``on_commit``, the forward that commits a decoded turn as its
+        canonical chunk calls that instead."""
 
 
 def get_draft_policy(engine: Engine) -> DraftPolicy | None:

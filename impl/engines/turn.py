@@ -2,9 +2,9 @@
 every engine's ``generate`` runs (impl/agent/drafts.py explains the guard),
 over a lineage reached through two forward functions.
 
-The transformers engine reaches it through
-:class:`unsee.impl.engines.hf.generate.HFTurnLineage`, the llama.cpp engine
-through its own lineage view; this module imports no transformers.
+Every engine that computes its own KV reaches it through
+:class:`unsee.impl.engines.book.TurnLineage` over its backend; this module
+imports no transformers.
 ``Turn.max_forward`` caps every verification forward (llama.cpp's decode
 equals its prefill only below a batch size; None elsewhere). What a turn
 needs of its engine is :class:`TurnLineage`: the lineage's tokens and last
@@ -35,13 +35,14 @@ clear the guard's threshold; one that does not makes the step return None
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 import torch
 
-from unsee.impl.engines.decoding import get_lookup, get_scores, get_threshold, pick
 from unsee.impl.engines.counts import Counters
+from unsee.impl.engines.decoding import get_lookup, get_scores, get_threshold, pick
+from unsee.impl.engines.protocol import Assist
 from unsee.impl.engines.speculation import DraftPolicy, compute_credit, compute_proposals
 
 
@@ -94,14 +95,15 @@ class Turn:
         return get_threshold(self.draft_bound, self.temperature)
 
 
-def decode_turn(turn: Turn, draft: list[int], probe: bool, lookup: bool) -> tuple[list[int], bool]:
+def decode_turn(turn: Turn, assist: Assist) -> tuple[list[int], bool]:
     """The turn's tokens, and whether the verification chunk on the lineage
-    is the turn's canonical chunk (a draft accepted whole)."""
+    is the turn's canonical chunk (a draft accepted whole). ``assist.draft``
+    is checked ids, cut to the turn's length (or empty)."""
     out, committed = None, False
-    if turn.max_forward is not None and (draft or lookup):
-        out, committed = speculate(turn, draft, probe, lookup)
-    elif draft or lookup:
-        out, committed = decode_guarded(turn, draft, probe, lookup)
+    if turn.max_forward is not None and (assist.draft or assist.lookup):
+        out, committed = speculate(turn, assist)
+    elif assist.draft or assist.lookup:
+        out, committed = decode_guarded(turn, assist)
     if out is None:  # no draft or lookup, or an unstable decision: the reference procedure
         turn.lin.truncate(turn.start)
         turn.lin.last_logits = turn.header_logits
@@ -109,18 +111,18 @@ def decode_turn(turn: Turn, draft: list[int], probe: bool, lookup: bool) -> tupl
     return out, committed
 
 
-def decode_guarded(turn: Turn, draft: list[int], probe: bool, lookup: bool) -> tuple[list[int] | None, bool]:
+def decode_guarded(turn: Turn, assist: Assist) -> tuple[list[int] | None, bool]:
     """A turn on an engine whose multi-token forwards differ from decoding in
     the last bits (no ``max_forward``): the draft verified in one forward, so
     that a draft accepted whole is the turn's canonical chunk, every decision
     on its rows guarded; None where one was unstable."""
-    if draft and turn.decide(turn.header_logits, 0)[0] != draft[0]:
+    if assist.draft and turn.decide(turn.header_logits, 0)[0] != assist.draft[0]:
         # decided on the header's own logits, the reference's: decoding from here *is* the reference
-        count_draft(turn.counters, len(draft), 0, fallback=False)
-        draft = []
-    if draft:
-        return decode_with_draft(turn, draft, probe, lookup)
-    if not lookup:
+        count_draft(turn.counters, len(assist.draft), 0, fallback=False)
+        assist = replace(assist, draft=())
+    if assist.draft:
+        return decode_with_draft(turn, assist)
+    if not assist.lookup:
         return None, False
     out = decode(turn, [], turn.header_logits, None, lookup=True)
     turn.counters.draft_fallbacks += int(out is None)
@@ -201,16 +203,15 @@ def verify_guess(turn: Turn, tok: int, guess: list[int], out: list[int], thresho
     return verify[accepted]
 
 
-def decode_with_draft(turn: Turn, draft: list[int], probe: bool = False,
-                      lookup: bool = False) -> tuple[list[int] | None, bool]:
+def decode_with_draft(turn: Turn, assist: Assist) -> tuple[list[int] | None, bool]:
     """Verify ``draft`` with one forward; accept its longest stable agreeing
     prefix, then decode on. Returns (tokens, committed): tokens None means
     an unstable decision (the caller falls back to the reference);
     committed means the verification chunk is the turn's canonical chunk.
     The caller has checked the draft's first token on the header logits."""
-    lin = turn.lin
+    lin, draft, lookup = turn.lin, list(assist.draft or ()), assist.lookup
     probed = None  # the reference's own logits at position 1, when probed
-    if probe and len(draft) >= 2 and draft[0] not in turn.stops and turn.max_new_tokens >= 2:
+    if assist.probe and len(draft) >= 2 and draft[0] not in turn.stops and turn.max_new_tokens >= 2:
         probed = lin.forward_last([draft[0]])  # the reference's own first decode step
         turn.counters.forward_calls += 1
         turn.counters.draft_probes += 1
@@ -263,7 +264,7 @@ def get_accepted(turn: Turn, draft: list[int], probed: torch.Tensor | None,
     return out, True
 
 
-def speculate(turn: Turn, draft: list[int], probe: bool, lookup: bool) -> tuple[list[int] | None, bool]:
+def speculate(turn: Turn, assist: Assist) -> tuple[list[int] | None, bool]:
     """The turn as a run of forwards of at most ``max_forward`` tokens (whose
     logits and KV equal decoding's: impl/engines/llamacpp/facts.py), each
     feeding the token just decided and the proposals the policy's credit
@@ -277,6 +278,7 @@ def speculate(turn: Turn, draft: list[int], probe: bool, lookup: bool) -> tuple[
     multi-token forward are guarded, as everywhere a forward of several
     tokens built the KV (the guard is a safety net here: the rows are
     decoding's own, so only an exact tie fails it)."""
+    draft, probe, lookup = list(assist.draft or ()), assist.probe, assist.lookup
     run = Run(turn.policy.opening if turn.policy else 0.0)
     logits, threshold = turn.header_logits, None  # the header's logits are the reference's own
     while True:
