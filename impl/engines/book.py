@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import operator
-import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import replace
 from typing import Any, Protocol, runtime_checkable
@@ -46,6 +45,15 @@ from unsee.impl.util.ids import compute_lineage_handle
 
 #: ``on_forward(n_tokens, started)``: a hook on every model forward (``started``: its ``time.perf_counter()``)
 OnForward = Callable[[int, float], None]
+#: the hooks a backend reports its forwards to: ``(on_forward, on_commit or None)``
+ForwardHookList = list[tuple[OnForward, "OnForward | None"]]
+
+
+def report_forward(hooks: ForwardHookList, n_tokens: int, started: float, commit: bool) -> None:
+    """Tell every hook that a forward of ``n_tokens`` ended (a backend calls
+    it after its forward; ``commit``: the forward commits a decoded turn)."""
+    for on_forward, on_commit in list(hooks):
+        (on_commit if commit and on_commit is not None else on_forward)(n_tokens, started)
 
 
 @runtime_checkable
@@ -70,11 +78,16 @@ class LineageStore(Protocol):
 @runtime_checkable
 class KVBackend(LineageStore, Protocol):
     """A backend that computes its own KV (transformers, llama.cpp): its
-    lineages are :class:`~unsee.impl.engines.lineage.ChunkedLineage` objects."""
+    lineages are :class:`~unsee.impl.engines.lineage.ChunkedLineage` objects.
+    It reports each forward to ``hooks`` (:func:`report_forward`): the book's
+    :meth:`~LineageBook.hook_forwards` adds to them."""
 
-    def forward(self, handle: str, lin: Any, ids: list[int], all_logits: bool) -> Any:
+    hooks: ForwardHookList
+
+    def forward(self, handle: str, lin: Any, ids: list[int], all_logits: bool, commit: bool = False) -> Any:
         """One forward over ``ids`` at the lineage's end, appending them to
-        ``lin.tokens``: the logits after the last (or after each, (n, vocab))."""
+        ``lin.tokens``: the logits after the last (or after each, (n, vocab));
+        reported to ``hooks`` (``commit``: it commits a decoded turn)."""
 
     def truncate(self, handle: str, lin: Any, n: int) -> None:
         """Keep the first ``n`` tokens and their KV (a step: the history is the caller's)."""
@@ -98,13 +111,12 @@ class KVBackend(LineageStore, Protocol):
 class TurnLineage:
     """A lineage as a decoding turn sees it
     (:class:`unsee.impl.engines.turn.TurnLineage`): its tokens and last logits
-    (torch), a crop, and two forwards through the book's hooked ``forward``."""
+    (torch), a crop, and two forwards of its backend."""
 
-    __slots__ = ("forward", "handle", "kv", "lin")
+    __slots__ = ("handle", "kv", "lin")
 
-    def __init__(self, kv: KVBackend, handle: str, lin: Any,
-                 forward: Callable[[str, Any, list[int], bool], Any]):
-        self.kv, self.handle, self.lin, self.forward = kv, handle, lin, forward
+    def __init__(self, kv: KVBackend, handle: str, lin: Any):
+        self.kv, self.handle, self.lin = kv, handle, lin
 
     @property
     def tokens(self) -> list[int]:
@@ -122,10 +134,10 @@ class TurnLineage:
         self.kv.truncate(self.handle, self.lin, n)
 
     def forward_last(self, ids: list[int]) -> torch.Tensor:
-        return self.kv.to_torch(self.forward(self.handle, self.lin, ids, False))
+        return self.kv.to_torch(self.kv.forward(self.handle, self.lin, ids, False))
 
     def forward_all(self, ids: list[int]) -> torch.Tensor:
-        return self.kv.to_torch(self.forward(self.handle, self.lin, ids, True))
+        return self.kv.to_torch(self.kv.forward(self.handle, self.lin, ids, True))
 
 
 class LineageBook:
@@ -148,7 +160,6 @@ class LineageBook:
         self._clock = 0
         self._serving = False  # inside `prefix_cache()`
         self._cache_sources: tuple[set[str], int] | None = None  # (handles, first new id); None: all
-        self._hooks: list[tuple[OnForward, OnForward | None]] = []
         self.budget = Budget(self, kv_budget)
 
     # --- lineages
@@ -227,7 +238,7 @@ class LineageBook:
         stops = set(self.lm.eos_ids if stop_ids is None else (int(s) for s in stop_ids))
         start, header_logits = len(lin.tokens), lin.last_logits
         lin.decode_logits[start] = header_logits  # what a prefix cache needs to serve this position
-        turn = Turn(TurnLineage(self.kv, lineage, lin, self._forward), self.counters, start,
+        turn = Turn(TurnLineage(self.kv, lineage, lin), self.counters, start,
                     self.kv.to_torch(header_logits), max_new_tokens, stops, temperature, seed, self.draft_bound,
                     max_forward=self.max_forward, policy=self.draft_policy)
         try:
@@ -259,11 +270,11 @@ class LineageBook:
         the block; with ``on_commit``, the forward that commits a decoded turn
         as its canonical chunk calls that instead (a profiler tells it apart)."""
         entry = (on_forward, on_commit)
-        self._hooks.append(entry)
+        self.kv.hooks.append(entry)
         try:
             yield
         finally:
-            self._hooks.remove(entry)
+            self.kv.hooks.remove(entry)
 
     # --- what the budget reads and does
 
@@ -328,24 +339,13 @@ class LineageBook:
             self.counters.reused_tokens += len(ids)
         else:
             start = len(lin.tokens)
-            lin.last_logits = self._forward(handle, lin, ids, False, commit)
+            lin.last_logits = self.kv.forward(handle, lin, ids, False, commit)
             lin.record_chunk(start)
             lin.served_last = False
             self.counters.forward_calls += 1
             self.counters.prefilled_tokens += len(ids)
         lin.changed()
         self.budget.enforce()
-
-    def _forward(self, handle: str, lin, ids: list[int], all_logits: bool, commit: bool = False):
-        """The backend's forward, reported to the hooks of :meth:`hook_forwards`."""
-        if not self._hooks:
-            return self.kv.forward(handle, lin, ids, all_logits)
-        started = time.perf_counter()
-        try:
-            return self.kv.forward(handle, lin, ids, all_logits)
-        finally:
-            for on_forward, on_commit in list(self._hooks):
-                (on_commit if commit and on_commit is not None else on_forward)(len(ids), started)
 
     def _commit_turn(self, handle: str, lin, start: int, out: list[int], committed: bool) -> None:
         """Leave the turn ``out`` on ``lin`` as the one chunk a replay redoes."""
@@ -377,7 +377,7 @@ class LineageBook:
         if lin.tokens[start:start + len(out) - 1] != out[:-1]:
             return False
         self.kv.truncate(handle, lin, start + len(out) - 1)
-        lin.last_logits = self._forward(handle, lin, out[-1:], False)
+        lin.last_logits = self.kv.forward(handle, lin, out[-1:], False)
         lin.record_chunk(start)
         lin.served_last = False
         self.counters.forward_calls += 1
@@ -419,7 +419,7 @@ class LineageBook:
         lin.decode_logits = {p: t for p, t in lin.decode_logits.items() if p <= start}
         lin.served_last = False
         self.counters.reused_tokens -= len(ids)  # it was not reused after all
-        lin.last_logits = self._forward(handle, lin, ids, False)
+        lin.last_logits = self.kv.forward(handle, lin, ids, False)
         lin.chunk_ends.append(end)
         lin.changed()
         self.counters.forward_calls += 1
@@ -485,4 +485,4 @@ class LineageBook:
         return ids
 
 
-__all__ = ["KVBackend", "LineageBook", "LineageStore", "OnForward", "TurnLineage"]
+__all__ = ["ForwardHookList", "KVBackend", "LineageBook", "LineageStore", "OnForward", "TurnLineage", "report_forward"]

@@ -8,11 +8,13 @@ asks of those caches. Every transformers call goes through
 from __future__ import annotations
 
 import hashlib
+import time
 import weakref
 from typing import Any
 
 import torch
 
+from unsee.impl.engines.book import ForwardHookList, report_forward
 from unsee.impl.engines.hf import adapter
 from unsee.impl.engines.lineage import ChunkedLineage
 
@@ -67,6 +69,7 @@ class HFKV:
 
     def __init__(self, model: Any):
         self.model = model
+        self.hooks: ForwardHookList = []
 
     def new(self) -> Lineage:
         return Lineage(adapter.new_cache(self.model), [], None)
@@ -83,10 +86,14 @@ class HFKV:
     def free(self, handle: str) -> None:
         """Nothing outside the lineage object to release."""
 
-    def forward(self, handle: str, lin: Lineage, ids: list[int], all_logits: bool) -> torch.Tensor:
-        run = adapter.forward_all_logits if all_logits else adapter.forward_last_logits
-        logits = run(self.model, ids, lin.cache)
+    def forward(self, handle: str, lin: Lineage, ids: list[int], all_logits: bool,
+                commit: bool = False) -> torch.Tensor:
+        started = time.perf_counter()
+        logits = adapter.forward_logits(self.model, ids, lin.cache, 0 if all_logits else 1)
+        if not all_logits:
+            logits = logits[-1]
         lin.tokens.extend(ids)
+        report_forward(self.hooks, len(ids), started, commit)
         return logits
 
     def truncate(self, handle: str, lin: Lineage, n: int) -> None:

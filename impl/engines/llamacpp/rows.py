@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import time
 
 import numpy as np
 import torch
 
+from unsee.impl.engines.book import ForwardHookList, report_forward
 from unsee.impl.engines.lineage import ChunkedLineage
 from unsee.impl.engines.llamacpp.facts import forward
 from unsee.impl.engines.llamacpp.model import LlamaCppModel, llama_module
@@ -55,6 +57,7 @@ class LlamaRows:
         self.batch = lc.llama_batch_init(lm.n_ctx, 0, 1)
         self.v_trans = not lm.flash_attn  # llama.cpp stores V transposed without flash attention
         self.resident: tuple[str, LlamaLineage] | None = None
+        self.hooks: ForwardHookList = []
         lc.llama_memory_clear(self.mem, True)
 
     def __del__(self):
@@ -90,14 +93,17 @@ class LlamaRows:
             self.lc.llama_memory_clear(self.mem, True)
             self.resident = None
 
-    def forward(self, handle: str, lin: LlamaLineage, ids: list[int], all_logits: bool) -> np.ndarray:
+    def forward(self, handle: str, lin: LlamaLineage, ids: list[int], all_logits: bool,
+                commit: bool = False) -> np.ndarray:
         """One llama_decode of ``ids`` after ``lin``'s tokens, appending them:
         the logits after the last token, or after each (n, vocab)."""
         self.make_resident(handle, lin)
         start = len(lin.tokens)
         if start + len(ids) > self.lm.n_ctx:
             raise ValueError(f"{start} + {len(ids)} tokens exceed n_ctx={self.lm.n_ctx}")
+        started = time.perf_counter()
         logits = forward(self.lc, self.ctx, self.batch, ids, start, all_logits, self.lm.vocab_size)
+        report_forward(self.hooks, len(ids), started, commit)
         lin.tokens.extend(ids)
         lin.kv = None
         return logits

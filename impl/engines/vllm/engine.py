@@ -116,6 +116,7 @@ class SaltedLineages:
 
     def __init__(self, salt_prefix: str):
         self.salt_prefix = salt_prefix
+        self.hooks: list = []  # never called: vLLM's forwards run inside its requests
 
     def new(self) -> _Lineage:
         return _Lineage([], f"{self.salt_prefix}-{next(_SALTS)}", False)
