@@ -44,7 +44,7 @@ def load_transformers_twin(name: str):
     model = adapter.place(model, "cpu", torch.float32)
     return make_engine(LoadedModel(model=model, tokenizer=tok, name=name, device="cpu", dtype="float32",
                                    eos_ids=(tok.eos_token_id,), vocab_size=adapter.vocab_size_of(model),
-                                   determinism="cpu float32 (the differential twin)"))
+                                   determinism_statement="cpu float32 (the differential twin)"))
 
 
 def first_difference(a: list[int], b: list[int]) -> int | None:

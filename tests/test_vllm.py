@@ -469,5 +469,5 @@ def test_one_tokenizer_path():
         shared = TokenizerMethods.__dict__[name]
         assert all(name not in cls.__dict__ and getattr(cls, name) is shared for cls in (LoadedModel, VllmModel))
     lm = VllmModel(name="vllm-tiny", source="", llm=None, tokenizer=ByteTokenizer(), eos_ids=(2,), vocab_size=259,
-                   block_size=128, determinism="")
+                   block_size=128, determinism_statement="")
     assert lm.decode(lm.encode("héllo")) == "héllo" and lm.chat_template is None and lm.special_tokens == {}

@@ -486,7 +486,7 @@ class AgentRuntime(SelectiveReplay):
     def get_assumptions(self) -> dict:
         """Theorem 1's assumptions as this runtime (and its extensions) can vouch for them."""
         a1 = "greedy decoding" if self.settings.temperature == 0 else "sampling with a fixed seed per transition"
-        out = {"A1": {"holds": True, "why": f"{a1}; {self.engine.lm.determinism}"},
+        out = {"A1": {"holds": True, "why": f"{a1}; {self.engine.lm.determinism_statement}"},
                "A2": {"holds": True, "why": "sanitize removes exactly the target's items; all else verbatim"},
                "A3": {"holds": True, "why": "no tools with external side effects in this runtime"}}
         for extension in self.extensions:

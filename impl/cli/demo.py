@@ -159,7 +159,7 @@ def load_demo_model(model: str, backend: str, device: str, dtype: str, attn: str
     if measured:
         say(f"  first load of this file at this setting: measured where its decode equals its prefill and what a "
             f"forward costs, once ({measured:.0f} s; cached for later runs)")
-    say(f"  {lm.determinism}")
+    say(f"  {lm.determinism_statement}")
     return lm
 
 

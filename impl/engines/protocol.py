@@ -22,7 +22,7 @@ an engine shared by many sessions need not serialise calls around a cursor.
 The KV budget is a component (``engine.budget``); the prefix cache, span
 excision, residue reporting, a restore's report and drafts are optional
 capabilities (:class:`PrefixCache`, :class:`SpanExcision`, :class:`Residue`,
-:class:`RestoreReport`, :class:`Drafts`), checked with ``isinstance``.
+:class:`RestoreReport`, :class:`DraftSource`), checked with ``isinstance``.
 """
 
 from __future__ import annotations
@@ -98,7 +98,8 @@ class ModelInfo(Protocol):
     dtype: str
     eos_ids: tuple[int, ...]  # ids that end a turn
     vocab_size: int
-    determinism: str  # the engine's determinism statement in words (ForgetReport's A1)
+    #: the engine's determinism in words (ForgetReport's A1); the facts are ``Engine.determinism``
+    determinism_statement: str
     source: str  # the weights' file or folder ('' for a model built in memory)
     #: the tokenizer's chat template (Jinja), or None: episodes are then rendered in ChatML
     chat_template: str | None
@@ -116,7 +117,7 @@ class ModelInfo(Protocol):
 class Assist:
     """What ``generate`` may verify instead of decoding; none of it changes
     the tokens returned, and each needs the engine's measured bound
-    (:class:`Drafts`'s ``draft_bound``).
+    (:class:`DraftSource`'s ``draft_bound``).
 
     draft   the tokens this turn had before a forget, verified where the
             decoding rule agrees with them stably (impl/agent/drafts.py)
@@ -221,8 +222,9 @@ class Engine(Protocol):
 # --- optional capabilities, checked with isinstance
 
 @runtime_checkable
-class Drafts(Protocol):
-    """An engine whose ``generate`` takes an :class:`Assist`."""
+class DraftSource(Protocol):
+    """An engine whose ``generate`` takes an :class:`Assist` (drafts to verify);
+    not :class:`unsee.impl.agent.drafts.Drafts`, the replay's drafts themselves."""
 
     #: ceiling on |prefill - decode| logits that draft verification needs, or None: drafts off
     draft_bound: float | None
@@ -300,18 +302,18 @@ class ForwardHooks(Protocol):
 
 
 def get_draft_policy(engine: Engine) -> DraftPolicy | None:
-    """The draft policy of an engine with :class:`Drafts`, or None."""
-    return engine.draft_policy if isinstance(engine, Drafts) else None
+    """The draft policy of an engine with :class:`DraftSource`, or None."""
+    return engine.draft_policy if isinstance(engine, DraftSource) else None
 
 
 def get_draft_bound(engine: Engine) -> tuple[float | None, str | None]:
-    """``(draft_bound, draft_bound_source)`` of an engine with :class:`Drafts`;
+    """``(draft_bound, draft_bound_source)`` of an engine with :class:`DraftSource`;
     ``(None, None)`` (drafts off) for one without."""
-    if isinstance(engine, Drafts):
+    if isinstance(engine, DraftSource):
         return engine.draft_bound, engine.draft_bound_source
     return None, None
 
 
-__all__ = ["Assist", "DeepCopy", "Determinism", "Drafts", "Engine", "ForwardHooks", "KVBudget", "MarginGuard", "ModelInfo", "PrefixCache", "Residue",
+__all__ = ["Assist", "DeepCopy", "Determinism", "DraftSource", "Engine", "ForwardHooks", "KVBudget", "MarginGuard", "ModelInfo", "PrefixCache", "Residue",
            "RestoreReport", "SpanExcision",
            "get_draft_bound", "get_draft_policy"]

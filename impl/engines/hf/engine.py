@@ -98,7 +98,7 @@ class KVEngine(LineageBook):
         #: the measured facts of this device, attention and dtype (hf/attention.py's
         #: ATTN_FACTS, docs/engines.md): they pick the canonical chunking
         self.determinism = Determinism(**get_determinism_facts(lm.device, lm.attn, lm.dtype),
-                                       statement=lm.determinism, digest=self.DIGEST)
+                                       statement=lm.determinism_statement, digest=self.DIGEST)
         #: freed KV buffers stay in the process for reuse on the host
         #: (models.retain_freed_host_memory): a restore then costs the same at any length
         self.host_memory_retained = retain_freed_host_memory() if lm.device == "cpu" else False

@@ -98,7 +98,7 @@ class LlamaCppEngine(LineageBook):
         self.draft_policy = lm.draft_policy
         self.determinism = Determinism(same_chunking_repeats=True, crop_continue_is_fresh=True,
                                        chunk_invariant=False, decode_is_prefill=False,
-                                       thread_invariant=False, statement=lm.determinism, digest=self.DIGEST)
+                                       thread_invariant=False, statement=lm.determinism_statement, digest=self.DIGEST)
         self.budget.set(kv_budget)
 
     @property

@@ -102,7 +102,7 @@ class LlamaCppModel:
     n_ctx: int
     threads: int
     flash_attn: bool
-    determinism: str
+    determinism_statement: str  # what repeatability is and is not promised, in words
     device: str = "cpu"
     dtype: str = "gguf"  # the file's own weight types; the KV is f16
     info: dict = field(default_factory=dict)
@@ -290,7 +290,7 @@ def load_llamacpp(name_or_path: str | os.PathLike = "smollm2", threads: int | No
         eos = tuple(sorted(i for i in ids if 0 <= i < n_vocab))
     lm = LlamaCppModel(name=name, source=str(path), eos_ids=eos, vocab_size=n_vocab,
                        n_layer=lc.llama_model_n_layer(model), n_ctx=n_ctx, threads=threads, flash_attn=flash_attn,
-                       determinism=_determinism_text(threads, flash_attn, exact_kernels),
+                       determinism_statement=_determinism_text(threads, flash_attn, exact_kernels),
                        info={"llama_cpp_python": getattr(lc, "__version__", "?"),
                              TILED_MM_ENV: os.environ.get(TILED_MM_ENV, "")},
                        exact_kernels=exact_kernels)

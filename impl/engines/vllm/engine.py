@@ -158,7 +158,7 @@ class VllmEngine(LineageBook):
         # restore_granularity: vLLM caches full blocks only, so a restore keeps the checkpoint's
         # tokens rounded down to the block size and its first request recomputes the tail
         self.determinism = Determinism(same_chunking_repeats=True, crop_continue_is_fresh=True, chunk_invariant=True,
-                                       decode_is_prefill=False, thread_invariant=False, statement=lm.determinism,
+                                       decode_is_prefill=False, thread_invariant=False, statement=lm.determinism_statement,
                                        restore_granularity=lm.block_size, digest=self.DIGEST)
         self.guard_stats = {"decisions": 0, "cold_recomputes": 0, "flips": 0}
         self._cold: dict[tuple[int, ...], torch.Tensor] = {}  # the last cold logits, by tokens
