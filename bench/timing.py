@@ -4,9 +4,10 @@
 calls and every model forward inside them, and sorts the time into
 :data:`CATEGORIES`:
 
-* ``restore``: the verbs that set up lineages (``share_prefix``, ``clone``,
-  ``rebuild``, ``crop``, ``excise``, ``new_lineage``, ``use``, ``drop``,
-  ``pin``): a forget's restore of its checkpoint, and a reset's new session;
+* ``restore``: the verbs that set up lineages (:data:`RESTORE_VERBS`:
+  ``fork``, ``excise``, ``new_lineage``, ``drop``; ``rebuild`` and ``crop``
+  are made of them): a forget's restore of its checkpoint, and a reset's new
+  session;
 * ``prefill``: forwards of ``prefill`` called by the runtime (observations,
   turn headers, turns committed as one chunk);
 * ``decode``: one-token forwards inside ``generate`` (decode steps, probes,
@@ -150,7 +151,7 @@ def time_engine(engine) -> Iterator[Breakdown]:
 
 #: What each category holds, for the report.
 CATEGORY_NOTES = {
-    "restore": "lineage set-up: the forget's restore of its checkpoint (share_prefix), a reset's new lineage",
+    "restore": "lineage set-up: the forget's restore of its checkpoint (fork), a reset's new lineage",
     "prefill": "forwards of prefill: observations, turn headers, turns committed whole",
     "decode": "one-token forwards inside generate: decode steps, probes (llama.cpp: a decoded turn's last token, its commit)",
     "verification": "multi-token forwards inside generate: draft verification, tokens fed with context guesses",

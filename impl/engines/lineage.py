@@ -109,7 +109,7 @@ class KVMemory:
     shared by several lineages counts once).
 
     held_bytes      every resident lineage's KV and kept logits
-    live_bytes      those of the live lineages (pinned or current)
+    live_bytes      those of the live lineages (pinned, or spared: the one the last prefill, generate or new_lineage named)
     unpinned_bytes  held_bytes - live_bytes: what the budget bounds
     """
 
@@ -131,7 +131,7 @@ def get_evictions(candidates: Sequence[tuple[str, dict]], live_keys: Container, 
     in order, and the unpinned bytes then left.
 
     ``candidates`` are the lineages the budget may evict (neither pinned nor
-    current), least recently used first, each with its storages
+    spared), least recently used first, each with its storages
     ``{key: bytes}``; ``live_keys`` the storages the live lineages hold. The
     unpinned bytes are those of the distinct storages the candidates hold and
     no live lineage does (a prefix shared by several counts once). A storage

@@ -30,12 +30,13 @@ Three engine-level services:
   `adapter.share_cache_prefix` for why that is safe), so a restore costs the
   same at any context length.
 * A KV budget in bytes (`KVEngine(lm, kv_budget=...)`): lineages that no live
-  runtime holds a pin on (`pin`) and that are not current are evicted, least
+  runtime holds a pin on (`budget.pin`) and that are not the spared one (the
+  one the last prefill, generate or new_lineage named) are evicted, least
   recently used first, until the bytes they alone hold fit the budget (the
   rule is :class:`~unsee.impl.engines.lineage.Budget`'s, shared by
   every engine; this engine counts a lineage's KV and kept logits). An
-  evicted handle stays known (`is_evicted`); the runtime rebuilds what it
-  needs by prefill from a checkpoint's manifest (`rebuild`).
+  evicted handle stays known (`budget.is_evicted`); the runtime rebuilds what it
+  needs by prefill from a checkpoint's manifest (`lineage.rebuild`).
 * A prefix cache (`with engine.prefix_cache(): ...`): a prefill whose whole
   chunk sequence, tokens and chunk boundaries both, matches a resident
   lineage's is served from that lineage's KV (shared views) instead of
