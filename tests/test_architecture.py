@@ -7,12 +7,16 @@
 - no code writes, or calls, a private member of an object it does not own
   (``self``, ``cls``, or one it just made of a class of its own module);
 - the llama.cpp engine's modules reach no transformers, directly or through impl;
+- no class in impl/engines inherits more than one level from another of the
+  project's classes (protocols aside): an engine is a lineage book plus a
+  backend, not a chain of hooks; and no engine keeps a current lineage;
 - no impl file is over 600 lines, and no function over 60.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -201,6 +205,35 @@ def test_llamacpp_engine_needs_no_transformers():
     bad = [f"{m} imports {module}" for m in sorted(seen) for module, _ in get_imports(modules[m])
            if module.split(".")[0] == "transformers" or module.startswith(f"{PACKAGE}.engines.hf")]
     assert not bad, ", ".join(bad)
+
+
+def get_class_bases(root: Path) -> dict[str, list[str]]:
+    """Class name -> the names of its bases, for every class under ``root``
+    that is not a protocol (a base spelled ``a.B`` counts as ``B``)."""
+    out: dict[str, list[str]] = {}
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                names = [b.attr if isinstance(b, ast.Attribute) else getattr(b, "id", "") for b in node.bases]
+                if "Protocol" not in names:
+                    out[node.name] = names
+    return out
+
+
+def test_engine_classes_inherit_one_level_at_most():
+    bases = get_class_bases(IMPL / "engines")
+
+    def depth(name: str) -> int:
+        return max((1 + depth(b) for b in bases.get(name, []) if b in bases), default=0)
+
+    deep = {name: depth(name) for name in bases if depth(name) > 1}
+    assert not deep, f"classes more than one level below another of impl/engines: {deep}"
+
+
+def test_no_engine_keeps_a_current_lineage():
+    found = [f"{p.relative_to(IMPL)}:{i}" for p in sorted(IMPL.rglob("*.py"))
+             for i, line in enumerate(p.read_text().splitlines(), 1) if re.search(r"_current\b", line)]
+    assert not found, f"a cursor over lineages: {found}"
 
 
 @pytest.mark.parametrize("path", sorted(IMPL.rglob("*.py")), ids=lambda p: str(p.relative_to(IMPL)))
