@@ -9,7 +9,7 @@ forget that needs one rebuilds it from the checkpoint's manifest.
 
 ``run_memory_bench`` runs the session twice on the same model, without a
 budget and with a budget of ``factor`` x the live cache's bytes (measured
-by a short pilot run), samples :meth:`KVEngine.memory` after every step,
+by a short pilot run), samples :meth:`engine.budget.memory() <unsee.impl.engines.protocol.KVBudget.memory>` after every step,
 then forgets the secret (entered at step 2) on the budgeted session and
 checks the result against the full reset. The lead's command::
 

@@ -9,9 +9,9 @@ so a lazy copy cannot hide its cost in the next step, and attention's own
 growth with the context is not counted against the restore. Two restores
 are compared:
 
-* ``share``: :meth:`KVEngine.share_prefix` (copy-on-write views; what
+* ``share``: :meth:`~unsee.impl.engines.protocol.Engine.fork` (copy-on-write views; what
   ``AgentRuntime._restore`` does now);
-* ``clone``: :meth:`KVEngine.clone` then :meth:`KVEngine.crop` (a deep copy
+* ``clone``: :meth:`~unsee.impl.engines.protocol.DeepCopy.copy_lineage` then :func:`~unsee.impl.engines.lineage.crop` (a deep copy
   of the checkpoint's whole lineage; what it did before).
 
 The checkpoint's lineage holds ``n + tail`` tokens (the session went on

@@ -79,7 +79,7 @@ class KVEngine(ComputedKVBook):
     Every verb names its lineage. Not thread-safe.
 
     ``kv_budget`` (bytes, or None for no bound) bounds what the engine keeps
-    of lineages that are neither pinned (:meth:`pin`) nor current; 0 keeps
+    of lineages that are neither pinned (:meth:`~unsee.impl.engines.protocol.KVBudget.pin`) nor current; 0 keeps
     only those. It is enforced when a verb that allocates returns (prefill,
     generate, clone, rebuild) and when a runtime moves its pin. `new_lineage`
     and `fork` allocate no KV, so the handle they return is safe

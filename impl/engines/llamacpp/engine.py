@@ -155,7 +155,7 @@ class LlamaCppEngine(ComputedKVBook):
         self, max_new_tokens: int, stop_ids: Iterable[int] | None = None, temperature: float = 0.0,
                  seed: int | None = None, draft: Sequence[int] | None = None,
                  probe: bool = False, lookup: bool = False) -> list[int]:
-        """As :meth:`KVEngine.generate`: decode by the rule of
+        """As :meth:`~unsee.impl.engines.protocol.Engine.generate`: decode by the rule of
         impl/engines/decoding.py on llama.cpp's logits, with a ``draft``,
         ``probe`` and ``lookup`` where the engine has a bound (this file's
         decode == prefill: :mod:`~unsee.impl.engines.llamacpp.facts`), through
@@ -257,7 +257,7 @@ class LlamaCppEngine(ComputedKVBook):
     def _storages(self, handle: str, park: bool = False) -> dict:
         """Distinct host buffers a lineage holds: ``{key: bytes}``. The
         resident lineage, changed since it was parked, holds none outside the
-        context unless ``park`` reads it out (what :meth:`memory` does; the
+        context unless ``park`` reads it out (what :meth:`~unsee.impl.engines.lineage.Budget.memory` does; the
         budget need not: the resident lineage is current, never evicted)."""
         if park:
             self._parked(handle)
