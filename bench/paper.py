@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from unsee.bench import options
 from unsee.impl.agent.episode import CHECKPOINT_POLICIES, Episode
 from unsee.impl.agent.runtime import AgentRuntime
 from unsee.impl.cli.options import check_vllm_scale_out
@@ -856,19 +857,19 @@ def run_engine(engine: Engine, args, tables: list[str], command: str, out: Path)
 
 
 def get_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m unsee.bench.paper", description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="smollm2")
+    parser = options.get_parser("paper", __doc__)
+    options.add_model(parser)
     parser.add_argument("--engines", default="",
                         help="run every table on each of these, comma-separated, in one run: backends "
                              "(transformers, llamacpp, ...: --model on it) or one-word engine names "
                              "(impl/engines/registry.py); all are loaded before any work. Default: transformers")
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--dtype", default="float32")
+    options.add_device(parser)
+    options.add_dtype(parser)
     parser.add_argument("--tensor-parallel-size", type=int, default=None, metavar="N",
                         help="vLLM engines of --engines: vLLM's tensor parallel size (GPUs per model replica)")
     parser.add_argument("--distributed-executor-backend", default=None, choices=("ray", "mp", "uni"),
                         help="vLLM engines of --engines: vLLM's executor for several GPUs or nodes (ray: nodes)")
-    parser.add_argument("--rounds", type=int, default=3, help="repeats of every method (wall: p50)")
+    options.add_rounds(parser, help="repeats of every method (wall: p50)")
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--turns-after", type=int, default=12, help="model turns past the target (Table 1: 12)")
     parser.add_argument("--tau", type=int, default=3, help="where the target enters in the indep episodes")
@@ -885,7 +886,7 @@ def get_parser() -> argparse.ArgumentParser:
     parser.add_argument("--history-kind", default="memory", choices=HISTORY_KINDS,
                         help="the paper shape's history: memory records (default) or turns the model answers "
                              "(bench/episodes.py HISTORY_KINDS says why memory)")
-    parser.add_argument("--out", default="out/paper")
+    options.add_out(parser, "out/paper")
     return parser
 
 
