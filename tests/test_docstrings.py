@@ -15,6 +15,7 @@ from __future__ import annotations
 import ast
 import builtins
 import importlib
+import importlib.util
 import re
 from pathlib import Path
 
@@ -62,18 +63,14 @@ def get_references(tree: ast.Module) -> list[tuple[int, tuple[str, ...], str, st
 
 def get_type_checking_names(tree: ast.Module, module: str) -> dict[str, str]:
     """Name -> dotted path of what ``if TYPE_CHECKING:`` imports (absent at run time)."""
-    package = module.rpartition(".")[0]
+    package = module if MODULES[module].name == "__init__.py" else module.rpartition(".")[0]
     out = {}
     for node in tree.body:
         if not (isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)):
             continue
         for sub in ast.walk(node):
             if isinstance(sub, ast.ImportFrom):
-                base = sub.module or ""
-                if sub.level:
-                    parts = package.split(".")
-                    parts = parts[:len(parts) - sub.level + 1]
-                    base = ".".join(parts + ([base] if base else []))
+                base = importlib.util.resolve_name("." * sub.level + (sub.module or ""), package)
                 out.update({a.asname or a.name: f"{base}.{a.name}" for a in sub.names})
             elif isinstance(sub, ast.Import):
                 out.update({a.asname or a.name: a.name for a in sub.names})
