@@ -17,6 +17,7 @@ from .episodes import make_bench_episode, make_indep_episode
 from .paper_measure import TABLE1_METHODS, get_methods, measure_episode
 from .sweep import fit_r2
 
+#: The indep sweep's levels (``--indeps`` when not given).
 INDEP_LEVELS = (0.0, 0.25, 0.5, 0.75, 1.0)
 #: Table 1's session shapes (``--shape``), each its own table: ``current``, two
 #: setup turns before the target (tau = 3); ``paper``, about ``--history-tokens``
