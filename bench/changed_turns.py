@@ -10,9 +10,9 @@ a forget whose later turns do not change replays nothing but prefill.
 
 from __future__ import annotations
 
-import argparse
 import sys
 
+from unsee.bench import options
 from unsee.impl.agent.runtime import AgentRuntime
 from unsee.impl.engines.registry import load_engine
 from unsee.impl.methods.baselines import apply_method
@@ -35,8 +35,8 @@ def get_turns(engine, tau: int, history_tokens: int, history_kind: str, max_new_
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m unsee.bench.changed_turns", description=__doc__.splitlines()[0])
-    parser.add_argument("--engine", default="llamacpp", help="a one-word engine name (impl/engines/registry.py)")
+    parser = options.get_parser("changed_turns", __doc__)
+    options.add_engine(parser)
     parser.add_argument("--tau", type=int, default=3)
     parser.add_argument("--history-tokens", type=int, default=1000)
     parser.add_argument("--history-kind", default="memory", choices=HISTORY_KINDS)

@@ -28,7 +28,6 @@ same round: the issue's goal of B7 within 1.05x its floor on that episode.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import platform
@@ -38,6 +37,7 @@ import sys
 import time
 from pathlib import Path
 
+from unsee.bench import options
 from unsee.impl.agent.runtime import AgentRuntime
 from unsee.impl.cli.demo import get_model_episode
 from unsee.impl.cli.docs import replace_region
@@ -356,19 +356,19 @@ def write_docs(summary: dict, page: Path) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
-    parser = argparse.ArgumentParser(prog="python -m unsee.bench.forget_policy", description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="qwen2.5-1.5b")
-    parser.add_argument("--engine", default="llamacpp")
+    parser = options.get_parser("forget_policy", __doc__)
+    options.add_model(parser)
+    options.add_backend(parser)
     parser.add_argument("--suite", default="all")
     parser.add_argument("--episodes", type=int, default=10, help="per suite")
     parser.add_argument("--methods", default=",".join(METHODS))
-    parser.add_argument("--out", default="out/forget-policy")
+    options.add_out(parser, "out/forget-policy")
     parser.add_argument("--docs", help="rewrite this page's generated region from the summary")
     parser.add_argument("--summary", help="render this summary.json instead of running")
     parser.add_argument("--shard", default="0/1", help="K/N: run the sample's episodes whose index is K modulo N")
     parser.add_argument("--merge", nargs="+", metavar="DIR", help="summarise these runs' rows instead of running")
     parser.add_argument("--demo-episode", action="store_true", help="the demo's episode against its compute floor")
-    parser.add_argument("--rounds", type=int, default=3, help="with --demo-episode")
+    options.add_rounds(parser, help="with --demo-episode")
     args = parser.parse_args(argv)
     if args.demo_episode:
         rows = run_demo_episode(load_engine(args.model, backend=args.engine), args.rounds)

@@ -27,8 +27,11 @@ PACKAGE = "unsee.impl"
 #: The subsystems, lowest first: a module may import its own subsystem and
 #: those below it, never one above.
 LAYERS = ("util", "engines", "agent", "methods", "store", "eval", "conform", "serve", "cli")
-#: Top-level modules of unsee.impl that sit above every subsystem.
-TOP = ("api",)
+#: The public API, ``from unsee import ...`` (unsee/__init__.py, outside impl/). It
+#: re-exports names of several subsystems, so a module that imports it must sit
+#: at or above each of them.
+PUBLIC_API = "unsee"
+PUBLIC_API_PATH = Path(__file__).resolve().parents[1] / "unsee" / "__init__.py"
 FORBIDDEN = ("unsee.properties", "unsee.tests", "unsee.bench", "tests", "properties", "bench")
 #: private members of other libraries' objects that the engines set, by
 #: (file under impl, attribute): transformers reads the attention choice from
@@ -80,6 +83,14 @@ def get_subsystem(module: str) -> str:
     return module.removeprefix(PACKAGE + ".").split(".")[0]
 
 
+def get_public_api_subsystems() -> set[str]:
+    """The subsystems whose names the public API re-exports, read from its ``_EXPORTS``."""
+    for node in ast.parse(PUBLIC_API_PATH.read_text()).body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "_EXPORTS" for t in node.targets):
+            return {get_subsystem(module) for module in ast.literal_eval(node.value).values()}
+    raise AssertionError(f"{PUBLIC_API_PATH.name} has no _EXPORTS")
+
+
 def find_cycle(edges: dict[str, set[str]]) -> list[str] | None:
     """One import cycle, as the list of modules along it, or None."""
     state: dict[str, int] = {}
@@ -113,13 +124,16 @@ def test_no_upward_import():
     bad = []
     for name, targets in get_edges(modules).items():
         here = get_subsystem(name)
-        if name == PACKAGE or here in TOP:
+        if name == PACKAGE:
             continue
         assert here in LAYERS, f"{name}: subsystem {here!r} is not in LAYERS {LAYERS}"
         for target in targets:
             there = get_subsystem(target)
-            if target == PACKAGE or there in TOP or LAYERS.index(there) > LAYERS.index(here):
+            if target == PACKAGE or LAYERS.index(there) > LAYERS.index(here):
                 bad.append(f"{name} -> {target}")
+        if any(module == PUBLIC_API for module, _ in get_imports(modules[name])):
+            bad.extend(f"{name} -> {PUBLIC_API} (re-exports {there})" for there in get_public_api_subsystems()
+                       if LAYERS.index(there) > LAYERS.index(here))
     assert not bad, "imports that point up: " + ", ".join(sorted(bad))
 
 

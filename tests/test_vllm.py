@@ -370,7 +370,8 @@ def test_table1_runs_each_method_on_a_session_of_its_own(engine_factory_vllm):
     hits (one 128-token block more served, one less prefilled)."""
     from types import SimpleNamespace
 
-    from unsee.bench.paper import is_serving_engine, make_table1_episode, measure_episode
+    from unsee.bench.paper_measure import is_serving_engine, measure_episode
+    from unsee.bench.paper_tables import make_table1_episode
 
     engine = engine_factory_vllm()
     assert is_serving_engine(engine)

@@ -13,7 +13,7 @@ shares the checkpoint's prefix copy-on-write, :meth:`Engine.fork`)
 and only then adopts it, so a forget that fails halfway leaves the session as
 it was.
 
-The runtime holds a pin (:meth:`Engine.pin`) on the lineage it is
+The runtime holds a pin (:meth:`engine.budget.pin <unsee.impl.engines.protocol.KVBudget.pin>`) on the lineage it is
 extending: under a KV budget the engine may evict any other lineage, and a
 restore from an evicted checkpoint lineage rebuilds it from the checkpoint's
 manifest (:meth:`rebuild_lineage`).

@@ -40,9 +40,9 @@ The map:
 ``support``    the README's support matrix, generated from the engines' declarations
 ``files``      model files that need no transformers: the byte tokenizer, the
                cache folder and its atomic writes, the embedded SmolLM2 GGUF
-``hf/``        the transformers backend (:class:`KVEngine`; its package docstring has its map)
-``llamacpp/``  the llama.cpp backend (:class:`LlamaCppEngine`); reaches no transformers
-``vllm/``      the vLLM backend (the extra ``unsee[vllm]``): ``engine`` (:class:`VllmEngine`:
+``hf/``        the transformers backend (:class:`~unsee.impl.engines.hf.engine.KVEngine`; its package docstring has its map)
+``llamacpp/``  the llama.cpp backend (:class:`~unsee.impl.engines.llamacpp.engine.LlamaCppEngine`); reaches no transformers
+``vllm/``      the vLLM backend (the extra ``unsee[vllm]``): ``engine`` (:class:`~unsee.impl.engines.vllm.engine.VllmEngine`:
                lineages as tokens and a cache salt, the cold-run margin guard,
                the residue report), ``models`` (``load_vllm``), ``adapter`` (every vLLM call)
 

@@ -30,7 +30,7 @@ its lineage book: transformers, llama.cpp) *is* a one-token prefill (the same fo
 fork keeps what prefilling the same chunks gave (the protocol's promise,
 ``crop_continue_is_fresh``). So the tree gives the one-at-a-time tokens bit
 for bit (tests/test_eval_asking.py checks it on both engines); on any other
-engine (vLLM) :func:`open_asker` asks one at a time, through ``generate``.
+engine (vLLM) :class:`Asker` asks one at a time, through ``generate``.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ from unsee.impl.util.text import normalize
 
 #: the task query of an episode that names none
 DEFAULT_TASK = "What do you know about the user?"
-#: how :func:`open_asker` asks, per kind of engine (docs/eval.md's table is this)
+#: how :class:`Asker` asks (:func:`get_asking` picks), per kind of engine (docs/eval.md's table is this)
 ASKING = {"tree": "one prefill per prompt, shared decode steps, no commit: the one-at-a-time tokens bit for bit",
           "one at a time": "each generation through the engine's generate (forked, committed, dropped)"}
 

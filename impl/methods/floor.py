@@ -171,7 +171,7 @@ def _run_floor(engine: Engine, prefix: str, first: list, blocks: list[RuntimeBlo
                created: list[str]) -> set[str]:
     """Exactly the floor's operations, engine verbs only; the ids of the
     blocks that opened a lineage as a fork of the live one (``first``: the
-    live lineage's first chunk, as :func:`~unsee.impl.engines.lineage.open_lineage` reads it)."""
+    live lineage's first chunk, as :func:`~unsee.impl.engines.opening.open_lineage` reads it)."""
     lineage, forked = prefix, set()
     for block in blocks:
         if block.token_span[0] == 0:  # a block at offset 0 opens a lineage (compaction, new session)

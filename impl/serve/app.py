@@ -1,9 +1,9 @@
 """The FastAPI application of ``unsee serve`` (docs/serve.md): routes, auth,
 errors in OpenAI's shape, server-sent events.
 
-Every route reads its body strictly (:mod:`.requests`), then does its work in
+Every route reads its body strictly (:mod:`.bodies`), then does its work in
 a worker thread holding the conversation's lock and the engine's
-(:meth:`Pool.hold`). Every check that can refuse runs before the first write,
+(:meth:`Pool.hold`, the one way serve takes its locks). Every check that can refuse runs before the first write,
 so a refused request changes nothing; an unexpected failure answers 500 with
 no trace (it is logged), and the store is as its last commit left it.
 """
@@ -24,7 +24,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 
-from unsee.impl.serve import requests, shapes
+from unsee.impl.serve import bodies, shapes
 from unsee.impl.serve.chat import ChatCache
 from unsee.impl.serve.conversation import Conversation
 from unsee.impl.serve.errors import ApiError, bad_request, not_found, server_error, unauthorized
@@ -154,10 +154,10 @@ def add_conversation_routes(app: FastAPI, pool: Pool, model_name: str) -> None:
 
     @app.post("/v1/conversations")
     async def create_conversation(request: Request) -> dict:
-        body = requests.read_object(await read_json(request, empty_ok=True), requests.CONVERSATION_FIELDS,
+        body = bodies.read_object(await read_json(request, empty_ok=True), bodies.CONVERSATION_FIELDS,
                                     "conversations")
-        items = requests.read_items(body.get("items"), "items", system_first=True, empty_ok=True)
-        metadata = requests.read_metadata(body.get("metadata"))
+        items = bodies.read_items(body.get("items"), "items", system_first=True, empty_ok=True)
+        metadata = bodies.read_metadata(body.get("metadata"))
         conv = await run_in_threadpool(pool.create, items, metadata)
         return shapes.conversation(conv.record)
 
@@ -167,8 +167,8 @@ def add_conversation_routes(app: FastAPI, pool: Pool, model_name: str) -> None:
 
     @app.post("/v1/conversations/{conv_id}")
     async def update_conversation(conv_id: str, request: Request) -> dict:
-        body = requests.read_object(await read_json(request), {"metadata"}, "conversations.update")
-        metadata = requests.read_metadata(body.get("metadata"))
+        body = bodies.read_object(await read_json(request), {"metadata"}, "conversations.update")
+        metadata = bodies.read_metadata(body.get("metadata"))
 
         def work(conv: Conversation) -> dict:
             conv.save({**conv.record, "metadata": metadata})
@@ -185,8 +185,8 @@ def add_item_routes(app: FastAPI, pool: Pool) -> None:
     @app.post("/v1/conversations/{conv_id}/items")
     async def add_items(conv_id: str, request: Request) -> dict:
         check_query(request, {"include"})
-        body = requests.read_object(await read_json(request), requests.ITEMS_FIELDS, "items.create")
-        items = requests.read_items(body.get("items"), "items")
+        body = bodies.read_object(await read_json(request), bodies.ITEMS_FIELDS, "items.create")
+        items = bodies.read_items(body.get("items"), "items")
         return await run_held(pool, pool.get(conv_id), lambda c: shapes.item_list(c.add_items(items)))
 
     @app.get("/v1/conversations/{conv_id}/items")
@@ -274,7 +274,7 @@ def get_response_events(out: dict) -> list[dict]:
 def add_response_routes(app: FastAPI, pool: Pool, model_name: str) -> None:
     @app.post("/v1/responses")
     async def create_response(request: Request):
-        req = requests.read_response_request(await read_json(request))
+        req = bodies.read_response_request(await read_json(request))
         conv, previous = get_target(pool, req)
         if conv is None:
             out = await run_in_threadpool(respond_new, pool, model_name, req)
@@ -288,18 +288,15 @@ def add_chat_routes(app: FastAPI, pool: Pool, model_name: str) -> None:
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
-        req = requests.read_chat_request(await read_json(request))
+        req = bodies.read_chat_request(await read_json(request))
         d = pool.defaults
         settings = type(d)(max_new_tokens=req["max_new_tokens"] or d.max_new_tokens,
                            temperature=req["temperature"] if req["temperature"] is not None else d.temperature,
                            seed=req["seed"] if req["seed"] is not None else d.seed)
 
         def work() -> dict:
-            with pool.engine_lock:
-                try:
-                    return chat.complete(req["messages"], settings, pool.system)
-                finally:
-                    pool.enforce_budget()
+            with pool.hold():  # the engine's lock alone: a chat completion has no conversation
+                return chat.complete(req["messages"], settings, pool.system)
         out = await run_in_threadpool(work)
         completion_id = "chatcmpl-" + secrets.token_hex(16)
         if not req["stream"]:
