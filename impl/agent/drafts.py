@@ -79,6 +79,7 @@ import attrs
 
 from unsee.impl.engines.protocol import Assist
 from unsee.impl.engines.speculation import DraftPolicy
+from unsee.impl.util.ids import get_step_id
 
 
 @attrs.frozen
@@ -292,7 +293,7 @@ def choose_drafts(lm, bound: float | None, blocks: Sequence, steps: Sequence, bo
     blocks = [b for b in blocks if b.turn > boundary]
     if oracle:
         labelled = {s.id for s in steps[boundary:] if getattr(s, "independent", False)}
-        trusted = [b.id for b in blocks if b.id.rsplit("/", 1)[0] in labelled]
+        trusted = [b.id for b in blocks if get_step_id(b.id) in labelled]
         # the oracle trusts its labels; unlabelled turns are decoded as B7 without drafts would
         chosen = [b for b in blocks if b.id in set(trusted)]
         return Drafts.from_blocks(chosen, bound, trusted, lookup=False), {

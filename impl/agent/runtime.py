@@ -59,6 +59,7 @@ from unsee.impl.engines.lineage import rebuild
 from unsee.impl.engines.opening import open_lineage
 from unsee.impl.engines.protocol import Assist, Engine
 from unsee.impl.util.exclusive import Exclusive
+from unsee.impl.util.ids import ANSWER, CONTEXT, MEMORY, NOTE, PLAN, SYSTEM, compute_block_id, compute_record_id
 
 SYSTEM_ID = "system"
 
@@ -195,11 +196,11 @@ class AgentRuntime(SelectiveReplay):
 
     def _on_message(self, step: Step) -> None:
         self._observe(step)
-        self._answer(f"{step.id}/answer", "answer")
+        self._answer(compute_block_id(step.id, ANSWER), "answer")
 
     def _on_plan(self, step: Step) -> None:
         self._observe(step)
-        plan = self._answer(f"{step.id}/plan", "plan", header_suffix=self.renderer.get_plan_opening(step.tool))
+        plan = self._answer(compute_block_id(step.id, PLAN), "plan", header_suffix=self.renderer.get_plan_opening(step.tool))
         self._update(plans=(*self._state.plans, plan.id))
         for extension in self.extensions:  # e.g. the tool layer turns the plan into a call (issue 4)
             extension.after_plan(self, step, plan)
@@ -207,7 +208,7 @@ class AgentRuntime(SelectiveReplay):
     def _on_memory(self, step: Step) -> None:
         records = []
         for item in step.items:
-            record = self._record(f"{step.id}/{item.source}", "memory_record", item.text, (), frozenset({item.source}))
+            record = self._record(compute_record_id(step.id, item.source), "memory_record", item.text, (), frozenset({item.source}))
             records.append(record.id)
             self._update(memory=(*self._state.memory, record.id))
         self.append_block(step.id, "memory", self.render_block(*get_observation_message(step)), parents=tuple(self.context) + tuple(records),
@@ -215,16 +216,16 @@ class AgentRuntime(SelectiveReplay):
 
     def _on_remember(self, step: Step) -> None:
         self._observe(step)
-        note = self._answer(f"{step.id}/note", "memory_write")
+        note = self._answer(compute_block_id(step.id, NOTE), "memory_write")
         self._update(memory=(*self._state.memory, note.id))
 
     def _on_compact(self, step: Step) -> None:
         """Compaction: the model rewrites the context into a summary that replaces
         it, on a new cache lineage (the prompt prefix changed)."""
         self._observe(step)
-        summary = self._answer(f"{step.id}/answer", "summary", header_suffix=SUMMARY_OPENING)
+        summary = self._answer(compute_block_id(step.id, ANSWER), "summary", header_suffix=SUMMARY_OPENING)
         self._new_lineage(step)
-        self.append_block(f"{step.id}/context", "summary",
+        self.append_block(compute_block_id(step.id, CONTEXT), "summary",
                           self.render_block("system",
                                             f"Summary of the earlier conversation:\n{SUMMARY_OPENING} {summary.text}"),
                           parents=(summary.id,), sources=summary.source_ids, extend_context=True)
@@ -234,7 +235,7 @@ class AgentRuntime(SelectiveReplay):
         records = [self.graph[r] for r in self._state.memory]
         self._new_lineage(step)
         sources = frozenset().union(*(r.source_ids for r in records))
-        self.append_block(f"{step.id}/memory", "memory", self.render_block("system", get_memory_text([r.text for r in records])),
+        self.append_block(compute_block_id(step.id, MEMORY), "memory", self.render_block("system", get_memory_text([r.text for r in records])),
                           parents=tuple(r.id for r in records), sources=sources, extend_context=True)
 
     # --- building blocks (the verbs extensions and baselines use) ------------
@@ -338,7 +339,7 @@ class AgentRuntime(SelectiveReplay):
         first = self.graph[self._state.context[0]].get_chunks()[:1] if self._state.context else []
         ids = tuple(self.engine.lm.encode(text := self.render_first()))
         self._update(lineage=open_lineage(self.engine, self.lineage, first, ids), context=())
-        self.commit_block(RuntimeBlock(f"{step.id}/system", "system", text, ids, (), frozenset(), (0, len(ids)), self.t))
+        self.commit_block(RuntimeBlock(compute_block_id(step.id, SYSTEM), "system", text, ids, (), frozenset(), (0, len(ids)), self.t))
 
     def _get_checkpoint(self) -> Checkpoint:
         """The checkpoint of the state now (``R_t``, before the next transition)."""
@@ -479,7 +480,7 @@ class AgentRuntime(SelectiveReplay):
         self.replaying = False
         if not self._shared_lineages:
             for lineage in old_lineages - self.checkpoints.lineages() - {self.lineage}:
-                # "stored:" handles name no cache; evicted ones are forgotten
+                # stored handles (is_stored_handle) name no cache; evicted ones are forgotten
                 if lineage in self.engine.budget.lineages or self.engine.budget.is_evicted(lineage):
                     self.engine.drop(lineage)
 

@@ -20,6 +20,7 @@ import attrs
 from unsee.impl.agent.checkpoints import Checkpoint, CheckpointStore
 from unsee.impl.agent.episode import Item, Step
 from unsee.impl.agent.provenance import ArtifactGraph, RuntimeBlock
+from unsee.impl.util.ids import NO_LINEAGE, compute_stored_handle
 
 
 @attrs.frozen
@@ -31,7 +32,7 @@ class RuntimeState:
     checkpoints: CheckpointStore = attrs.field(factory=CheckpointStore)
     steps: tuple[Step, ...] = attrs.field(default=(), converter=tuple)  # the observation log o_1..o_t
     t: int = 0
-    lineage: str = ""  # the cache lineage ("" before R_0)
+    lineage: str = NO_LINEAGE  # the cache lineage (NO_LINEAGE before R_0)
     context: tuple[str, ...] = attrs.field(default=(), converter=tuple)
     memory: tuple[str, ...] = attrs.field(default=(), converter=tuple)
     plans: tuple[str, ...] = attrs.field(default=(), converter=tuple)
@@ -77,15 +78,15 @@ class RuntimeState:
     def from_record(cls, record: dict, policy: str) -> RuntimeState:
         """The inverse of :meth:`get_record`, without a lineage. A recorded
         checkpoint's cache handle named a cache of the process that wrote it:
-        it becomes ``stored:<handle>``, which names no cache here."""
+        it becomes a stored handle (:func:`compute_stored_handle`), which names no cache here."""
         graph = ArtifactGraph(RuntimeBlock.from_record(block) for block in record["blocks"])
         checkpoints = CheckpointStore(policy, (
-            Checkpoint(c["boundary"], f"stored:{c['lineage']}", c["token_offset"], tuple(c["context"]),
+            Checkpoint(c["boundary"], compute_stored_handle(c["lineage"]), c["token_offset"], tuple(c["context"]),
                        tuple(c["memory"]), tuple(c["plans"]), c.get("env_snapshot"))
             for c in record["checkpoints"]))
         steps = [Step(s["id"], s["kind"], tuple(Item(i["source"], i["text"]) for i in s["items"]), s["tool"])
                  for s in record["steps"]]
-        return cls(graph, checkpoints, steps, record["t"], "", record["context"], record["memory"], record["plans"],
+        return cls(graph, checkpoints, steps, record["t"], NO_LINEAGE, record["context"], record["memory"], record["plans"],
                    record["transitions"], record["forgotten"])
 
 

@@ -43,6 +43,7 @@ from unsee.impl.agent.report import ForgetReport
 from unsee.impl.agent.runtime import AgentRuntime
 from unsee.impl.agent.tools.calls import parse_arguments
 from unsee.impl.engines.protocol import PrefixCache, SpanExcision
+from unsee.impl.util.ids import PLAN, compute_block_id
 from unsee.impl.util.text import get_variants, normalize
 
 METHODS = ("none", "memory-delete", "forget-instruction", "source-redaction", "sanitize-no-replay", "reset",
@@ -303,7 +304,7 @@ def get_blocked_args(runtime: AgentRuntime, source_id: str,
     treated as an identifier; with no arguments known, the pair
     ``(plan, "*")`` blocks the whole plan."""
     out: list[tuple[str, str]] = []
-    tools = {f"{s.id}/plan": s.tool for s in runtime.steps if s.kind == "plan"}
+    tools = {compute_block_id(s.id, PLAN): s.tool for s in runtime.steps if s.kind == "plan"}
     for plan in runtime.plans:
         if source_id not in runtime.graph[plan].source_ids:
             continue
@@ -321,8 +322,8 @@ def get_plan_arguments(runtime: AgentRuntime, params_by_tool: Mapping[str, tuple
     tool layer's calls where the runtime made them (scaffold-filled
     arguments included), else parsed from the plan text with the tool's
     parameters (:func:`~unsee.impl.agent.tools.parse_arguments`)."""
-    calls = {f"{c.step_id}/plan": dict(c.args) for c in getattr(runtime, "calls", ())}
-    tools = {f"{s.id}/plan": s.tool for s in runtime.steps if s.kind == "plan"}
+    calls = {compute_block_id(c.step_id, PLAN): dict(c.args) for c in getattr(runtime, "calls", ())}
+    tools = {compute_block_id(s.id, PLAN): s.tool for s in runtime.steps if s.kind == "plan"}
     out = {}
     for plan in runtime.plans:
         if plan in calls:
