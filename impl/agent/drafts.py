@@ -123,6 +123,11 @@ class TurnCost:
                    looked_up=spent.lookup_accepted_tokens + spent.lookup_rejected_tokens,
                    lookup_accepted=spent.lookup_accepted_tokens, forwards=spent.forward_calls)
 
+    @classmethod
+    def from_trusted(cls, block: str, draft: Draft) -> TurnCost:
+        """A trusted draft's turn (B7-oracle): its tokens re-prefilled as they were."""
+        return cls(block, len(draft.tokens), 0, 0, 0, len(draft.tokens), False, True, generated=len(draft.tokens))
+
     @property
     def is_early_miss(self) -> bool:
         """Right at its first token and wrong at its second: the case a probe saves."""
@@ -194,23 +199,27 @@ def is_quoting(text: str, ngrams: frozenset[tuple[str, ...]]) -> bool:
     return False
 
 
+@attrs.frozen
 class Drafts:
-    """The drafts of one replay, by model-turn block id (a component the
-    runtime owns while it replays; None outside a forget). ``policy``: the
+    """The drafts of one replay, by model-turn block id, and the costs of the
+    turns replayed so far (``turns``): a value that a replay runtime replaces
+    at each turn (:meth:`with_turn`) and the forget reads back. ``policy``: the
     engine's draft policy (impl/engines/speculation.py), where it sizes its
     forwards by a credit; None where a draft is verified in one forward."""
 
-    def __init__(self, drafts: Mapping[str, Draft], bound: float | None, lookup: bool = True,
-                 policy: DraftPolicy | None = None):
-        self._drafts = dict(drafts)
-        self.bound = bound
-        #: guess from the context once a turn's draft has failed (``get_lookup``)
-        self.lookup = lookup
-        self.policy = policy
-        self.turns: list[TurnCost] = []
+    drafts: Mapping[str, Draft] = attrs.field(converter=dict)
+    bound: float | None
+    #: guess from the context once a turn's draft has failed (``get_lookup``)
+    lookup: bool = True
+    policy: DraftPolicy | None = None
+    turns: tuple[TurnCost, ...] = attrs.field(default=(), converter=tuple)
 
     def get(self, block_id: str) -> Draft | None:
-        return self._drafts.get(block_id)
+        return self.drafts.get(block_id)
+
+    def with_turn(self, cost: TurnCost) -> Drafts:
+        """These drafts after one more replayed turn, which cost ``cost``."""
+        return attrs.evolve(self, turns=(*self.turns, cost))
 
     def get_assist(self, draft: Draft | None) -> Assist:
         """What the next model turn's ``generate`` may verify: its draft, and
@@ -249,7 +258,7 @@ class Drafts:
         return (misses + a) / (len(seen) + a + b)
 
     def __len__(self) -> int:
-        return len(self._drafts)
+        return len(self.drafts)
 
     @classmethod
     def from_blocks(cls, blocks: Iterable, bound: float | None, trusted: Iterable[str] = (),

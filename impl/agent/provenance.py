@@ -11,7 +11,7 @@ Lemma 2 (ii)).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 import attrs
 
@@ -163,3 +163,14 @@ class ArtifactGraph:
         chosen = self._blocks if blocks is None else tuple(self[i] for i in blocks)
         return ProvenanceGraph(tuple(
             Artifact(b.id, b.type, b.parents, b.source_ids, b.token_span, b.turn, b.committed) for b in chosen))
+
+
+def get_turn_chunks(determinism, header: Sequence[int], generated: Sequence[int]) -> tuple[int, ...]:
+    """The chunks a rebuild prefills a model turn in, from what the engine
+    guarantees (:attr:`Determinism.canonical_chunking`): where chunking
+    matters, the header prefill and the canonical prefill of the turn
+    (two chunks, as they were computed); on a chunk-invariant engine whose
+    decode equals prefill, the whole turn as one chunk gives the same KV."""
+    if determinism.canonical_chunking == "block":
+        return (len(header) + len(generated),)
+    return (len(header), len(generated))

@@ -15,6 +15,8 @@ runtime pins it, see :class:`~unsee.impl.agent.runtime.AgentRuntime`).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import attrs
 
 from unsee.impl.agent.checkpoints import Checkpoint, CheckpointStore
@@ -62,6 +64,32 @@ class RuntimeState:
         ``extend_context``, at the end of the context."""
         context = (*self.context, block.id) if extend_context else self.context
         return attrs.evolve(self, graph=self.graph.with_block(block), context=context)
+
+    def on_live_lineage(self, lineage: str, live_offset: int) -> RuntimeState:
+        """This state (reopened from its record) on ``lineage``, which holds its
+        context's ``live_offset`` tokens: checkpoints on that prefix crop it
+        instead of rebuilding from their manifest."""
+        checkpoints = self.checkpoints
+        for c in self.checkpoints.all():
+            if c.context == self.context[:len(c.context)] and c.token_offset <= live_offset:
+                checkpoints = checkpoints.with_checkpoint(attrs.evolve(c, lineage=lineage))
+        return attrs.evolve(self, lineage=lineage, checkpoints=checkpoints)
+
+    def with_excised(self, cuts: Mapping[str, tuple[int, int, str]]) -> RuntimeState:
+        """This state with ``[a, z)`` of each named context block's own tokens
+        and its cut text (the third field) removed from the block's record;
+        later blocks' spans shift down (the cache was cut the same way)."""
+        offset, graph = 0, self.graph
+        for block_id in self.context:
+            block = graph[block_id]
+            tokens, text, chunks = block.tokens, block.text, block.chunks
+            if block_id in cuts:
+                a, z, item = cuts[block_id]
+                tokens, text, chunks = tokens[:a] + tokens[z:], text.replace(item, "", 1), ()
+            graph = graph.with_replaced(attrs.evolve(block, tokens=tuple(tokens), text=text,
+                                                     token_span=(offset, offset + len(tokens)), chunks=chunks))
+            offset += len(tokens)
+        return attrs.evolve(self, graph=graph)
 
     def get_record(self) -> dict:
         """The state as plain data, as the session record holds it (no
