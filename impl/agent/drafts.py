@@ -77,6 +77,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import attrs
 
+from unsee.impl.engines.counts import Counters
 from unsee.impl.engines.protocol import Assist
 from unsee.impl.engines.speculation import DraftPolicy
 from unsee.impl.util.ids import get_step_id
@@ -92,41 +93,53 @@ class Draft:
     quotes: bool = False  # repeats words of a forgotten item (``is_quoting``)
 
 
-@attrs.define
+@attrs.frozen
 class TurnCost:
-    """What one replayed model turn cost (the forget report lists them)."""
+    """What one replayed model turn cost (the forget report lists them): the
+    engine's counts over the turn (``spent``, the one record of counts) and
+    what the replay knew of its draft. The report shows them by the names of
+    :data:`TURN_KEYS`."""
 
     block: str
     draft: int  # draft tokens offered (0: no draft)
-    accepted: int
-    rejected: int
-    decoded: int
-    prefilled: int
-    fallback: bool  # re-decoded from the header at an unstable decision
+    spent: Counters  # the engine's work over the turn (verification, decode steps, its commit)
     trusted: bool = False
-    probed: bool = False  # a one-token probe came before the verification
     generated: int = 0  # tokens the turn committed (its canonical chunk)
     quotes: bool = False  # the draft quoted a forgotten item (probes are estimated apart)
-    lookups: int = 0  # forwards that also verified a guess from the context (``get_lookup``)
-    looked_up: int = 0  # guessed tokens those forwards verified (counted in ``prefilled``)
-    lookup_accepted: int = 0  # of them, accepted instead of decoded
-    forwards: int = 0  # the turn's model forwards (verification, decode steps, its commit)
+
+    accepted = property(lambda self: self.spent.draft_accepted_tokens)
+    rejected = property(lambda self: self.spent.draft_rejected_tokens)
+    decoded = property(lambda self: self.spent.decoded_tokens)
+    prefilled = property(lambda self: self.spent.prefilled_tokens)
+    fallback = property(lambda self: bool(self.spent.draft_fallbacks),
+                        doc="Re-decoded from the header at an unstable decision.")
+    probed = property(lambda self: bool(self.spent.draft_probes),
+                      doc="A one-token probe came before the verification.")
+    lookups = property(lambda self: self.spent.lookup_forwards,
+                       doc="Forwards that also verified a guess from the context (``get_lookup``).")
+    looked_up = property(lambda self: self.spent.lookup_accepted_tokens + self.spent.lookup_rejected_tokens,
+                         doc="Guessed tokens those forwards verified (counted in ``prefilled``).")
+    lookup_accepted = property(lambda self: self.spent.lookup_accepted_tokens,
+                               doc="Of them, accepted instead of decoded.")
+    forwards = property(lambda self: self.spent.forward_calls)
 
     @classmethod
-    def from_spent(cls, block: str, draft: Draft | None, spent, generated: int) -> TurnCost:
+    def from_spent(cls, block: str, draft: Draft | None, spent: Counters, generated: int) -> TurnCost:
         """A decoded turn's cost from the engine's counters over it (``spent``: a
         :class:`~unsee.impl.engines.counts.Counters` difference)."""
-        return cls(block, len(draft.tokens) if draft else 0, spent.draft_accepted_tokens,
-                   spent.draft_rejected_tokens, spent.decoded_tokens, spent.prefilled_tokens,
-                   bool(spent.draft_fallbacks), probed=bool(spent.draft_probes), generated=generated,
-                   quotes=draft is not None and draft.quotes, lookups=spent.lookup_forwards,
-                   looked_up=spent.lookup_accepted_tokens + spent.lookup_rejected_tokens,
-                   lookup_accepted=spent.lookup_accepted_tokens, forwards=spent.forward_calls)
+        return cls(block, len(draft.tokens) if draft else 0, spent, generated=generated,
+                   quotes=draft is not None and draft.quotes)
 
     @classmethod
     def from_trusted(cls, block: str, draft: Draft) -> TurnCost:
-        """A trusted draft's turn (B7-oracle): its tokens re-prefilled as they were."""
-        return cls(block, len(draft.tokens), 0, 0, 0, len(draft.tokens), False, True, generated=len(draft.tokens))
+        """A trusted draft's turn (B7-oracle): its tokens re-prefilled as they were
+        (counted as prefilled, not as a measured forward)."""
+        n = len(draft.tokens)
+        return cls(block, n, Counters(prefilled_tokens=n), trusted=True, generated=n)
+
+    def to_json(self) -> dict:
+        """The turn as the report lists it (:data:`TURN_KEYS`)."""
+        return {key: getattr(self, key) for key in TURN_KEYS}
 
     @property
     def is_early_miss(self) -> bool:
@@ -140,6 +153,11 @@ class TurnCost:
         went wrong in it, or an unstable decision sent the turn back to its
         header)."""
         return self.prefilled - self.generated - self.looked_up
+
+
+#: The keys of a replayed turn in the forget report (:meth:`TurnCost.to_json`), in order.
+TURN_KEYS = ("block", "draft", "accepted", "rejected", "decoded", "prefilled", "fallback", "trusted", "probed",
+             "generated", "quotes", "lookups", "looked_up", "lookup_accepted", "forwards")
 
 
 #: Probe when the estimated chance that a draft which passed its first token

@@ -25,7 +25,7 @@ from unsee.impl.agent.checkpoints import Checkpoint, CheckpointStore
 from unsee.impl.agent.drafts import Drafts, choose_drafts
 from unsee.impl.agent.episode import Step
 from unsee.impl.agent.extensions import Extension
-from unsee.impl.agent.report import ForgetReport
+from unsee.impl.agent.report import ForgetReport, RestoreAccount
 from unsee.impl.agent.state import RuntimeState
 from unsee.impl.engines.files import get_cpu_isa
 from unsee.impl.engines.protocol import Residue, RestoreReport, get_draft_bound, get_draft_policy
@@ -77,7 +77,7 @@ class Forgotten:
     invocations: int = 0  # transitions the replay ran
     already_forgotten: bool = False
     drafts: dict | None = None
-    restore: dict | None = None
+    restore: RestoreAccount | None = None
 
 
 @attrs.frozen
@@ -92,7 +92,7 @@ class Replayed:
     forgotten: Forgotten
 
 
-def get_restore_fields(engine, checkpoint_tokens: int, shared: bool, lineage: str) -> dict:
+def get_restore_account(engine, checkpoint_tokens: int, shared: bool, lineage: str) -> RestoreAccount:
     """What a forget's restore of ``checkpoint_tokens`` kept and what it recomputed.
 
     The engine declares where a prefill resumes after a restore
@@ -104,13 +104,9 @@ def get_restore_fields(engine, checkpoint_tokens: int, shared: bool, lineage: st
     (vLLM: whole cached blocks, which may run past the checkpoint into the
     unchanged steps after it, or fall short of it where blocks were evicted)."""
     kept, recomputed = engine.determinism.get_restore_split(checkpoint_tokens) if shared else (0, checkpoint_tokens)
-    fields = {"checkpoint_tokens": checkpoint_tokens, "granularity": engine.determinism.restore_granularity,
-              "shared": shared, "cached_tokens": kept, "recomputed_tokens": recomputed}
     served = engine.get_restore(lineage) if isinstance(engine, RestoreReport) and lineage in engine.budget.lineages \
         else None
-    if served is not None:
-        fields["served"] = served
-    return fields
+    return RestoreAccount(checkpoint_tokens, engine.determinism.restore_granularity, shared, kept, recomputed, served)
 
 
 def sanitize_steps(steps: Sequence[Step], source_ids: Sequence[str]) -> list[Step]:
@@ -177,10 +173,10 @@ def compute_replay(runtime: Runtime, plan: ReplayPlan, method: str, source_ids: 
     account = dict(plan.drafts_account)
     if replay.drafts is not None:
         account["totals"] = replay.drafts.get_totals()
-        account["turns"] = [attrs.asdict(t) for t in replay.drafts.turns]
+        account["turns"] = [t.to_json() for t in replay.drafts.turns]
     forgotten = Forgotten(method, tuple(source_ids), plan.tau, checkpoint, plan.closure,
                           replay.transitions - transitions_before, drafts=account,
-                          restore=get_restore_fields(runtime.engine, checkpoint.token_offset, plan.shared, restored))
+                          restore=get_restore_account(runtime.engine, checkpoint.token_offset, plan.shared, restored))
     return Replayed(replay.state, tuple(replay.extensions), base, forgotten)
 
 
@@ -299,5 +295,5 @@ def compute_report(runtime: Runtime, forgotten: Forgotten, started: float, befor
 
 __all__ = ["AmbiguousTargetError", "Forgotten", "Progress", "ReplayPlan", "Replayed", "TargetNotFoundError",
            "compute_replay", "compute_report", "find_one_source", "find_sources", "forget_sources",
-           "get_closure", "get_restore_fields", "plan_replay", "reset_sources", "restore_checkpoint", "sanitize_step",
+           "get_closure", "get_restore_account", "plan_replay", "reset_sources", "restore_checkpoint", "sanitize_step",
            "sanitize_steps"]

@@ -15,6 +15,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import attrs
 
+from unsee.impl.engines.protocol import Determinism
 from unsee.spec import Artifact, ProvenanceGraph
 
 #: block types that the model wrote (the paper's derived artifacts)
@@ -165,7 +166,7 @@ class ArtifactGraph:
             Artifact(b.id, b.type, b.parents, b.source_ids, b.token_span, b.turn, b.committed) for b in chosen))
 
 
-def get_turn_chunks(determinism, header: Sequence[int], generated: Sequence[int]) -> tuple[int, ...]:
+def get_turn_chunks(determinism: Determinism, header: Sequence[int], generated: Sequence[int]) -> tuple[int, ...]:
     """The chunks a rebuild prefills a model turn in, from what the engine
     guarantees (:attr:`Determinism.canonical_chunking`): where chunking
     matters, the header prefill and the canonical prefill of the turn

@@ -8,6 +8,23 @@ from unsee.impl.engines.counts import Counters
 
 
 @attrs.frozen
+class RestoreAccount:
+    """What a forget's restore of its checkpoint kept and what it recomputed
+    (the report's ``extra["restore"]``, :func:`~unsee.impl.agent.forget.get_restore_account`)."""
+
+    checkpoint_tokens: int
+    granularity: int  # where a prefill resumes after a restore (Determinism.restore_granularity)
+    shared: bool  # the checkpoint's lineage was in memory (else rebuilt from its manifest)
+    cached_tokens: int
+    recomputed_tokens: int
+    served: dict | None = None  # what the engine saw the restored lineage's first request served, where it says
+
+    def to_json(self) -> dict:
+        """As plain data; ``served`` only where the engine says it."""
+        return attrs.asdict(self, filter=lambda a, v: a.name != "served" or v is not None)
+
+
+@attrs.frozen
 class ForgetReport:
     """What a forget (or a reset, or a baseline) did and cost."""
 
@@ -56,7 +73,8 @@ class ForgetReport:
     def to_json(self) -> dict:
         """The report as plain data: the counts of ``spent`` it shows by name, in the order
         its JSON has always had (:data:`JSON_KEYS`)."""
-        fields = attrs.asdict(self, filter=lambda a, _: a.name != "spent")
+        fields = attrs.asdict(self, filter=lambda a, _: a.name not in ("spent", "extra"))
+        fields["extra"] = {k: v.to_json() if isinstance(v, RestoreAccount) else v for k, v in self.extra.items()}
         fields.update({name: getattr(self, name) for name in COUNTED},
                       closure=list(self.closure), expected_invocations=self.expected_invocations)
         return {key: fields[key] for key in JSON_KEYS}
@@ -72,4 +90,4 @@ JSON_KEYS = ("method", "source_id", "tau", "length", "boundary", "checkpoint", "
              "rebuilt_tokens", "reused_tokens", "digest_means", "expected_invocations")
 
 
-__all__ = ["ForgetReport"]
+__all__ = ["COUNTED", "JSON_KEYS", "ForgetReport", "RestoreAccount"]

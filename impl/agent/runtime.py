@@ -200,7 +200,7 @@ class AgentRuntime:
         state = self._state
         checkpoints = state.checkpoints
         if is_checkpoint_due(checkpoints.policy, state.t, step):
-            checkpoints = checkpoints.with_checkpoint(self._get_checkpoint())
+            checkpoints = checkpoints.with_checkpoint(self._take_checkpoint())
         self._update(t=state.t + 1, transitions=state.transitions + 1, steps=(*state.steps, step),
                      checkpoints=checkpoints)
         handler = {"user": self._on_message, "tool": self._on_message, "plan": self._on_plan,
@@ -345,15 +345,15 @@ class AgentRuntime:
         self.commit_block(RuntimeBlock(ids.compute_block_id(step.id, ids.SYSTEM), "system", text, tokens, (), frozenset(),
                                        (0, len(tokens)), self.t))
 
-    def _get_checkpoint(self) -> Checkpoint:
+    def _take_checkpoint(self) -> Checkpoint:
         """The checkpoint of the state now (``R_t``, before the next transition)."""
         return Checkpoint(self.t, self.lineage, len(self.engine.tokens(self.lineage)), self._state.context,
-                          self._state.memory, self._state.plans, self.env_snapshot_id())
+                          self._state.memory, self._state.plans, self.take_env_snapshot())
 
-    def env_snapshot_id(self) -> str | None:
+    def take_env_snapshot(self) -> str | None:
         """The environment snapshot a checkpoint records: an extension's
         (the tool layer's world), none without one."""
-        ids = [e.get_snapshot_id(self) for e in self.extensions]
+        ids = [e.take_snapshot(self) for e in self.extensions]
         return next((sid for sid in ids if sid is not None), None)
 
     # --- reading the state ---------------------------------------------------
@@ -515,7 +515,7 @@ class AgentRuntime:
     def get_assumptions(self) -> dict:
         """Theorem 1's assumptions as this runtime (and its extensions) can vouch for them."""
         a1 = "greedy decoding" if self.settings.temperature == 0 else "sampling with a fixed seed per transition"
-        out = {"A1": {"holds": True, "why": f"{a1}; {self.engine.lm.determinism}"},
+        out = {"A1": {"holds": True, "why": f"{a1}; {self.engine.determinism.statement}"},
                "A2": {"holds": True, "why": "sanitize removes exactly the target's items; all else verbatim"},
                "A3": {"holds": True, "why": "no tools with external side effects in this runtime"}}
         for extension in self.extensions:

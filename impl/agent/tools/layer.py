@@ -201,7 +201,7 @@ class ToolLayer:
 
     # --- snapshots, branches, forget, adopt ------------------------------------
 
-    def get_snapshot_id(self, runtime) -> str | None:
+    def take_snapshot(self, runtime) -> str | None:
         """A replay checkpoints its shadow (the counterfactual world); a live
         session checkpoints the real world."""
         return (self.shadow if runtime.replaying else self.world).snapshot()
