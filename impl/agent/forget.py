@@ -27,6 +27,7 @@ from unsee.impl.agent.episode import Step
 from unsee.impl.agent.extensions import Extension
 from unsee.impl.agent.report import ForgetReport, RestoreAccount
 from unsee.impl.agent.state import RuntimeState
+from unsee.impl.engines.counts import Counters
 from unsee.impl.engines.files import get_cpu_isa
 from unsee.impl.engines.protocol import Residue, RestoreReport, get_draft_bound, get_draft_policy
 from unsee.impl.util.text import normalize
@@ -269,7 +270,7 @@ def find_one_source(state: RuntimeState, value: str) -> str:
     return sources[0]
 
 
-def compute_report(runtime: Runtime, forgotten: Forgotten, started: float, before) -> ForgetReport:
+def compute_report(runtime: Runtime, forgotten: Forgotten, started: float, before: Counters) -> ForgetReport:
     """The report of ``forgotten``, on the state ``runtime`` holds now; ``before``:
     the engine's counters when it started."""
     spent = runtime.engine.counters.snapshot() - before
@@ -290,7 +291,8 @@ def compute_report(runtime: Runtime, forgotten: Forgotten, started: float, befor
         checkpoint_bytes=checkpoint.nbytes if checkpoint else 0,
         closure=forgotten.closure, invocations=forgotten.invocations,
         spent=spent, wall_s=time.perf_counter() - started, digest=digest, assumptions=assumptions, extra=extra,
-        digest_means=runtime.engine.determinism.digest, drafts=forgotten.drafts or {"mode": "off", "why": "no replay of model turns from drafts"})
+        digest_means=runtime.engine.determinism.digest,
+        drafts=forgotten.drafts or {"mode": "off", "why": "no replay of model turns from drafts"})
 
 
 __all__ = ["AmbiguousTargetError", "Forgotten", "Progress", "ReplayPlan", "Replayed", "TargetNotFoundError",

@@ -11,16 +11,13 @@ caches.
 ``forget`` and ``full_reset`` are functions over the state (impl/agent/forget.py):
 they build the new state beside the old one, which the runtime then adopts.
 
-The runtime holds a pin (:meth:`Engine.pin`) on the lineage it is
-extending: under a KV budget the engine may evict any other lineage, and a
-restore from an evicted checkpoint lineage rebuilds it from the checkpoint's
-manifest (:meth:`rebuild_lineage`).
+The runtime holds a pin (:meth:`Engine.pin`) on the lineage it is extending: under a KV budget the engine
+may evict any other lineage, and a restore from an evicted checkpoint lineage rebuilds it from the
+checkpoint's manifest (:meth:`rebuild_lineage`).
 
-Extensions (:mod:`unsee.impl.agent.extensions`, e.g. the tool layer) are
-components the runtime owns and calls at fixed points; they change its state
-through the public verbs (:meth:`append_block`, :meth:`mark_committed`), as
-the baselines do (:meth:`rebuild_context`, :meth:`keep_memory`,
-:meth:`excise_spans`).
+Extensions (:mod:`unsee.impl.agent.extensions`, e.g. the tool layer) are components the runtime owns and
+calls at fixed points; they change its state through the public verbs (:meth:`append_block`,
+:meth:`mark_committed`), as the baselines do (:meth:`rebuild_context`, :meth:`keep_memory`, :meth:`excise_spans`).
 """
 
 from __future__ import annotations
@@ -214,7 +211,8 @@ class AgentRuntime:
 
     def _on_plan(self, step: Step) -> None:
         self._observe(step)
-        plan = self._answer(ids.compute_block_id(step.id, ids.PLAN), "plan", header_suffix=self.renderer.get_plan_opening(step.tool))
+        plan = self._answer(ids.compute_block_id(step.id, ids.PLAN), "plan",
+                            header_suffix=self.renderer.get_plan_opening(step.tool))
         self._update(plans=(*self._state.plans, plan.id))
         for extension in self.extensions:  # e.g. the tool layer turns the plan into a call (issue 4)
             extension.after_plan(self, step, plan)
@@ -222,7 +220,8 @@ class AgentRuntime:
     def _on_memory(self, step: Step) -> None:
         records = []
         for item in step.items:
-            record = self._record(ids.compute_record_id(step.id, item.source), "memory_record", item.text, (), frozenset({item.source}))
+            record = self._record(ids.compute_record_id(step.id, item.source), "memory_record", item.text, (),
+                                  frozenset({item.source}))
             records.append(record.id)
             self._update(memory=(*self._state.memory, record.id))
         self.append_block(step.id, "memory", self.render_block(*get_observation_message(step)), parents=tuple(self.context) + tuple(records),
@@ -249,7 +248,8 @@ class AgentRuntime:
         records = [self.graph[r] for r in self._state.memory]
         self._new_lineage(step)
         sources = frozenset().union(*(r.source_ids for r in records))
-        self.append_block(ids.compute_block_id(step.id, ids.MEMORY), "memory", self.render_block("system", get_memory_text([r.text for r in records])),
+        self.append_block(ids.compute_block_id(step.id, ids.MEMORY), "memory",
+                          self.render_block("system", get_memory_text([r.text for r in records])),
                           parents=tuple(r.id for r in records), sources=sources, extend_context=True)
 
     # --- building blocks (the verbs extensions and baselines use) ------------
@@ -317,7 +317,8 @@ class AgentRuntime:
         text = self.engine.lm.decode(body).strip()
         tokens = header + tuple(generated)
         block = RuntimeBlock(block_id, type_, text, tokens, tuple(self.context), self.get_resident_sources(),
-                             (start, start + len(tokens)), self.t, chunks=get_turn_chunks(self.engine.determinism, header, generated))
+                             (start, start + len(tokens)), self.t,
+                             chunks=get_turn_chunks(self.engine.determinism, header, generated))
         return self.commit_block(block)
 
     def _decode(self, block_id: str, draft) -> list[int]:
@@ -342,8 +343,8 @@ class AgentRuntime:
         first = self.graph[self._state.context[0]].get_chunks()[:1] if self._state.context else []
         tokens = tuple(self.engine.lm.encode(text := self.render_first()))
         self._update(lineage=open_lineage(self.engine, self.lineage, first, tokens), context=())
-        self.commit_block(RuntimeBlock(ids.compute_block_id(step.id, ids.SYSTEM), "system", text, tokens, (), frozenset(),
-                                       (0, len(tokens)), self.t))
+        self.commit_block(RuntimeBlock(ids.compute_block_id(step.id, ids.SYSTEM), "system", text, tokens, (),
+                                       frozenset(), (0, len(tokens)), self.t))
 
     def _take_checkpoint(self) -> Checkpoint:
         """The checkpoint of the state now (``R_t``, before the next transition)."""
@@ -481,8 +482,7 @@ class AgentRuntime:
         """A copy that shares nothing mutable: its own current lineage, which
         shares the current one's KV copy-on-write, and a fork of every extension.
         Checkpoint lineages are shared read-only (restores never write into them)."""
-        other = self.spawn([e.fork() for e in self.extensions],
-                            self._state.on_branch(self.engine.fork(self.lineage)))
+        other = self.spawn([e.fork() for e in self.extensions], self._state.on_branch(self.engine.fork(self.lineage)))
         # the clone's checkpoints may still name our current lineage, and ours theirs
         self._shared_lineages = True
         return other
