@@ -446,7 +446,7 @@ def test_a_restore_keeps_the_checkpoint_rounded_down_to_blocks(engine_factory):
     block = runtime.engine.lm.block_size
     assert runtime.engine.determinism.restore_granularity == block
     report = runtime.forget(episode.target.source)
-    restore = report.extra["restore"]
+    restore = report.extra["restore"].to_json()
     offset = restore["checkpoint_tokens"]
     assert offset % block != 0 and restore["shared"]  # the case under test: a checkpoint inside a block
     assert (restore["cached_tokens"], restore["recomputed_tokens"]) == (offset // block * block, offset % block)

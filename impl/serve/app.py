@@ -29,6 +29,7 @@ from unsee.impl.serve.chat import ChatCache
 from unsee.impl.serve.conversation import Conversation
 from unsee.impl.serve.errors import ApiError, bad_request, not_found, server_error, unauthorized
 from unsee.impl.serve.pool import Pool
+from unsee.impl.util.ids import ANSWER, compute_block_id
 
 log = logging.getLogger("unsee.serve")
 LIST_PARAMS = {"limit", "order", "after", "include"}
@@ -238,7 +239,7 @@ def respond(pool: Pool, model_name: str, req: dict, conv: Conversation, previous
         settings = c.check_settings({k: req[k] for k in ("temperature", "seed", "max_new_tokens")}, pool.defaults)
         step, _ = c.respond(pool.engine, req["items"], settings, response_id)
         answer = c.get_answer(step)
-        block = c.session.runtime.graph[f"{step.id}/answer"]
+        block = c.session.runtime.graph[compute_block_id(step.id, ANSWER)]
         usage = shapes.usage(block.token_span[0], len(pool.engine.lm.encode(block.text)))
         out = shapes.response(response_id, model_name, answer["status"], [answer], conversation_id=c.id,
                               previous_response_id=previous, settings=c.session.runtime.settings,

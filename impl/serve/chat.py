@@ -18,6 +18,7 @@ import contextlib
 
 from unsee import AgentRuntime, Item, Settings, Step
 from unsee.impl.engines.protocol import PrefixCache
+from unsee.impl.util.ids import ANSWER, compute_block_id
 
 
 class ChatCache:
@@ -56,7 +57,7 @@ class ChatCache:
                                      parents=(), sources=frozenset())
             runtime.step(Step("chat", "user", (Item("last", messages[-1][1]),)))
         spent = self.engine.counters.snapshot() - before
-        block = runtime.graph["chat/answer"]
+        block = runtime.graph[compute_block_id("chat", ANSWER)]
         finished = bool(block.tokens) and block.tokens[-1] in set(self.engine.lm.eos_ids)
         self.keep(runtime.lineage)
         output_tokens = len(self.engine.lm.encode(block.text))

@@ -25,6 +25,7 @@ from pathlib import Path
 from unsee import AgentRuntime, Item, PersistentSession, Settings, Step
 from unsee.impl.serve import shapes
 from unsee.impl.serve.errors import bad_request, not_found
+from unsee.impl.util.ids import ANSWER, compute_block_id
 
 SIDECAR = "conversation.json"
 STORE = "session.db"
@@ -161,7 +162,7 @@ class Conversation:
             for step in runtime.steps:
                 out += [shapes.input_item(i.source, i.text, step.kind, self.record["tools"].get(i.source))
                         for i in step.items]
-                block_id = f"{step.id}/answer"
+                block_id = compute_block_id(step.id, ANSWER)
                 if block_id in runtime.graph:
                     block = runtime.graph[block_id]
                     complete = bool(block.tokens) and block.tokens[-1] in eos
@@ -239,7 +240,7 @@ class Conversation:
 
     def get_answer(self, step: Step) -> dict:
         """The answer item of ``step`` (a committed step always has one)."""
-        answer_id = compute_answer_id(step.id, self.session.runtime.graph[f"{step.id}/answer"].text)
+        answer_id = compute_answer_id(step.id, self.session.runtime.graph[compute_block_id(step.id, ANSWER)].text)
         return next(i for i in self.get_items() if i["id"] == answer_id)
 
     def forget(self, item_id: str) -> dict:

@@ -76,3 +76,9 @@ def get_stored_lineage(handle: str) -> str:
     if not is_stored_handle(handle):
         raise ValueError(f"{handle!r} is not a stored handle ({STORED_PREFIX}<handle>)")
     return handle[len(STORED_PREFIX):]
+
+
+def compute_record_id(step_id: str, source_id: str) -> str:
+    """The id of the memory record ``step_id`` stored for the item of ``source_id``
+    (a memory step writes one record per item, named by the item's source)."""
+    return f"{step_id}/{source_id}"
