@@ -12,9 +12,8 @@ caches.
 they build the new state beside the old one, which the runtime then adopts.
 
 The runtime holds a pin (:meth:`engine.budget.pin <unsee.impl.engines.protocol.KVBudget.pin>`) on the lineage it is
-extending: under a KV budget the engine may evict any other lineage, and a
-restore from an evicted checkpoint lineage rebuilds it from the checkpoint's
-manifest (:meth:`rebuild_lineage`).
+extending: under a KV budget the engine may evict any other lineage, and a restore from an evicted
+checkpoint lineage rebuilds it from the checkpoint's manifest (:meth:`rebuild_lineage`).
 
 Extensions (:mod:`unsee.impl.agent.extensions`, e.g. the tool layer) are components the runtime owns and
 calls at fixed points; they change its state through the public verbs (:meth:`append_block`,
