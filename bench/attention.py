@@ -12,14 +12,13 @@ machine), with the token counts.
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import time
-from pathlib import Path
 
 import torch
 
+from unsee.bench import options
 from unsee.impl.engines.registry import load_engine
 
 TEXT = ("The committee met on the first of the month to review the budget, the schedule of the works on the "
@@ -43,16 +42,16 @@ def time_config(engine, ids: list[int], n_decode: int) -> tuple[float, float]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m unsee.bench.attention", description=__doc__.splitlines()[0])
-    p.add_argument("--model", default="smollm2")
-    p.add_argument("--device", default="cpu")
+    p = options.get_parser("attention", __doc__)
+    options.add_model(p)
+    options.add_device(p)
     p.add_argument("--attns", default="unsee_eager,eager,sdpa")
     p.add_argument("--dtypes", default="float32,bfloat16")
     p.add_argument("--context", type=int, default=1024)
     p.add_argument("--decode", type=int, default=32)
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--out", type=Path)
+    options.add_rounds(p)
+    options.add_threads(p)
+    options.add_out(p)
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     configs = [(a, d) for d in args.dtypes.split(",") for a in args.attns.split(",")]

@@ -25,13 +25,13 @@ quiet machine for the numbers in the docs.
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 from pathlib import Path
 
 import torch
 
+from unsee.bench import options
 from unsee.impl.engines.lineage import crop
 from unsee.impl.engines.protocol import Engine
 from unsee.impl.engines.registry import ENGINE_NAMES, load_engine, parse_engine_name
@@ -142,22 +142,22 @@ def render_table(rows: list[dict]) -> str:
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--engine", default="llamacpp", choices=ENGINE_NAMES)
+    p = options.get_parser("bitwise", __doc__)
+    options.add_engine(p, choices=ENGINE_NAMES)
     p.add_argument("--threads", type=int, default=2, help="the thread count compared with 1")
     p.add_argument("--device", default=None, help="transformers: cpu or cuda (default cpu)")
     p.add_argument("--dtype", default=None, help="transformers: float32, bfloat16 or float16 (default float32)")
     p.add_argument("--attn", default=None, help="transformers: unsee_eager, eager, sdpa, flash_attention_2 "
                    "(default: the device's)")
-    p.add_argument("--out", type=Path)
+    options.add_out(p)
     p.add_argument("--table", nargs="+", type=Path, metavar="JSON",
                    help="print the markdown table of earlier --out files instead of measuring")
     args = p.parse_args(argv)
     if args.table:
         print(render_table([json.loads(path.read_text()) for path in args.table]))
         return
-    options = {k: v for k, v in (("device", args.device), ("dtype", args.dtype), ("attn", args.attn)) if v}
-    facts = measure(args.engine, args.threads, **options)
+    loader_options = {k: v for k, v in (("device", args.device), ("dtype", args.dtype), ("attn", args.attn)) if v}
+    facts = measure(args.engine, args.threads, **loader_options)
     text = json.dumps(facts, indent=2)
     print(text)
     if args.out:

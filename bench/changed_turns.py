@@ -10,12 +10,13 @@ a forget whose later turns do not change replays nothing but prefill.
 
 from __future__ import annotations
 
-import argparse
 import sys
 
+from unsee.bench import options
 from unsee.impl.agent.runtime import AgentRuntime
 from unsee.impl.engines.registry import load_engine
 from unsee.impl.methods.baselines import apply_method
+from unsee.impl.util.ids import ANSWER, compute_block_id
 
 from .episodes import HISTORY_KINDS, make_indep_episode
 
@@ -30,13 +31,13 @@ def get_turns(engine, tau: int, history_tokens: int, history_kind: str, max_new_
     after = {b.id: b.text for b in reset.graph.blocks()}
     tau = next(t for t, s in enumerate(episode.steps, start=1) if episode.target.source in {i.source for i in s.items})
     return [{"step": s.id, "kind": s.kind, "independent": s.independent, "from_target": t >= tau,
-             "before": before[f"{s.id}/answer"], "after": after.get(f"{s.id}/answer")}
-            for t, s in enumerate(episode.steps, start=1) if f"{s.id}/answer" in before]
+             "before": before[compute_block_id(s.id, ANSWER)], "after": after.get(compute_block_id(s.id, ANSWER))}
+            for t, s in enumerate(episode.steps, start=1) if compute_block_id(s.id, ANSWER) in before]
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m unsee.bench.changed_turns", description=__doc__.splitlines()[0])
-    parser.add_argument("--engine", default="llamacpp", help="a one-word engine name (impl/engines/registry.py)")
+    parser = options.get_parser("changed_turns", __doc__)
+    options.add_engine(parser)
     parser.add_argument("--tau", type=int, default=3)
     parser.add_argument("--history-tokens", type=int, default=1000)
     parser.add_argument("--history-kind", default="memory", choices=HISTORY_KINDS)

@@ -16,7 +16,6 @@ the shipped table of the configuration's attention holds for it (measured max x 
 
 from __future__ import annotations
 
-import argparse
 import json
 import platform
 from pathlib import Path
@@ -24,6 +23,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from unsee.bench import options
 from unsee.impl.engines.bounds import SAFETY_FACTOR
 from unsee.impl.engines.catalog import get_shipped_bound
 from unsee.impl.engines.decoding import get_draft_bound
@@ -34,15 +34,15 @@ from unsee.impl.engines.registry import load_model_for
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m unsee.bench.discrepancy", description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="smollm2")
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--dtype", default="float32")
+    parser = options.get_parser("discrepancy", __doc__)
+    options.add_model(parser)
+    options.add_device(parser)
+    options.add_dtype(parser)
     parser.add_argument("--attn", default=None, help="the attention implementation (default: the device's)")
     parser.add_argument("--prompts", type=int, default=20)
     parser.add_argument("--tokens", type=int, default=60)
     parser.add_argument("--threads", default="1,2")
-    parser.add_argument("--out", default="out/discrepancy")
+    options.add_out(parser, "out/discrepancy")
     args = parser.parse_args(argv)
     lm = load_model_for("transformers", args.model, device=args.device, dtype=args.dtype, attn=args.attn)
     threads = [int(t) for t in args.threads.split(",")]

@@ -18,11 +18,10 @@ Timings on a shared machine are indicative only.
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
-from pathlib import Path
 
+from unsee.bench import options
 from unsee.bench.episodes import make_bench_episode
 from unsee.impl.agent.runtime import AgentRuntime
 from unsee.impl.engines.registry import ENGINE_NAMES, load_engine
@@ -94,12 +93,12 @@ def agreement(runs: list[dict]) -> dict:
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = options.get_parser("engines", __doc__)
     p.add_argument("--engines", nargs=2, default=["smollm2", "llamacpp"], choices=ENGINE_NAMES)
     p.add_argument("--taus", nargs="+", type=int, default=[1, 6, 12])
     p.add_argument("--max-new-tokens", type=int, default=16)
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--out", type=Path)
+    options.add_threads(p)
+    options.add_out(p)
     args = p.parse_args(argv)
     runs = [run_engine(name, args.taus, args.max_new_tokens, args.threads) for name in args.engines]
     result = {"runs": runs, "agreement": agreement(runs), "threads": args.threads,

@@ -1,7 +1,7 @@
 """Eval throughput (issue 27, item 5): episodes of ``unsee eval`` per core-hour,
 with every method the engine runs and every audit, on one thread.
 
-    python -m unsee.bench.eval_throughput [--model qwen2.5-1.5b] [--engine llamacpp]
+    python -m unsee.bench.eval_throughput --model qwen2.5-1.5b --engine llamacpp
                                           [--suites memory,tool,behavioral,agentdojo] [--episodes 1]
 
 Runs ``--episodes`` episodes of each suite (agentdojo only where its package
@@ -21,14 +21,14 @@ distributional audit's samples (the rest is metrics and bookkeeping).
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import os
 import time
 from collections.abc import Iterator
 
-from unsee.impl.engines.lineage import Counters
+from unsee.bench import options
+from unsee.impl.engines.counts import Counters
 
 #: the counters printed per episode
 WORK = ("forward_calls", "prefilled_tokens", "decoded_tokens")
@@ -130,9 +130,9 @@ def summarize(records: list[dict]) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="qwen2.5-1.5b")
-    parser.add_argument("--engine", default="llamacpp")
+    parser = options.get_parser("eval_throughput", __doc__)
+    options.add_model(parser)
+    options.add_backend(parser)
     parser.add_argument("--suites", default="memory,tool,behavioral,agentdojo")
     parser.add_argument("--episodes", type=int, default=1, help="episodes of each suite")
     parser.add_argument("--seed", type=int, default=0)

@@ -13,12 +13,12 @@ forget and the reset are timed after it, in the order given by ``--order``.
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 
 import torch
 
+from unsee.bench import options
 from unsee.impl.agent.episode import load_episode
 from unsee.impl.agent.runtime import run_episode
 from unsee.impl.engines.registry import load_engine
@@ -49,19 +49,19 @@ def measure(path: str, model: str, backend: str, order: tuple[str, ...], **optio
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m unsee.bench.forget_cost", description=__doc__.splitlines()[0])
+    parser = options.get_parser("forget_cost", __doc__)
     parser.add_argument("episode")
-    parser.add_argument("--model", default="smollm2")
-    parser.add_argument("--backend", default="transformers")
+    options.add_model(parser)
+    options.add_backend(parser, "--backend")
     parser.add_argument("--order", default="replay,reset", help="the methods, in the order they are timed")
-    parser.add_argument("--threads", type=int, default=1)
+    options.add_threads(parser)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    options = {"threads": args.threads} if args.backend == "llamacpp" else {}
+    loader_options = {"threads": args.threads} if args.backend == "llamacpp" else {}
     order = tuple(args.order.split(","))
     if sorted(order) != ["replay", "reset"]:
         raise SystemExit(f"--order {args.order!r}: give replay and reset, each once")
-    print(json.dumps(measure(args.episode, args.model, args.backend, order, **options), indent=1))
+    print(json.dumps(measure(args.episode, args.model, args.backend, order, **loader_options), indent=1))
 
 
 if __name__ == "__main__":

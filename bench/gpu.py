@@ -26,10 +26,10 @@ import datetime
 import platform
 import tempfile
 import time
-from pathlib import Path
 
 import torch
 
+from unsee.bench import options
 from unsee.bench.attention import time_config
 from unsee.bench.bitwise import TABLE_FACTS, measure
 from unsee.impl.engines.bounds import compute_bound, get_key_of, write_calibration
@@ -159,7 +159,7 @@ def render_results(rows: list[tuple[str, str, str | None, dict | None]], args: a
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m unsee.bench.gpu", description=__doc__.splitlines()[0])
+    p = options.get_parser("gpu", __doc__)
     p.add_argument("--device", default="cuda")
     p.add_argument("--attns", default="eager,sdpa,unsee_eager," + ",".join(FLASH[:1]))
     p.add_argument("--dtypes", default="bfloat16,float16")
@@ -168,11 +168,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tokens", type=int, default=40)
     p.add_argument("--context", type=int, default=1024)
     p.add_argument("--decode", type=int, default=32)
-    p.add_argument("--rounds", type=int, default=3)
+    options.add_rounds(p)
     p.add_argument("--deadline", type=float, default=480,
                    help="seconds after which configurations not started are skipped, so the page is written "
                         "within a 10-minute command (default 480)")
-    p.add_argument("--out", type=Path, default=Path("docs/gpu.md"))
+    options.add_out(p, "docs/gpu.md")
     args = p.parse_args(argv)
     rows, started = [], time.monotonic()
     with tempfile.TemporaryDirectory(prefix="unsee-gpu-bounds-") as cache_dir:

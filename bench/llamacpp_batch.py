@@ -1,7 +1,7 @@
 """Does decoding parallel sequences in one forward pay on llama.cpp, one thread?
 (issue 27, item 5: the audits' generations batched as parallel sequences).
 
-    python -m unsee.bench.llamacpp_batch [--model qwen2.5-1.5b] [--prompt 800] [--steps 3]
+    python -m unsee.bench.llamacpp_batch --model qwen2.5-1.5b [--prompt 800] [--steps 3]
 
 After a prompt of ``--prompt`` pseudo-random tokens in sequence 0, copied to
 the others (cells shared, no copy), times one decode step of k sequences in
@@ -14,10 +14,11 @@ is bound by arithmetic, not by reading the weights.
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import time
+
+from unsee.bench import options
 
 SEQUENCES = (1, 2, 4, 8)
 CHUNKS = (16, 32)
@@ -74,8 +75,8 @@ def run(model: str, prompt: int, steps: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="qwen2.5-1.5b")
+    parser = options.get_parser("llamacpp_batch", __doc__)
+    options.add_model(parser)
     parser.add_argument("--prompt", type=int, default=800)
     parser.add_argument("--steps", type=int, default=3)
     args = parser.parse_args(argv)

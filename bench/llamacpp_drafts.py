@@ -12,8 +12,7 @@ prefill for the file (impl/engines/llamacpp/facts.py).
 
 from __future__ import annotations
 
-import argparse
-
+from unsee.bench import options
 from unsee.bench.episodes import make_bench_episode
 from unsee.impl.agent.runtime import AgentRuntime
 from unsee.impl.engines.registry import load_engine
@@ -48,8 +47,8 @@ def run(engine_name: str, tau: int, length: int, max_new_tokens: int) -> list[di
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--engine", default="llamacpp")
+    parser = options.get_parser("llamacpp_drafts", __doc__)
+    options.add_engine(parser)
     parser.add_argument("--tau", type=int, default=3)
     parser.add_argument("--length", type=int, default=12)
     parser.add_argument("--max-new-tokens", type=int, default=24)

@@ -26,7 +26,6 @@ script measures both sides of that trade on chat prompts:
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
@@ -36,6 +35,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from unsee.bench import options
 from unsee.impl.agent.templates import compile_template
 from unsee.impl.engines.decoding import get_scores, pick
 from unsee.impl.engines.llamacpp.facts import forward
@@ -122,13 +122,13 @@ def summarise(prompts: list[dict], tokens: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m unsee.bench.llamacpp_margin", description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="qwen2.5-1.5b")
+    parser = options.get_parser("llamacpp_margin", __doc__)
+    options.add_model(parser)
     parser.add_argument("--tokens", type=int, default=64, help="tokens decoded per answer (the reference)")
     parser.add_argument("--sizes", default="4,8,16,32,48,64", help="forward sizes compared")
     parser.add_argument("--after", type=int, default=8, help="decode steps compared after each forward")
     parser.add_argument("--prompts", type=int, default=len(QUESTIONS))
-    parser.add_argument("--out", default="out/llamacpp-margin.json")
+    options.add_out(parser, "out/llamacpp-margin.json")
     args = parser.parse_args(argv)
     sizes = sorted(int(s) for s in args.sizes.split(","))
     if not sizes or sizes[0] < 2 or sizes[-1] > args.tokens:

@@ -9,7 +9,7 @@ forget that needs one rebuilds it from the checkpoint's manifest.
 
 ``run_memory_bench`` runs the session twice on the same model, without a
 budget and with a budget of ``factor`` x the live cache's bytes (measured
-by a short pilot run), samples :meth:`KVEngine.memory` after every step,
+by a short pilot run), samples :meth:`engine.budget.memory() <unsee.impl.engines.protocol.KVBudget.memory>` after every step,
 then forgets the secret (entered at step 2) on the budgeted session and
 checks the result against the full reset. The lead's command::
 
@@ -19,12 +19,12 @@ checks the result against the full reset. The lead's command::
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
 import torch
 
+from unsee.bench import options
 from unsee.impl.agent.episode import Episode, parse_episode
 from unsee.impl.agent.runtime import AgentRuntime
 from unsee.impl.engines.protocol import Engine
@@ -145,14 +145,14 @@ def plot(result: dict, path: str | Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m unsee.bench.memory", description=__doc__.split("\n")[0])
-    parser.add_argument("--model", default="tiny")
+    parser = options.get_parser("memory", __doc__)
+    options.add_model(parser)
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--every", type=int, default=5)
     parser.add_argument("--factor", type=float, default=4.0, help="budget = factor x the live cache's bytes")
     parser.add_argument("--max-new-tokens", type=int, default=4)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--out", default=None, help="write the JSON here")
+    options.add_threads(parser)
+    options.add_out(parser, help="write the JSON here")
     parser.add_argument("--plot", default=None, help="write a PNG of memory against T here")
     args = parser.parse_args(argv)
     result = run_memory_bench(args.model, args.steps, args.every, args.factor, args.max_new_tokens, args.threads)

@@ -10,12 +10,12 @@ user turn is ``--repeats`` copies of a 2-sentence paragraph (16: ~700 tokens).
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 
 import torch
 
+from unsee.bench import options
 from unsee.impl.agent.episode import parse_episode
 from unsee.impl.engines.registry import load_engine
 from unsee.properties.differential import compare_forget_with_reset
@@ -37,10 +37,10 @@ def get_episode(repeats: int):
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m unsee.bench.real_window", description=__doc__.splitlines()[0])
+    parser = options.get_parser("real_window", __doc__)
     parser.add_argument("model")
     parser.add_argument("--repeats", type=int, default=16)
-    parser.add_argument("--threads", type=int, default=1)
+    options.add_threads(parser)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     t0 = time.perf_counter()

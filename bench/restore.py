@@ -9,9 +9,9 @@ so a lazy copy cannot hide its cost in the next step, and attention's own
 growth with the context is not counted against the restore. Two restores
 are compared:
 
-* ``share``: :meth:`KVEngine.share_prefix` (copy-on-write views; what
+* ``share``: :meth:`~unsee.impl.engines.protocol.Engine.fork` (copy-on-write views; what
   ``AgentRuntime._restore`` does now);
-* ``clone``: :meth:`KVEngine.clone` then :meth:`KVEngine.crop` (a deep copy
+* ``clone``: :meth:`~unsee.impl.engines.protocol.DeepCopy.copy_lineage` then :func:`~unsee.impl.engines.lineage.crop` (a deep copy
   of the checkpoint's whole lineage; what it did before).
 
 The checkpoint's lineage holds ``n + tail`` tokens (the session went on
@@ -41,7 +41,6 @@ It prints a table and writes JSON; the goal is overhead(7k) <= 1.5 x overhead(1k
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import resource
@@ -52,6 +51,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from unsee.bench import options
 from unsee.impl.engines.lineage import crop
 from unsee.impl.engines.protocol import DeepCopy, Engine
 from unsee.impl.engines.registry import load_engine
@@ -260,19 +260,19 @@ def format_table(result: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m unsee.bench.restore", description=__doc__.split("\n")[0])
-    parser.add_argument("--model", default="smollm2")
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--dtype", default="float32")
+    parser = options.get_parser("restore", __doc__)
+    options.add_model(parser)
+    options.add_device(parser)
+    options.add_dtype(parser)
     parser.add_argument("--lengths", type=int, nargs="+", default=[1024, 7168])
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--warmup", type=int, default=5, help="untimed restore/prefill pairs before each row")
-    parser.add_argument("--threads", type=int, default=1)
+    options.add_threads(parser)
     parser.add_argument("--chunks", type=int, nargs="+", default=[32],
                         help="sizes of the first prefill after the restore (one row each)")
     parser.add_argument("--tail", type=int, default=256, help="tokens the checkpoint's lineage holds past n")
-    parser.add_argument("--out", default=None, help="write the JSON here")
+    options.add_out(parser, help="write the JSON here")
     args = parser.parse_args(argv)
     result = run(args.model, tuple(args.lengths), tuple(args.methods), args.repeats, args.threads,
                  tuple(args.chunks), args.tail, args.warmup, args.device, args.dtype)

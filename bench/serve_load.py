@@ -10,7 +10,7 @@ conversation serially in-process (the same steps and forgets, on the same
 engine, one at a time, never stored) and counts the final digests that
 differ from the server's (the claim: 0).
 
-    python -m unsee.bench.serve_load --conversations 24 --turns 5 --workers 8 --out out/serve_load.json
+    python -m unsee.bench.serve_load --model tiny --conversations 24 --turns 5 --workers 8 --out out/serve_load.json
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 from unsee import Item, Settings, Step, load_engine
+from unsee.bench import options
 from unsee.impl.agent.tools.client import ClientToolRuntime
 
 
@@ -131,8 +132,8 @@ def run(args: argparse.Namespace) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m unsee.bench.serve_load", description=__doc__.split("\n")[0])
-    parser.add_argument("--model", default="tiny")
+    parser = options.get_parser("serve_load", __doc__)
+    options.add_model(parser)
     parser.add_argument("--conversations", type=int, default=24)
     parser.add_argument("--turns", type=int, default=5)
     parser.add_argument("--workers", type=int, default=8)
@@ -141,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--deadline", type=float, default=300, metavar="SECONDS",
                         help="start no request after this many seconds (the run is bounded in count and time)")
     parser.add_argument("--store", help="the server's folder (default: a new temporary one)")
-    parser.add_argument("--out", help="write the figures as JSON here")
+    options.add_out(parser, help="write the figures as JSON here")
     args = parser.parse_args(argv)
     out = run(args)
     report(out, args.out)

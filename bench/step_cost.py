@@ -9,17 +9,17 @@ outside every engine verb and forward (:func:`~unsee.bench.timing.time_engine`'s
 ``runtime``: the state, the graph, the checkpoints, rendering). The lead's
 command (one thread, tiny model)::
 
-    OMP_NUM_THREADS=1 .venv/bin/python -m unsee.bench.step_cost --steps 200 --repeats 5
+    OMP_NUM_THREADS=1 .venv/bin/python -m unsee.bench.step_cost --model tiny --steps 200 --repeats 5
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 
 import torch
 
+from unsee.bench import options
 from unsee.bench.memory import make_compaction_episode
 from unsee.bench.timing import time_engine
 from unsee.impl.agent.runtime import AgentRuntime
@@ -40,8 +40,8 @@ def time_session(lm, steps: int, every: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="tiny")
+    parser = options.get_parser("step_cost", __doc__)
+    options.add_model(parser)
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--every", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=5)

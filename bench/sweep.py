@@ -9,7 +9,6 @@ Writes ``sweep.json`` and ``sweep.png`` into ``--out``.
 
 from __future__ import annotations
 
-import argparse
 import json
 import platform
 from pathlib import Path
@@ -17,6 +16,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from unsee.bench import options
 from unsee.impl.agent.runtime import AgentRuntime
 from unsee.impl.engines.protocol import Engine
 from unsee.impl.engines.registry import load_engine
@@ -77,15 +77,15 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m unsee.bench.sweep", description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="smollm2")
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--dtype", default="float32")
+    parser = options.get_parser("sweep", __doc__)
+    options.add_model(parser)
+    options.add_device(parser)
+    options.add_dtype(parser)
     parser.add_argument("--length", type=int, default=12)
     parser.add_argument("--max-new-tokens", type=int, default=16)
     parser.add_argument("--policy", default="every_turn")
     parser.add_argument("--taus", default="", help="comma-separated taus (default: all of 1..T)")
-    parser.add_argument("--out", default="out/sweep")
+    options.add_out(parser, "out/sweep")
     args = parser.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

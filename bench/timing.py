@@ -4,30 +4,33 @@
 calls and every model forward inside them, and sorts the time into
 :data:`CATEGORIES`:
 
-* ``restore``: the verbs that set up lineages (``share_prefix``, ``clone``,
-  ``rebuild``, ``crop``, ``excise``, ``new_lineage``, ``use``, ``drop``,
-  ``pin``): a forget's restore of its checkpoint, and a reset's new session;
+* ``restore``: the verbs that set up lineages (:data:`RESTORE_VERBS`:
+  ``fork``, ``excise``, ``new_lineage``, ``drop``; ``rebuild`` and ``crop``
+  are made of them): a forget's restore of its checkpoint, and a reset's new
+  session;
 * ``prefill``: forwards of ``prefill`` called by the runtime (observations,
   turn headers, turns committed as one chunk);
 * ``decode``: one-token forwards inside ``generate`` (decode steps, probes,
   and on llama.cpp the last token of a decoded turn committed without a
-  re-prefill: ``LlamaCppEngine._commit_decoded``);
+  re-prefill: ``LineageBook._commit_decoded``);
 * ``verification``: forwards of more than one token inside ``generate``
   (a draft's verification, a decided token fed with its context guesses);
 * ``canonical``: the prefill ``generate`` makes of a decoded turn to commit it
-  as its canonical chunk (impl/engines/hf/engine.py ``_commit_turn``);
+  as its canonical chunk (the engine's forward hook reports it apart:
+  ``hook_forwards``' ``on_commit``);
 * ``engine_other``: time inside engine verbs outside any forward (sampling,
   the margin guard, KV copies and bookkeeping);
 * ``digest``: ``digest`` (the final state's hash);
 * ``runtime``: everything else between the span's start and end: the agent
   runtime, provenance, checkpoints, the report.
 
-Forwards are seen through a torch forward hook on the model (transformers)
-or by wrapping the engine's one ``llama_decode`` call (llama.cpp); on an
-engine with neither, forwards are not split from their verb and the
-``forwards`` count stays 0. The wrappers are instance attributes, removed
-when the span closes; they add a few microseconds a call, which the
-breakdown's ``runtime`` carries.
+Forwards are seen through the engine's forward hook
+(:class:`~unsee.impl.engines.protocol.ForwardHooks`: the lineage book reports
+every forward of its KV backend, and the one that commits a decoded turn
+apart); on an engine whose forwards run inside requests (vLLM), forwards are
+not split from their verb and the ``forwards`` count stays 0. The verbs'
+wrappers are instance attributes, removed when the span closes; they add a
+few microseconds a call, which the breakdown's ``runtime`` carries.
 """
 
 from __future__ import annotations
@@ -60,11 +63,12 @@ class Breakdown:
         self.total_s = 0.0
         self.stack: list[list] = []
 
-    def get_forward_category(self, n_tokens: int) -> str:
-        """Which category a forward of ``n_tokens`` belongs to, from the verbs it runs under."""
+    def get_forward_category(self, n_tokens: int, commit: bool = False) -> str:
+        """Which category a forward of ``n_tokens`` belongs to, from the verbs
+        it runs under (``commit``: the forward that commits a decoded turn)."""
         verbs = [frame[0] for frame in self.stack]
         if "generate" in verbs:
-            if verbs[-1] == "prefill":
+            if commit:
                 return "canonical"
             return "decode" if n_tokens == 1 else "verification"
         if verbs and verbs[-1] == "prefill" and len(verbs) == 1:
@@ -105,9 +109,9 @@ def _wrap_verb(engine, verb: str, out: Breakdown) -> None:
     setattr(engine, verb, timed)
 
 
-def _time_forward(out: Breakdown, n_tokens: int, started: float) -> None:
+def _time_forward(out: Breakdown, n_tokens: int, started: float, commit: bool = False) -> None:
     spent = time.perf_counter() - started
-    category = out.get_forward_category(n_tokens)
+    category = out.get_forward_category(n_tokens, commit)
     out.seconds[category] += spent
     out.forwards[category] += 1
     out.tokens[category] += n_tokens
@@ -116,10 +120,11 @@ def _time_forward(out: Breakdown, n_tokens: int, started: float) -> None:
 
 @contextlib.contextmanager
 def _hook_forwards(engine, out: Breakdown) -> Iterator[None]:
-    if not isinstance(engine, ForwardHooks):  # vLLM: its forwards run inside requests
+    if not isinstance(engine, ForwardHooks):  # an engine that reports no forward
         yield
         return
-    with engine.hook_forwards(lambda n_tokens, started: _time_forward(out, n_tokens, started)):
+    with engine.hook_forwards(lambda n_tokens, started: _time_forward(out, n_tokens, started),
+                              on_commit=lambda n_tokens, started: _time_forward(out, n_tokens, started, True)):
         yield
 
 
@@ -146,7 +151,7 @@ def time_engine(engine) -> Iterator[Breakdown]:
 
 #: What each category holds, for the report.
 CATEGORY_NOTES = {
-    "restore": "lineage set-up: the forget's restore of its checkpoint (share_prefix), a reset's new lineage",
+    "restore": "lineage set-up: the forget's restore of its checkpoint (fork), a reset's new lineage",
     "prefill": "forwards of prefill: observations, turn headers, turns committed whole",
     "decode": "one-token forwards inside generate: decode steps, probes (llama.cpp: a decoded turn's last token, its commit)",
     "verification": "multi-token forwards inside generate: draft verification, tokens fed with context guesses",
@@ -176,7 +181,7 @@ def render_breakdown(table: dict) -> list[str]:
         rows.append(row + [CATEGORY_NOTES[category]])
     rows.append(["total"] + [c for b in methods.values() for c in (f"{b['total_s']:.2f}", "100%", "-")] + [""])
     intro = ("Where the time goes (one more run of each under `bench/timing.py`'s counters, outside the timed "
-             "rounds; forwards timed by a forward hook on the model, or around llama.cpp's llama_decode):")
+             "rounds; forwards timed by the engine's forward hook, around each forward of its KV backend):")
     lines = [intro, ""]
     lines += render_table(header, rows)
     if floor:

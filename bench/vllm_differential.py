@@ -15,10 +15,10 @@ compaction), decoded greedily, then forgotten on both engines.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 
+from unsee.bench import options
 from unsee.impl.conform.adapters import get_turns
 from unsee.impl.engines.registry import load_engine, make_engine
 from unsee.properties.differential import run_episode
@@ -44,7 +44,7 @@ def load_transformers_twin(name: str):
     model = adapter.place(model, "cpu", torch.float32)
     return make_engine(LoadedModel(model=model, tokenizer=tok, name=name, device="cpu", dtype="float32",
                                    eos_ids=(tok.eos_token_id,), vocab_size=adapter.vocab_size_of(model),
-                                   determinism="cpu float32 (the differential twin)"))
+                                   determinism_statement="cpu float32 (the differential twin)"))
 
 
 def first_difference(a: list[int], b: list[int]) -> int | None:
@@ -74,12 +74,11 @@ def compare(engines: dict, episode) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m unsee.bench.vllm_differential",
-                                     description=__doc__.splitlines()[0])
-    parser.add_argument("--engine", default="vllm-tiny", choices=("vllm-tiny", "vllm"))
+    parser = options.get_parser("vllm_differential", __doc__)
+    options.add_vllm_engine(parser, choices=("vllm-tiny", "vllm"))
     parser.add_argument("--episodes", type=int, default=12, help="N: the target at tau = 1..N of N-step episodes")
     parser.add_argument("--max-new-tokens", type=int, default=16)
-    parser.add_argument("--out", default=None)
+    options.add_out(parser)
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     engines = {"transformers": load_transformers_twin(args.engine), args.engine: load_engine(args.engine)}
     results = []

@@ -18,11 +18,11 @@ largest value seen.
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import statistics
 
+from unsee.bench import options
 from unsee.impl.engines.registry import load_engine
 from unsee.impl.util.progress import open_bar
 
@@ -55,12 +55,12 @@ def summarize(values: list[float]) -> dict:
 
 
 def main(argv=None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--engine", default="vllm-tiny")
+    parser = options.get_parser("vllm_restore", __doc__)
+    options.add_vllm_engine(parser)
     parser.add_argument("--lengths", type=int, nargs="+", default=[128, 256, 512, 1024])
     parser.add_argument("--prompts", type=int, default=3)
     parser.add_argument("--steps", type=int, default=16)
-    parser.add_argument("--out", default=None)
+    options.add_out(parser)
     args = parser.parse_args(argv)
     engine = load_engine(args.engine)
     rng = random.Random(0)

@@ -17,10 +17,9 @@ bytes of both and their ratio:
 
 from __future__ import annotations
 
-import argparse
-
 from transformers import DynamicCache
 
+from unsee.bench import options
 from unsee.impl.engines.hf import cache
 from unsee.impl.engines.registry import load_model_for
 
@@ -61,7 +60,7 @@ def measure_zoo(name: str, n: int) -> tuple[int, int, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m unsee.bench.window_memory", description=__doc__.splitlines()[0])
+    parser = options.get_parser("window_memory", __doc__)
     parser.add_argument("--zoo-length", type=int, default=200)
     args = parser.parse_args(argv)
     print(f"{'model':<18} {'tokens':>7} {'full KV':>12} {'windowed KV':>12} {'ratio':>7}  bytes/token full, windowed")

@@ -8,11 +8,11 @@ every generated token).
 
 from __future__ import annotations
 
-import argparse
 import time
 
 import torch
 
+from unsee.bench import options
 from unsee.impl.agent.episode import parse_episode
 from unsee.impl.agent.runtime import AgentRuntime
 from unsee.impl.engines.hf import zoo
@@ -48,9 +48,9 @@ def measure(name: str, drafts: bool) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m unsee.bench.zoo_forget", description=__doc__.splitlines()[0])
+    parser = options.get_parser("zoo_forget", __doc__)
     parser.add_argument("--families", default=",".join(zoo.ZOO_NAMES))
-    parser.add_argument("--threads", type=int, default=1)
+    options.add_threads(parser)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     print(f"{'family':<14} {'tokens':>6} {'equal':>5}  {'forget pre/dec/fwd':>18} {'reset pre/dec/fwd':>18} "

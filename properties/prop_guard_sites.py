@@ -47,10 +47,10 @@ from hypothesis import event, example, given
 from hypothesis import strategies as st
 
 from unsee.impl.conform.episodes import scaled
+from unsee.impl.engines.counts import Counters
 from unsee.impl.engines.decoding import get_lookup, get_scores, pick
 from unsee.impl.engines.hf import adapter
 from unsee.impl.engines.hf.engine import KVEngine
-from unsee.impl.engines.lineage import Counters
 from unsee.impl.engines.protocol import Assist
 from unsee.properties.differential import engine_scope
 from unsee.properties.engines import get_model, make_engine

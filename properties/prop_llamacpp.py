@@ -12,11 +12,15 @@ replay_with_drafts_equals_without        replay with drafts == replay re-decodin
 generate_with_drafts_changes_no_token    one turn with no draft, a draft wrong from some
                                          position, or wrong throughout; probe and lookup on
                                          or off: the reference's tokens and KV
+draft_policy_changes_no_token            the same under any draft policy (any per-token
+                                         cost, any opening, or none): the reference's tokens
+                                         and KV, and with a policy the turn's forwards cost at
+                                         most its opening more than decoding it (credit rule)
 reset_prefix_cache_equals_reset          B5' served by the engine's prefix cache == B5, with
                                          any KV budget (as prop_engine.py on ``tiny``)
 =======================================  ====================================================
 
-Skipped where llama-cpp-python is not installed. Under ``ci`` 30, 20, 60 and
+Skipped where llama-cpp-python is not installed. Under ``ci`` 30, 20, 60, 120 and
 20 examples; ``nightly`` runs 1,000 of the first.
 """
 
@@ -30,6 +34,7 @@ from hypothesis import strategies as st
 
 from unsee.impl.conform.episodes import episodes, scaled
 from unsee.impl.engines.protocol import Assist
+from unsee.impl.engines.speculation import DraftPolicy
 from unsee.properties.differential import (
     compare_forget_with_reset,
     compare_prefix_cache_reset_with_reset,
@@ -104,6 +109,48 @@ def test_generate_with_drafts_changes_no_token(context, max_new_tokens, draft_ki
         assert (got, got_digest) == (expected, digest), (context, draft, probe, lookup)
         event(f"accepted: {spent.draft_accepted_tokens + spent.lookup_accepted_tokens > 0}, "
               f"fallback: {spent.draft_fallbacks > 0}")
+
+
+def get_model_cost(sizes: list[int], policy: DraftPolicy) -> float:
+    """What the forwards of ``sizes`` cost in decode steps under the policy's cost model."""
+    return sum(1 + policy.per_token * (n - 1) for n in sizes)
+
+
+@given(context=st.lists(st.integers(0, 255), min_size=1, max_size=30),
+       max_new_tokens=st.integers(1, 40), draft_kind=st.sampled_from(("none", "right", "longer", "right_then_wrong",
+                                                                      "wrong")),
+       at=st.integers(1, 40), temperature=st.sampled_from((0.0, 0.7)), seed=st.integers(0, 99),
+       probe=st.booleans(), lookup=st.booleans(),
+       policy=st.one_of(st.none(), st.builds(DraftPolicy.from_cost, st.floats(0.05, 1.0), st.just(""),
+                                             st.integers(0, 6))))
+@scaled(6)
+def test_draft_policy_changes_no_token(context, max_new_tokens, draft_kind, at, temperature, seed, probe, lookup,
+                                       policy):
+    engine = get_engine()
+    kw = {"temperature": temperature, "seed": seed}
+    with engine_scope(engine):
+        digest, expected = run_generate(engine, context, max_new_tokens, **kw)
+        cut = {"none": 0, "right": len(expected), "longer": len(expected), "wrong": 0}.get(draft_kind, at)
+        draft = None if draft_kind == "none" else expected[:cut] + [(t + 1) % 256 for t in expected[cut:]]
+        draft = draft + [7, 7, 7] if draft_kind == "longer" else draft
+        if draft is None and not lookup:
+            return
+        engine.draft_policy, sizes = policy, []
+        handle = engine.new_lineage()
+        engine.prefill(handle, context)
+        before = engine.counters.snapshot()
+        with engine.hook_forwards(lambda n, _: sizes.append(n)):  # the turn's forwards alone
+            got = engine.generate(handle, max_new_tokens, stop_ids=(), **kw,
+                                  assist=Assist(draft, probe and draft is not None, lookup))
+        spent, got_digest = engine.counters - before, engine.digest(handle)
+    assert (got, got_digest) == (expected, digest), (context, draft, probe, lookup, policy)
+    assert max(sizes) <= max(engine.lm.max_forward, len(expected))  # longer: the canonical prefill only
+    if policy is not None and not spent.draft_fallbacks:
+        # decoding the turn: one forward per token (its last fed by the commit); the credit rule
+        # lets the turn's proposals lose at most the opening (impl/engines/speculation.py)
+        assert get_model_cost(sizes, policy) <= len(expected) + policy.opening + 1e-9, (sizes, policy)
+    event(f"policy: {policy is not None}, fallback: {spent.draft_fallbacks > 0}, "
+          f"kept: {spent.draft_accepted_tokens + spent.lookup_accepted_tokens > 0}")
 
 
 @given(episode=episodes(), budget=st.one_of(st.none(), st.integers(0, 400_000)))

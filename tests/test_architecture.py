@@ -7,12 +7,16 @@
 - no code writes, or calls, a private member of an object it does not own
   (``self``, ``cls``, or one it just made of a class of its own module);
 - the llama.cpp engine's modules reach no transformers, directly or through impl;
+- no class in impl/engines inherits more than one level from another of the
+  project's classes (protocols aside): an engine is a lineage book plus a
+  backend, not a chain of hooks; and no engine keeps a current lineage;
 - no impl file is over 600 lines, and no function over 60.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -23,8 +27,11 @@ PACKAGE = "unsee.impl"
 #: The subsystems, lowest first: a module may import its own subsystem and
 #: those below it, never one above.
 LAYERS = ("util", "engines", "agent", "methods", "store", "eval", "conform", "serve", "cli")
-#: Top-level modules of unsee.impl that sit above every subsystem.
-TOP = ("api",)
+#: The public API, ``from unsee import ...`` (unsee/__init__.py, outside impl/). It
+#: re-exports names of several subsystems, so a module that imports it must sit
+#: at or above each of them.
+PUBLIC_API = "unsee"
+PUBLIC_API_PATH = Path(__file__).resolve().parents[1] / "unsee" / "__init__.py"
 FORBIDDEN = ("unsee.properties", "unsee.tests", "unsee.bench", "tests", "properties", "bench")
 #: private members of other libraries' objects that the engines set, by
 #: (file under impl, attribute): transformers reads the attention choice from
@@ -76,6 +83,14 @@ def get_subsystem(module: str) -> str:
     return module.removeprefix(PACKAGE + ".").split(".")[0]
 
 
+def get_public_api_subsystems() -> set[str]:
+    """The subsystems whose names the public API re-exports, read from its ``_EXPORTS``."""
+    for node in ast.parse(PUBLIC_API_PATH.read_text()).body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "_EXPORTS" for t in node.targets):
+            return {get_subsystem(module) for module in ast.literal_eval(node.value).values()}
+    raise AssertionError(f"{PUBLIC_API_PATH.name} has no _EXPORTS")
+
+
 def find_cycle(edges: dict[str, set[str]]) -> list[str] | None:
     """One import cycle, as the list of modules along it, or None."""
     state: dict[str, int] = {}
@@ -109,13 +124,16 @@ def test_no_upward_import():
     bad = []
     for name, targets in get_edges(modules).items():
         here = get_subsystem(name)
-        if name == PACKAGE or here in TOP:
+        if name == PACKAGE:
             continue
         assert here in LAYERS, f"{name}: subsystem {here!r} is not in LAYERS {LAYERS}"
         for target in targets:
             there = get_subsystem(target)
-            if target == PACKAGE or there in TOP or LAYERS.index(there) > LAYERS.index(here):
+            if target == PACKAGE or LAYERS.index(there) > LAYERS.index(here):
                 bad.append(f"{name} -> {target}")
+        if any(module == PUBLIC_API for module, _ in get_imports(modules[name])):
+            bad.extend(f"{name} -> {PUBLIC_API} (re-exports {there})" for there in get_public_api_subsystems()
+                       if LAYERS.index(there) > LAYERS.index(here))
     assert not bad, "imports that point up: " + ", ".join(sorted(bad))
 
 
@@ -201,6 +219,35 @@ def test_llamacpp_engine_needs_no_transformers():
     bad = [f"{m} imports {module}" for m in sorted(seen) for module, _ in get_imports(modules[m])
            if module.split(".")[0] == "transformers" or module.startswith(f"{PACKAGE}.engines.hf")]
     assert not bad, ", ".join(bad)
+
+
+def get_class_bases(root: Path) -> dict[str, list[str]]:
+    """Class name -> the names of its bases, for every class under ``root``
+    that is not a protocol (a base spelled ``a.B`` counts as ``B``)."""
+    out: dict[str, list[str]] = {}
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                names = [b.attr if isinstance(b, ast.Attribute) else getattr(b, "id", "") for b in node.bases]
+                if "Protocol" not in names:
+                    out[node.name] = names
+    return out
+
+
+def test_engine_classes_inherit_one_level_at_most():
+    bases = get_class_bases(IMPL / "engines")
+
+    def depth(name: str) -> int:
+        return max((1 + depth(b) for b in bases.get(name, []) if b in bases), default=0)
+
+    deep = {name: depth(name) for name in bases if depth(name) > 1}
+    assert not deep, f"classes more than one level below another of impl/engines: {deep}"
+
+
+def test_no_engine_keeps_a_current_lineage():
+    found = [f"{p.relative_to(IMPL)}:{i}" for p in sorted(IMPL.rglob("*.py"))
+             for i, line in enumerate(p.read_text().splitlines(), 1) if re.search(r"_current\b", line)]
+    assert not found, f"a cursor over lineages: {found}"
 
 
 @pytest.mark.parametrize("path", sorted(IMPL.rglob("*.py")), ids=lambda p: str(p.relative_to(IMPL)))

@@ -33,7 +33,7 @@ def test_a_bad_attention_is_refused_by_name(attn, device, dtype, message):
 def test_the_attention_is_loaded_and_recorded(attn):
     lm = load_model("tiny", attn=attn, dtype="bfloat16")
     assert lm.attn == attn == lm.model.config._attn_implementation
-    assert f"attention {attn}" in lm.determinism
+    assert f"attention {attn}" in lm.determinism_statement
     engine = make_engine(lm)
     assert json.loads(get_engine_meta(engine)["engine_options"]) == {"attn": attn}
     assert environment(engine)["attn"] == attn
@@ -53,7 +53,7 @@ def test_a_family_without_the_default_falls_back_to_ours():
     """Gemma 2's soft-capped attention has no sdpa path in transformers: the default
     loads it with ours; naming sdpa for it is transformers' error, naming the class."""
     assert load_model("tiny-gemma2").attn == "unsee_eager"
-    assert "attention unsee_eager" in load_model("tiny-gemma2").determinism
+    assert "attention unsee_eager" in load_model("tiny-gemma2").determinism_statement
     with pytest.raises(ValueError, match="Gemma2ForCausalLM"):
         load_model("tiny-gemma2", attn="sdpa")
 

@@ -9,8 +9,10 @@ import sys
 import pytest
 
 from unsee.bench.episodes import HISTORY_KINDS, SECRET, estimate_history_tokens, make_indep_episode
-from unsee.bench.paper import get_changed_turns, get_engine_spec, get_engine_specs, get_parser, parse_engines
+from unsee.bench.paper import get_parser
 from unsee.bench.paper import main as paper_main
+from unsee.bench.paper_engines import get_engine_spec, get_engine_specs, parse_engines
+from unsee.bench.paper_measure import get_changed_turns
 from unsee.bench.timing import CATEGORIES, time_engine
 from unsee.impl.agent.runtime import AgentRuntime
 from unsee.impl.engines.files import ByteTokenizer

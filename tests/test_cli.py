@@ -314,8 +314,11 @@ def test_the_demo_defaults_to_qwen_on_llamacpp_and_falls_back_offline_of_the_ext
     assert get_demo_model("llamacpp", "tiny", llamacpp=True) == ("llamacpp", "tiny")
 
 
-def test_the_demo_episode_takes_the_turn_length_of_its_model():
-    from unsee.impl.cli.demo import DEMO_TURN_TOKENS, get_demo_episode
+def test_the_demo_episode_takes_the_turn_length_and_system_prompt_of_its_model():
+    from unsee.impl.cli.demo import DEMO_EPISODE, get_demo_episode, get_model_episode
 
-    assert get_demo_episode().settings.max_new_tokens == 32
-    assert get_demo_episode(DEMO_TURN_TOKENS["qwen2.5-1.5b"]).settings.max_new_tokens == 64
+    assert get_demo_episode().settings.max_new_tokens == 32 and get_demo_episode().system == DEMO_EPISODE["system"]
+    qwen = get_model_episode("qwen2.5-1.5b")
+    assert qwen.settings.max_new_tokens == 48 and "one short sentence" in qwen.system
+    assert qwen.steps == get_demo_episode().steps  # the same story, step for step
+    assert get_model_episode("smollm2") == get_demo_episode()

@@ -18,11 +18,19 @@ from unsee.impl.cli.main import main
 from unsee.impl.conform.adapters import ADAPTERS as SHIPPED
 from unsee.impl.conform.adapters import redaction, reference, self_consistent
 from unsee.impl.conform.answers import AnswerContractError
+from unsee.impl.conform.checks import (
+    ANSWERED,
+    CHECKS,
+    COUNT_CHECKS,
+    RESIDUE,
+    RUN_REFERENCE,
+    STATE_CHECKS,
+    TWIN_REFERENCE,
+    Check,
+)
 from unsee.impl.conform.contract import CONTRACT, CONTRACT_VERSION
 from unsee.impl.conform.episodes import TARGET, episode_jsons
 from unsee.impl.conform.harness import (
-    COUNT_CHECKS,
-    STATE_CHECKS,
     CommandImplementation,
     ConformanceInputError,
     EntryPointImplementation,
@@ -125,6 +133,14 @@ def get_required_paths(schema: dict, prefix: str = "") -> list[str]:
     return paths
 
 
+def test_a_check_is_named_by_a_constant_and_the_scorecard_reads_them():
+    from unsee.impl.conform.scorecard import COLUMNS
+
+    assert {n for names in COLUMNS.values() for n in names} <= set(CHECKS)
+    with pytest.raises(ValueError, match="must be in"):
+        Check("a label no constant names", 1, 1)
+
+
 def test_the_schema_and_the_checker_require_the_same_fields(tmp_path):
     schema = json.loads(SCHEMA.read_text())
     assert (schema["properties"]["contract"]["const"], schema["properties"]["version"]["const"]) == (
@@ -136,6 +152,7 @@ def test_the_schema_and_the_checker_require_the_same_fields(tmp_path):
     checks = check_answers(Expected.of(episode, "secret"), answer, twin)
     assert all(c.ok for c in checks)
     assert set(STATE_CHECKS) | set(COUNT_CHECKS) <= {c.name for c in checks}  # the names the tests filter on
+    assert [c.name for c in checks] == [n for n in CHECKS if n not in (RUN_REFERENCE, TWIN_REFERENCE)]  # report order
     paths = get_required_paths(schema)
     assert len(paths) == 4 + 3 + 3 + 1 + 7 + 1 + 4
     for path in paths:
@@ -157,7 +174,7 @@ def junk(episode: str, forget: str | None = None) -> dict:
 def test_a_malformed_answer_is_a_failure_that_names_the_field(tmp_path):
     harness = Harness(EntryPointImplementation("tests:junk", junk), tmp_path)
     failure = harness.check_episode(parse_episode(ONE_STEP))
-    assert failure.get_names() == ("implementation answered",)
+    assert failure.get_names() == (ANSWERED,)
     assert "result implementation: must be an object" in failure.error
 
 
@@ -283,7 +300,7 @@ def test_an_implementation_that_answers_differently_is_called_flaky(tmp_path):
 
     outcome = search(EntryPointImplementation("tests:sometimes_junk", sometimes_junk), tmp_path, examples=2)
     assert outcome.flaky and not outcome.passed
-    assert outcome.failure.get_names() == ("implementation answered",)
+    assert outcome.failure.get_names() == (ANSWERED,)
     assert "is not deterministic, which the contract requires" in outcome.describe()
     assert "answered differently (one run did not answer, the other did" in outcome.describe()
 
@@ -302,7 +319,7 @@ def test_a_failure_that_does_not_repeat_is_not_called_non_deterministic(tmp_path
         return out
 
     outcome = search(EntryPointImplementation("tests:kept_once", kept_once), tmp_path, examples=2)
-    assert not outcome.passed and not outcome.flaky and outcome.failure.get_names() == ("residue (kept)",)
+    assert not outcome.passed and not outcome.flaky and outcome.failure.get_names() == (RESIDUE,)
     assert "scratch at byte 7" in outcome.describe() and "not deterministic" not in outcome.describe()
     assert "the failure did not repeat on a rerun of the same episode" in outcome.describe()
 

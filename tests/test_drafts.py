@@ -7,6 +7,7 @@ import torch
 
 from unsee.impl.agent.episode import parse_episode
 from unsee.impl.agent.runtime import AgentRuntime
+from unsee.impl.engines.counts import Counters
 from unsee.impl.engines.decoding import (
     SDPA_DRAFT_BOUNDS,
     get_draft_bound,
@@ -179,41 +180,56 @@ def test_drafts_off_where_no_bound_and_refused_when_demanded(eng):
         eng.draft_bound = saved
 
 
+def turn(block, draft, accepted, rejected, decoded, prefilled, fallback, quotes=False):
+    """A replayed turn's cost, from the counts the engine would have measured over it."""
+    from unsee.impl.agent.drafts import TurnCost
+    spent = Counters(draft_accepted_tokens=accepted, draft_rejected_tokens=rejected, decoded_tokens=decoded,
+                     prefilled_tokens=prefilled, draft_fallbacks=int(fallback))
+    return TurnCost(block, draft, spent, quotes=quotes)
+
+
+def after(drafts, *turns):
+    """``drafts`` after the replayed ``turns``, one turn at a time."""
+    for cost in turns:
+        drafts = drafts.with_turn(cost)
+    return drafts
+
+
 def test_probe_policy_follows_the_replays_early_misses():
     """Drafts.should_probe: a replay starts by probing; turns that pass their
     first token and then hold make it stop; early misses make it go on."""
-    from unsee.impl.agent.drafts import Draft, Drafts, TurnCost
+    from unsee.impl.agent.drafts import Draft, Drafts
     drafts, plain = Drafts({}, 1e-3), Draft((1, 2, 3))
     assert drafts.should_probe(plain)  # (0 + 1) / (0 + 2) = 1/2
-    held = TurnCost("a", 10, 10, 0, 0, 10, False)
-    drafts.turns += [held, held]
+    held = turn("a", 10, 10, 0, 0, 10, False)
+    drafts = after(drafts, held, held)
     assert not drafts.should_probe(plain)  # 1/4
-    drafts.turns.append(TurnCost("b", 10, 1, 9, 5, 6, False))  # right at token 0, wrong at token 1
+    drafts = drafts.with_turn(turn("b", 10, 1, 9, 5, 6, False))  # right at token 0, wrong at token 1
     assert drafts.should_probe(plain)  # 2/5
-    drafts.turns += [TurnCost("c", 10, 0, 10, 10, 10, False)] * 5  # wrong at token 0: says nothing here
-    drafts.turns.append(TurnCost("d", 10, 0, 0, 10, 10, True))  # a fallback neither
+    drafts = after(drafts, *[turn("c", 10, 0, 10, 10, 10, False)] * 5)  # wrong at token 0: says nothing here
+    drafts = drafts.with_turn(turn("d", 10, 0, 0, 10, 10, True))  # a fallback neither
     assert drafts.should_probe(plain)
-    drafts.turns.append(held)
+    drafts = drafts.with_turn(held)
     assert not drafts.should_probe(plain)  # 2/6
 
 
 def test_drafts_quoting_a_forgotten_item_are_estimated_apart():
     """A quoting draft starts at 2/3 (PROBE_PRIORS) and is judged by the
     earlier quoting turns only; plain drafts by the plain ones only."""
-    from unsee.impl.agent.drafts import Draft, Drafts, TurnCost
+    from unsee.impl.agent.drafts import Draft, Drafts
     drafts = Drafts({}, 1e-3)
     plain, quoting = Draft((1, 2, 3)), Draft((1, 2, 3), quotes=True)
-    held = TurnCost("a", 10, 10, 0, 0, 10, False)
-    drafts.turns += [held, held, held]
+    held = turn("a", 10, 10, 0, 0, 10, False)
+    drafts = after(drafts, held, held, held)
     assert not drafts.should_probe(plain)  # 1/5
     assert drafts.get_miss_estimate(True) == pytest.approx(2 / 3)  # plain turns say nothing of quoting ones
     assert drafts.should_probe(quoting)
-    quoted_held = TurnCost("q", 10, 10, 0, 0, 10, False, quotes=True)
-    drafts.turns += [quoted_held, quoted_held]
+    quoted_held = turn("q", 10, 10, 0, 0, 10, False, quotes=True)
+    drafts = after(drafts, quoted_held, quoted_held)
     assert drafts.should_probe(quoting)  # 2/5
-    drafts.turns.append(quoted_held)
+    drafts = drafts.with_turn(quoted_held)
     assert not drafts.should_probe(quoting)  # 2/6: three held in a row
-    drafts.turns += [TurnCost("m", 10, 1, 9, 5, 6, False, quotes=True)] * 3  # early misses, quoting
+    drafts = after(drafts, *[turn("m", 10, 1, 9, 5, 6, False, quotes=True)] * 3)  # early misses, quoting
     assert drafts.should_probe(quoting)  # 5/9
     assert not drafts.should_probe(plain)  # still 1/5: quoting misses say nothing of plain drafts
 

@@ -29,7 +29,7 @@ SECRET = "The host lives at 4417 Elm Street."
 
 
 def kv(engine: KVEngine, lineage: str) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    return [(k.clone(), v.clone()) for k, v in adapter.cache_tensors(engine._get(lineage).cache) if k is not None]
+    return [(k.clone(), v.clone()) for k, v in adapter.cache_tensors(engine.get_lineage(lineage).cache) if k is not None]
 
 
 def episode(*steps: Step) -> Episode:

@@ -3,7 +3,8 @@ crop, canonicalised generation, sampling, lineages and counters."""
 
 import pytest
 
-from unsee.impl.engines.lineage import Counters, crop
+from unsee.impl.engines.counts import Counters
+from unsee.impl.engines.lineage import crop
 
 
 def ids(lm, n, salt=""):

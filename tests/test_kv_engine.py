@@ -9,7 +9,8 @@ import sys
 
 import pytest
 
-from unsee.impl.engines.lineage import Counters, EvictedLineageError, crop, rebuild
+from unsee.impl.engines.counts import Counters
+from unsee.impl.engines.lineage import EvictedLineageError, crop, rebuild
 from unsee.impl.engines.registry import make_engine
 
 

@@ -65,16 +65,17 @@ def test_state_blob_round_trips(engine):
     """parse then to_blob gives llama.cpp's own bytes back, V transposed or not."""
     handle = engine.new_lineage()
     engine.prefill(handle, list(range(40, 57)))
-    blob_size = engine._lc.llama_state_seq_get_size(engine._ctx, 0)
-    kv = engine._read_seq()
+    blob_size = engine.kv.lc.llama_state_seq_get_size(engine.kv.ctx, 0)
+    kv = engine.kv.read_seq()
     assert kv.n == 17 and list(kv.caches[0].positions) == list(range(17))
     assert len(kv.to_blob()) == blob_size
     # written back into the context, read out again: the same rows
-    engine._lc.llama_memory_clear(engine._mem, True)
-    engine._resident = None
-    engine._lineages[handle].kv = kv
-    engine._make_resident(handle)
-    again = engine._read_seq()
+    engine.kv.lc.llama_memory_clear(engine.kv.mem, True)
+    engine.kv.resident = None
+    lin = engine.get_lineage(handle)
+    lin.kv = kv
+    engine.kv.make_resident(handle, lin)
+    again = engine.kv.read_seq()
     assert again.to_blob() == kv.to_blob()
     engine.drop(handle)
 
@@ -86,7 +87,7 @@ def test_digest_is_by_position_not_by_cell(engine):
     same; the blob of that layout does not."""
     handle = engine.new_lineage()
     engine.prefill(handle, list(range(60, 72)))
-    kv = engine._read_seq().caches[0]
+    kv = engine.kv.read_seq().caches[0]
     rev = slice(None, None, -1)
     shuffled = SeqKV(kv.positions[rev], tuple(k[rev] for k in kv.k), tuple(v[rev] for v in kv.v),
                               kv.k_types, kv.v_types, kv.v_trans, kv.v_elem)
@@ -107,13 +108,13 @@ def test_digest_is_by_position_not_by_cell(engine):
 def test_parser_refuses_what_it_does_not_know(engine):
     handle = engine.new_lineage()
     engine.prefill(handle, [1, 2, 3])
-    blob = engine._read_seq().to_blob()
+    blob = engine.kv.read_seq().to_blob()
     with pytest.raises(ValueError, match="magic"):
-        SeqKV.parse(b"\0" * 8 + blob[8:], engine.lm.n_layer, engine._v_trans)
+        SeqKV.parse(b"\0" * 8 + blob[8:], engine.lm.n_layer, engine.kv.v_trans)
     with pytest.raises(ValueError, match="unparsed"):
-        SeqKV.parse(blob + b"\0", engine.lm.n_layer, engine._v_trans)
+        SeqKV.parse(blob + b"\0", engine.lm.n_layer, engine.kv.v_trans)
     with pytest.raises(ValueError, match="layers"):
-        SeqKV.parse(blob, engine.lm.n_layer + 1, engine._v_trans)
+        SeqKV.parse(blob, engine.lm.n_layer + 1, engine.kv.v_trans)
     engine.drop(handle)
 
 

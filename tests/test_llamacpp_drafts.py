@@ -14,12 +14,13 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from unsee.impl.engines.lineage import Counters
+from unsee.impl.engines.counts import Counters
+from unsee.impl.engines.llamacpp import cost, facts
 from unsee.impl.engines.llamacpp import engine as llamacpp
-from unsee.impl.engines.llamacpp import facts
 from unsee.impl.engines.llamacpp.tiny_gguf import write_tiny_gguf
 from unsee.impl.engines.protocol import Assist
 from unsee.impl.engines.registry import load_engine
+from unsee.impl.engines.speculation import DraftPolicy
 
 pytestmark = pytest.mark.skipif(not llamacpp.available(), reason="llama-cpp-python is not installed")
 
@@ -61,16 +62,20 @@ def test_exact_kernels_by_default_and_the_facts_key_names_the_kernels(engine):
     assert len(keys) == 3 and facts.get_cache_key(lm) in keys
 
 
-def test_a_draft_longer_than_max_forward_is_verified_in_its_first_part(engine):
+def test_a_draft_longer_than_max_forward_is_verified_in_forwards_up_to_it(engine):
+    # every forward of the turn stays within max_forward (a longer one takes other kernels), and
+    # the turn, longer than that, is committed by its canonical one-chunk prefill
     x = ids(engine, 30)
     ref = fresh(engine, x)
     n = engine.lm.max_forward + 20
     expected = engine.generate(ref, n, stop_ids=())
     drafted = fresh(engine, x)
-    before = engine.counters.snapshot()
-    assert engine.generate(drafted, n, stop_ids=(), assist=Assist(draft=expected)) == expected
+    before, sizes = engine.counters.snapshot(), []
+    with engine.hook_forwards(lambda size, _: sizes.append(size)):
+        assert engine.generate(drafted, n, stop_ids=(), assist=Assist(draft=expected)) == expected
     spent = engine.counters - before
-    assert spent.draft_accepted_tokens == engine.lm.max_forward and spent.decoded_tokens == 20
+    assert spent.draft_accepted_tokens == n and spent.decoded_tokens == 0
+    assert max(sizes[:-1]) <= engine.lm.max_forward and sizes[-1] == n  # the last: the canonical prefill
     assert engine.digest(drafted) == engine.digest(ref)
 
 
@@ -95,19 +100,29 @@ def test_facts_are_measured_once_then_read_from_the_cache(tmp_path, monkeypatch)
         raise AssertionError("measured again despite the cache")
 
     monkeypatch.setattr(facts, "measure_decode_facts", refuse)
+    monkeypatch.setattr(cost, "measure_per_token", refuse)
     again = load_engine("llamacpp-tiny", threads=1, n_ctx=256)
     assert again.draft_bound == first.draft_bound and again.lm.draft_bound_source == first.lm.draft_bound_source
+    assert again.draft_policy == first.draft_policy and again.draft_policy.per_token > 0
+    # what a first load spent measuring is said once (the demo prints it); a cached load spent none
+    assert first.lm.info["measured_at_load_s"] > 0 and "measured_at_load_s" not in again.lm.info
 
 
-def test_a_draft_accepted_whole_costs_one_forward_and_no_decode(engine):
+@pytest.mark.parametrize(("policy", "sizes"), [(None, [12]), (DraftPolicy.from_cost(0.5), [3, 5, 4])])
+def test_a_draft_accepted_whole_costs_no_decode_in_forwards_the_policy_sizes(engine, policy, sizes):
+    # without a policy one forward verifies it all; with one, each forward feeds the decided token and
+    # the proposals its credit allows: 2 (opening 2 x 0.5), then 4 (credit 1 + 2 - 1), then the 3 left
     x = ids(engine, 30)
     ref = fresh(engine, x)
     expected = engine.generate(ref, 12, stop_ids=())
     drafted = fresh(engine, x)
+    engine.draft_policy, got = policy, []
     before = engine.counters.snapshot()
-    assert engine.generate(drafted, 12, stop_ids=(), assist=Assist(draft=expected)) == expected
+    with engine.hook_forwards(lambda size, _: got.append(size)):
+        assert engine.generate(drafted, 12, stop_ids=(), assist=Assist(draft=expected)) == expected
     spent = engine.counters - before
-    assert spent == Counters(forward_calls=1, prefilled_tokens=12, draft_accepted_tokens=12)
+    assert got == sizes
+    assert spent == Counters(forward_calls=len(sizes), prefilled_tokens=12, draft_accepted_tokens=12)
     assert engine.digest(drafted) == engine.digest(ref)
     assert engine.logits(drafted) is None  # a prefill must come before the next turn
 

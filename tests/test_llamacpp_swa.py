@@ -45,7 +45,7 @@ def test_two_caches_hold_every_position(engine):
     with engine_scope(engine):
         lin = engine.new_lineage()
         engine.prefill(lin, tokens(100))
-        state = engine._read_seq()
+        state = engine.kv.read_seq()
         assert len(state.caches) == 2
         assert sum(len(c.k) for c in state.caches) == engine.lm.n_layer
         for cache in state.caches:  # the sliding-window cache too, not only its last window

@@ -18,7 +18,7 @@ def test_tiny_loads_with_no_files(tmp_path):
     assert (lm.name, lm.device, lm.dtype) == ("tiny", "cpu", "float32")
     assert lm.vocab_size == 259
     assert lm.eos_ids == (lm.encode("<|im_end|>")[0],)
-    assert "bitwise" in lm.determinism
+    assert "bitwise" in lm.determinism_statement
     assert not lm.model.training
     assert next(lm.model.parameters()).dtype == torch.float32
 

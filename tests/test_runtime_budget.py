@@ -10,6 +10,7 @@ import gc
 import pytest
 
 from unsee.impl.agent.episode import parse_episode
+from unsee.impl.agent.forget import restore_checkpoint
 from unsee.impl.agent.runtime import AgentRuntime
 from unsee.impl.engines.registry import make_engine
 from unsee.properties.differential import run_counterfactual
@@ -49,7 +50,7 @@ def test_restore_fork_and_probe_copy_no_kv(lm):
     runtime = run(engine, BEFORE_COMPACTION[:2])
     held = engine.budget.memory().held_bytes
     for checkpoint in runtime.checkpoints.all():
-        replay = runtime._restore(checkpoint)
+        replay = restore_checkpoint(runtime, checkpoint)
         assert len(engine.tokens(replay.lineage)) == checkpoint.token_offset
         assert engine.budget.memory().held_bytes == held  # views of the checkpoint's lineage only
     other = runtime.fork()

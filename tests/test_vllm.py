@@ -370,7 +370,8 @@ def test_table1_runs_each_method_on_a_session_of_its_own(engine_factory_vllm):
     hits (one 128-token block more served, one less prefilled)."""
     from types import SimpleNamespace
 
-    from unsee.bench.paper import is_serving_engine, make_table1_episode, measure_episode
+    from unsee.bench.paper_measure import is_serving_engine, measure_episode
+    from unsee.bench.paper_tables import make_table1_episode
 
     engine = engine_factory_vllm()
     assert is_serving_engine(engine)
@@ -445,7 +446,7 @@ def test_a_restore_keeps_the_checkpoint_rounded_down_to_blocks(engine_factory):
     block = runtime.engine.lm.block_size
     assert runtime.engine.determinism.restore_granularity == block
     report = runtime.forget(episode.target.source)
-    restore = report.extra["restore"]
+    restore = report.extra["restore"].to_json()
     offset = restore["checkpoint_tokens"]
     assert offset % block != 0 and restore["shared"]  # the case under test: a checkpoint inside a block
     assert (restore["cached_tokens"], restore["recomputed_tokens"]) == (offset // block * block, offset % block)
@@ -469,5 +470,5 @@ def test_one_tokenizer_path():
         shared = TokenizerMethods.__dict__[name]
         assert all(name not in cls.__dict__ and getattr(cls, name) is shared for cls in (LoadedModel, VllmModel))
     lm = VllmModel(name="vllm-tiny", source="", llm=None, tokenizer=ByteTokenizer(), eos_ids=(2,), vocab_size=259,
-                   block_size=128, determinism="")
+                   block_size=128, determinism_statement="")
     assert lm.decode(lm.encode("héllo")) == "héllo" and lm.chat_template is None and lm.special_tokens == {}

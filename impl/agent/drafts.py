@@ -77,6 +77,11 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import attrs
 
+from unsee.impl.engines.counts import Counters
+from unsee.impl.engines.protocol import Assist
+from unsee.impl.engines.speculation import DraftPolicy
+from unsee.impl.util.ids import get_step_id
+
 
 @attrs.frozen
 class Draft:
@@ -88,24 +93,53 @@ class Draft:
     quotes: bool = False  # repeats words of a forgotten item (``is_quoting``)
 
 
-@attrs.define
+@attrs.frozen
 class TurnCost:
-    """What one replayed model turn cost (the forget report lists them)."""
+    """What one replayed model turn cost (the forget report lists them): the
+    engine's counts over the turn (``spent``, the one record of counts) and
+    what the replay knew of its draft. The report shows them by the names of
+    :data:`TURN_KEYS`."""
 
     block: str
     draft: int  # draft tokens offered (0: no draft)
-    accepted: int
-    rejected: int
-    decoded: int
-    prefilled: int
-    fallback: bool  # re-decoded from the header at an unstable decision
+    spent: Counters  # the engine's work over the turn (verification, decode steps, its commit)
     trusted: bool = False
-    probed: bool = False  # a one-token probe came before the verification
     generated: int = 0  # tokens the turn committed (its canonical chunk)
     quotes: bool = False  # the draft quoted a forgotten item (probes are estimated apart)
-    lookups: int = 0  # forwards that also verified a guess from the context (``get_lookup``)
-    looked_up: int = 0  # guessed tokens those forwards verified (counted in ``prefilled``)
-    lookup_accepted: int = 0  # of them, accepted instead of decoded
+
+    accepted = property(lambda self: self.spent.draft_accepted_tokens)
+    rejected = property(lambda self: self.spent.draft_rejected_tokens)
+    decoded = property(lambda self: self.spent.decoded_tokens)
+    prefilled = property(lambda self: self.spent.prefilled_tokens)
+    fallback = property(lambda self: bool(self.spent.draft_fallbacks),
+                        doc="Re-decoded from the header at an unstable decision.")
+    probed = property(lambda self: bool(self.spent.draft_probes),
+                      doc="A one-token probe came before the verification.")
+    lookups = property(lambda self: self.spent.lookup_forwards,
+                       doc="Forwards that also verified a guess from the context (``get_lookup``).")
+    looked_up = property(lambda self: self.spent.lookup_accepted_tokens + self.spent.lookup_rejected_tokens,
+                         doc="Guessed tokens those forwards verified (counted in ``prefilled``).")
+    lookup_accepted = property(lambda self: self.spent.lookup_accepted_tokens,
+                               doc="Of them, accepted instead of decoded.")
+    forwards = property(lambda self: self.spent.forward_calls)
+
+    @classmethod
+    def from_spent(cls, block: str, draft: Draft | None, spent: Counters, generated: int) -> TurnCost:
+        """A decoded turn's cost from the engine's counters over it (``spent``: a
+        :class:`~unsee.impl.engines.counts.Counters` difference)."""
+        return cls(block, len(draft.tokens) if draft else 0, spent, generated=generated,
+                   quotes=draft is not None and draft.quotes)
+
+    @classmethod
+    def from_trusted(cls, block: str, draft: Draft) -> TurnCost:
+        """A trusted draft's turn (B7-oracle): its tokens re-prefilled as they were
+        (counted as prefilled, not as a measured forward)."""
+        n = len(draft.tokens)
+        return cls(block, n, Counters(prefilled_tokens=n), trusted=True, generated=n)
+
+    def to_json(self) -> dict:
+        """The turn as the report lists it (:data:`TURN_KEYS`)."""
+        return {key: getattr(self, key) for key in TURN_KEYS}
 
     @property
     def is_early_miss(self) -> bool:
@@ -119,6 +153,11 @@ class TurnCost:
         went wrong in it, or an unstable decision sent the turn back to its
         header)."""
         return self.prefilled - self.generated - self.looked_up
+
+
+#: The keys of a replayed turn in the forget report (:meth:`TurnCost.to_json`), in order.
+TURN_KEYS = ("block", "draft", "accepted", "rejected", "decoded", "prefilled", "fallback", "trusted", "probed",
+             "generated", "quotes", "lookups", "looked_up", "lookup_accepted", "forwards")
 
 
 #: Probe when the estimated chance that a draft which passed its first token
@@ -178,26 +217,54 @@ def is_quoting(text: str, ngrams: frozenset[tuple[str, ...]]) -> bool:
     return False
 
 
+@attrs.frozen
 class Drafts:
-    """The drafts of one replay, by model-turn block id (a component the
-    runtime owns while it replays; None outside a forget)."""
+    """The drafts of one replay, by model-turn block id, and the costs of the
+    turns replayed so far (``turns``): a value that a replay runtime replaces
+    at each turn (:meth:`with_turn`) and the forget reads back. ``policy``: the
+    engine's draft policy (impl/engines/speculation.py), where it sizes its
+    forwards by a credit; None where a draft is verified in one forward."""
 
-    def __init__(self, drafts: Mapping[str, Draft], bound: float | None, lookup: bool = True):
-        self._drafts = dict(drafts)
-        self.bound = bound
-        #: guess from the context once a turn's draft has failed (``get_lookup``)
-        self.lookup = lookup
-        self.turns: list[TurnCost] = []
+    drafts: Mapping[str, Draft] = attrs.field(converter=dict)
+    bound: float | None
+    #: guess from the context once a turn's draft has failed (``get_lookup``)
+    lookup: bool = True
+    policy: DraftPolicy | None = None
+    turns: tuple[TurnCost, ...] = attrs.field(default=(), converter=tuple)
 
     def get(self, block_id: str) -> Draft | None:
-        return self._drafts.get(block_id)
+        return self.drafts.get(block_id)
+
+    def with_turn(self, cost: TurnCost) -> Drafts:
+        """These drafts after one more replayed turn, which cost ``cost``."""
+        return attrs.evolve(self, turns=(*self.turns, cost))
+
+    def get_assist(self, draft: Draft | None) -> Assist:
+        """What the next model turn's ``generate`` may verify: its draft, and
+        whether to probe it first and to guess from the context."""
+        return Assist(draft=draft.tokens if draft is not None else None,
+                      probe=draft is not None and self.should_probe(draft), lookup=self.should_lookup())
 
     def should_probe(self, draft: Draft) -> bool:
         """Whether the turn with ``draft`` should probe before verifying: when
         the estimated chance that it is wrong at its second token exceeds
         ``PROBE_ABOVE``, estimated over the earlier turns that quote a forgotten
-        item as it does, or that quote none as it does (``PROBE_PRIORS``)."""
-        return self.get_miss_estimate(draft.quotes) > PROBE_ABOVE
+        item as it does, or that quote none as it does (``PROBE_PRIORS``).
+        Never under a policy: its first forward risks only the opening's few
+        proposals, which is what a probe was for, and a probe would add a
+        forward to every draft that holds."""
+        return self.policy is None and self.get_miss_estimate(draft.quotes) > PROBE_ABOVE
+
+    def should_lookup(self) -> bool:
+        """Whether the next turn guesses from the context. Under a policy, while
+        a guessed token pays: it saves a decode step when kept and costs
+        ``per_token`` when fed, so the replay guesses while the share of its
+        guessed tokens kept, ``(kept + 1) / (fed + 2)`` over its earlier turns,
+        exceeds ``per_token`` (each turn's guesses still ride its credit)."""
+        if not self.lookup or self.policy is None:
+            return self.lookup
+        fed, kept = sum(t.looked_up for t in self.turns), sum(t.lookup_accepted for t in self.turns)
+        return (kept + 1) / (fed + 2) > self.policy.per_token
 
     def get_miss_estimate(self, quotes: bool) -> float:
         """The estimated chance that a draft (quoting or not) which passed its
@@ -209,11 +276,11 @@ class Drafts:
         return (misses + a) / (len(seen) + a + b)
 
     def __len__(self) -> int:
-        return len(self._drafts)
+        return len(self.drafts)
 
     @classmethod
     def from_blocks(cls, blocks: Iterable, bound: float | None, trusted: Iterable[str] = (),
-                    forgotten: Iterable[str] = (), lookup: bool = True) -> Drafts:
+                    forgotten: Iterable[str] = (), lookup: bool = True, policy: DraftPolicy | None = None) -> Drafts:
         """Drafts from the pre-forget model turns: each block's tokens after
         its header chunk (``chunks == (header, turn)``); ``forgotten`` are the
         texts of the items the forget removes, which mark quoting drafts."""
@@ -225,10 +292,11 @@ class Drafts:
                 header = block.chunks[0]
                 drafts[block.id] = Draft(tuple(block.tokens[header:]), block.id in trusted,
                                          bool(ngrams) and is_quoting(block.text, ngrams))
-        return cls(drafts, bound, lookup)
+        return cls(drafts, bound, lookup, policy)
 
     def get_totals(self) -> dict:
-        keys = ("draft", "accepted", "rejected", "decoded", "prefilled", "lookups", "looked_up", "lookup_accepted")
+        keys = ("draft", "accepted", "rejected", "decoded", "prefilled", "lookups", "looked_up", "lookup_accepted",
+                "forwards")
         totals = {k: sum(getattr(t, k) for t in self.turns) for k in keys}
         totals["turns"] = len(self.turns)
         totals["fallbacks"] = sum(t.fallback for t in self.turns)
@@ -240,17 +308,19 @@ class Drafts:
 
 
 def choose_drafts(lm, bound: float | None, blocks: Sequence, steps: Sequence, boundary: int, wanted: bool | None,
-                  oracle: bool, pending: Iterable[str] = (), lookup: bool = True) -> tuple[Drafts | None, dict]:
+                  oracle: bool, pending: Iterable[str] = (), lookup: bool = True,
+                  policy: DraftPolicy | None = None) -> tuple[Drafts | None, dict]:
     """The drafts of a replay from ``boundary``: the model turns written after
     it, before the forget (of ``blocks``, the session's; ``steps``: its
     observation log); returns the drafts (None: every turn decoded) and the
     report's account of the choice. The items of the ``pending`` sources mark the drafts that
     quote them (probed); ``lookup`` adds guesses from the context where a
-    turn is decoded. ``lm`` names the configuration whose ``bound`` it is."""
+    turn is decoded. ``lm`` names the configuration whose ``bound`` it is;
+    ``policy`` is the engine's draft policy (None: whole drafts)."""
     blocks = [b for b in blocks if b.turn > boundary]
     if oracle:
         labelled = {s.id for s in steps[boundary:] if getattr(s, "independent", False)}
-        trusted = [b.id for b in blocks if b.id.rsplit("/", 1)[0] in labelled]
+        trusted = [b.id for b in blocks if get_step_id(b.id) in labelled]
         # the oracle trusts its labels; unlabelled turns are decoded as B7 without drafts would
         chosen = [b for b in blocks if b.id in set(trusted)]
         return Drafts.from_blocks(chosen, bound, trusted, lookup=False), {
@@ -267,7 +337,7 @@ def choose_drafts(lm, bound: float | None, blocks: Sequence, steps: Sequence, bo
                              f"{lm.device} {lm.dtype}: every turn re-decoded (`unsee calibrate` measures one)"}
     pending = set(pending)
     forgotten = [i.text for s in steps for i in s.items if i.source in pending]
-    return Drafts.from_blocks(blocks, bound, forgotten=forgotten, lookup=lookup), {
+    return Drafts.from_blocks(blocks, bound, forgotten=forgotten, lookup=lookup, policy=policy), {
         "mode": "verify", "bound": bound, "lookup": lookup,
         "why": f"verified drafts{' and context guesses' if lookup else ''}, decisions accepted above a "
                f"margin of 2 x {bound:g}"}

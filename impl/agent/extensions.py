@@ -9,7 +9,7 @@ Each point is a method of :class:`Extension`:
 
 - ``after_plan``: a ``plan`` step's decoded plan was committed (a tool layer
   turns it into a call and prefills the call's result);
-- ``get_snapshot_id``: the environment snapshot a new checkpoint records;
+- ``take_snapshot``: store the environment as it is now and return its id, which a new checkpoint records;
 - ``branch``: the extension of a replay runtime that starts at a checkpoint
   (``None``: at ``R_0``, a full reset);
 - ``begin_forget``: a forget or reset starts, removing these sources;
@@ -45,7 +45,7 @@ class Extension(Protocol):
 
     def after_plan(self, runtime: Runtime, step: Step, plan: RuntimeBlock) -> None: ...
 
-    def get_snapshot_id(self, runtime: Runtime) -> str | None: ...
+    def take_snapshot(self, runtime: Runtime) -> str | None: ...
 
     def branch(self, runtime: Runtime, checkpoint: Checkpoint | None) -> Extension: ...
 

@@ -1,29 +1,35 @@
-"""Algorithm 1, Provenance-Guided Selective Replay, and B5, the full reset:
-the forget verbs of :class:`~unsee.impl.agent.runtime.AgentRuntime`.
+"""Algorithm 1, Provenance-Guided Selective Replay, and B5, the full reset,
+as functions over a runtime's state that return values (the verbs
+:meth:`~unsee.impl.agent.runtime.AgentRuntime.forget` and ``full_reset`` call them).
 
-``forget`` restores the latest checkpoint before the target's first entry
-into a replay runtime beside this one (on a new lineage sharing the
-checkpoint's prefix copy-on-write) and re-enacts the sanitized suffix there:
-that computes the new state as a value (:meth:`~SelectiveReplay._compute_replay`),
-which the runtime only then adopts, so a forget that fails halfway leaves
-the session as it was. ``full_reset`` does the same from ``R_0``.
+A forget is three steps, each a value: :func:`plan_replay` (lines 1-4: tau,
+the taint closure, the checkpoint, the drafts) reads the state;
+:func:`compute_replay` (lines 5-10) restores the checkpoint into a replay
+runtime beside the old one (on a new lineage sharing the checkpoint's prefix
+copy-on-write), re-enacts the sanitized suffix there and returns the new state
+with what the replay did (:class:`Replayed`: its drafts and costs included);
+the runtime only then adopts it, so a forget that fails halfway leaves the
+session as it was. :func:`compute_report` builds the report from the value.
+``reset_sources`` does the same from ``R_0``.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import attrs
 
 from unsee.impl.agent.checkpoints import Checkpoint, CheckpointStore
-from unsee.impl.agent.drafts import choose_drafts
+from unsee.impl.agent.drafts import Drafts, choose_drafts
 from unsee.impl.agent.episode import Step
 from unsee.impl.agent.extensions import Extension
-from unsee.impl.agent.report import ForgetReport
+from unsee.impl.agent.report import ForgetReport, RestoreAccount
 from unsee.impl.agent.state import RuntimeState
+from unsee.impl.engines.counts import Counters
 from unsee.impl.engines.files import get_cpu_isa
-from unsee.impl.engines.protocol import Residue, RestoreReport, get_draft_bound
+from unsee.impl.engines.protocol import Residue, RestoreReport, get_draft_bound, get_draft_policy
 from unsee.impl.util.text import normalize
 
 Progress = Callable[[int, int], None]
@@ -42,23 +48,52 @@ class AmbiguousTargetError(LookupError):
     """A target value held by several sources."""
 
 
+#: The runtime a forget works on (an ``AgentRuntime``; not imported here,
+#: since the runtime imports this module).
+Runtime = Any
+
+
+@attrs.frozen
+class ReplayPlan:
+    """Algorithm 1 lines 1-4 as a value: what a replay restores and re-enacts."""
+
+    pending: tuple[str, ...]  # the sources to forget
+    tau: int  # the first step that observed one of them
+    closure: tuple[str, ...]  # the taint closure, in the graph's order
+    checkpoint: Checkpoint  # the latest checkpoint before tau
+    shared: bool  # its lineage is in memory (else the restore rebuilds it from its manifest)
+    drafts: Drafts | None  # the replay's drafts (None: every turn decoded)
+    drafts_account: dict  # the report's account of that choice
+
+
+@attrs.frozen
+class Forgotten:
+    """What a forget or a reset did, as its report says it (:func:`compute_report`)."""
+
+    method: str
+    source_ids: tuple[str, ...]
+    tau: int = 0
+    checkpoint: Checkpoint | None = None
+    closure: tuple[str, ...] = ()
+    invocations: int = 0  # transitions the replay ran
+    already_forgotten: bool = False
+    drafts: dict | None = None
+    restore: RestoreAccount | None = None
+
+
 @attrs.frozen
 class Replayed:
-    """What a replay computed beside the runtime (:meth:`SelectiveReplay._compute_replay`):
+    """What a replay computed beside the runtime (:func:`compute_replay`):
     the new state, the replay's extensions (whose branch state the runtime
-    adopts with it), and what the report says of how it was reached."""
+    adopts with it), the state it was computed from, and what it did."""
 
     state: RuntimeState
     extensions: tuple[Extension, ...]
-    tau: int
-    checkpoint: Checkpoint
-    closure: tuple[str, ...]
-    invocations: int  # transitions the replay ran
-    drafts: dict
-    restore: dict
+    base: RuntimeState
+    forgotten: Forgotten
 
 
-def get_restore_fields(engine, checkpoint_tokens: int, shared: bool, lineage: str) -> dict:
+def get_restore_account(engine, checkpoint_tokens: int, shared: bool, lineage: str) -> RestoreAccount:
     """What a forget's restore of ``checkpoint_tokens`` kept and what it recomputed.
 
     The engine declares where a prefill resumes after a restore
@@ -70,190 +105,197 @@ def get_restore_fields(engine, checkpoint_tokens: int, shared: bool, lineage: st
     (vLLM: whole cached blocks, which may run past the checkpoint into the
     unchanged steps after it, or fall short of it where blocks were evicted)."""
     kept, recomputed = engine.determinism.get_restore_split(checkpoint_tokens) if shared else (0, checkpoint_tokens)
-    fields = {"checkpoint_tokens": checkpoint_tokens, "granularity": engine.determinism.restore_granularity,
-              "shared": shared, "cached_tokens": kept, "recomputed_tokens": recomputed}
     served = engine.get_restore(lineage) if isinstance(engine, RestoreReport) and lineage in engine.budget.lineages \
         else None
-    if served is not None:
-        fields["served"] = served
-    return fields
+    return RestoreAccount(checkpoint_tokens, engine.determinism.restore_granularity, shared, kept, recomputed, served)
 
 
-class SelectiveReplay:
-    """The forget verbs, a part of :class:`~unsee.impl.agent.runtime.AgentRuntime`
-    (which supplies the state, ``_restore``, ``_spawn`` and ``_adopt``)."""
-
-    # --- Algorithm 1 ---------------------------------------------------------
-
-    def forget(self, source_id: str, progress: Progress | None = None, wait: bool = True,
-               drafts: bool | None = None, oracle: bool = False, lookup: bool = True) -> ForgetReport:
-        """Provenance-Guided Selective Replay (Algorithm 1): after it, the state
-        equals that of a twin that never observed ``source_id``.
-
-        Forgetting a source that was already forgotten is a no-op (the state
-        already is that twin's) and says so in the report. A forget that
-        arrives while a step is running waits for that step to commit, or
-        raises :class:`SessionBusyError` when ``wait`` is false.
-
-        ``drafts``: replay model turns as verified drafts (impl/agent/drafts.py);
-        None means on wherever the engine has a measured discrepancy bound.
-        ``oracle``: B7-oracle, the paper's variant: turns whose step is
-        labelled independent of the target are re-prefilled unverified (a
-        baseline; not exact when a label is wrong). ``lookup``: with drafts,
-        also guess from the context where a turn is decoded (impl/agent/drafts.py);
-        False measures drafts alone.
-        """
-        return self.forget_many([source_id], progress, wait, drafts, oracle, lookup)
-
-    def forget_many(self, source_ids: Sequence[str], progress: Progress | None = None,
-                    wait: bool = True, drafts: bool | None = None, oracle: bool = False,
-                    lookup: bool = True) -> ForgetReport:
-        """Forget several sources in one replay: the twin never observed any of them."""
-        with self._exclusive(wait, "forget"):
-            started, before = time.perf_counter(), self.engine.counters.snapshot()
-            pending = self._begin_forget(source_ids)
-            if not pending:
-                return self._report("replay", source_ids, 0, None, (), 0, started, before,
-                                    already_forgotten=True)
-            base = self._state
-            replayed = self._compute_replay(pending, progress, drafts, oracle, lookup)
-            self._check_unchanged(base, "forget")
-            self._adopt(replayed.state, replayed.extensions)
-            return self._report("replay-oracle" if oracle else "replay", source_ids, replayed.tau,
-                                replayed.checkpoint, replayed.closure, replayed.invocations, started, before,
-                                drafts=replayed.drafts, restore=replayed.restore)
-
-    def _compute_replay(self, pending: Sequence[str], progress: Progress | None = None, drafts: bool | None = None,
-                        oracle: bool = False, lookup: bool = True) -> Replayed:
-        """Algorithm 1 beside this runtime: the state of a twin that never
-        observed ``pending``, as a new value; this runtime is left as it was
-        (forget adopts the result). The replay runs in a runtime of its
-        own, spawned at the restored state, whose result is read back."""
-        taus = [min(b.turn for b in self.graph.locate_source(s)) for s in pending]  # lines 1-2
-        tau = min(taus)
-        closure = self._closure(pending)  # line 3
-        checkpoint = self.checkpoints.latest_before(tau)  # line 4
-        shared = checkpoint.lineage in self.engine.budget.lineages  # else _restore rebuilds it from the manifest
-        bound, bound_source = get_draft_bound(self.engine)
-        chosen, draft_info = choose_drafts(self.engine.lm, bound, self.graph.blocks(), self.steps,
-                                           checkpoint.boundary, drafts, oracle, pending, lookup)
-        draft_info["bound_source"] = bound_source  # "calibrated" (on this CPU) or shipped from another
-        draft_info["cpu_isa"] = get_cpu_isa()
-        # line 5: share the kept prefix of the lineage (a crop, no copy)
-        replay = self._restore(checkpoint, pending, chosen)
-        restored, transitions_before = replay.lineage, replay.transitions
-        replay.run([self._sanitize(s, pending) for s in self.steps[checkpoint.boundary:]], progress)  # lines 6-10
-        restore = get_restore_fields(self.engine, checkpoint.token_offset, shared, restored)
-        if chosen is not None:
-            draft_info["totals"] = chosen.get_totals()
-            draft_info["turns"] = [attrs.asdict(t) for t in chosen.turns]
-        return Replayed(replay.state, tuple(replay.extensions), tau, checkpoint, closure,
-                        replay.transitions - transitions_before, draft_info, restore)
-
-    def full_reset(self, source_id: str | Sequence[str], progress: Progress | None = None,
-                   wait: bool = True, upto: int | None = None) -> ForgetReport:
-        """B5: replay the counterfactual stream from ``R_0`` through the same
-        transitions. ``upto``: replay only the first ``upto`` observed steps
-        (``unsee verify`` rebuilds a receipt's prefix of the log)."""
-        source_ids = [source_id] if isinstance(source_id, str) else list(source_id)
-        with self._exclusive(wait, "reset"):
-            started, before = time.perf_counter(), self.engine.counters.snapshot()
-            pending = self._begin_forget(source_ids)
-            tau = min((self.graph.first_entry(s) for s in pending), default=0)
-            closure, base = self._closure(pending), self._state
-            # a state before R_0 (no lineage): the spawned runtime begins it
-            empty = RuntimeState(checkpoints=CheckpointStore(self.settings.checkpoint_policy),
-                                 forgotten=(*self._state.forgotten, *pending))
-            fresh = self._spawn([e.branch(self, None) for e in self.extensions], empty, replaying=True)
-            steps = self._state.steps if upto is None else self._state.steps[:upto]
-            fresh.run([self._sanitize(s, pending) for s in steps], progress)
-            self._check_unchanged(base, "reset")
-            self._adopt(fresh.state, fresh.extensions)
-            return self._report("reset", source_ids, tau, None, closure, fresh.transitions, started, before)
-
-    def _check_unchanged(self, base: RuntimeState, what: str) -> None:
-        """The replay was computed from ``base``; a step this thread made
-        meanwhile (the session lock is re-entrant: from a progress callback,
-        say) would be lost by adopting it, so the forget is refused instead."""
-        if self._state is not base:
-            raise RuntimeError(f"{what} refused: the session changed while it replayed (a step on the same "
-                               "thread, e.g. from its progress callback); nothing was adopted")
-
-    def _begin_forget(self, source_ids: Sequence[str]) -> list[str]:
-        """Every forget and full reset starts here, inside the session lock:
-        the sources still to forget (an id never observed is an error that
-        changes nothing), announced to the extensions."""
-        pending = self._check_sources(source_ids)
-        for extension in self.extensions:
-            extension.begin_forget(self, pending)
-        return pending
-
-    def _check_sources(self, source_ids: Sequence[str]) -> list[str]:
-        if not source_ids:
-            raise ValueError("forget needs at least one source id")
-        pending = []
-        for source_id in dict.fromkeys(source_ids):
-            if source_id in self._state.forgotten:
-                continue
-            self.graph.locate_source(source_id)  # raises UnknownSourceError naming it
-            pending.append(source_id)
-        return pending
-
-    def _closure(self, source_ids: Sequence[str]) -> tuple[str, ...]:
-        tainted = set().union(*(self.graph.taint_closure(s) for s in source_ids))
-        return tuple(b.id for b in self.graph.blocks() if b.id in tainted)
-
-    @staticmethod
-    def _sanitize(step: Step, source_ids: Sequence[str]) -> Step:
+def sanitize_steps(steps: Sequence[Step], source_ids: Sequence[str]) -> list[Step]:
+    """Algorithm 1 line 7 over a stream: every step without the items of ``source_ids``."""
+    out = []
+    for step in steps:
         for source_id in source_ids:
             step = sanitize_step(step, source_id)
-        return step
-
-    def find_sources(self, value: str) -> list[str]:
-        """Source ids of observed items whose text contains ``value`` (normalized)."""
-        wanted = normalize(value)
-        if not wanted:
-            raise ValueError("a target value must contain letters or digits")
-        return [i.source for s in self._state.steps for i in s.items if wanted in normalize(i.text)]
-
-    def forget_value(self, value: str, progress: Progress | None = None, wait: bool = True) -> ForgetReport:
-        """Forget by value: exactly one observed source must hold it."""
-        sources = self.find_sources(value)
-        if not sources:
-            raise TargetNotFoundError(f"target value {value!r} was never read in this session")
-        if len(sources) > 1:
-            raise AmbiguousTargetError(
-                f"target value {value!r} is present in several sources {sources}; "
-                "name the one to forget, or forget them all with forget_many")
-        return self.forget(sources[0], progress, wait)
-
-    def _report(self, method: str, source_ids: Sequence[str], tau: int, checkpoint: Checkpoint | None,
-                closure: Sequence[str], invocations: int, started: float, before,
-                already_forgotten: bool = False, drafts: dict | None = None,
-                restore: dict | None = None) -> ForgetReport:
-        spent = self.engine.counters.snapshot() - before
-        digest, assumptions = self.digest(), self.get_assumptions()
-        extra = {"rendering": self.renderer.describe()}  # how the episode was rendered (impl/agent/render.py)
-        for extension in self.extensions:
-            extra.update(extension.get_report_fields())
-        if isinstance(self.engine, Residue):  # an engine keeping blocks outside its lineages (vLLM)
-            extra["engine_residue"] = self.engine.residue()
-        if restore is not None:
-            extra["restore"] = restore
-        return ForgetReport(
-            method=method, source_id=",".join(source_ids), tau=tau, length=self.t,
-            boundary=checkpoint.boundary if checkpoint else (self.t if already_forgotten else 0),
-            already_forgotten=already_forgotten,
-            checkpoint=checkpoint.get_record() if checkpoint else None,
-            checkpoint_bytes=checkpoint.nbytes if checkpoint else 0,
-            closure=tuple(closure), invocations=invocations,
-            prefilled_tokens=spent.prefilled_tokens, decoded_tokens=spent.decoded_tokens,
-            forward_calls=spent.forward_calls, wall_s=time.perf_counter() - started,
-            rebuilt_tokens=spent.rebuilt_tokens, reused_tokens=spent.reused_tokens,
-            digest=digest, assumptions=assumptions, extra=extra, digest_means=self.engine.determinism.digest,
-            draft_accepted_tokens=spent.draft_accepted_tokens, draft_rejected_tokens=spent.draft_rejected_tokens,
-            drafts=drafts or {"mode": "off", "why": "no replay of model turns from drafts"})
+        out.append(step)
+    return out
 
 
-__all__ = ["AmbiguousTargetError", "Progress", "Replayed", "SelectiveReplay", "TargetNotFoundError", "get_restore_fields",
-           "sanitize_step"]
+# --- Algorithm 1 -------------------------------------------------------------
+
+def forget_sources(runtime: Runtime, source_ids: Sequence[str], progress: Progress | None = None,
+                   wait: bool = True, drafts: bool | None = None, oracle: bool = False,
+                   lookup: bool = True) -> ForgetReport:
+    """Provenance-Guided Selective Replay of ``source_ids`` in one replay
+    (:meth:`AgentRuntime.forget_many <unsee.impl.agent.runtime.AgentRuntime.forget_many>`
+    says what the options mean)."""
+    with runtime.hold("forget", wait):
+        started, before = time.perf_counter(), runtime.engine.counters.snapshot()
+        pending = begin_forget(runtime, source_ids)
+        if not pending:
+            return compute_report(runtime, Forgotten("replay", tuple(source_ids), already_forgotten=True),
+                                  started, before)
+        plan = plan_replay(runtime.state, runtime.engine, pending, drafts, oracle, lookup)  # lines 1-4
+        replayed = compute_replay(runtime, plan, "replay-oracle" if oracle else "replay", source_ids,
+                                  progress)  # lines 5-10
+        runtime.adopt(replayed, "forget")
+        return compute_report(runtime, replayed.forgotten, started, before)
+
+
+def plan_replay(state: RuntimeState, engine, pending: Sequence[str], drafts: bool | None = None,
+                oracle: bool = False, lookup: bool = True) -> ReplayPlan:
+    """Algorithm 1 lines 1-4 over ``state``: tau, the taint closure, the
+    checkpoint to restore and the drafts to replay with."""
+    tau = min(min(b.turn for b in state.graph.locate_source(s)) for s in pending)  # lines 1-2
+    closure = get_closure(state, pending)  # line 3
+    checkpoint = state.checkpoints.latest_before(tau)  # line 4
+    shared = checkpoint.lineage in engine.budget.lineages
+    bound, bound_source = get_draft_bound(engine)
+    policy = get_draft_policy(engine)
+    chosen, account = choose_drafts(engine.lm, bound, state.graph.blocks(), state.steps, checkpoint.boundary,
+                                    drafts, oracle, pending, lookup, policy)
+    account["bound_source"] = bound_source  # "calibrated" (on this CPU) or shipped from another
+    if chosen is not None and policy is not None:
+        account["policy"] = policy.to_json()  # how each turn sized its forwards (the credit rule)
+    account["cpu_isa"] = get_cpu_isa()
+    return ReplayPlan(tuple(pending), tau, closure, checkpoint, shared, chosen, account)
+
+
+def compute_replay(runtime: Runtime, plan: ReplayPlan, method: str, source_ids: Sequence[str],
+                   progress: Progress | None = None) -> Replayed:
+    """Algorithm 1 lines 5-10 beside ``runtime``: the state of a twin that
+    never observed ``plan.pending``, as a new value; ``runtime`` is left as it
+    was. The replay runs in a runtime of its own, restored at the checkpoint,
+    whose state, drafts and costs are read back."""
+    base, checkpoint = runtime.state, plan.checkpoint
+    # line 5: share the kept prefix of the lineage (a crop, no copy)
+    replay = restore_checkpoint(runtime, checkpoint, plan.pending, plan.drafts)
+    restored, transitions_before = replay.lineage, replay.transitions
+    replay.run(sanitize_steps(base.steps[checkpoint.boundary:], plan.pending), progress)  # lines 6-10
+    account = dict(plan.drafts_account)
+    if replay.drafts is not None:
+        account["totals"] = replay.drafts.get_totals()
+        account["turns"] = [t.to_json() for t in replay.drafts.turns]
+    forgotten = Forgotten(method, tuple(source_ids), plan.tau, checkpoint, plan.closure,
+                          replay.transitions - transitions_before, drafts=account,
+                          restore=get_restore_account(runtime.engine, checkpoint.token_offset, plan.shared, restored))
+    return Replayed(replay.state, tuple(replay.extensions), base, forgotten)
+
+
+def restore_checkpoint(runtime: Runtime, checkpoint: Checkpoint, forgetting: Sequence[str] = (),
+                       drafts: Drafts | None = None) -> Runtime:
+    """Algorithm 1 line 5: ``Restore(c*)`` into a new runtime beside ``runtime``
+    that has also forgotten ``forgetting`` and replays with ``drafts``."""
+    engine, state = runtime.engine, runtime.state
+    extensions = [e.branch(runtime, checkpoint) for e in runtime.extensions]
+    if checkpoint.lineage in engine.budget.lineages:
+        # The first token_offset tokens, shared copy-on-write: O(layers)
+        # whatever the length, and the replay's prefills never write into
+        # the checkpoint's lineage, so the old state stays intact.
+        lineage = engine.fork(checkpoint.lineage, checkpoint.token_offset)
+    else:  # evicted by the KV budget, or a session reopened from its store
+        lineage = runtime.rebuild_lineage(checkpoint.context)
+        if len(engine.tokens(lineage)) != checkpoint.token_offset:
+            raise RuntimeError(f"checkpoint {checkpoint.boundary}: manifest rebuilds "
+                               f"{len(engine.tokens(lineage))} tokens, expected {checkpoint.token_offset}")
+    restored = attrs.evolve(state.at_checkpoint(checkpoint, lineage), forgotten=(*state.forgotten, *forgetting))
+    return runtime.spawn(extensions, restored, replaying=True, drafts=drafts)
+
+
+def reset_sources(runtime: Runtime, source_ids: Sequence[str], progress: Progress | None = None,
+                  wait: bool = True, upto: int | None = None) -> ForgetReport:
+    """B5: replay the counterfactual stream from ``R_0`` through the same
+    transitions (``upto``: the first ``upto`` observed steps only)."""
+    with runtime.hold("reset", wait):
+        started, before = time.perf_counter(), runtime.engine.counters.snapshot()
+        pending = begin_forget(runtime, source_ids)
+        base = runtime.state
+        tau = min((base.graph.first_entry(s) for s in pending), default=0)
+        # a state before R_0 (no lineage): the spawned runtime begins it
+        empty = RuntimeState(checkpoints=CheckpointStore(runtime.settings.checkpoint_policy),
+                             forgotten=(*base.forgotten, *pending))
+        fresh = runtime.spawn([e.branch(runtime, None) for e in runtime.extensions], empty, replaying=True)
+        steps = base.steps if upto is None else base.steps[:upto]
+        fresh.run(sanitize_steps(steps, pending), progress)
+        forgotten = Forgotten("reset", tuple(source_ids), tau, None, get_closure(base, pending), fresh.transitions)
+        runtime.adopt(Replayed(fresh.state, tuple(fresh.extensions), base, forgotten), "reset")
+        return compute_report(runtime, forgotten, started, before)
+
+
+def begin_forget(runtime: Runtime, source_ids: Sequence[str]) -> list[str]:
+    """Every forget and full reset starts here, inside the session lock:
+    the sources still to forget (an id never observed is an error that
+    changes nothing), announced to the extensions."""
+    pending = check_sources(runtime.state, source_ids)
+    for extension in runtime.extensions:
+        extension.begin_forget(runtime, pending)
+    return pending
+
+
+def check_sources(state: RuntimeState, source_ids: Sequence[str]) -> list[str]:
+    """The sources of ``source_ids`` not yet forgotten, in order, once each."""
+    if not source_ids:
+        raise ValueError("forget needs at least one source id")
+    pending = []
+    for source_id in dict.fromkeys(source_ids):
+        if source_id in state.forgotten:
+            continue
+        state.graph.locate_source(source_id)  # raises UnknownSourceError naming it
+        pending.append(source_id)
+    return pending
+
+
+def get_closure(state: RuntimeState, source_ids: Sequence[str]) -> tuple[str, ...]:
+    """Algorithm 1 line 3: the blocks tainted by ``source_ids``, in the graph's order."""
+    tainted = set().union(*(state.graph.taint_closure(s) for s in source_ids))
+    return tuple(b.id for b in state.graph.blocks() if b.id in tainted)
+
+
+def find_sources(state: RuntimeState, value: str) -> list[str]:
+    """Source ids of observed items whose text contains ``value`` (normalized)."""
+    wanted = normalize(value)
+    if not wanted:
+        raise ValueError("a target value must contain letters or digits")
+    return [i.source for s in state.steps for i in s.items if wanted in normalize(i.text)]
+
+
+def find_one_source(state: RuntimeState, value: str) -> str:
+    """The one observed source that holds ``value`` (forget by value)."""
+    sources = find_sources(state, value)
+    if not sources:
+        raise TargetNotFoundError(f"target value {value!r} was never read in this session")
+    if len(sources) > 1:
+        raise AmbiguousTargetError(
+            f"target value {value!r} is present in several sources {sources}; "
+            "name the one to forget, or forget them all with forget_many")
+    return sources[0]
+
+
+def compute_report(runtime: Runtime, forgotten: Forgotten, started: float, before: Counters) -> ForgetReport:
+    """The report of ``forgotten``, on the state ``runtime`` holds now; ``before``:
+    the engine's counters when it started."""
+    spent = runtime.engine.counters.snapshot() - before
+    digest, assumptions = runtime.digest(), runtime.get_assumptions()
+    extra = {"rendering": runtime.renderer.describe()}  # how the episode was rendered (impl/agent/render.py)
+    for extension in runtime.extensions:
+        extra.update(extension.get_report_fields())
+    if isinstance(runtime.engine, Residue):  # an engine keeping blocks outside its lineages (vLLM)
+        extra["engine_residue"] = runtime.engine.residue()
+    if forgotten.restore is not None:
+        extra["restore"] = forgotten.restore
+    checkpoint, t = forgotten.checkpoint, runtime.t
+    return ForgetReport(
+        method=forgotten.method, source_id=",".join(forgotten.source_ids), tau=forgotten.tau, length=t,
+        boundary=checkpoint.boundary if checkpoint else (t if forgotten.already_forgotten else 0),
+        already_forgotten=forgotten.already_forgotten,
+        checkpoint=checkpoint.get_record() if checkpoint else None,
+        checkpoint_bytes=checkpoint.nbytes if checkpoint else 0,
+        closure=forgotten.closure, invocations=forgotten.invocations,
+        spent=spent, wall_s=time.perf_counter() - started, digest=digest, assumptions=assumptions, extra=extra,
+        digest_means=runtime.engine.determinism.digest,
+        drafts=forgotten.drafts or {"mode": "off", "why": "no replay of model turns from drafts"})
+
+
+__all__ = ["AmbiguousTargetError", "Forgotten", "Progress", "ReplayPlan", "Replayed", "TargetNotFoundError",
+           "compute_replay", "compute_report", "find_one_source", "find_sources", "forget_sources",
+           "get_closure", "get_restore_account", "plan_replay", "reset_sources", "restore_checkpoint", "sanitize_step",
+           "sanitize_steps"]

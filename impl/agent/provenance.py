@@ -11,10 +11,11 @@ Lemma 2 (ii)).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 import attrs
 
+from unsee.impl.engines.protocol import Determinism
 from unsee.spec import Artifact, ProvenanceGraph
 
 #: block types that the model wrote (the paper's derived artifacts)
@@ -163,3 +164,14 @@ class ArtifactGraph:
         chosen = self._blocks if blocks is None else tuple(self[i] for i in blocks)
         return ProvenanceGraph(tuple(
             Artifact(b.id, b.type, b.parents, b.source_ids, b.token_span, b.turn, b.committed) for b in chosen))
+
+
+def get_turn_chunks(determinism: Determinism, header: Sequence[int], generated: Sequence[int]) -> tuple[int, ...]:
+    """The chunks a rebuild prefills a model turn in, from what the engine
+    guarantees (:attr:`Determinism.canonical_chunking`): where chunking
+    matters, the header prefill and the canonical prefill of the turn
+    (two chunks, as they were computed); on a chunk-invariant engine whose
+    decode equals prefill, the whole turn as one chunk gives the same KV."""
+    if determinism.canonical_chunking == "block":
+        return (len(header) + len(generated),)
+    return (len(header), len(generated))

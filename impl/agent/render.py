@@ -268,6 +268,16 @@ def compute_renderer(lm: ModelInfo, text: str, template: str | None) -> Renderer
     return Renderer("template", source, segments, template=own)
 
 
+def get_edit_tokens(graph, renderer, encode, block) -> tuple[int, ...]:
+    """The tokens an edit re-prefills ``block`` as: its recorded ones where it
+    is the graph's block unchanged, else its text encoded (a model turn with
+    its assistant framing)."""
+    if block.id in graph and graph[block.id] is block and block.tokens:
+        return block.tokens
+    text = renderer.render_message("assistant", block.text) if block.type in DERIVED_TYPES else block.text
+    return tuple(encode(text))
+
+
 __all__ = ["CHATML", "END", "NOTE_REQUEST", "START", "SUMMARY_OPENING", "SUMMARY_REQUEST", "TEMPLATE_NAMES",
            "Renderer", "TemplateError", "build_renderer", "compute_renderer", "get_memory_text", "get_observation_message", "get_renderer", "is_chatml",
            "render", "render_header", "render_memory", "render_observation"]

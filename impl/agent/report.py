@@ -4,6 +4,25 @@ from __future__ import annotations
 
 import attrs
 
+from unsee.impl.engines.counts import Counters
+
+
+@attrs.frozen
+class RestoreAccount:
+    """What a forget's restore of its checkpoint kept and what it recomputed
+    (the report's ``extra["restore"]``, :func:`~unsee.impl.agent.forget.get_restore_account`)."""
+
+    checkpoint_tokens: int
+    granularity: int  # where a prefill resumes after a restore (Determinism.restore_granularity)
+    shared: bool  # the checkpoint's lineage was in memory (else rebuilt from its manifest)
+    cached_tokens: int
+    recomputed_tokens: int
+    served: dict | None = None  # what the engine saw the restored lineage's first request served, where it says
+
+    def to_json(self) -> dict:
+        """As plain data; ``served`` only where the engine says it."""
+        return attrs.asdict(self, filter=lambda a, v: a.name != "served" or v is not None)
+
 
 @attrs.frozen
 class ForgetReport:
@@ -18,25 +37,33 @@ class ForgetReport:
     checkpoint_bytes: int
     closure: tuple[str, ...]
     invocations: int
-    prefilled_tokens: int
-    decoded_tokens: int
-    forward_calls: int
+    #: the engine's work over the forget (:class:`Counters`, the one record of counts); the
+    #: report shows its prefilled, decoded, draft, rebuilt and reused tokens and its forwards
+    spent: Counters
     wall_s: float
     digest: str
     assumptions: dict
     extra: dict = attrs.field(factory=dict)  # the extensions' fields, e.g. irrevocable divergences
     already_forgotten: bool = False  # a repeated forget: nothing to do, state unchanged
-    draft_accepted_tokens: int = 0  # draft tokens verified and kept instead of decoded
-    draft_rejected_tokens: int = 0  # draft tokens verified and thrown away
     #: drafts: {"mode": "verify" | "oracle" | "off", "why": ..., "bound": ...,
     #: "totals": {...}, "turns": [per replayed model turn: draft, accepted,
     #: rejected, decoded, prefilled, fallback, trusted]}
     drafts: dict = attrs.field(factory=dict)
-    rebuilt_tokens: int = 0  # of prefilled_tokens: rebuilding evicted or stored checkpoint lineages
-    reused_tokens: int = 0  # served by the engine's prefix cache instead of prefilled (B5')
     #: what ``digest`` means, as the engine declares it (Determinism.digest): "kv" (bitwise
     #: equal K and V by position) or "tokens" (equal token ids, decisions within a measured bound)
     digest_means: str = "kv"
+
+    prefilled_tokens = property(lambda self: self.spent.prefilled_tokens)
+    decoded_tokens = property(lambda self: self.spent.decoded_tokens)
+    forward_calls = property(lambda self: self.spent.forward_calls)
+    draft_accepted_tokens = property(lambda self: self.spent.draft_accepted_tokens,
+                                     doc="Draft tokens verified and kept instead of decoded.")
+    draft_rejected_tokens = property(lambda self: self.spent.draft_rejected_tokens,
+                                     doc="Draft tokens verified and thrown away.")
+    rebuilt_tokens = property(lambda self: self.spent.rebuilt_tokens,
+                              doc="Of prefilled_tokens: rebuilding evicted or stored checkpoint lineages.")
+    reused_tokens = property(lambda self: self.spent.reused_tokens,
+                             doc="Served by the engine's prefix cache instead of prefilled (B5').")
 
     @property
     def expected_invocations(self) -> int:
@@ -44,10 +71,23 @@ class ForgetReport:
         return self.length - self.boundary
 
     def to_json(self) -> dict:
-        out = attrs.asdict(self)
-        out["expected_invocations"] = self.expected_invocations
-        out["closure"] = list(self.closure)
-        return out
+        """The report as plain data: the counts of ``spent`` it shows by name, in the order
+        its JSON has always had (:data:`JSON_KEYS`)."""
+        fields = attrs.asdict(self, filter=lambda a, _: a.name not in ("spent", "extra"))
+        fields["extra"] = {k: v.to_json() if isinstance(v, RestoreAccount) else v for k, v in self.extra.items()}
+        fields.update({name: getattr(self, name) for name in COUNTED},
+                      closure=list(self.closure), expected_invocations=self.expected_invocations)
+        return {key: fields[key] for key in JSON_KEYS}
 
 
-__all__ = ["ForgetReport"]
+#: The counts of :class:`Counters` a report shows, by name.
+COUNTED = ("prefilled_tokens", "decoded_tokens", "forward_calls", "draft_accepted_tokens", "draft_rejected_tokens",
+           "rebuilt_tokens", "reused_tokens")
+#: The keys of :meth:`ForgetReport.to_json`, in order (stored and printed reports keep it).
+JSON_KEYS = ("method", "source_id", "tau", "length", "boundary", "checkpoint", "checkpoint_bytes", "closure",
+             "invocations", "prefilled_tokens", "decoded_tokens", "forward_calls", "wall_s", "digest", "assumptions",
+             "extra", "already_forgotten", "draft_accepted_tokens", "draft_rejected_tokens", "drafts",
+             "rebuilt_tokens", "reused_tokens", "digest_means", "expected_invocations")
+
+
+__all__ = ["COUNTED", "JSON_KEYS", "ForgetReport", "RestoreAccount"]

@@ -8,21 +8,16 @@ same canonical chunks (one prefill per block, one prefill per committed model
 turn), so that two runs of the same transitions produce bitwise-identical
 caches.
 
-``forget`` builds the new state beside the old one (on a new lineage that
-shares the checkpoint's prefix copy-on-write, :meth:`Engine.fork`)
-and only then adopts it, so a forget that fails halfway leaves the session as
-it was.
+``forget`` and ``full_reset`` are functions over the state (impl/agent/forget.py):
+they build the new state beside the old one, which the runtime then adopts.
 
-The runtime holds a pin (:meth:`Engine.pin`) on the lineage it is
-extending: under a KV budget the engine may evict any other lineage, and a
-restore from an evicted checkpoint lineage rebuilds it from the checkpoint's
-manifest (:meth:`rebuild_lineage`).
+The runtime holds a pin (:meth:`engine.budget.pin <unsee.impl.engines.protocol.KVBudget.pin>`) on the lineage it is
+extending: under a KV budget the engine may evict any other lineage, and a restore from an evicted
+checkpoint lineage rebuilds it from the checkpoint's manifest (:meth:`rebuild_lineage`).
 
-Extensions (:mod:`unsee.impl.agent.extensions`, e.g. the tool layer) are
-components the runtime owns and calls at fixed points; they change its state
-through the public verbs (:meth:`append_block`, :meth:`mark_committed`), as
-the baselines do (:meth:`rebuild_context`, :meth:`keep_memory`,
-:meth:`excise_spans`).
+Extensions (:mod:`unsee.impl.agent.extensions`, e.g. the tool layer) are components the runtime owns and
+calls at fixed points; they change its state through the public verbs (:meth:`append_block`,
+:meth:`mark_committed`), as the baselines do (:meth:`rebuild_context`, :meth:`keep_memory`, :meth:`excise_spans`).
 """
 
 from __future__ import annotations
@@ -37,14 +32,25 @@ from unsee.impl.agent.checkpoints import Checkpoint, CheckpointStore, is_checkpo
 from unsee.impl.agent.drafts import Drafts, TurnCost
 from unsee.impl.agent.episode import STEP_KINDS, Episode, Item, Settings, Step
 from unsee.impl.agent.extensions import Extension
-from unsee.impl.agent.forget import AmbiguousTargetError, Progress, SelectiveReplay, TargetNotFoundError, sanitize_step
-from unsee.impl.agent.provenance import DERIVED_TYPES, RuntimeBlock
+from unsee.impl.agent.forget import (
+    AmbiguousTargetError,
+    Progress,
+    Replayed,
+    TargetNotFoundError,
+    find_one_source,
+    find_sources,
+    forget_sources,
+    reset_sources,
+    sanitize_step,
+)
+from unsee.impl.agent.provenance import DERIVED_TYPES, RuntimeBlock, get_turn_chunks
 from unsee.impl.agent.render import (
     END,
     NOTE_REQUEST,
     START,
     SUMMARY_OPENING,
     SUMMARY_REQUEST,
+    get_edit_tokens,
     get_memory_text,
     get_observation_message,
     get_renderer,
@@ -58,6 +64,7 @@ from unsee.impl.agent.state import RuntimeState
 from unsee.impl.engines.lineage import rebuild
 from unsee.impl.engines.opening import open_lineage
 from unsee.impl.engines.protocol import Assist, Engine
+from unsee.impl.util import ids
 from unsee.impl.util.exclusive import Exclusive
 
 SYSTEM_ID = "system"
@@ -71,7 +78,7 @@ def _view(name: str, doc: str, copy: bool = False) -> property:
     return property(lambda self: getattr(self._state, name), doc=doc)
 
 
-class AgentRuntime(SelectiveReplay):
+class AgentRuntime:
     """A running agent over an :class:`~unsee.impl.engines.protocol.Engine` (it never asks which one).
 
     ``extensions``: the components it owns (at most one per name), e.g.
@@ -90,11 +97,11 @@ class AgentRuntime(SelectiveReplay):
         if len(set(names)) != len(names):
             raise ValueError(f"extension names must be distinct; got {names}")
         self._state = RuntimeState(checkpoints=CheckpointStore(settings.checkpoint_policy))
-        self._lineage_pin = None  # see _set_state
-        self.replaying = False  # True while forget re-enacts the suffix (tools shadow-execute)
-        self.drafts: Drafts | None = None  # set while a forget replays with drafts (impl/agent/drafts.py)
+        self._lineage_pin = None  # the engine's pin on the state's lineage (see _set_state)
+        self._replaying = False  # a replay runtime (spawned by a forget) re-enacts a sanitized stream
+        self._drafts: Drafts | None = None  # a replay's drafts and its turns' costs so far, replaced per turn
         self._exclusive = Exclusive()  # one transition or forget at a time
-        self._shared_lineages = False  # set when forked: lineages are not ours alone to drop
+        self._shared_lineages = False  # once forked or spawned: another runtime names our lineages
 
     # --- the state -----------------------------------------------------------
 
@@ -103,11 +110,16 @@ class AgentRuntime(SelectiveReplay):
         """``R_t`` as one value (the runtime replaces it at every change)."""
         return self._state
 
+    replaying = property(lambda self: self._replaying,
+                         doc="Whether this runtime re-enacts a sanitized stream for a forget (tools shadow-execute).")
+    drafts = property(lambda self: self._drafts,
+                      doc="A replay's drafts, with the costs of the turns replayed so far (None outside a replay).")
+
     def _set_state(self, state: RuntimeState) -> None:
         if state.lineage != self._state.lineage:
             # The pin keeps the lineage out of the KV budget's reach while this runtime refers to it.
             released = self._lineage_pin is not None
-            self._lineage_pin = self.engine.budget.pin(state.lineage) if state.lineage else None
+            self._lineage_pin = self.engine.budget.pin(state.lineage) if state.lineage != ids.NO_LINEAGE else None
             self._state = state
             if released:
                 self.engine.budget.enforce()  # the old lineage may now be evictable
@@ -117,7 +129,7 @@ class AgentRuntime(SelectiveReplay):
     def _update(self, **changes) -> None:
         self._set_state(attrs.evolve(self._state, **changes))
 
-    lineage = _view("lineage", 'The cache lineage this runtime extends ("" before ``R_0``).')
+    lineage = _view("lineage", "The cache lineage this runtime extends (``NO_LINEAGE`` before ``R_0``).")
     graph = _view("graph", "The provenance graph (:class:`ArtifactGraph`).")
     checkpoints = _view("checkpoints", "The checkpoints (:class:`CheckpointStore`).")
     t = _view("t", "The number of observed steps.")
@@ -185,7 +197,7 @@ class AgentRuntime(SelectiveReplay):
         state = self._state
         checkpoints = state.checkpoints
         if is_checkpoint_due(checkpoints.policy, state.t, step):
-            checkpoints = checkpoints.with_checkpoint(self._get_checkpoint())
+            checkpoints = checkpoints.with_checkpoint(self._take_checkpoint())
         self._update(t=state.t + 1, transitions=state.transitions + 1, steps=(*state.steps, step),
                      checkpoints=checkpoints)
         handler = {"user": self._on_message, "tool": self._on_message, "plan": self._on_plan,
@@ -195,11 +207,12 @@ class AgentRuntime(SelectiveReplay):
 
     def _on_message(self, step: Step) -> None:
         self._observe(step)
-        self._answer(f"{step.id}/answer", "answer")
+        self._answer(ids.compute_block_id(step.id, ids.ANSWER), "answer")
 
     def _on_plan(self, step: Step) -> None:
         self._observe(step)
-        plan = self._answer(f"{step.id}/plan", "plan", header_suffix=self.renderer.get_plan_opening(step.tool))
+        plan = self._answer(ids.compute_block_id(step.id, ids.PLAN), "plan",
+                            header_suffix=self.renderer.get_plan_opening(step.tool))
         self._update(plans=(*self._state.plans, plan.id))
         for extension in self.extensions:  # e.g. the tool layer turns the plan into a call (issue 4)
             extension.after_plan(self, step, plan)
@@ -207,7 +220,8 @@ class AgentRuntime(SelectiveReplay):
     def _on_memory(self, step: Step) -> None:
         records = []
         for item in step.items:
-            record = self._record(f"{step.id}/{item.source}", "memory_record", item.text, (), frozenset({item.source}))
+            record = self._record(ids.compute_record_id(step.id, item.source), "memory_record", item.text, (),
+                                  frozenset({item.source}))
             records.append(record.id)
             self._update(memory=(*self._state.memory, record.id))
         self.append_block(step.id, "memory", self.render_block(*get_observation_message(step)), parents=tuple(self.context) + tuple(records),
@@ -215,16 +229,16 @@ class AgentRuntime(SelectiveReplay):
 
     def _on_remember(self, step: Step) -> None:
         self._observe(step)
-        note = self._answer(f"{step.id}/note", "memory_write")
+        note = self._answer(ids.compute_block_id(step.id, ids.NOTE), "memory_write")
         self._update(memory=(*self._state.memory, note.id))
 
     def _on_compact(self, step: Step) -> None:
         """Compaction: the model rewrites the context into a summary that replaces
         it, on a new cache lineage (the prompt prefix changed)."""
         self._observe(step)
-        summary = self._answer(f"{step.id}/answer", "summary", header_suffix=SUMMARY_OPENING)
+        summary = self._answer(ids.compute_block_id(step.id, ids.ANSWER), "summary", header_suffix=SUMMARY_OPENING)
         self._new_lineage(step)
-        self.append_block(f"{step.id}/context", "summary",
+        self.append_block(ids.compute_block_id(step.id, ids.CONTEXT), "summary",
                           self.render_block("system",
                                             f"Summary of the earlier conversation:\n{SUMMARY_OPENING} {summary.text}"),
                           parents=(summary.id,), sources=summary.source_ids, extend_context=True)
@@ -234,7 +248,8 @@ class AgentRuntime(SelectiveReplay):
         records = [self.graph[r] for r in self._state.memory]
         self._new_lineage(step)
         sources = frozenset().union(*(r.source_ids for r in records))
-        self.append_block(f"{step.id}/memory", "memory", self.render_block("system", get_memory_text([r.text for r in records])),
+        self.append_block(ids.compute_block_id(step.id, ids.MEMORY), "memory",
+                          self.render_block("system", get_memory_text([r.text for r in records])),
                           parents=tuple(r.id for r in records), sources=sources, extend_context=True)
 
     # --- building blocks (the verbs extensions and baselines use) ------------
@@ -289,10 +304,9 @@ class AgentRuntime(SelectiveReplay):
         header = tuple(self.engine.lm.encode(self.renderer.render_header(header_suffix)))
         start = len(self.engine.tokens(self.lineage))
         self.engine.prefill(self.lineage, list(header))
-        draft = self.drafts.get(block_id) if self.drafts is not None else None
+        draft = self._drafts.get(block_id) if self._drafts is not None else None
         if draft is not None and draft.trusted:
-            self.drafts.turns.append(TurnCost(block_id, len(draft.tokens), 0, 0, 0, len(draft.tokens), False, True,
-                                              generated=len(draft.tokens)))
+            self._drafts = self._drafts.with_turn(TurnCost.from_trusted(block_id, draft))
             # B7-oracle: an attribution oracle vouched for this turn; its old tokens are
             # re-materialised by prefill, unverified (not exact if the label is wrong)
             generated = list(draft.tokens)
@@ -303,40 +317,23 @@ class AgentRuntime(SelectiveReplay):
         text = self.engine.lm.decode(body).strip()
         tokens = header + tuple(generated)
         block = RuntimeBlock(block_id, type_, text, tokens, tuple(self.context), self.get_resident_sources(),
-                             (start, start + len(tokens)), self.t, chunks=self._turn_chunks(header, generated))
+                             (start, start + len(tokens)), self.t,
+                             chunks=get_turn_chunks(self.engine.determinism, header, generated))
         return self.commit_block(block)
 
     def _decode(self, block_id: str, draft) -> list[int]:
         """Decode a model turn (verifying ``draft`` where one is given); with
         drafts, the turn's cost is logged."""
         before = self.engine.counters.snapshot()
-        assist = Assist(draft=draft.tokens if draft is not None else None,
-                        probe=draft is not None and self.drafts.should_probe(draft),
-                        lookup=self.drafts is not None and self.drafts.lookup)
+        assist = self._drafts.get_assist(draft) if self._drafts is not None else Assist()
         generated = self.engine.generate(self.lineage, self.settings.max_new_tokens, stop_ids=self.engine.lm.eos_ids,
                                          temperature=self.settings.temperature,
                                          seed=self._seed() if self.settings.temperature > 0 else None,
                                          assist=assist)
-        if self.drafts is not None:
+        if self._drafts is not None:
             spent = self.engine.counters.snapshot() - before
-            self.drafts.turns.append(TurnCost(
-                block_id, len(draft.tokens) if draft else 0, spent.draft_accepted_tokens,
-                spent.draft_rejected_tokens, spent.decoded_tokens, spent.prefilled_tokens,
-                bool(spent.draft_fallbacks), probed=bool(spent.draft_probes), generated=len(generated),
-                quotes=draft is not None and draft.quotes, lookups=spent.lookup_forwards,
-                looked_up=spent.lookup_accepted_tokens + spent.lookup_rejected_tokens,
-                lookup_accepted=spent.lookup_accepted_tokens))
+            self._drafts = self._drafts.with_turn(TurnCost.from_spent(block_id, draft, spent, len(generated)))
         return generated
-
-    def _turn_chunks(self, header: Sequence[int], generated: Sequence[int]) -> tuple[int, ...]:
-        """The chunks a rebuild prefills a model turn in, from what the engine
-        guarantees (:attr:`Determinism.canonical_chunking`): where chunking
-        matters, the header prefill and the canonical prefill of the turn
-        (two chunks, as they were computed); on a chunk-invariant engine whose
-        decode equals prefill, the whole turn as one chunk gives the same KV."""
-        if self.engine.determinism.canonical_chunking == "block":
-            return (len(header) + len(generated),)
-        return (len(header), len(generated))
 
     def _seed(self) -> int:
         # A fixed randomness source per transition (A1 under sampling).
@@ -344,19 +341,20 @@ class AgentRuntime(SelectiveReplay):
 
     def _new_lineage(self, step: Step) -> None:
         first = self.graph[self._state.context[0]].get_chunks()[:1] if self._state.context else []
-        ids = tuple(self.engine.lm.encode(text := self.render_first()))
-        self._update(lineage=open_lineage(self.engine, self.lineage, first, ids), context=())
-        self.commit_block(RuntimeBlock(f"{step.id}/system", "system", text, ids, (), frozenset(), (0, len(ids)), self.t))
+        tokens = tuple(self.engine.lm.encode(text := self.render_first()))
+        self._update(lineage=open_lineage(self.engine, self.lineage, first, tokens), context=())
+        self.commit_block(RuntimeBlock(ids.compute_block_id(step.id, ids.SYSTEM), "system", text, tokens, (),
+                                       frozenset(), (0, len(tokens)), self.t))
 
-    def _get_checkpoint(self) -> Checkpoint:
+    def _take_checkpoint(self) -> Checkpoint:
         """The checkpoint of the state now (``R_t``, before the next transition)."""
         return Checkpoint(self.t, self.lineage, len(self.engine.tokens(self.lineage)), self._state.context,
-                          self._state.memory, self._state.plans, self.env_snapshot_id())
+                          self._state.memory, self._state.plans, self.take_env_snapshot())
 
-    def env_snapshot_id(self) -> str | None:
+    def take_env_snapshot(self) -> str | None:
         """The environment snapshot a checkpoint records: an extension's
         (the tool layer's world), none without one."""
-        ids = [e.get_snapshot_id(self) for e in self.extensions]
+        ids = [e.take_snapshot(self) for e in self.extensions]
         return next((sid for sid in ids if sid is not None), None)
 
     # --- reading the state ---------------------------------------------------
@@ -420,54 +418,74 @@ class AgentRuntime(SelectiveReplay):
             raise AssertionError(f"cache of {self.lineage} holds {len(actual)} tokens that differ from the "
                                  f"{len(expected)} tokens of the context blocks {self.context}")
 
+    # --- forget (Algorithm 1 and B5, impl/agent/forget.py) -----------------
+
+    def forget(self, source_id: str, progress: Progress | None = None, wait: bool = True,
+               drafts: bool | None = None, oracle: bool = False, lookup: bool = True) -> ForgetReport:
+        """Provenance-Guided Selective Replay (Algorithm 1): after it, the state
+        equals that of a twin that never observed ``source_id``.
+
+        Forgetting a source that was already forgotten is a no-op (the state
+        already is that twin's) and says so in the report. A forget that
+        arrives while a step is running waits for that step to commit, or
+        raises :class:`SessionBusyError` when ``wait`` is false.
+
+        ``drafts``: replay model turns as verified drafts (impl/agent/drafts.py);
+        None means on wherever the engine has a measured discrepancy bound.
+        ``oracle``: B7-oracle, the paper's variant: turns whose step is
+        labelled independent of the target are re-prefilled unverified (a
+        baseline; not exact when a label is wrong). ``lookup``: with drafts,
+        also guess from the context where a turn is decoded (impl/agent/drafts.py);
+        False measures drafts alone.
+        """
+        return self.forget_many([source_id], progress, wait, drafts, oracle, lookup)
+
+    def forget_many(self, source_ids: Sequence[str], progress: Progress | None = None,
+                    wait: bool = True, drafts: bool | None = None, oracle: bool = False,
+                    lookup: bool = True) -> ForgetReport:
+        """Forget several sources in one replay: the twin never observed any of them."""
+        return forget_sources(self, source_ids, progress, wait, drafts, oracle, lookup)
+
+    def full_reset(self, source_id: str | Sequence[str], progress: Progress | None = None,
+                   wait: bool = True, upto: int | None = None) -> ForgetReport:
+        """B5: replay the counterfactual stream from ``R_0`` through the same
+        transitions. ``upto``: replay only the first ``upto`` observed steps
+        (``unsee verify`` rebuilds a receipt's prefix of the log)."""
+        source_ids = [source_id] if isinstance(source_id, str) else list(source_id)
+        return reset_sources(self, source_ids, progress, wait, upto)
+
+    def find_sources(self, value: str) -> list[str]:
+        """Source ids of observed items whose text contains ``value`` (normalized)."""
+        return find_sources(self._state, value)
+
+    def forget_value(self, value: str, progress: Progress | None = None, wait: bool = True) -> ForgetReport:
+        """Forget by value: exactly one observed source must hold it."""
+        return self.forget(find_one_source(self._state, value), progress, wait)
+
     # --- branching -----------------------------------------------------------
 
-    def _spawn(self, extensions: Iterable[Extension], state: RuntimeState, *, replaying: bool = False,
-               drafts: Drafts | None = None) -> AgentRuntime:
+    def spawn(self, extensions: Iterable[Extension], state: RuntimeState, *, replaying: bool = False,
+              drafts: Drafts | None = None) -> AgentRuntime:
         """A runtime of the same kind and configuration with ``extensions`` at
         ``state`` (one with no lineage is begun as a fresh ``R_0``); its result
         is read back as a value (:attr:`state`). ``replaying``: it re-enacts
         a sanitized stream (tools shadow-execute), with ``drafts`` if given."""
         other = type(self)(self.engine, self.system, self.settings, extensions=extensions)
-        other._resume(state, replaying, drafts)
+        other._replaying, other._drafts = replaying, drafts
+        other._shared_lineages = True  # its checkpoints name our lineages: not its own to drop
+        other._set_state(state)
+        if state.lineage == ids.NO_LINEAGE:
+            other._begin()
         return other
-
-    def _resume(self, state: RuntimeState, replaying: bool, drafts: Drafts | None) -> None:
-        self.replaying, self.drafts = replaying, drafts
-        # a spawned runtime's checkpoints name its parent's lineages: not its own to drop
-        self._shared_lineages = True
-        self._set_state(state)
-        if not state.lineage:
-            self._begin()
 
     def fork(self) -> AgentRuntime:
         """A copy that shares nothing mutable: its own current lineage, which
         shares the current one's KV copy-on-write, and a fork of every extension.
         Checkpoint lineages are shared read-only (restores never write into them)."""
-        other = self._spawn([e.fork() for e in self.extensions],
-                            self._state.on_branch(self.engine.fork(self.lineage)))
+        other = self.spawn([e.fork() for e in self.extensions], self._state.on_branch(self.engine.fork(self.lineage)))
         # the clone's checkpoints may still name our current lineage, and ours theirs
         self._shared_lineages = True
         return other
-
-    def _restore(self, checkpoint: Checkpoint, forgetting: Sequence[str] = (),
-                 drafts: Drafts | None = None) -> AgentRuntime:
-        """Algorithm 1 line 5: ``Restore(c*)`` into a new runtime beside this one
-        that has also forgotten ``forgetting`` and replays with ``drafts``."""
-        extensions = [e.branch(self, checkpoint) for e in self.extensions]
-        if checkpoint.lineage in self.engine.budget.lineages:
-            # The first token_offset tokens, shared copy-on-write: O(layers)
-            # whatever the length, and the replay's prefills never write into
-            # the checkpoint's lineage, so the old state stays intact.
-            lineage = self.engine.fork(checkpoint.lineage, checkpoint.token_offset)
-        else:  # evicted by the KV budget, or a session reopened from its store
-            lineage = self.rebuild_lineage(checkpoint.context)
-            if len(self.engine.tokens(lineage)) != checkpoint.token_offset:
-                raise RuntimeError(f"checkpoint {checkpoint.boundary}: manifest rebuilds "
-                                   f"{len(self.engine.tokens(lineage))} tokens, expected {checkpoint.token_offset}")
-        state = attrs.evolve(self._state.at_checkpoint(checkpoint, lineage),
-                             forgotten=(*self._state.forgotten, *forgetting))
-        return self._spawn(extensions, state, replaying=True, drafts=drafts)
 
     def rebuild_lineage(self, block_ids: Sequence[str]) -> str:
         """A new lineage holding ``block_ids`` prefilled in their recorded chunks.
@@ -477,24 +495,27 @@ class AgentRuntime(SelectiveReplay):
         tokens count as ``rebuilt_tokens``."""
         return rebuild(self.engine, (chunk for block_id in block_ids for chunk in self.graph[block_id].get_chunks()))
 
-    def _adopt(self, state: RuntimeState, extensions: Sequence[Extension]) -> None:
-        """Commit: take ``state`` (a replay's result) and the extensions'
-        branch state, then drop caches nothing names."""
+    def adopt(self, replayed: Replayed, what: str) -> None:
+        """Commit ``what`` (a forget or a reset): take a replay's new state and its extensions'
+        branch state, then drop caches nothing names. A step this thread made since
+        ``replayed.base`` (from a progress callback, say) would be lost: refused instead."""
+        if self._state is not replayed.base:
+            raise RuntimeError(f"{what} refused: the session changed while it replayed (a step on the same "
+                               "thread, e.g. from its progress callback); nothing was adopted")
         old_lineages = self.checkpoints.lineages() | {self.lineage}
-        self._set_state(state)
-        for mine, theirs in zip(self.extensions, extensions, strict=True):
+        self._set_state(replayed.state)
+        for mine, theirs in zip(self.extensions, replayed.extensions, strict=True):
             mine.adopt(theirs)
-        self.replaying = False
         if not self._shared_lineages:
             for lineage in old_lineages - self.checkpoints.lineages() - {self.lineage}:
-                # "stored:" handles name no cache; evicted ones are forgotten
+                # stored handles (is_stored_handle) name no cache; evicted ones are forgotten
                 if lineage in self.engine.budget.lineages or self.engine.budget.is_evicted(lineage):
                     self.engine.drop(lineage)
 
     def get_assumptions(self) -> dict:
         """Theorem 1's assumptions as this runtime (and its extensions) can vouch for them."""
         a1 = "greedy decoding" if self.settings.temperature == 0 else "sampling with a fixed seed per transition"
-        out = {"A1": {"holds": True, "why": f"{a1}; {self.engine.lm.determinism}"},
+        out = {"A1": {"holds": True, "why": f"{a1}; {self.engine.determinism.statement}"},
                "A2": {"holds": True, "why": "sanitize removes exactly the target's items; all else verbatim"},
                "A3": {"holds": True, "why": "no tools with external side effects in this runtime"}}
         for extension in self.extensions:
@@ -517,18 +538,13 @@ class AgentRuntime(SelectiveReplay):
         """Reopen a session with its ``extensions`` (rebuilt from ``record["extra"]``
         by :func:`unsee.impl.agent.loading.load_runtime`): metadata as
         recorded, the live cache rebuilt by prefill. Checkpoint lineages are
-        rebuilt on demand by ``_restore``."""
+        rebuilt on demand by a forget's restore."""
         runtime = cls(engine, record["system"], Settings(**record["settings"]), extensions=extensions)
         state = RuntimeState.from_record(record, runtime.settings.checkpoint_policy)
         runtime._set_state(state)
         lineage = runtime.rebuild_lineage(state.context)
         # checkpoints on the live lineage can crop it instead of rebuilding
-        live_offset = len(engine.tokens(lineage))
-        checkpoints = state.checkpoints
-        for c in state.checkpoints.all():
-            if c.context == state.context[:len(c.context)] and c.token_offset <= live_offset:
-                checkpoints = checkpoints.with_checkpoint(attrs.evolve(c, lineage=lineage))
-        runtime._update(lineage=lineage, checkpoints=checkpoints)
+        runtime._set_state(state.on_live_lineage(lineage, len(engine.tokens(lineage))))
         return runtime
 
     # --- edits: the verbs of the edit-style baselines (impl/methods/baselines.py)
@@ -551,7 +567,7 @@ class AgentRuntime(SelectiveReplay):
         self._update(lineage=self.engine.new_lineage(), context=())
         for block in blocks:
             start = len(self.engine.tokens(self.lineage))
-            tokens = self._get_edit_tokens(block)
+            tokens = get_edit_tokens(self.graph, self.renderer, self.engine.lm.encode, block)
             self.engine.prefill(self.lineage, list(tokens))
             rebuilt = attrs.evolve(block, tokens=tuple(tokens), token_span=(start, start + len(tokens)))
             if rebuilt.id in self.graph:
@@ -561,12 +577,6 @@ class AgentRuntime(SelectiveReplay):
 
     def _ensure(self, block: RuntimeBlock) -> RuntimeBlock:
         return block if block.id in self.graph else self.commit_block(block, extend_context=False)
-
-    def _get_edit_tokens(self, block: RuntimeBlock) -> tuple[int, ...]:
-        if block.id in self.graph and self.graph[block.id] is block and block.tokens:
-            return block.tokens
-        text = self.renderer.render_message("assistant", block.text) if block.type in DERIVED_TYPES else block.text
-        return tuple(self.engine.lm.encode(text))
 
     def excise_spans(self, cuts: Mapping[str, tuple[int, int, str]]) -> None:
         """Cut ``[a, z)`` of each named context block's own tokens out of the
@@ -578,17 +588,7 @@ class AgentRuntime(SelectiveReplay):
                 a, z, _ = cuts[block_id]
                 start = self.graph[block_id].token_span[0]
                 self.engine.excise(self.lineage, start + a, start + z)
-        offset, graph = 0, self.graph
-        for block_id in self._state.context:
-            block = graph[block_id]
-            tokens, text, chunks = block.tokens, block.text, block.chunks
-            if block_id in cuts:
-                a, z, item = cuts[block_id]
-                tokens, text, chunks = tokens[:a] + tokens[z:], text.replace(item, "", 1), ()
-            graph = graph.with_replaced(attrs.evolve(block, tokens=tuple(tokens), text=text,
-                                                     token_span=(offset, offset + len(tokens)), chunks=chunks))
-            offset += len(tokens)
-        self._update(graph=graph)
+        self._set_state(self._state.with_excised(cuts))
 
 
 def run_episode(engine: Engine, episode: Episode, progress: Progress | None = None) -> AgentRuntime:

@@ -15,11 +15,14 @@ runtime pins it, see :class:`~unsee.impl.agent.runtime.AgentRuntime`).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import attrs
 
 from unsee.impl.agent.checkpoints import Checkpoint, CheckpointStore
 from unsee.impl.agent.episode import Item, Step
 from unsee.impl.agent.provenance import ArtifactGraph, RuntimeBlock
+from unsee.impl.util.ids import NO_LINEAGE, compute_stored_handle
 
 
 @attrs.frozen
@@ -31,7 +34,7 @@ class RuntimeState:
     checkpoints: CheckpointStore = attrs.field(factory=CheckpointStore)
     steps: tuple[Step, ...] = attrs.field(default=(), converter=tuple)  # the observation log o_1..o_t
     t: int = 0
-    lineage: str = ""  # the cache lineage ("" before R_0)
+    lineage: str = NO_LINEAGE  # the cache lineage (NO_LINEAGE before R_0)
     context: tuple[str, ...] = attrs.field(default=(), converter=tuple)
     memory: tuple[str, ...] = attrs.field(default=(), converter=tuple)
     plans: tuple[str, ...] = attrs.field(default=(), converter=tuple)
@@ -62,6 +65,32 @@ class RuntimeState:
         context = (*self.context, block.id) if extend_context else self.context
         return attrs.evolve(self, graph=self.graph.with_block(block), context=context)
 
+    def on_live_lineage(self, lineage: str, live_offset: int) -> RuntimeState:
+        """This state (reopened from its record) on ``lineage``, which holds its
+        context's ``live_offset`` tokens: checkpoints on that prefix crop it
+        instead of rebuilding from their manifest."""
+        checkpoints = self.checkpoints
+        for c in self.checkpoints.all():
+            if c.context == self.context[:len(c.context)] and c.token_offset <= live_offset:
+                checkpoints = checkpoints.with_checkpoint(attrs.evolve(c, lineage=lineage))
+        return attrs.evolve(self, lineage=lineage, checkpoints=checkpoints)
+
+    def with_excised(self, cuts: Mapping[str, tuple[int, int, str]]) -> RuntimeState:
+        """This state with ``[a, z)`` of each named context block's own tokens
+        and its cut text (the third field) removed from the block's record;
+        later blocks' spans shift down (the cache was cut the same way)."""
+        offset, graph = 0, self.graph
+        for block_id in self.context:
+            block = graph[block_id]
+            tokens, text, chunks = block.tokens, block.text, block.chunks
+            if block_id in cuts:
+                a, z, item = cuts[block_id]
+                tokens, text, chunks = tokens[:a] + tokens[z:], text.replace(item, "", 1), ()
+            graph = graph.with_replaced(attrs.evolve(block, tokens=tuple(tokens), text=text,
+                                                     token_span=(offset, offset + len(tokens)), chunks=chunks))
+            offset += len(tokens)
+        return attrs.evolve(self, graph=graph)
+
     def get_record(self) -> dict:
         """The state as plain data, as the session record holds it (no
         lineage: a reopened session rebuilds its caches from the blocks)."""
@@ -77,15 +106,15 @@ class RuntimeState:
     def from_record(cls, record: dict, policy: str) -> RuntimeState:
         """The inverse of :meth:`get_record`, without a lineage. A recorded
         checkpoint's cache handle named a cache of the process that wrote it:
-        it becomes ``stored:<handle>``, which names no cache here."""
+        it becomes a stored handle (:func:`compute_stored_handle`), which names no cache here."""
         graph = ArtifactGraph(RuntimeBlock.from_record(block) for block in record["blocks"])
         checkpoints = CheckpointStore(policy, (
-            Checkpoint(c["boundary"], f"stored:{c['lineage']}", c["token_offset"], tuple(c["context"]),
+            Checkpoint(c["boundary"], compute_stored_handle(c["lineage"]), c["token_offset"], tuple(c["context"]),
                        tuple(c["memory"]), tuple(c["plans"]), c.get("env_snapshot"))
             for c in record["checkpoints"]))
         steps = [Step(s["id"], s["kind"], tuple(Item(i["source"], i["text"]) for i in s["items"]), s["tool"])
                  for s in record["steps"]]
-        return cls(graph, checkpoints, steps, record["t"], "", record["context"], record["memory"], record["plans"],
+        return cls(graph, checkpoints, steps, record["t"], NO_LINEAGE, record["context"], record["memory"], record["plans"],
                    record["transitions"], record["forgotten"])
 
 

@@ -99,22 +99,23 @@ def render_cli_table(parser: argparse.ArgumentParser | None = None) -> str:
     return "\n".join(rows) + "\n"
 
 
-def get_markers(name: str) -> tuple[str, str]:
-    return f"<!-- generated: {name} ({WRITE_COMMAND}) -->\n", f"<!-- end: {name} -->"
+def get_markers(name: str, command: str = WRITE_COMMAND) -> tuple[str, str]:
+    """A region's opening and closing markers; the opening names the ``command`` that rewrites it."""
+    return f"<!-- generated: {name} ({command}) -->\n", f"<!-- end: {name} -->"
 
 
-def get_region(text: str, name: str) -> str:
+def get_region(text: str, name: str, command: str = WRITE_COMMAND) -> str:
     """The text between the region's markers; a ValueError naming the region if they are missing."""
-    start, end = get_markers(name)
+    start, end = get_markers(name, command)
     if text.count(start) != 1 or text.count(end) != 1 or text.index(start) > text.index(end):
         raise ValueError(f"expected one {start.strip()!r} ... {end!r} region")
     return text[text.index(start) + len(start):text.index(end)]
 
 
-def replace_region(text: str, name: str, body: str) -> str:
+def replace_region(text: str, name: str, body: str, command: str = WRITE_COMMAND) -> str:
     """``text`` with the region's content replaced by ``body`` (markers kept)."""
-    old = get_region(text, name)
-    start, _ = get_markers(name)
+    old = get_region(text, name, command)
+    start, _ = get_markers(name, command)
     head = text.index(start) + len(start)
     return text[:head] + body + text[head + len(old):]
 

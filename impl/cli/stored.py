@@ -122,8 +122,9 @@ def print_forget_report(report, source: str, path: str) -> None:
               f"{report.prefilled_tokens} prefilled + {report.decoded_tokens} decoded tokens, "
               f"{report.wall_s:.2f} s")
         print(f"drafts   {describe_drafts(report.drafts)}")
-        if describe_restore(report.extra.get("restore")):
-            print(f"restore  {describe_restore(report.extra.get('restore'))}")
+        restore = report.to_json()["extra"].get("restore")
+        if describe_restore(restore):
+            print(f"restore  {describe_restore(restore)}")
     print(f"T        {report.length}")
     print(f"digest   {report.digest}")
 

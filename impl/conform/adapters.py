@@ -69,11 +69,12 @@ from unsee.impl.engines.registry import make_engine
 from unsee.impl.methods.baselines import delete_memory_records, redact_source
 from unsee.impl.store.records import session_files
 from unsee.impl.store.session import PersistentSession
+from unsee.impl.util.ids import ANSWER, NOTE, PLAN, get_block_part, get_step_id
 
 #: The suffixes of the block ids the runtime gives its decoded model turns
 #: (``<step id>/answer``, ``/plan``, ``/note``); a compaction's re-prefilled
 #: summary (``/context``) is not a decoded turn.
-TURN_SUFFIXES = ("answer", "plan", "note")
+TURN_SUFFIXES = (ANSWER, PLAN, NOTE)
 
 
 class ModelCache:
@@ -116,8 +117,8 @@ def get_turns(runtime: AgentRuntime) -> dict[str, list[int]]:
     decoded (the assistant header the runtime prefilled is not part of them)."""
     turns = {}
     for block in runtime.graph.blocks():
-        step_id, _, suffix = block.id.rpartition("/")
-        if suffix in TURN_SUFFIXES and block.type != "memory_record":
+        step_id = get_step_id(block.id)
+        if get_block_part(block.id) in TURN_SUFFIXES and block.type != "memory_record":
             header = block.chunks[0] if block.chunks else 0
             turns[step_id] = list(block.tokens[header:])
     return turns

@@ -36,12 +36,48 @@ from unsee.impl.util.residue import Hit, find_hits, get_needles
 
 PASS, FAIL, NA = "pass", "fail", "n/a"
 
-#: The names of the checks for what stays behind, in report order.
+# The checks, each a named constant whose value is its label in every report.
+# The harness makes a Check under a constant; the scorecard's columns, the
+# JUnit test cases and the groupings below read the constants, so a label is
+# spelled once and renaming it cannot drop a column.
+
+# --- the counts
+T = "T"
+TWIN_T = "counterfactual T"
+TAU = "tau (first_entry)"
+BOUNDARY = "boundary (get_restore_boundary)"
+INVOCATIONS = "invocations = T - boundary (replay_cost_is_suffix_length)"
+RESET_INVOCATIONS = "reset invocations = T"
+DIGEST_BEFORE = "digest_before = run digest"
+# --- the state after a forget and after a reset
+FORGET_TWIN_TURNS = "forget = counterfactual: turns"
+FORGET_TWIN_DIGEST = "forget = counterfactual: digest"
+FORGET_RESET_TURNS = "forget = own reset: turns"
+FORGET_RESET_DIGEST = "forget = own reset: digest"
+RESET_TWIN_TURNS = "reset = counterfactual: turns"
+RESET_TWIN_DIGEST = "reset = counterfactual: digest"
+PREFIX = "prefix turns before tau (prefix_is_shared)"
+# --- what stays behind (this module's checks)
 RESIDUE = "residue (kept)"
 REOPEN = "reopen = forget"
 IDEMPOTENT = "idempotent (second forget)"
 EFFECTS = "effects once (A3)"
+# --- against our runtime, when the implementation declares our engine and model
+RUN_REFERENCE = "run turns = reference"
+TWIN_REFERENCE = "counterfactual turns = reference"
+#: The one "check" of an episode the implementation did not answer.
+ANSWERED = "implementation answered"
+
+#: The checks on counts alone.
+COUNT_CHECKS = (T, TWIN_T, TAU, BOUNDARY, INVOCATIONS, RESET_INVOCATIONS)
+#: The checks whose failure means a forget that is not the counterfactual
+#: (tokens or state), as opposed to a wrong count.
+STATE_CHECKS = (FORGET_TWIN_TURNS, FORGET_TWIN_DIGEST, FORGET_RESET_TURNS, FORGET_RESET_DIGEST, RESET_TWIN_TURNS,
+                RESET_TWIN_DIGEST)
+#: The checks for what stays behind, in report order.
 AFTERMATH_CHECKS = (RESIDUE, REOPEN, IDEMPOTENT, EFFECTS)
+#: Every check, in report order.
+CHECKS = (*COUNT_CHECKS, DIGEST_BEFORE, *STATE_CHECKS, PREFIX, *AFTERMATH_CHECKS, RUN_REFERENCE, TWIN_REFERENCE)
 
 
 @attrs.frozen
@@ -50,7 +86,7 @@ class Check:
     implementation said, what it had to be; ``na`` the reason it cannot be
     answered (then it is neither passed nor failed)."""
 
-    name: str
+    name: str = attrs.field(validator=attrs.validators.in_(CHECKS))  # one of the constants above
     actual: Any
     expected: Any
     na: str | None = None
@@ -180,6 +216,9 @@ def read_aftermath(raw: dict, problem) -> None:
             raise problem(f"forget.{key}", f"must be an object with {digest!r} and 'turns'")
 
 
-__all__ = ["AFTERMATH_CHECKS", "EFFECTS", "FAIL", "IDEMPOTENT", "NA", "PASS", "REOPEN", "RESIDUE", "Check",
-           "check_aftermath", "check_effects", "check_idempotent", "check_reopen", "check_residue",
-           "find_needles", "get_kept_bytes", "read_aftermath"]
+__all__ = ["AFTERMATH_CHECKS", "ANSWERED", "BOUNDARY", "CHECKS", "COUNT_CHECKS", "DIGEST_BEFORE", "EFFECTS", "FAIL",
+           "FORGET_RESET_DIGEST", "FORGET_RESET_TURNS", "FORGET_TWIN_DIGEST", "FORGET_TWIN_TURNS", "IDEMPOTENT",
+           "INVOCATIONS", "NA", "PASS", "PREFIX", "REOPEN", "RESET_INVOCATIONS", "RESET_TWIN_DIGEST",
+           "RESET_TWIN_TURNS", "RESIDUE", "RUN_REFERENCE", "STATE_CHECKS", "TAU", "TWIN_REFERENCE", "TWIN_T", "Check",
+           "T", "check_aftermath", "check_effects", "check_idempotent", "check_reopen", "check_residue",
+           "find_needles", "get_kept_bytes", "get_needles", "read_aftermath"]

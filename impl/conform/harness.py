@@ -67,7 +67,27 @@ from unsee.impl.conform.answers import (
     ImplementationError,
     read_result,
 )
-from unsee.impl.conform.checks import Check, check_aftermath
+from unsee.impl.conform.checks import (
+    ANSWERED,
+    BOUNDARY,
+    DIGEST_BEFORE,
+    FORGET_RESET_DIGEST,
+    FORGET_RESET_TURNS,
+    FORGET_TWIN_DIGEST,
+    FORGET_TWIN_TURNS,
+    INVOCATIONS,
+    PREFIX,
+    RESET_INVOCATIONS,
+    RESET_TWIN_DIGEST,
+    RESET_TWIN_TURNS,
+    RUN_REFERENCE,
+    TAU,
+    TWIN_REFERENCE,
+    TWIN_T,
+    Check,
+    T,
+    check_aftermath,
+)
 from unsee.impl.conform.contract import REFERENCE_ENGINE, REFERENCE_MODELS
 
 # --- implementations -------------------------------------------------------------
@@ -220,16 +240,6 @@ class Expected:
 
 # --- the checks -------------------------------------------------------------------
 
-#: The checks whose failure means a forget that is not the counterfactual
-#: (tokens or state), as opposed to a wrong count.
-STATE_CHECKS = ("forget = counterfactual: turns", "forget = counterfactual: digest",
-                "forget = own reset: turns", "forget = own reset: digest",
-                "reset = counterfactual: turns", "reset = counterfactual: digest")
-#: The checks on counts alone.
-COUNT_CHECKS = ("T", "counterfactual T", "tau (first_entry)", "boundary (get_restore_boundary)",
-                "invocations = T - boundary (replay_cost_is_suffix_length)", "reset invocations = T")
-
-
 def check_answers(expected: Expected, answer: dict, counterfactual: dict,
                   reference: tuple[dict, dict] | None = None) -> list[Check]:
     """Every check of one episode (see the module docstring). ``answer`` is
@@ -239,28 +249,28 @@ def check_answers(expected: Expected, answer: dict, counterfactual: dict,
     run, forget, reset, twin = answer["run"], answer["forget"], answer["reset"], counterfactual["run"]
     before_tau = expected.prefix_steps
     checks = [
-        Check("T", run["T"], expected.length),
-        Check("counterfactual T", twin["T"], expected.length),
-        Check("tau (first_entry)", forget["tau"], expected.tau),
-        Check("boundary (get_restore_boundary)", forget["boundary"], expected.boundary),
-        Check("invocations = T - boundary (replay_cost_is_suffix_length)", forget["invocations"],
+        Check(T, run["T"], expected.length),
+        Check(TWIN_T, twin["T"], expected.length),
+        Check(TAU, forget["tau"], expected.tau),
+        Check(BOUNDARY, forget["boundary"], expected.boundary),
+        Check(INVOCATIONS, forget["invocations"],
               expected.length - forget["boundary"]),
-        Check("reset invocations = T", reset["invocations"], expected.length),
-        Check("digest_before = run digest", [forget["digest_before"], reset["digest_before"]],
+        Check(RESET_INVOCATIONS, reset["invocations"], expected.length),
+        Check(DIGEST_BEFORE, [forget["digest_before"], reset["digest_before"]],
               [run["digest"], run["digest"]]),
-        Check("forget = counterfactual: turns", forget["turns"], twin["turns"]),
-        Check("forget = counterfactual: digest", forget["digest_after"], twin["digest"]),
-        Check("forget = own reset: turns", forget["turns"], reset["turns"]),
-        Check("forget = own reset: digest", forget["digest_after"], reset["digest_after"]),
-        Check("reset = counterfactual: turns", reset["turns"], twin["turns"]),
-        Check("reset = counterfactual: digest", reset["digest_after"], twin["digest"]),
-        Check("prefix turns before tau (prefix_is_shared)", {s: twin["turns"][s] for s in before_tau},
+        Check(FORGET_TWIN_TURNS, forget["turns"], twin["turns"]),
+        Check(FORGET_TWIN_DIGEST, forget["digest_after"], twin["digest"]),
+        Check(FORGET_RESET_TURNS, forget["turns"], reset["turns"]),
+        Check(FORGET_RESET_DIGEST, forget["digest_after"], reset["digest_after"]),
+        Check(RESET_TWIN_TURNS, reset["turns"], twin["turns"]),
+        Check(RESET_TWIN_DIGEST, reset["digest_after"], twin["digest"]),
+        Check(PREFIX, {s: twin["turns"][s] for s in before_tau},
               {s: run["turns"][s] for s in before_tau}),
     ]
     checks += check_aftermath(answer, counterfactual, list(expected.values), expected.calls_tools)
     if reference is not None:
-        checks += [Check("run turns = reference", run["turns"], reference[0]),
-                   Check("counterfactual turns = reference", twin["turns"], reference[1])]
+        checks += [Check(RUN_REFERENCE, run["turns"], reference[0]),
+                   Check(TWIN_REFERENCE, twin["turns"], reference[1])]
     return checks
 
 
@@ -276,7 +286,7 @@ class Failure:
     answers: dict = attrs.field(factory=dict)  # what the implementation answered, by request
 
     def get_names(self) -> tuple[str, ...]:
-        return tuple(c.name for c in self.checks) if self.error is None else ("implementation answered",)
+        return tuple(c.name for c in self.checks) if self.error is None else (ANSWERED,)
 
     def describe(self) -> str:
         if self.error is not None:

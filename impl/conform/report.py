@@ -14,13 +14,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from unsee.impl.agent.episode import Episode, episode_to_json
-from unsee.impl.conform.checks import FAIL, NA, PASS
+from unsee.impl.conform.checks import ANSWERED, FAIL, NA, PASS
 from unsee.impl.conform.contract import CONTRACT, CONTRACT_VERSION
 
 #: The report formats ``--report`` takes.
 FORMATS = ("junit", "json")
-#: The test case name of an episode the implementation did not answer.
-ANSWERED = "implementation answered"
 
 
 def get_case_id(episode: Episode) -> str:
@@ -51,7 +49,9 @@ def get_rows(records: Sequence) -> list[dict]:
 def get_junit(rows: list[dict], suite: str) -> ET.Element:
     """JUnit XML: ``<testsuites>`` of one ``<testsuite>``; a ``<testcase>`` per
     episode x check (classname the case id, name the check), with
-    ``<failure>`` for a failed check and ``<skipped>`` for an N/A one."""
+    ``<failure>`` for a failed check and ``<skipped>`` for an N/A one. A
+    test case's name is the check's constant (:data:`~unsee.impl.conform.checks.CHECKS`),
+    or :data:`~unsee.impl.conform.checks.ANSWERED` for an episode not answered."""
     root = ET.Element("testsuites", name="unsee conform")
     element = ET.SubElement(root, "testsuite", name=suite)
     counts = {PASS: 0, FAIL: 0, NA: 0}

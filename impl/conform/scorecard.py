@@ -14,8 +14,20 @@ import sys
 import tempfile
 from pathlib import Path
 
-from unsee.impl.conform.checks import EFFECTS, FAIL, IDEMPOTENT, NA, PASS, REOPEN, RESIDUE
-from unsee.impl.conform.harness import COUNT_CHECKS, load_entry_point, search
+from unsee.impl.conform.checks import (
+    COUNT_CHECKS,
+    DIGEST_BEFORE,
+    EFFECTS,
+    FAIL,
+    FORGET_TWIN_DIGEST,
+    FORGET_TWIN_TURNS,
+    IDEMPOTENT,
+    NA,
+    PASS,
+    REOPEN,
+    RESIDUE,
+)
+from unsee.impl.conform.harness import load_entry_point, search
 
 #: The rows: name -> entry point. Ours first; a framework's row needs its extra.
 ROWS = {
@@ -27,9 +39,10 @@ ROWS = {
     "Google ADK rewind": "unsee.impl.conform.frameworks.google_adk:rewind",
     "mem0 delete": "unsee.impl.conform.frameworks.mem0_store:delete",
 }
-#: The columns: the checks each one sums up (any failure fails it; all N/A is N/A).
-COLUMNS = {"counts": (*COUNT_CHECKS, "digest_before = run digest"),
-           "forget = counterfactual": ("forget = counterfactual: turns", "forget = counterfactual: digest"),
+#: The columns: the checks each one sums up, by their constants (any failure
+#: fails it; all N/A is N/A).
+COLUMNS = {"counts": (*COUNT_CHECKS, DIGEST_BEFORE),
+           "forget = counterfactual": (FORGET_TWIN_TURNS, FORGET_TWIN_DIGEST),
            "residue": (RESIDUE,), "reopen": (REOPEN,), "idempotent": (IDEMPOTENT,), "effects once": (EFFECTS,)}
 EPISODES = 10
 

@@ -15,16 +15,21 @@ The map:
 ``registry``   the one way to build an engine: ``load_engine(model, backend,
                kv_budget, **options)``, ``make_engine(lm)`` (by the model's type),
                ``load_model_for``, the one-word names of ``UNSEE_ENGINE`` (``ENGINE_NAMES``)
-``lineage``    what every engine shares: :class:`~lineage.LineageBook` (handles,
-               the verbs that name a lineage, LRU clock, the prefix cache), the KV
-               budget (:class:`~lineage.Budget`), :class:`~lineage.Counters`,
-               :class:`~lineage.KVMemory`, ``rebuild`` and ``crop`` (as a fork)
+``book``       the verbs every engine shares, written once: :class:`~book.LineageBook`
+               (handles, the verbs that name a lineage, LRU clock, the prefix cache)
+               over the engine's KV backend (:class:`~book.KVBackend`: forward,
+               truncate, fork, storages, digest), and the turn's view of a lineage
+``lineage``    what every engine knows of a lineage: its chunk history
+               (:class:`~lineage.ChunkedLineage`), the KV budget (:class:`~lineage.Budget`)
+               and :class:`~lineage.KVMemory`, the prefix cache's lookup, ``rebuild``
+               and ``crop`` (as a fork)
+``counts``     :class:`~counts.Counters`, the one record of the work an engine did
 ``opening``    a new context's lineage: the system block forked from the live
                lineage where its first chunk is that block, else prefilled
-``computed``   the lineage skeleton of an engine that computes its own KV (transformers,
-               llama.cpp): prefill, serving and recomputing a served chunk
 ``turn``       one decoding turn with drafts, a probe and context lookup, over any
                engine's forwards
+``speculation`` the draft policy: how many proposed tokens a turn's forward feeds
+               (the credit rule: a turn's proposals never lose more than its opening)
 ``decoding``   the decoding rule every engine applies (greedy or the seeded
                exponential race), the drafts' measured bounds and thresholds,
                and context lookup
@@ -35,9 +40,9 @@ The map:
 ``support``    the README's support matrix, generated from the engines' declarations
 ``files``      model files that need no transformers: the byte tokenizer, the
                cache folder and its atomic writes, the embedded SmolLM2 GGUF
-``hf/``        the transformers backend (:class:`KVEngine`; its package docstring has its map)
-``llamacpp/``  the llama.cpp backend (:class:`LlamaCppEngine`); reaches no transformers
-``vllm/``      the vLLM backend (the extra ``unsee[vllm]``): ``engine`` (:class:`VllmEngine`:
+``hf/``        the transformers backend (:class:`~unsee.impl.engines.hf.engine.KVEngine`; its package docstring has its map)
+``llamacpp/``  the llama.cpp backend (:class:`~unsee.impl.engines.llamacpp.engine.LlamaCppEngine`); reaches no transformers
+``vllm/``      the vLLM backend (the extra ``unsee[vllm]``): ``engine`` (:class:`~unsee.impl.engines.vllm.engine.VllmEngine`:
                lineages as tokens and a cache salt, the cold-run margin guard,
                the residue report), ``models`` (``load_vllm``), ``adapter`` (every vLLM call)
 

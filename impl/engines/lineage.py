@@ -1,69 +1,17 @@
-"""The lineage book every engine shares: handles, pins, the KV budget's bookkeeping, work counters."""
+"""What every engine knows of its lineages, whatever holds their KV: a
+lineage's chunk history (:class:`ChunkedLineage`), pins and the KV budget
+(:class:`Budget`, its eviction rule :func:`get_evictions`), the prefix cache's
+lookup (:func:`find_cached_chunk`), and ``rebuild`` and ``crop`` over any
+engine's verbs. The verbs themselves are :class:`unsee.impl.engines.book.LineageBook`'s."""
 
 from __future__ import annotations
 
-import contextlib
 import operator
 import weakref
-from collections.abc import Container, Iterable, Iterator, Sequence
-from dataclasses import dataclass, fields, replace
+from collections.abc import Container, Iterable, Sequence
+from dataclasses import dataclass, fields
 
-from unsee.impl.engines.protocol import Assist
-
-
-@dataclass
-class Counters:
-    """Work done by an engine, for measuring a span:
-
-        before = engine.counters.snapshot(); ...; spent = engine.counters - before
-
-    forward_calls          model forwards (a prefill chunk or a decode step is one)
-    prefilled_tokens       tokens fed by prefill forwards, canonicalisation and
-                           draft verification included
-    decoded_tokens         tokens the decoding rule produced (n tokens need n-1
-                           decode forwards: the last one is never fed back one
-                           by one); draft tokens accepted are not counted here
-    draft_accepted_tokens  draft tokens verified and kept (impl/agent/drafts.py)
-    draft_rejected_tokens  draft tokens verified and thrown away
-    draft_fallbacks        turns re-decoded from the header at an unstable decision
-    draft_probes           one-token probe forwards before a verification (the
-                           reference's own first decode step, impl/agent/drafts.py);
-                           a probe that finds the draft wrong is the start of
-                           the turn's decode, one that finds it right is spent
-    lookup_forwards        forwards that fed a decided token together with a guess
-                           from the lineage's own tokens (impl/engines/decoding.py,
-                           `get_lookup`); each replaces the one-token forward
-                           that token needed anyway
-    lookup_accepted_tokens guessed tokens verified and kept (not in decoded_tokens)
-    lookup_rejected_tokens guessed tokens verified and thrown away (the guessed
-                           tokens are counted in prefilled_tokens either way)
-    rebuilt_tokens         the part of prefilled_tokens spent by `rebuild`, i.e.
-                           re-creating a lineage that was evicted or not in memory
-    reused_tokens          tokens the prefix cache served instead of prefilling
-                           (not counted in prefilled_tokens: nothing was computed)
-    """
-
-    forward_calls: int = 0
-    prefilled_tokens: int = 0
-    decoded_tokens: int = 0
-    draft_accepted_tokens: int = 0
-    draft_rejected_tokens: int = 0
-    draft_fallbacks: int = 0
-    draft_probes: int = 0
-    lookup_forwards: int = 0
-    lookup_accepted_tokens: int = 0
-    lookup_rejected_tokens: int = 0
-    rebuilt_tokens: int = 0
-    reused_tokens: int = 0
-
-    def snapshot(self) -> Counters:
-        return replace(self)
-
-    def __sub__(self, other: Counters) -> Counters:
-        return Counters(**{f.name: getattr(self, f.name) - getattr(other, f.name) for f in fields(Counters)})
-
-    def since(self, earlier: Counters) -> Counters:
-        return self - earlier
+from unsee.impl.util.ids import get_lineage_number
 
 
 def as_int(x) -> int | None:
@@ -112,6 +60,14 @@ class ChunkedLineage:
         else:
             self.chunked = False
 
+    def inherit(self, src: ChunkedLineage, n: int) -> None:
+        """Become a fork of ``src``'s first ``n`` tokens: its chunk history up to
+        there, and its last logits only where the fork is the whole of ``src``."""
+        whole = n == len(src.tokens)
+        self.last_logits = src.last_logits if whole else None
+        self.copy_history(src, n)
+        self.served_last = src.served_last and whole
+
     def copy_history(self, src: ChunkedLineage, n: int) -> None:
         """Take ``src``'s chunk history and decode logits up to ``n`` tokens."""
         self.chunk_ends = [e for e in src.chunk_ends if e <= n]
@@ -153,7 +109,7 @@ class KVMemory:
     shared by several lineages counts once).
 
     held_bytes      every resident lineage's KV and kept logits
-    live_bytes      those of the live lineages (pinned or current)
+    live_bytes      those of the live lineages (pinned, or spared: the one the last prefill, generate or new_lineage named)
     unpinned_bytes  held_bytes - live_bytes: what the budget bounds
     """
 
@@ -175,7 +131,7 @@ def get_evictions(candidates: Sequence[tuple[str, dict]], live_keys: Container, 
     in order, and the unpinned bytes then left.
 
     ``candidates`` are the lineages the budget may evict (neither pinned nor
-    current), least recently used first, each with its storages
+    spared), least recently used first, each with its storages
     ``{key: bytes}``; ``live_keys`` the storages the live lineages hold. The
     unpinned bytes are those of the distinct storages the candidates hold and
     no live lineage does (a prefix shared by several counts once). A storage
@@ -206,12 +162,17 @@ class Budget:
     """The KV budget, a component of an engine (``engine.budget``,
     :class:`unsee.impl.engines.protocol.KVBudget`): the bound, pins, the
     handles it evicted, and the eviction rule (:func:`get_evictions`) over
-    the storages the engine's :class:`LineageBook` reports."""
+    the storages the engine's :class:`~unsee.impl.engines.book.LineageBook` reports.
 
-    def __init__(self, book: LineageBook, limit: int | None = None):
+    Besides the pins it spares the lineage the last prefill, generate or
+    new_lineage named (:meth:`spare`): its caller is still working on it, and
+    the verb's own enforcement must not take it away."""
+
+    def __init__(self, book, limit: int | None = None):
         self._book = book
         self._pins: weakref.WeakSet[LineagePin] = weakref.WeakSet()
         self._evicted: set[str] = set()
+        self._spared: str | None = None
         self.limit: int | None = None
         self.peak_unpinned_bytes = 0  # the most unpinned bytes held when a verb returned
         self.evictions = 0
@@ -239,16 +200,25 @@ class Budget:
     def pin(self, lineage: str) -> LineagePin:
         """Mark ``lineage`` live for as long as the returned pin is referenced
         (see :class:`LineagePin`); the budget never evicts it."""
-        self._book.get_lineage(lineage)
+        self._book.touch(lineage)
         pin = LineagePin(lineage)
         self._pins.add(pin)
         return pin
 
+    def spare(self, lineage: str) -> None:
+        """Keep ``lineage`` (the one a verb works on) until another is spared or it is released."""
+        self._spared = lineage
+
+    def released(self, lineage: str) -> None:
+        """Note that ``lineage`` is gone (dropped or evicted)."""
+        if self._spared == lineage:
+            self._spared = None
+
     def live_lineages(self) -> set[str]:
-        """The pinned lineages and the one the last verb worked on: never evicted."""
+        """The pinned lineages and the spared one: never evicted."""
         live = {p.lineage for p in list(self._pins)}
-        if self._book.working is not None:
-            live.add(self._book.working)
+        if self._spared is not None:
+            live.add(self._spared)
         return live & set(self._book.resident)
 
     def set(self, limit: int | None) -> None:
@@ -322,207 +292,6 @@ def crop(engine, lineage: str, n_tokens: int) -> str:
     return handle
 
 
-class LineageBook:
-    """The bookkeeping every engine shares, whatever holds its KV: string
-    handles to lineages, the lineage the last verb worked on (never evicted
-    by that verb's budget), an LRU clock, the KV budget (:class:`Budget`),
-    and the verbs that name a lineage (:class:`unsee.impl.engines.protocol.Engine`).
-
-    An engine subclasses it and provides ``new_lineage``, ``fork``, and the
-    verbs on the lineage it works on, ``_prefill(ids)`` and ``_generate(...)``,
-    and what truly differs between engines:
-
-    ``_lineage_storages(handle)``  the storages ``{key: bytes}`` a lineage holds,
-                                   as the budget's memory counts them
-    ``_budget_storages(handle)``   the same as the budget counts them (default:
-                                   ``_lineage_storages``; an engine may skip
-                                   reading out what only a live lineage holds)
-    ``_free_lineage(handle)``      release what the engine holds for a lineage
-                                   outside this book, before it is dropped or
-                                   evicted (default: nothing)
-
-    It also holds the prefix cache (B5', :meth:`prefix_cache`): the engine's
-    prefill asks :meth:`_find_served_chunk` inside the block and gives the
-    lineage the source's rows its own way.
-
-    Its lineage objects need ``tokens`` and ``last_used`` (and, to be served,
-    ``chunk_ends``, ``decode_logits``, ``last_logits`` and ``is_chunk_end``)."""
-
-    def _init_book(self, kv_budget: int | None = None) -> None:
-        self._lineages: dict = {}
-        self._current: str | None = None  # the lineage the verbs below work on
-        self._next_id = 0
-        self._clock = 0
-        self._serving = False  # inside `prefix_cache()`
-        self._cache_sources: tuple[set[str], int] | None = None  # (handles, first new id); None: all
-        self.budget = Budget(self, kv_budget)
-
-    # --- the verbs that name their lineage (the Engine protocol)
-
-    def prefill(self, lineage: str, token_ids: Iterable[int]) -> None:
-        """Exactly one forward over ``token_ids`` on ``lineage``."""
-        self._work_on(lineage)
-        self._prefill(token_ids)
-
-    def generate(self, lineage: str, max_new_tokens: int, stop_ids: Iterable[int] | None = None,
-                 temperature: float = 0.0, seed: int | None = None, assist: Assist | None = None) -> list[int]:
-        """Decode up to ``max_new_tokens`` on ``lineage`` and commit them as
-        one canonical chunk (the engine's ``_generate`` has the details)."""
-        self._work_on(lineage)
-        assist = assist or Assist()
-        return self._generate(max_new_tokens, stop_ids, temperature, seed, assist.draft, assist.probe,
-                              assist.lookup)
-
-    def tokens(self, lineage: str) -> list[int]:
-        """The token ids the lineage's cache holds (a copy)."""
-        return list(self._get(lineage).tokens)
-
-    def drop(self, lineage: str) -> None:
-        """Free a lineage's cache (or forget an evicted handle)."""
-        if self.budget.forget_evicted(lineage):
-            return
-        self._get(lineage)
-        self.release(lineage)
-
-    # --- what the budget reads and does
-
-    @property
-    def resident(self) -> dict:
-        """handle -> lineage object, of the resident lineages (read only)."""
-        return self._lineages
-
-    @property
-    def working(self) -> str | None:
-        """The lineage the last prefill, generate or new_lineage named (the budget keeps it)."""
-        return self._current
-
-    def get_lineage(self, lineage: str):
-        """The lineage object of ``lineage`` (touched, for the LRU clock)."""
-        return self._get(lineage)
-
-    def get_storages(self, handle: str) -> dict:
-        return self._lineage_storages(handle)
-
-    def get_budget_storages(self, handle: str) -> dict:
-        return self._budget_storages(handle)
-
-    def release(self, handle: str) -> None:
-        """Free ``handle``'s cache and forget it (a drop, or the budget's eviction)."""
-        self._free_lineage(handle)
-        del self._lineages[handle]
-        if self._current == handle:
-            self._current = None
-
-    # --- the prefix cache (B5')
-
-    @contextlib.contextmanager
-    def prefix_cache(self, sources: Iterable[str] | None = None) -> Iterator[LineageBook]:
-        """Serve prefills inside the block from a prefix cache (B5').
-
-        The cache holds the lineages ``sources`` (default: every resident
-        one) and every lineage created inside the block, as a serving engine
-        caches what it computes. A prefill of chunk ``c`` on a lineage whose
-        chunks so far are ``c_1..c_k`` is served by another cached lineage
-        whose first ``k + 1`` chunks are ``c_1..c_k, c``, token ids and
-        boundaries both: the lineage then holds that lineage's KV of those
-        positions (nothing is computed; ``reused_tokens`` counts it). Whole
-        chunks of the same chunking only, so the KV is the one a prefill
-        would compute, bit for bit (the engine's same-chunking identity).
-        Evicted sources are simply not in the cache."""
-        previous = self._serving, self._cache_sources
-        self._serving = True
-        self._cache_sources = None if sources is None else ({h for h in sources if h in self._lineages},
-                                                             self._next_id)
-        try:
-            yield self
-        finally:
-            self._serving, self._cache_sources = previous
-
-    def _find_served_chunk(self, lin, ids: Sequence[int]):
-        """Inside :meth:`prefix_cache`, :func:`find_cached_chunk`'s answer for
-        chunk ``ids`` on ``lin`` among the cached lineages, or None (outside the
-        block, or ``lin`` is not an unbroken chunk sequence)."""
-        if not self._serving or not lin.is_chunk_end(len(lin.tokens)):
-            return None
-        return find_cached_chunk(self._lineages, lambda handle: is_cache_source(self._cache_sources, handle), lin, ids)
-
-    # --- helpers
-
-    def _work_on(self, lineage: str) -> None:
-        """Make ``lineage`` the one the verbs below act on (checked first)."""
-        self._get(lineage)
-        self._current = lineage
-
-    def _budget_storages(self, handle: str) -> dict:
-        return self._lineage_storages(handle)
-
-    def _free_lineage(self, handle: str) -> None:
-        """Nothing outside the book to release (an engine whose lineages hold
-        more, such as a context, says so here)."""
-
-    def _fresh_handle(self) -> str:
-        handle = f"L{self._next_id}"
-        self._next_id += 1
-        return handle
-
-    def _need_current(self) -> str:
-        if self._current is None:
-            raise RuntimeError("no lineage to work on: name one")
-        return self._current
-
-    def _get(self, lineage: str | None):
-        handle = self._need_current() if lineage is None else lineage
-        if handle not in self._lineages:
-            if self.budget.is_evicted(handle):
-                raise EvictedLineageError(
-                    f"lineage {handle!r} was evicted by the KV budget ({self.budget.limit} bytes); "
-                    "rebuild it by prefill from a checkpoint's manifest")
-            raise KeyError(f"unknown lineage {handle!r}; live: {sorted(self._lineages)}")
-        self._touch(handle)
-        return self._lineages[handle]
-
-    def _touch(self, handle: str) -> None:
-        self._clock += 1
-        self._lineages[handle].last_used = self._clock
-
-    def _check_prefix_length(self, verb: str, n_tokens, length: int) -> int:
-        """``n_tokens`` as an int in ``[0, length]`` (a lineage's length), or a
-        ValueError naming ``verb`` before anything changes."""
-        n = as_int(n_tokens)
-        if n is None or not 0 <= n <= length:
-            raise ValueError(f"{verb}: n_tokens={n_tokens!r} is outside [0, {length}] (the lineage's length)")
-        return n
-
-    def _check_generate(self, max_new_tokens, temperature: float, seed: int | None, draft,
-                        lookup: bool = False) -> int:
-        """Check ``generate``'s arguments before anything changes; returns
-        ``max_new_tokens`` as an int. A draft or a context lookup needs the
-        engine's measured prefill-versus-decode bound (``draft_bound``; None:
-        drafts off)."""
-        if as_int(max_new_tokens) is None or max_new_tokens < 0:
-            raise ValueError(f"max_new_tokens={max_new_tokens!r} must be an int >= 0")
-        if temperature < 0:
-            raise ValueError(f"temperature={temperature!r} must be >= 0")
-        if temperature > 0 and seed is None:
-            raise ValueError(f"temperature={temperature!r} > 0 needs a seed for repeatable sampling")
-        if (draft is not None or lookup) and self.draft_bound is None:
-            what = "a draft" if draft is not None else "lookup=True"
-            raise ValueError(f"generate: {what} needs a measured discrepancy bound, and none is known for "
-                             f"{self.lm.name} on {self.lm.device} {self.lm.dtype} (drafts are off there)")
-        return int(max_new_tokens)
-
-    def _check_ids(self, token_ids: Iterable[int], allow_empty: bool = False) -> list[int]:
-        # Checked on the host: an out-of-range id on CUDA is a device assert
-        # that kills the process instead of an error we can report.
-        ids = [operator.index(t) for t in token_ids]  # ints only, no floats
-        if not ids and not allow_empty:
-            raise ValueError("prefill: token_ids is empty; a forward needs at least one token")
-        bad = [t for t in ids if not 0 <= t < self.lm.vocab_size]
-        if bad:
-            raise ValueError(f"prefill: token ids {bad[:5]} outside [0, {self.lm.vocab_size})")
-        return ids
-
-
 def find_cached_chunk(lineages, is_cached, lin, ids: Sequence[int]):
     """The prefix cache's lookup (B5'): ``(handle, source, logits)`` of a
     cached lineage other than ``lin`` whose chunks begin with ``lin``'s and
@@ -570,9 +339,9 @@ def is_cache_source(sources, handle: str) -> bool:
     """Whether an active prefix cache may serve from ``handle``: ``sources`` is
     None (every lineage may) or ``(cached handles, first new handle number)``,
     since lineages made after the cache opened may serve too (handles are
-    ``"L<n>"`` with ``n`` increasing)."""
+    numbered in the order they were made: :func:`~unsee.impl.util.ids.get_lineage_number`)."""
     if sources is None:
         return True
     cached, first_new = sources
-    return handle in cached or int(handle[1:]) >= first_new
+    return handle in cached or get_lineage_number(handle) >= first_new
 

@@ -22,7 +22,7 @@ an engine shared by many sessions need not serialise calls around a cursor.
 The KV budget is a component (``engine.budget``); the prefix cache, span
 excision, residue reporting, a restore's report and drafts are optional
 capabilities (:class:`PrefixCache`, :class:`SpanExcision`, :class:`Residue`,
-:class:`RestoreReport`, :class:`Drafts`), checked with ``isinstance``.
+:class:`RestoreReport`, :class:`DraftSource`), checked with ``isinstance``.
 """
 
 from __future__ import annotations
@@ -31,6 +31,8 @@ import contextlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
+
+from unsee.impl.engines.speculation import DraftPolicy
 
 
 @dataclass(frozen=True)
@@ -96,7 +98,8 @@ class ModelInfo(Protocol):
     dtype: str
     eos_ids: tuple[int, ...]  # ids that end a turn
     vocab_size: int
-    determinism: str  # the engine's determinism statement in words (ForgetReport's A1)
+    #: the engine's determinism in words (ForgetReport's A1); the facts are ``Engine.determinism``
+    determinism_statement: str
     source: str  # the weights' file or folder ('' for a model built in memory)
     #: the tokenizer's chat template (Jinja), or None: episodes are then rendered in ChatML
     chat_template: str | None
@@ -114,7 +117,7 @@ class ModelInfo(Protocol):
 class Assist:
     """What ``generate`` may verify instead of decoding; none of it changes
     the tokens returned, and each needs the engine's measured bound
-    (:class:`Drafts`'s ``draft_bound``).
+    (:class:`DraftSource`'s ``draft_bound``).
 
     draft   the tokens this turn had before a forget, verified where the
             decoding rule agrees with them stably (impl/agent/drafts.py)
@@ -170,7 +173,7 @@ class Engine(Protocol):
     lm: ModelInfo
     #: what the engine guarantees bitwise, and what its digest means (:class:`Determinism`)
     determinism: Determinism
-    #: work done so far (:class:`unsee.impl.engines.lineage.Counters`): snapshot and subtract to measure a span
+    #: work done so far (:class:`unsee.impl.engines.counts.Counters`): snapshot and subtract to measure a span
     counters: object
     #: the KV budget (:class:`KVBudget`)
     budget: KVBudget
@@ -219,13 +222,17 @@ class Engine(Protocol):
 # --- optional capabilities, checked with isinstance
 
 @runtime_checkable
-class Drafts(Protocol):
-    """An engine whose ``generate`` takes an :class:`Assist`."""
+class DraftSource(Protocol):
+    """An engine whose ``generate`` takes an :class:`Assist` (drafts to verify);
+    not :class:`unsee.impl.agent.drafts.Drafts`, the replay's drafts themselves."""
 
     #: ceiling on |prefill - decode| logits that draft verification needs, or None: drafts off
     draft_bound: float | None
     #: where ``draft_bound`` came from, in words (a shipped measurement, a calibrated file, the engine's own facts)
     draft_bound_source: str | None
+    #: how a turn sizes its forwards where they equal decoding's (impl/engines/speculation.py),
+    #: or None: a draft is verified in one forward
+    draft_policy: DraftPolicy | None
 
 
 @runtime_checkable
@@ -286,19 +293,27 @@ class MarginGuard(Protocol):
 class ForwardHooks(Protocol):
     """An engine that can report each model forward (for a profiler)."""
 
-    def hook_forwards(self, on_forward: Callable[[int, float], None]) -> contextlib.AbstractContextManager:
+    def hook_forwards(self, on_forward: Callable[[int, float], None],
+                      on_commit: Callable[[int, float], None] | None = None) -> contextlib.AbstractContextManager:
         """A block inside which every forward calls ``on_forward(n_tokens,
-        started)`` when it ends (``started``: its ``time.perf_counter()``)."""
+        started)`` when it ends (``started``: its ``time.perf_counter()``);
+        with ``on_commit``, the forward that commits a decoded turn as its
+        canonical chunk calls that instead."""
+
+
+def get_draft_policy(engine: Engine) -> DraftPolicy | None:
+    """The draft policy of an engine with :class:`DraftSource`, or None."""
+    return engine.draft_policy if isinstance(engine, DraftSource) else None
 
 
 def get_draft_bound(engine: Engine) -> tuple[float | None, str | None]:
-    """``(draft_bound, draft_bound_source)`` of an engine with :class:`Drafts`;
+    """``(draft_bound, draft_bound_source)`` of an engine with :class:`DraftSource`;
     ``(None, None)`` (drafts off) for one without."""
-    if isinstance(engine, Drafts):
+    if isinstance(engine, DraftSource):
         return engine.draft_bound, engine.draft_bound_source
     return None, None
 
 
-__all__ = ["Assist", "DeepCopy", "Determinism", "Drafts", "Engine", "ForwardHooks", "KVBudget", "MarginGuard", "ModelInfo", "PrefixCache", "Residue",
+__all__ = ["Assist", "DeepCopy", "Determinism", "DraftSource", "Engine", "ForwardHooks", "KVBudget", "MarginGuard", "ModelInfo", "PrefixCache", "Residue",
            "RestoreReport", "SpanExcision",
-           "get_draft_bound"]
+           "get_draft_bound", "get_draft_policy"]

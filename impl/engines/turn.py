@@ -2,9 +2,9 @@
 every engine's ``generate`` runs (impl/agent/drafts.py explains the guard),
 over a lineage reached through two forward functions.
 
-The transformers engine reaches it through
-:class:`unsee.impl.engines.hf.generate.HFTurnLineage`, the llama.cpp engine
-through its own lineage view; this module imports no transformers.
+Every engine that computes its own KV reaches it through
+:class:`unsee.impl.engines.book.TurnLineage` over its backend; this module
+imports no transformers.
 ``Turn.max_forward`` caps every verification forward (llama.cpp's decode
 equals its prefill only below a batch size; None elsewhere). What a turn
 needs of its engine is :class:`TurnLineage`: the lineage's tokens and last
@@ -21,7 +21,12 @@ The steps, in the order a turn takes them:
   draft in one forward (:func:`get_accepted`), decode on from the first
   disagreement;
 * :func:`decode`: one token at a time, each decided token fed alone or with a
-  guess from the lineage's own tokens (:func:`verify_guess`).
+  guess from the lineage's own tokens (:func:`verify_guess`);
+* :func:`speculate`, instead of the three above where forwards of up to
+  ``max_forward`` tokens equal decoding (llama.cpp): the turn as a run of
+  forwards, each feeding the token just decided and as many proposals (the
+  draft while it agrees, else a context guess) as the draft policy's credit
+  allows (impl/engines/speculation.py).
 
 A decision on logits a verification built (not the reference's own) must
 clear the guard's threshold; one that does not makes the step return None
@@ -30,13 +35,15 @@ clear the guard's threshold; one that does not makes the step return None
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 import torch
 
+from unsee.impl.engines.counts import Counters
 from unsee.impl.engines.decoding import get_lookup, get_scores, get_threshold, pick
-from unsee.impl.engines.lineage import Counters
+from unsee.impl.engines.protocol import Assist
+from unsee.impl.engines.speculation import DraftPolicy, compute_credit, compute_proposals
 
 
 class TurnLineage(Protocol):
@@ -70,9 +77,11 @@ class Turn:
     temperature: float
     seed: int | None
     draft_bound: float | None
-    #: the longest verification forward whose logits equal decoding (None: any);
-    #: a longer draft is verified in its first `max_forward` tokens, guesses are cut to fit
+    #: the longest forward whose logits and KV equal decoding's bit for bit (None: the
+    #: engine has no such size, and verifies a draft in one forward, guarded)
     max_forward: int | None = None
+    #: how many proposals each forward feeds (:func:`speculate`; None: all it can)
+    policy: DraftPolicy | None = None
 
     def decide(self, logits: torch.Tensor, position: int) -> tuple[int, float]:
         """The decoding rule's token at ``position`` of the turn, and its margin."""
@@ -86,26 +95,38 @@ class Turn:
         return get_threshold(self.draft_bound, self.temperature)
 
 
-def decode_turn(turn: Turn, draft: list[int], probe: bool, lookup: bool) -> tuple[list[int], bool]:
+def decode_turn(turn: Turn, assist: Assist) -> tuple[list[int], bool]:
     """The turn's tokens, and whether the verification chunk on the lineage
-    is the turn's canonical chunk (a draft accepted whole)."""
+    is the turn's canonical chunk (a draft accepted whole). ``assist.draft``
+    is checked ids, cut to the turn's length (or empty)."""
     out, committed = None, False
-    if turn.max_forward is not None:
-        draft = draft[:turn.max_forward]
-    if draft and turn.decide(turn.header_logits, 0)[0] != draft[0]:
-        # decided on the header's own logits, the reference's: decoding from here *is* the reference
-        count_draft(turn.counters, len(draft), 0, fallback=False)
-        draft = []
-    if draft:
-        out, committed = decode_with_draft(turn, draft, probe, lookup)
-    elif lookup:
-        out = decode(turn, [], turn.header_logits, None, lookup=True)
-        turn.counters.draft_fallbacks += int(out is None)
+    if turn.max_forward is not None and (assist.draft or assist.lookup):
+        out, committed = speculate(turn, assist)
+    elif assist.draft or assist.lookup:
+        out, committed = decode_guarded(turn, assist)
     if out is None:  # no draft or lookup, or an unstable decision: the reference procedure
         turn.lin.truncate(turn.start)
         turn.lin.last_logits = turn.header_logits
         out = decode(turn, [], turn.header_logits, None)
     return out, committed
+
+
+def decode_guarded(turn: Turn, assist: Assist) -> tuple[list[int] | None, bool]:
+    """A turn on an engine whose multi-token forwards differ from decoding in
+    the last bits (no ``max_forward``): the draft verified in one forward, so
+    that a draft accepted whole is the turn's canonical chunk, every decision
+    on its rows guarded; None where one was unstable."""
+    if assist.draft and turn.decide(turn.header_logits, 0)[0] != assist.draft[0]:
+        # decided on the header's own logits, the reference's: decoding from here *is* the reference
+        count_draft(turn.counters, len(assist.draft), 0, fallback=False)
+        assist = replace(assist, draft=())
+    if assist.draft:
+        return decode_with_draft(turn, assist)
+    if not assist.lookup:
+        return None, False
+    out = decode(turn, [], turn.header_logits, None, lookup=True)
+    turn.counters.draft_fallbacks += int(out is None)
+    return out, False
 
 
 def decode(turn: Turn, out: list[int], logits: torch.Tensor, threshold: float | None,
@@ -182,16 +203,15 @@ def verify_guess(turn: Turn, tok: int, guess: list[int], out: list[int], thresho
     return verify[accepted]
 
 
-def decode_with_draft(turn: Turn, draft: list[int], probe: bool = False,
-                      lookup: bool = False) -> tuple[list[int] | None, bool]:
+def decode_with_draft(turn: Turn, assist: Assist) -> tuple[list[int] | None, bool]:
     """Verify ``draft`` with one forward; accept its longest stable agreeing
     prefix, then decode on. Returns (tokens, committed): tokens None means
     an unstable decision (the caller falls back to the reference);
     committed means the verification chunk is the turn's canonical chunk.
     The caller has checked the draft's first token on the header logits."""
-    lin = turn.lin
+    lin, draft, lookup = turn.lin, list(assist.draft or ()), assist.lookup
     probed = None  # the reference's own logits at position 1, when probed
-    if probe and len(draft) >= 2 and draft[0] not in turn.stops and turn.max_new_tokens >= 2:
+    if assist.probe and len(draft) >= 2 and draft[0] not in turn.stops and turn.max_new_tokens >= 2:
         probed = lin.forward_last([draft[0]])  # the reference's own first decode step
         turn.counters.forward_calls += 1
         turn.counters.draft_probes += 1
@@ -244,6 +264,133 @@ def get_accepted(turn: Turn, draft: list[int], probed: torch.Tensor | None,
     return out, True
 
 
+def speculate(turn: Turn, assist: Assist) -> tuple[list[int] | None, bool]:
+    """The turn as a run of forwards of at most ``max_forward`` tokens (whose
+    logits and KV equal decoding's: impl/engines/llamacpp/facts.py), each
+    feeding the token just decided and the proposals the policy's credit
+    allows (:func:`get_proposals`, impl/engines/speculation.py): the draft's
+    next tokens while the turn agrees with it, else a context guess. Returns
+    the tokens (None: an unstable decision, the caller falls back) and
+    whether the lineage holds the whole turn as its canonical chunk would.
+
+    With ``probe``, the first forward feeds no proposal (the draft's second
+    token is checked on a plain decode step). Decisions after the first
+    multi-token forward are guarded, as everywhere a forward of several
+    tokens built the KV (the guard is a safety net here: the rows are
+    decoding's own, so only an exact tie fails it)."""
+    draft, probe, lookup = list(assist.draft or ()), assist.probe, assist.lookup
+    run = Run(turn.policy.opening if turn.policy else 0.0)
+    logits, threshold = turn.header_logits, None  # the header's logits are the reference's own
+    while True:
+        tok, margin = run.pending or turn.decide(logits, len(run.out))
+        if threshold is not None and margin <= threshold:
+            return run.end(turn, draft, None)
+        run.decided(turn.counters, tok, draft)
+        if turn.is_done(run.out):
+            return run.end(turn, draft, run.out)  # its last token is fed by the engine's commit
+        proposals, guessed = get_proposals(turn, run, draft, lookup)
+        probing = probe and run.forwards == 0 and bool(proposals) and not guessed
+        fed = 0 if probing else compute_proposals(turn.policy, run.credit, len(proposals))
+        turn.counters.draft_probes += int(probing)
+        if not fed:
+            logits = run.feed(turn, [tok])
+            continue
+        threshold = turn.get_threshold()
+        rows = run.feed(turn, [tok] + proposals[:fed])
+        accepted = check_proposals(turn, run, proposals[:fed], rows, threshold, guessed)
+        if accepted is None:
+            return run.end(turn, draft, None)
+        run.credit = compute_credit(turn.policy, run.credit, fed, accepted)
+        if turn.is_done(run.out):  # the turn's last token was fed, as a proposal
+            committed = len(run.out) <= turn.max_forward  # every row as the turn's one-chunk prefill writes it
+            turn.lin.last_logits = None  # as after any verification: a prefill comes before the next turn
+            return run.end(turn, draft, run.out, committed)
+        turn.lin.truncate(turn.start + len(run.out))  # the rejected proposals' rows
+        logits = rows[accepted]
+
+
+@dataclass
+class Run:
+    """What :func:`speculate` has done so far in one turn: the tokens decided,
+    the credit left, the draft tokens kept, the forwards run, and a decision
+    already taken on a verification row (at the first rejected proposal)."""
+
+    credit: float
+    out: list[int] = field(default_factory=list)
+    from_draft: int = 0  # the first from_draft tokens of out are the draft's
+    forwards: int = 0
+    pending: tuple[int, float] | None = None
+    #: whether the last decided token was counted as decoded (a fed token is counted once)
+    last_decoded: bool = False
+
+    def decided(self, counters: Counters, tok: int, draft: list[int]) -> None:
+        """Append a token the rule decided (not read off a proposal's row)."""
+        self.pending = None
+        agrees = self.from_draft == len(self.out) < len(draft) and draft[len(self.out)] == tok
+        self.out.append(tok)
+        self.from_draft += int(agrees)
+        self.last_decoded = not agrees
+        counters.decoded_tokens += int(not agrees)
+
+    def feed(self, turn: Turn, ids: list[int]) -> torch.Tensor:
+        """One forward of ``ids`` (the decided token first): the logits after
+        the last, or after each where proposals follow it."""
+        self.forwards += 1
+        turn.counters.forward_calls += 1
+        turn.counters.prefilled_tokens += len(ids) - int(self.last_decoded)
+        return turn.lin.forward_all(ids) if len(ids) > 1 else turn.lin.forward_last(ids)
+
+    def end(self, turn: Turn, draft: list[int], out: list[int] | None,
+            committed: bool = False) -> tuple[list[int] | None, bool]:
+        """The turn's result, its draft's account settled."""
+        if draft:
+            count_draft(turn.counters, len(draft), self.from_draft if out is not None else 0, fallback=out is None)
+        elif out is None:
+            turn.counters.draft_fallbacks += 1
+        return out, committed
+
+
+def get_proposals(turn: Turn, run: Run, draft: list[int], lookup: bool) -> tuple[list[int], bool]:
+    """What may follow the turn's tokens so far: the draft's next tokens while
+    the turn has agreed with it, else (with ``lookup``) a guess from the
+    context; cut after a stop id and to the room the turn and the forward
+    cap leave. Also whether they are a guess."""
+    room = min(turn.max_new_tokens - len(run.out), (turn.max_forward or 1) - 1)
+    if draft and run.from_draft == len(run.out):
+        proposals, guessed = list(draft[len(run.out):len(run.out) + room]), False
+    elif lookup:
+        proposals, guessed = get_guess(turn, run.out, run.out[-1]), True
+    else:
+        return [], False
+    ends = [i for i, t in enumerate(proposals) if t in turn.stops]
+    return proposals[:ends[0] + 1] if ends else proposals, guessed
+
+
+def check_proposals(turn: Turn, run: Run, proposals: list[int], rows: torch.Tensor, threshold: float,
+                    guessed: bool) -> int | None:
+    """Keep the proposals the rule agrees with, reading each decision off the
+    row before it; returns how many (None: an unstable decision). The first
+    it does not agree with is decided there and left pending for the next step."""
+    counters, accepted = turn.counters, 0
+    for proposal, row in zip(proposals, rows):
+        tok, margin = turn.decide(row, len(run.out))
+        if margin <= threshold:
+            return None
+        if tok != proposal:
+            run.pending = (tok, margin)
+            break
+        run.out.append(tok)
+        run.from_draft += int(not guessed)
+        run.last_decoded = False
+        accepted += 1
+        if turn.is_done(run.out):
+            break
+    if guessed:
+        counters.lookup_forwards += 1
+        count_lookup(counters, len(proposals), accepted)
+    return accepted
+
+
 def count_draft(counters: Counters, offered: int, accepted: int, fallback: bool) -> None:
     counters.draft_accepted_tokens += accepted
     counters.draft_rejected_tokens += offered - accepted
@@ -255,4 +402,4 @@ def count_lookup(counters: Counters, offered: int, accepted: int) -> None:
     counters.lookup_rejected_tokens += offered - accepted
 
 
-__all__ = ["Turn", "TurnLineage", "decode_turn"]
+__all__ = ["Run", "Turn", "TurnLineage", "decode_turn", "speculate"]

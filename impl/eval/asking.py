@@ -25,12 +25,12 @@ rule (:mod:`unsee.impl.engines.decoding`: greedy, or the exponential race
 seeded by the seed and the position in the turn) applied to logits computed
 as ``generate`` computes them, the prompt as one chunk and then one
 one-token forward per decided token. A decode step of an engine that
-computes its own KV (:class:`~unsee.impl.engines.computed.ComputedKVBook`:
-transformers, llama.cpp) *is* a one-token prefill (the same forward), and a
+computes its own KV (a :class:`~unsee.impl.engines.book.KVBackend` behind
+its lineage book: transformers, llama.cpp) *is* a one-token prefill (the same forward), and a
 fork keeps what prefilling the same chunks gave (the protocol's promise,
 ``crop_continue_is_fresh``). So the tree gives the one-at-a-time tokens bit
 for bit (tests/test_eval_asking.py checks it on both engines); on any other
-engine (vLLM) :func:`open_asker` asks one at a time, through ``generate``.
+engine (vLLM) :class:`Asker` asks one at a time, through ``generate``.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ from unsee.impl.util.text import normalize
 
 #: the task query of an episode that names none
 DEFAULT_TASK = "What do you know about the user?"
-#: how :func:`open_asker` asks, per kind of engine (docs/eval.md's table is this)
+#: how :class:`Asker` asks (:func:`get_asking` picks), per kind of engine (docs/eval.md's table is this)
 ASKING = {"tree": "one prefill per prompt, shared decode steps, no commit: the one-at-a-time tokens bit for bit",
           "one at a time": "each generation through the engine's generate (forked, committed, dropped)"}
 
@@ -56,10 +56,11 @@ def get_asking(engine) -> str:
     """``"tree"`` where a :class:`PromptTree` gives the one-at-a-time tokens
     (an engine computing its own KV whose crop-and-continue is fresh), else
     ``"one at a time"``."""
-    from unsee.impl.engines.computed import ComputedKVBook
+    from unsee.impl.engines.book import KVBackend
 
     det = engine.determinism
-    exact = isinstance(engine, ComputedKVBook) and det.same_chunking_repeats and det.crop_continue_is_fresh
+    computes_kv = isinstance(getattr(engine, "kv", None), KVBackend)
+    exact = computes_kv and det.same_chunking_repeats and det.crop_continue_is_fresh
     return "tree" if exact else "one at a time"
 
 

@@ -40,6 +40,7 @@ from unsee.impl.agent.runtime import AgentRuntime
 from unsee.impl.agent.tools import default_tools, parse_arguments
 from unsee.impl.eval.audit import ARTIFACT_TYPES, MEMORY_TYPES, find_leaks
 from unsee.impl.eval.cases import SINK_CLASSES, EvalCase, Fact, Sink
+from unsee.impl.util.ids import PLAN, compute_block_id, get_step_id
 from unsee.impl.util.text import normalize
 
 #: The sink classes of the default tools' arguments (impl/agent/tools.py), used
@@ -101,11 +102,11 @@ def get_actions(runtime: AgentRuntime, case: EvalCase) -> list[Action]:
     actions = []
     for block_id in runtime.plans:
         block = runtime.graph[block_id]
-        step_id = block_id.split("/", 1)[0]
+        step_id = get_step_id(block_id)
         step = steps.get(step_id)
         tool = step.tool if step is not None and step.tool else "send_message"
         call = calls.get(step_id)
-        if call is not None and call.tool == tool and block_id == f"{step_id}/plan":
+        if call is not None and call.tool == tool and block_id == compute_block_id(step_id, PLAN):
             args = dict(call.args)
         else:
             params = _params(case, tool, tools)
@@ -127,7 +128,7 @@ def apply_sink_policy(actions: Sequence[Action], blocked_args: Iterable[tuple[st
         blocked.setdefault(plan, set()).add(arg)
     out = []
     for action in actions:
-        args = blocked.get(f"{action.step_id}/plan", set())
+        args = blocked.get(compute_block_id(action.step_id, PLAN), set())
         if "*" in args:
             continue
         out.append(attrs.evolve(action, args=tuple((k, "" if k in args else v) for k, v in action.args)))

@@ -42,7 +42,9 @@ from unsee.impl.agent.provenance import DERIVED_TYPES, RuntimeBlock
 from unsee.impl.agent.report import ForgetReport
 from unsee.impl.agent.runtime import AgentRuntime
 from unsee.impl.agent.tools.calls import parse_arguments
+from unsee.impl.engines.counts import Counters
 from unsee.impl.engines.protocol import PrefixCache, SpanExcision
+from unsee.impl.util.ids import PLAN, compute_block_id
 from unsee.impl.util.text import get_variants, normalize
 
 METHODS = ("none", "memory-delete", "forget-instruction", "source-redaction", "sanitize-no-replay", "reset",
@@ -62,30 +64,43 @@ PAPER_NAMES = {"none": "B0 No-Forget", "memory-delete": "B1 Memory-Delete",
 
 @attrs.frozen
 class MethodResult:
+    """What one method did on a fork of the session: the engine's work over it
+    (``spent``, the one record of counts, shown by name) and its outcome."""
+
     method: str
     invocations: int  # transitions of F re-run
-    prefilled_tokens: int
-    decoded_tokens: int
+    spent: Counters  # the engine's work over the method (prefilled, decoded, draft and reused tokens)
     wall_s: float
     digest: str
     blocked_plans: tuple[str, ...] = ()  # B8/B9: tainted plans with an argument the sink policy blocks
     #: B8/B9: (plan block id, argument) pairs the sink policy blocks
     blocked_args: tuple[tuple[str, str], ...] = ()
     report: ForgetReport | None = None
-    draft_accepted_tokens: int = 0  # B7: draft tokens verified instead of decoded
-    draft_rejected_tokens: int = 0
-    reused_tokens: int = 0  # B5': prefill tokens the prefix cache served (not in prefilled_tokens)
+
+    prefilled_tokens = property(lambda self: self.spent.prefilled_tokens)
+    decoded_tokens = property(lambda self: self.spent.decoded_tokens)
+    draft_accepted_tokens = property(lambda self: self.spent.draft_accepted_tokens,
+                                     doc="B7: draft tokens verified instead of decoded.")
+    draft_rejected_tokens = property(lambda self: self.spent.draft_rejected_tokens)
+    reused_tokens = property(lambda self: self.spent.reused_tokens,
+                             doc="B5': prefill tokens the prefix cache served (not in prefilled_tokens).")
 
     @property
     def recomputed_tokens(self) -> int:
         return self.prefilled_tokens + self.decoded_tokens
 
     def to_json(self) -> dict:
-        out = attrs.asdict(self, recurse=False)
+        """As plain data, keys in the order its rows have always had (:data:`RESULT_KEYS`)."""
+        out = {key: getattr(self, key) for key in RESULT_KEYS}
         out["paper_name"] = PAPER_NAMES[self.method]
         out["recomputed_tokens"] = self.recomputed_tokens
         out["report"] = self.report.to_json() if self.report else None
         return out
+
+
+#: The keys of :meth:`MethodResult.to_json` before ``paper_name`` and ``recomputed_tokens``, in order.
+RESULT_KEYS = ("method", "invocations", "prefilled_tokens", "decoded_tokens", "wall_s", "digest", "blocked_plans",
+               "blocked_args", "report", "draft_accepted_tokens", "draft_rejected_tokens", "reused_tokens")
 
 
 def apply_method(base: AgentRuntime, method: str, source_id: str, value: str | None = None,
@@ -129,9 +144,8 @@ def apply_method(base: AgentRuntime, method: str, source_id: str, value: str | N
         blocked_args = get_blocked_args(runtime, source_id, sinks)
         blocked = tuple(dict.fromkeys(plan for plan, _ in blocked_args))
     spent = runtime.engine.counters.snapshot() - before
-    result = MethodResult(method, invocations, spent.prefilled_tokens, spent.decoded_tokens,
-                          time.perf_counter() - started, runtime.digest(), blocked, blocked_args, report,
-                          spent.draft_accepted_tokens, spent.draft_rejected_tokens, spent.reused_tokens)
+    result = MethodResult(method, invocations, spent, time.perf_counter() - started, runtime.digest(), blocked,
+                          blocked_args, report)
     return runtime, result
 
 
@@ -303,7 +317,7 @@ def get_blocked_args(runtime: AgentRuntime, source_id: str,
     treated as an identifier; with no arguments known, the pair
     ``(plan, "*")`` blocks the whole plan."""
     out: list[tuple[str, str]] = []
-    tools = {f"{s.id}/plan": s.tool for s in runtime.steps if s.kind == "plan"}
+    tools = {compute_block_id(s.id, PLAN): s.tool for s in runtime.steps if s.kind == "plan"}
     for plan in runtime.plans:
         if source_id not in runtime.graph[plan].source_ids:
             continue
@@ -321,8 +335,8 @@ def get_plan_arguments(runtime: AgentRuntime, params_by_tool: Mapping[str, tuple
     tool layer's calls where the runtime made them (scaffold-filled
     arguments included), else parsed from the plan text with the tool's
     parameters (:func:`~unsee.impl.agent.tools.parse_arguments`)."""
-    calls = {f"{c.step_id}/plan": dict(c.args) for c in getattr(runtime, "calls", ())}
-    tools = {f"{s.id}/plan": s.tool for s in runtime.steps if s.kind == "plan"}
+    calls = {compute_block_id(c.step_id, PLAN): dict(c.args) for c in getattr(runtime, "calls", ())}
+    tools = {compute_block_id(s.id, PLAN): s.tool for s in runtime.steps if s.kind == "plan"}
     out = {}
     for plan in runtime.plans:
         if plan in calls:

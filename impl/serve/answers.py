@@ -113,11 +113,8 @@ def complete(pool: Pool, req: dict, messages: list[dict], owner: str, listener=N
     check_messages(messages, pool.tools_ok)
     settings = get_settings(pool, req)
     config = Config(system, req["tools"], req["choice"], req["function"], req["parallel"])
-    with pool.engine_lock:
-        try:
-            return {**pool.open_chat(owner).complete(messages, settings, config, listener), "settings": settings}
-        finally:
-            pool.enforce_budget()
+    with pool.hold():  # the engine's lock alone: a completion has no conversation
+        return {**pool.open_chat(owner).complete(messages, settings, config, listener), "settings": settings}
 
 
 def respond_stateless(pool: Pool, model: str, req: dict, owner: str, listener=None) -> dict:

@@ -1,9 +1,9 @@
 """The FastAPI application of ``unsee serve`` (docs/serve.md): routes, auth,
 errors in OpenAI's shape, server-sent events.
 
-Every route reads its body strictly (:mod:`.requests`), then does its work in
+Every route reads its body strictly (:mod:`.bodies`), then does its work in
 a worker thread holding the conversation's lock and the engine's
-(:meth:`Pool.hold`). Every check that can refuse runs before the first write,
+(:meth:`Pool.hold`, the one way serve takes its locks). Every check that can refuse runs before the first write,
 so a refused request changes nothing; an unexpected failure answers 500 with
 no trace (it is logged), and the store is as its last commit left it.
 """
@@ -24,7 +24,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 
-from unsee.impl.serve import answers, requests, shapes, turns
+from unsee.impl.serve import answers, bodies, shapes, turns
 from unsee.impl.serve.conversation import Conversation
 from unsee.impl.serve.errors import ApiError, bad_request, not_found, server_error, unauthorized
 from unsee.impl.serve.fields import CONVERSATION_FIELDS, ITEMS_FIELDS, check_fields
@@ -166,8 +166,8 @@ def add_conversation_routes(app: FastAPI, pool: Pool, model_name: str) -> None:
     @app.post("/v1/conversations")
     async def create_conversation(request: Request) -> dict:
         body = check_fields(await read_json(request, empty_ok=True), CONVERSATION_FIELDS, "conversations")
-        items = requests.read_items(body.get("items"), "items", system_first=True, empty_ok=True)
-        metadata = requests.read_metadata(body.get("metadata"))
+        items = bodies.read_items(body.get("items"), "items", system_first=True, empty_ok=True)
+        metadata = bodies.read_metadata(body.get("metadata"))
         conv = await run_in_threadpool(pool.create, items, metadata, get_owner(request))
         return shapes.conversation(conv.record)
 
@@ -178,8 +178,8 @@ def add_conversation_routes(app: FastAPI, pool: Pool, model_name: str) -> None:
 
     @app.post("/v1/conversations/{conv_id}")
     async def update_conversation(conv_id: str, request: Request) -> dict:
-        body = requests.read_object(await read_json(request), {"metadata"}, "conversations.update")
-        metadata = requests.read_metadata(body.get("metadata"))
+        body = bodies.read_object(await read_json(request), {"metadata"}, "conversations.update")
+        metadata = bodies.read_metadata(body.get("metadata"))
 
         def work(conv: Conversation) -> dict:
             conv.save({**conv.record, "metadata": metadata})
@@ -197,7 +197,7 @@ def add_item_routes(app: FastAPI, pool: Pool) -> None:
     async def add_items(conv_id: str, request: Request) -> dict:
         check_query(request, {"include"})
         body = check_fields(await read_json(request), ITEMS_FIELDS, "items.create")
-        items = requests.read_items(body.get("items"), "items")
+        items = bodies.read_items(body.get("items"), "items")
         return await run_held(pool, pool.get(conv_id, get_owner(request)),
                               lambda c: shapes.item_list(c.add_items(items)))
 
@@ -235,7 +235,7 @@ def add_response_routes(app: FastAPI, pool: Pool, model_name: str) -> None:
 
     @app.post("/v1/responses")
     async def create_response(request: Request):
-        req = requests.read_response_request(await read_json(request))
+        req = bodies.read_response_request(await read_json(request))
         answers.check_tools(pool, req)
         owner = get_owner(request)
         if req["stateless"]:
@@ -260,7 +260,7 @@ def add_chat_routes(app: FastAPI, pool: Pool, model_name: str) -> None:
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
-        req = requests.read_chat_request(await read_json(request))
+        req = bodies.read_chat_request(await read_json(request))
         answers.check_tools(pool, req)
         owner, completion_id = get_owner(request), "chatcmpl-" + secrets.token_hex(16)
 

@@ -34,6 +34,7 @@ from unsee import PersistentSession
 from unsee.impl.agent.tools.client import ClientToolRuntime
 from unsee.impl.serve import shapes
 from unsee.impl.serve.errors import bad_request, not_found
+from unsee.impl.util.ids import ANSWER, compute_block_id
 
 SIDECAR = "conversation.json"
 STORE = "session.db"

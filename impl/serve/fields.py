@@ -8,7 +8,7 @@ naming it), and docs/serve.md's field table is rendered from it
 Fields the ``openai`` client and the Agents SDK send by default are in it
 (the Agents SDK sends ``include: []``, ``instructions``, ``tools`` with
 ``strict: true``; LangChain sends ``stream: false``). Honoured fields are read
-by :mod:`.requests`; this module only refuses the values a field marked
+by :mod:`.bodies`; this module only refuses the values a field marked
 accepted or refused cannot take. No fastapi here: the docs command renders it.
 """
 

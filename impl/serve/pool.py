@@ -5,6 +5,8 @@
   ``busy_wait`` seconds is refused with 409 and Retry-After), and the engine
   lock around each piece of model work (a step, a forget, a rebuild, a
   digest). Requests on other conversations wait for the engine lock only.
+  Both are taken one way, :meth:`Pool.hold`, which enforces the budget as
+  it lets go.
 - **The KV budget.** The engine bounds the bytes of lineages no runtime
   extends (checkpoints, the chat prefix cache); after each operation the
   pool evicts whole sessions, least recently used first and never the one
@@ -61,7 +63,7 @@ class Pool:
         self.busy_wait = busy_wait
         self.system = system
         self.defaults = defaults
-        self.engine_lock = threading.RLock()
+        self._engine_lock = threading.RLock()  # taken by hold() (and close(), at shutdown)
         self.index_lock = threading.Lock()
         self.stats = {"evictions": 0, "rebuilds": 0}
         self.conversations: dict[str, Conversation] = {}
@@ -105,21 +107,34 @@ class Pool:
             return self.chats.setdefault(owner, ChatCache(self.engine))
 
     @contextlib.contextmanager
-    def hold(self, conv: Conversation) -> Iterator[Conversation]:
-        """The conversation's lock, then the engine's, with the session resident."""
+    def hold(self, conv: Conversation | None = None) -> Iterator[Conversation | None]:
+        """The one way serve takes its locks: the conversation's lock (when one
+        is named), then the engine's, with the session resident; on the way
+        out the KV budget is enforced, never evicting ``conv``. With no
+        conversation it is the engine's lock alone (a chat completion)."""
+        with self._hold_conversation(conv), self._engine_lock:
+            if conv is not None:
+                if conv.open(self.engine):
+                    self.stats["rebuilds"] += 1
+                conv.last_used = time.monotonic()
+            try:
+                yield conv
+            finally:
+                self._enforce_budget(keep=conv)
+
+    @contextlib.contextmanager
+    def _hold_conversation(self, conv: Conversation | None) -> Iterator[None]:
+        """``conv``'s lock (none for None): busy (409) after ``busy_wait``
+        seconds, not found if it was deleted while we waited."""
+        if conv is None:
+            yield
+            return
         if not conv.lock.acquire(timeout=self.busy_wait):
             raise busy(f"conversation {conv.id} is busy with another request; retry after it", 1)
         try:
             if self.conversations.get(conv.id) is not conv:  # deleted while we waited
                 raise not_found(f"no conversation {conv.id!r}", param="conversation_id")
-            with self.engine_lock:
-                if conv.open(self.engine):
-                    self.stats["rebuilds"] += 1
-                conv.last_used = time.monotonic()
-                try:
-                    yield conv
-                finally:
-                    self.enforce_budget(keep=conv)
+            yield
         finally:
             conv.lock.release()
 
@@ -128,18 +143,18 @@ class Pool:
     def get_held_bytes(self) -> int:
         return self.engine.budget.memory().held_bytes
 
-    def enforce_budget(self, keep: Conversation | None = None) -> None:
-        """Evict resident sessions, least recently used first, until the engine holds at most the budget."""
+    def _enforce_budget(self, keep: Conversation | None = None) -> None:
+        """Evict resident sessions, least recently used first, until the engine
+        holds at most the budget (under the engine lock: :meth:`hold` calls it)."""
         if self.kv_budget is None:
             return
-        with self.engine_lock:
-            while self.get_held_bytes() > self.kv_budget:
-                resident = sorted((c for c in list(self.conversations.values())
-                                   if c.session is not None and c is not keep), key=lambda c: c.last_used)
-                if not resident:
-                    return
-                resident[0].evict()
-                self.stats["evictions"] += 1
+        while self.get_held_bytes() > self.kv_budget:
+            resident = sorted((c for c in list(self.conversations.values())
+                               if c.session is not None and c is not keep), key=lambda c: c.last_used)
+            if not resident:
+                return
+            resident[0].evict()
+            self.stats["evictions"] += 1
 
     # --- conversations -----------------------------------------------------------
 
@@ -170,6 +185,6 @@ class Pool:
             self.responses[response_id] = conv.id
 
     def close(self) -> None:
-        with self.engine_lock:
+        with self._engine_lock:
             for conv in list(self.conversations.values()):
                 conv.evict()

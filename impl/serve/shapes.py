@@ -51,7 +51,7 @@ def conversation(record: dict, extra: dict | None = None) -> dict:
 def response(response_id: str, model: str, status: str, output: list[dict], *, conversation_id: str | None,
              previous_response_id: str | None, settings, req: dict, usage: dict | None,
              created_at: float | None = None, extra: dict | None = None) -> dict:
-    """A Response object; ``req`` (the request as :func:`~.requests.read_response_request` read it)
+    """A Response object; ``req`` (the request as :func:`~.bodies.read_response_request` read it)
     supplies what the response echoes: instructions, tools, tool choice, metadata."""
     incomplete = status == "incomplete"
     tools = [{"type": "function", **json.loads(t)["function"]} for t in req["tools"]]

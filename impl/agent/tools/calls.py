@@ -13,6 +13,8 @@ import unicodedata
 
 import attrs
 
+from unsee.impl.util.ids import CALL, RESULT, compute_block_id
+
 #: How a read-only tool is served during replay.
 #: ``reexecute``: run it again against the shadow environment restored from
 #: the checkpoint's snapshot (the paper's A3 mechanism; the default).
@@ -51,12 +53,12 @@ DIVERGENCE_KINDS = ("changed_arguments", "new_call", "not_made")
 def call_id_for(step_id: str) -> str:
     """A plan step's call ID: a function of the step ID alone, so the
     counterfactual replay of the same step issues the same ID."""
-    return f"{step_id}/call"
+    return compute_block_id(step_id, CALL)
 
 
 def result_source(call_id: str) -> str:
     """The source ID of a call's result observation (a forget may name it)."""
-    return f"{call_id}/result"
+    return compute_block_id(call_id, RESULT)
 
 
 # --- calls and argument parsing ------------------------------------------------

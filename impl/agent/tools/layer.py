@@ -46,6 +46,7 @@ from unsee.impl.agent.tools.records import (
     load_environment,
     load_tool,
 )
+from unsee.impl.util.ids import PLAN, compute_block_id
 
 #: The name the tool layer is recorded under (the session record's ``extra``).
 TOOLS = "tools"
@@ -200,7 +201,7 @@ class ToolLayer:
 
     # --- snapshots, branches, forget, adopt ------------------------------------
 
-    def get_snapshot_id(self, runtime) -> str | None:
+    def take_snapshot(self, runtime) -> str | None:
         """A replay checkpoints its shadow (the counterfactual world); a live
         session checkpoints the real world."""
         return (self.shadow if runtime.replaying else self.world).snapshot()
@@ -326,7 +327,7 @@ class ToolLayer:
         sent = attrs.evolve(call, result=result, committed=True)
         self.effects.append(sent)
         self.calls[i] = attrs.evolve(call, committed=True)
-        plan = f"{call.step_id}/plan"
+        plan = compute_block_id(call.step_id, PLAN)
         if plan in runtime.graph:
             runtime.mark_committed(plan)
         return sent

@@ -1,8 +1,7 @@
 """The transformers backend:
 
-``engine``       KVEngine, the Engine verbs over transformers KV caches
-``lineage``      one cache and its chunk history
-``generate``     the lineage as the decoding turn of ``engines/turn.py`` sees it
+``engine``       KVEngine: the lineage book's verbs over transformers KV caches, with excise and a deep copy
+``kv``           one cache and its chunk history (``Lineage``), and the book's backend over them (``HFKV``)
 ``models``       load_model: names, folders, GGUFs (dequantised, cached), the tiny models
 ``adapter``      every transformers call but the cache's
 ``cache``        the KV cache itself: build, measure, crop, share, excise a ``DynamicCache``

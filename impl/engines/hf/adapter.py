@@ -18,6 +18,7 @@ Functions:
     build_tiny_llama(..., seed)    -> model               random weights, no files
     forward_last_logits(model, ids, cache) -> logits of the last position
     forward_all_logits(model, ids, cache)  -> logits of every position
+    forward_logits(model, ids, cache, k)   -> the last k positions' logits (0: all)
     hf_encode(tok, text), hf_decode(tok, ids), eos_ids_of(model, tok)
     chat_template_of(tok), special_tokens_of(tok)   what chat templates read
 
@@ -438,7 +439,7 @@ def forward_last_logits(model, token_ids: Sequence[int], cache) -> torch.Tensor:
     computes the LM head for the last position only; every call uses it, so
     prefill and decode logits go through the same-shaped matmul.
     """
-    return _forward(model, token_ids, cache, logits_to_keep=1)[-1]
+    return forward_logits(model, token_ids, cache, logits_to_keep=1)[-1]
 
 
 def forward_all_logits(model, token_ids: Sequence[int], cache) -> torch.Tensor:
@@ -450,7 +451,7 @@ def forward_all_logits(model, token_ids: Sequence[int], cache) -> torch.Tensor:
     logits differ in shape, which is why draft verification guards them
     (see impl/agent/drafts.py).
     """
-    return _forward(model, token_ids, cache, logits_to_keep=0)  # 0 keeps every position
+    return forward_logits(model, token_ids, cache, logits_to_keep=0)  # 0 keeps every position
 
 
 def get_cache_argument(model) -> str:
@@ -468,8 +469,10 @@ def get_cache_argument(model) -> str:
 _CACHE_ARGUMENT: dict = {}  # a model class's forward -> the name of its cache argument
 
 
-def _forward(model, token_ids: Sequence[int], cache, logits_to_keep: int) -> torch.Tensor:
-    """One forward appending `token_ids` to `cache` in place; logits [kept, vocab]."""
+def forward_logits(model, token_ids: Sequence[int], cache, logits_to_keep: int) -> torch.Tensor:
+    """One forward appending `token_ids` to `cache` in place; logits [kept, vocab]
+    (``logits_to_keep``: 1, the last position's, as :func:`forward_last_logits`;
+    0, every position's, as :func:`forward_all_logits`)."""
     device = model.get_input_embeddings().weight.device
     past = cache_length(cache)
     n = len(token_ids)

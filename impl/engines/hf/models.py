@@ -73,7 +73,7 @@ class LoadedModel(TokenizerMethods):
     dtype: str  # 'float32' | 'bfloat16' | 'float16'
     eos_ids: tuple[int, ...]  # ids that end a turn
     vocab_size: int
-    determinism: str  # what repeatability is and is not promised
+    determinism_statement: str  # what repeatability is and is not promised, in words
     source: str = ""  # file or folder the weights came from
     attn: str = attention.OURS  # the attention implementation (hf/attention.py)
     info: dict = field(default_factory=dict)  # load timing, cache hit, versions
@@ -344,7 +344,7 @@ def load_model(
         dtype=dtype_name,
         eos_ids=eos_ids,
         vocab_size=adapter.vocab_size_of(model),
-        determinism=determinism,
+        determinism_statement=determinism,
         source=str(source.path) if source.path is not None else "",
         attn=attn,
         info=info,

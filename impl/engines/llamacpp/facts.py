@@ -244,10 +244,19 @@ def get_cache_key(lm) -> str:
             f"|tiled_mm={lm.info.get('GGML_CPU_TILED_MM', '')}|llama_cpp={lm.info.get('llama_cpp_python', '?')}")
 
 
+def get_cache_path(cache_dir: str | os.PathLike | None = None) -> Path:
+    """The file the facts (and the per-token costs, cost.py) are cached in."""
+    return (Path(cache_dir) if cache_dir is not None else default_cache_dir()) / "llamacpp-facts.json"
+
+
+def is_cached(lm, cache_dir: str | os.PathLike | None = None, prefix: str = "") -> bool:
+    """Whether ``lm``'s facts (``prefix``: another measurement's entry) are cached already."""
+    return prefix + get_cache_key(lm) in read_cache(get_cache_path(cache_dir))
+
+
 def get_decode_facts(lm, lc, cache_dir: str | os.PathLike | None = None) -> DecodeFacts:
     """The decode facts of ``lm``'s file and settings: from the cache, or measured and cached."""
-    path = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    path = path / "llamacpp-facts.json"
+    path = get_cache_path(cache_dir)
     key = get_cache_key(lm)
     cached = read_cache(path)
     if key in cached:
@@ -277,4 +286,5 @@ def write_cache(path: Path, data: dict) -> None:
     os.replace(tmp, path)
 
 
-__all__ = ["DecodeFacts", "compute_equal_limit", "forward", "get_decode_facts", "measure_decode_facts", "read_state"]
+__all__ = ["DecodeFacts", "compute_equal_limit", "forward", "get_cache_path", "get_decode_facts", "is_cached",
+           "measure_decode_facts", "read_state"]

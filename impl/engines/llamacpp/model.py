@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import ctypes
 import os
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from unsee.impl.engines.speculation import DraftPolicy
 
 INSTALL_HINT = ("the llama.cpp engine needs llama-cpp-python, an optional extra: "
                 "CMAKE_ARGS=-DGGML_NATIVE=OFF pip install 'unsee[llamacpp]' "
@@ -99,7 +102,7 @@ class LlamaCppModel:
     n_ctx: int
     threads: int
     flash_attn: bool
-    determinism: str
+    determinism_statement: str  # what repeatability is and is not promised, in words
     device: str = "cpu"
     dtype: str = "gguf"  # the file's own weight types; the KV is f16
     info: dict = field(default_factory=dict)
@@ -111,6 +114,9 @@ class LlamaCppModel:
     draft_bound: float | None = None
     draft_bound_source: str = "not measured"
     max_forward: int = 0
+    #: how a turn sizes its forwards where drafts are on (impl/engines/speculation.py;
+    #: its per-token cost measured on this machine: cost.py), else None
+    draft_policy: DraftPolicy | None = None
     #: weights kept in the file's own layout (no CPU repacking), so that every
     #: forward size takes the same per-row kernels (:func:`load_llamacpp`)
     exact_kernels: bool = True
@@ -287,7 +293,7 @@ def load_llamacpp(name_or_path: str | os.PathLike = "smollm2", threads: int | No
         eos = tuple(sorted(i for i in ids if 0 <= i < n_vocab))
     lm = LlamaCppModel(name=name, source=str(path), eos_ids=eos, vocab_size=n_vocab,
                        n_layer=lc.llama_model_n_layer(model), n_ctx=n_ctx, threads=threads, flash_attn=flash_attn,
-                       determinism=_determinism_text(threads, flash_attn, exact_kernels),
+                       determinism_statement=_determinism_text(threads, flash_attn, exact_kernels),
                        info={"llama_cpp_python": getattr(lc, "__version__", "?"),
                              TILED_MM_ENV: os.environ.get(TILED_MM_ENV, "")},
                        exact_kernels=exact_kernels)
@@ -302,12 +308,21 @@ def load_llamacpp(name_or_path: str | os.PathLike = "smollm2", threads: int | No
 def set_decode_facts(lm: LlamaCppModel, cache_dir: str | os.PathLike | None = None) -> None:
     """Give ``lm`` its measured decode facts (:mod:`unsee.impl.engines.llamacpp.facts`):
     the longest forward equal to decoding, the drafts' bound that allows, and where it came from."""
-    from unsee.impl.engines.llamacpp.facts import get_decode_facts
+    from unsee.impl.engines.llamacpp.cost import COST_PREFIX, get_per_token
+    from unsee.impl.engines.llamacpp.facts import get_decode_facts, is_cached
 
+    started, cached = time.perf_counter(), is_cached(lm, cache_dir)
     facts = get_decode_facts(lm, llama_module(), cache_dir)
     lm.max_forward = facts.max_forward
     lm.draft_bound = facts.get_bound()
     lm.draft_bound_source = facts.describe(lm)
+    if lm.draft_bound is not None:
+        cached = cached and is_cached(lm, cache_dir, COST_PREFIX)
+        per_token = get_per_token(lm, llama_module(), cache_dir)
+        lm.draft_policy = DraftPolicy.from_cost(per_token, f"measured at load: a forward of n tokens costs about "
+                                                           f"1 + {per_token:g} (n - 1) decode steps")
+    if not cached:  # a first load of this file and setting: what the demo says it spent, once
+        lm.info["measured_at_load_s"] = time.perf_counter() - started
 
 
 def check_exact_layout(lc, model, path) -> None:

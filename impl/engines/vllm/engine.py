@@ -52,9 +52,9 @@ from typing import ClassVar
 
 import torch
 
+from unsee.impl.engines.book import LineageBook
 from unsee.impl.engines.decoding import get_scores, get_threshold, pick
-from unsee.impl.engines.lineage import Counters, LineageBook
-from unsee.impl.engines.protocol import Determinism
+from unsee.impl.engines.protocol import Assist, Determinism
 from unsee.impl.engines.vllm import adapter
 
 #: Ceilings on max |logit after a prefix-cache hit - logit of the cold run|
@@ -108,6 +108,32 @@ class _Lineage:
         self.restore = restore
 
 
+class SaltedLineages:
+    """vLLM's lineages as the book's :class:`~unsee.impl.engines.book.LineageStore`:
+    token ids and a cache salt. A new lineage draws a fresh salt (it never hits
+    a block another lineage built); a fork keeps its source's salt (its next
+    request hits the source's cached blocks: the restore)."""
+
+    def __init__(self, salt_prefix: str):
+        self.salt_prefix = salt_prefix
+        self.hooks: list = []  # never called: vLLM's forwards run inside its requests
+
+    def new(self) -> _Lineage:
+        return _Lineage([], f"{self.salt_prefix}-{next(_SALTS)}", False)
+
+    def fork(self, handle: str, src: _Lineage, n: int) -> _Lineage:
+        # the source's tokens as they are now: what its cached blocks can hold (dropped after the first request)
+        return _Lineage(src.tokens[:n], src.salt, src.has_logits and n == len(src.tokens),
+                        restore={"prefix_tokens": n, "source": tuple(src.tokens)})
+
+    def storages(self, handle: str, lin: _Lineage, full: bool) -> dict:
+        # the host holds a lineage's token ids; its KV lives in vLLM's block pool (residue())
+        return {("tokens", handle): 8 * len(lin.tokens)}
+
+    def free(self, handle: str) -> None:
+        """Nothing to release: vLLM's blocks stay until evicted (:meth:`VllmEngine.residue`)."""
+
+
 class VllmEngine(LineageBook):
     """The vLLM implementation of :class:`unsee.impl.engines.protocol.Engine`
     (the module docstring has the mapping and what is exact). ``guard_stats``
@@ -120,10 +146,11 @@ class VllmEngine(LineageBook):
 
     def __init__(self, lm, kv_budget: int | None = None):
         self.lm = lm
+        super().__init__(SaltedLineages(f"unsee-{secrets.token_hex(6)}"))
         self._llm = lm.llm
-        self.counters = Counters()
         self.draft_bound = None  # no drafts: a turn is one request already
         self.draft_bound_source = "none: the vLLM engine decodes a turn in one request"
+        self.draft_policy = None
         self.restore_bound = get_restore_bound(lm.name, lm.device, lm.dtype)
         # decode_is_prefill is False: vLLM's decode steps move raw logits from the cold run's (the
         # guard absorbs it), and the "turn" chunking it implies keeps a turn's decoded tokens apart
@@ -131,37 +158,12 @@ class VllmEngine(LineageBook):
         # restore_granularity: vLLM caches full blocks only, so a restore keeps the checkpoint's
         # tokens rounded down to the block size and its first request recomputes the tail
         self.determinism = Determinism(same_chunking_repeats=True, crop_continue_is_fresh=True, chunk_invariant=True,
-                                       decode_is_prefill=False, thread_invariant=False, statement=lm.determinism,
+                                       decode_is_prefill=False, thread_invariant=False, statement=lm.determinism_statement,
                                        restore_granularity=lm.block_size, digest=self.DIGEST)
         self.guard_stats = {"decisions": 0, "cold_recomputes": 0, "flips": 0}
-        self._salt_prefix = f"unsee-{secrets.token_hex(6)}"
         self._cold: dict[tuple[int, ...], torch.Tensor] = {}  # the last cold logits, by tokens
         self._events = adapter.record_kv_events(self._llm)
-        self._init_book()
         self.budget.set(kv_budget)
-
-    # ------------------------------------------------------------ lineages
-
-    def new_lineage(self) -> str:
-        handle = self._fresh_handle()
-        self._lineages[handle] = _Lineage([], f"{self._salt_prefix}-{next(_SALTS)}", False)
-        self._current = handle
-        self._touch(handle)
-        return handle
-
-    def fork(self, lineage: str, n_tokens: int | None = None) -> str:
-        """A lineage of the first ``n_tokens`` under the source's salt: its
-        next request hits the source's cached blocks (the restore)."""
-        src = self._get(lineage)
-        length = len(src.tokens)
-        n = length if n_tokens is None else self._check_prefix_length("fork", n_tokens, length)
-        handle = self._fresh_handle()
-        # the source's tokens as they are now: what its cached blocks can hold (dropped after the first request)
-        self._lineages[handle] = _Lineage(src.tokens[:n], src.salt, src.has_logits and n == length,
-                                          restore={"prefix_tokens": n, "source": tuple(src.tokens)})
-        self._touch(handle)
-        self.budget.enforce()
-        return handle
 
     def get_restore(self, lineage: str) -> dict | None:
         """What the first request of a lineage made by :meth:`fork` was
@@ -171,14 +173,15 @@ class VllmEngine(LineageBook):
         that prompt equals the source lineage's tokens, which may run past the
         shared prefix: a block of them is hittable if resident), or None for a
         lineage not made by fork (a new one, or one rebuilt from a manifest)."""
-        restore = self._get(lineage).restore
+        restore = self._use(lineage).restore
         return None if restore is None else {k: v for k, v in restore.items() if k != "source"}
 
     # --------------------------------------------------------------- verbs
 
-    def _prefill(self, token_ids: Iterable[int]) -> None:
+    def prefill(self, lineage: str, token_ids: Iterable[int]) -> None:
         """Append ``token_ids``; vLLM computes them in the next request."""
-        lin = self._get(self._need_current())
+        lin = self._use(lineage)
+        self.budget.spare(lineage)
         ids = self._check_ids(token_ids)
         if len(lin.tokens) + len(ids) > self._max_len():
             raise ValueError(f"prefill: {len(lin.tokens)} + {len(ids)} tokens exceed max_model_len={self._max_len()}")
@@ -186,19 +189,18 @@ class VllmEngine(LineageBook):
         lin.has_logits = True
         self.budget.enforce()
 
-    def _generate(
-        self, max_new_tokens: int, stop_ids: Iterable[int] | None = None, temperature: float = 0.0,
-                 seed: int | None = None, draft: Sequence[int] | None = None,
-                 probe: bool = False, lookup: bool = False) -> list[int]:
+    def generate(self, lineage: str, max_new_tokens: int, stop_ids: Iterable[int] | None = None,
+                 temperature: float = 0.0, seed: int | None = None, assist: Assist | None = None) -> list[int]:
         """Decode by the rule of impl/engines/decoding.py on vLLM's raw logits,
         each decision under the margin guard (the module docstring). Greedy
         turns are one request (top-2 logits per position) until a guarded
         decision changes a token; sampled ones a request per token (all logits)."""
-        max_new_tokens = self._check_generate(max_new_tokens, temperature, seed, draft, lookup)
-        handle = self._need_current()
-        lin = self._get(handle)
+        self._use(lineage)
+        self.budget.spare(lineage)
+        max_new_tokens = self._check_generate(max_new_tokens, temperature, seed, assist or Assist())
+        lin = self._use(lineage)
         if not lin.has_logits:
-            raise RuntimeError(f"generate on lineage {handle!r}: no logits to continue from; "
+            raise RuntimeError(f"generate on lineage {lineage!r}: no logits to continue from; "
                                "prefill first (a new lineage or a crop has none)")
         stops = set(self.lm.eos_ids if stop_ids is None else (int(s) for s in stop_ids))
         if len(lin.tokens) + max_new_tokens > self._max_len():
@@ -216,12 +218,12 @@ class VllmEngine(LineageBook):
 
     def logits(self, lineage: str) -> torch.Tensor | None:
         """The cold run's logits after the lineage's tokens (float32, a copy), or None after a crop."""
-        lin = self._get(lineage)
+        lin = self._use(lineage)
         return self.cold_logits(lin.salt, lin.tokens).clone() if lin.has_logits else None
 
     def digest(self, lineage: str) -> str:
         """sha256 over the token ids (vLLM exposes no KV; the module docstring)."""
-        lin = self._get(lineage)
+        lin = self._use(lineage)
         h = hashlib.sha256(b"unsee-vllm-tokens-v1")
         h.update(f"len={len(lin.tokens)};".encode())
         h.update(b"".join(int(t).to_bytes(4, "little") for t in lin.tokens))
@@ -266,20 +268,22 @@ class VllmEngine(LineageBook):
         return self.lm.info["options"].max_model_len - 1  # one position for the logits' request
 
     def request(self, salt: str, prompt: Sequence[int], max_tokens: int, n_logits: int,
-                  stops: Iterable[int] = (), skip_cache: bool = False) -> adapter.Completion:
+                stops: Iterable[int] = (), skip_cache: bool = False, lin: _Lineage | None = None) -> adapter.Completion:
         """One request, counted: the prompt tokens vLLM computed, those its
-        cache served, the tokens decoded and the forwards (one per position)."""
+        cache served, the tokens decoded and the forwards (one per position);
+        ``lin``: the lineage it continues (its restore is noted)."""
         c = adapter.complete(self._llm, prompt, salt, max_tokens, n_logits, sorted(stops), skip_cache)
-        self._note_restore(salt, len(prompt), c.cached_tokens, skip_cache)
+        if lin is not None:
+            self._note_restore(lin, salt, len(prompt), c.cached_tokens, skip_cache)
         self.counters.prefilled_tokens += len(prompt) - c.cached_tokens
         self.counters.reused_tokens += c.cached_tokens
         self.counters.forward_calls += max(1, len(c.ids))
         return c
 
-    def _note_restore(self, salt: str, prompt_tokens: int, cached_tokens: int, skip_cache: bool) -> None:
-        """Record the first cache-reading request of the lineage worked on, if fork made it."""
-        lin = self._lineages.get(self._current) if self._current is not None else None
-        if skip_cache or lin is None or lin.salt != salt or lin.restore is None or "cached_tokens" in lin.restore:
+    def _note_restore(self, lin: _Lineage, salt: str, prompt_tokens: int, cached_tokens: int,
+                      skip_cache: bool) -> None:
+        """Record the first cache-reading request of ``lin``, if fork made it."""
+        if skip_cache or lin.salt != salt or lin.restore is None or "cached_tokens" in lin.restore:
             return
         source, prompt = lin.restore.pop("source"), lin.tokens  # the request's prompt starts with lin.tokens
         matching = next((i for i, (a, b) in enumerate(zip(prompt, source)) if a != b), min(len(prompt), len(source)))
@@ -316,7 +320,7 @@ class VllmEngine(LineageBook):
         """One request for the rest of the turn; its tokens are kept up to and
         including the first decision the guard changed (the next request
         continues after it)."""
-        c = self.request(lin.salt, lin.tokens + out, max_new_tokens - len(out), 2, stops)
+        c = self.request(lin.salt, lin.tokens + out, max_new_tokens - len(out), 2, stops, lin=lin)
         self.counters.decoded_tokens += len(c.ids)
         for token, top in zip(c.ids, c.logits):
             decided = self._guarded(lin, out, token, get_margin(top, token), 0.0, None)
@@ -325,14 +329,10 @@ class VllmEngine(LineageBook):
                 return
 
     def _decide_sampled(self, lin: _Lineage, out: list[int], temperature: float, seed: int | None) -> int:
-        c = self.request(lin.salt, lin.tokens + out, 1, -1)
+        c = self.request(lin.salt, lin.tokens + out, 1, -1, lin=lin)
         self.counters.decoded_tokens += 1
         token, margin = pick(get_scores(self.dense(c.logits[0]), temperature, seed, len(out)))
         return self._guarded(lin, out, token, margin, temperature, seed)
-
-    def _lineage_storages(self, handle: str) -> dict:
-        # the host holds a lineage's token ids; its KV lives in vLLM's block pool (residue())
-        return {("tokens", handle): 8 * len(self._lineages[handle].tokens)}
 
 
 __all__ = ["RESTORE_BOUNDS", "VllmEngine", "get_margin", "get_restore_bound"]

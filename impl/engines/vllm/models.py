@@ -57,7 +57,7 @@ class VllmModel(TokenizerMethods):
     eos_ids: tuple[int, ...]
     vocab_size: int
     block_size: int
-    determinism: str
+    determinism_statement: str  # what repeatability is and is not promised, in words
     device: str = "cpu"
     dtype: str = "float32"
     info: dict = field(default_factory=dict)
@@ -164,7 +164,7 @@ def load_vllm(name_or_path: str | os.PathLike = "tiny", cache_dir: str | os.Path
     block = adapter.block_size(llm)
     vocab = adapter.vocab_size(llm)
     return VllmModel(name=name, source=str(folder), llm=llm, tokenizer=tok, eos_ids=eos, vocab_size=vocab,
-                     block_size=block, determinism=_determinism_text(block), device=platform,
+                     block_size=block, determinism_statement=_determinism_text(block), device=platform,
                      dtype=options.dtype, info={"vllm": adapter.version(), "load_s": round(time.perf_counter() - t0, 3),
                                                 "options": options})
 

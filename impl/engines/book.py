@@ -1,0 +1,488 @@
+"""The lineage book: the verbs of :class:`unsee.impl.engines.protocol.Engine`
+written once, over a KV backend that each engine supplies.
+
+The book keeps string handles to lineage objects, an LRU clock, the KV
+budget (:class:`~unsee.impl.engines.lineage.Budget`) and the prefix cache
+(B5'). What differs between engines is where a lineage's KV lives and how a
+forward reaches the model: that is the engine's backend (``engine.kv``), a
+small object with no verbs of its own (:class:`LineageStore`, and for an
+engine that computes its own KV, :class:`KVBackend`):
+
+* transformers: :class:`unsee.impl.engines.hf.kv.HFKV` (a cache per lineage);
+* llama.cpp: :class:`unsee.impl.engines.llamacpp.rows.LlamaRows` (one
+  resident sequence, the others parked as rows);
+* vLLM: its lineages are token ids and a salt; it answers prefill and
+  generate with requests of its own.
+
+Every verb and every step names the lineage it works on. The budget spares
+the lineage the last prefill, generate or new_lineage named (its caller is
+still working on it); nothing else remembers it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import operator
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import replace
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+
+from unsee.impl.engines.counts import Counters
+from unsee.impl.engines.lineage import (
+    Budget,
+    EvictedLineageError,
+    as_int,
+    find_cached_chunk,
+    is_cache_source,
+    take_served_chunk,
+)
+from unsee.impl.engines.protocol import Assist
+from unsee.impl.engines.speculation import DraftPolicy
+from unsee.impl.engines.turn import Turn, decode_turn
+from unsee.impl.util.ids import compute_lineage_handle
+
+#: ``on_forward(n_tokens, started)``: a hook on every model forward (``started``: its ``time.perf_counter()``)
+OnForward = Callable[[int, float], None]
+#: the hooks a backend reports its forwards to: ``(on_forward, on_commit or None)``
+ForwardHookList = list[tuple[OnForward, "OnForward | None"]]
+
+
+def report_forward(hooks: ForwardHookList, n_tokens: int, started: float, commit: bool) -> None:
+    """Tell every hook that a forward of ``n_tokens`` ended (a backend calls
+    it after its forward; ``commit``: the forward commits a decoded turn)."""
+    for on_forward, on_commit in list(hooks):
+        (on_commit if commit and on_commit is not None else on_forward)(n_tokens, started)
+
+
+@runtime_checkable
+class LineageStore(Protocol):
+    """Where an engine's lineages live: a new one, a fork, what one holds, its release."""
+
+    def new(self) -> Any:
+        """A new empty lineage object."""
+
+    def fork(self, handle: str, src: Any, n: int) -> Any:
+        """A new lineage object holding the first ``n`` tokens of ``src`` (lineage ``handle``)."""
+
+    def storages(self, handle: str, lin: Any, full: bool) -> dict:
+        """The storages ``{key: bytes}`` ``lin`` holds; ``full``: as memory
+        counts them, else as the budget does (it may skip what only a spared
+        lineage holds)."""
+
+    def free(self, handle: str) -> None:
+        """Release what the backend holds for ``handle`` outside its lineage object."""
+
+
+@runtime_checkable
+class KVBackend(LineageStore, Protocol):
+    """A backend that computes its own KV (transformers, llama.cpp): its
+    lineages are :class:`~unsee.impl.engines.lineage.ChunkedLineage` objects.
+    It reports each forward to ``hooks`` (:func:`report_forward`): the book's
+    :meth:`~LineageBook.hook_forwards` adds to them."""
+
+    hooks: ForwardHookList
+
+    def forward(self, handle: str, lin: Any, ids: list[int], all_logits: bool, commit: bool = False) -> Any:
+        """One forward over ``ids`` at the lineage's end, appending them to
+        ``lin.tokens``: the logits after the last (or after each, (n, vocab));
+        reported to ``hooks`` (``commit``: it commits a decoded turn)."""
+
+    def truncate(self, handle: str, lin: Any, n: int) -> None:
+        """Keep the first ``n`` tokens and their KV (a step: the history is the caller's)."""
+
+    def take_rows(self, handle: str, lin: Any, src_handle: str, src: Any, n: int) -> None:
+        """Give ``lin`` the KV of ``src``'s first ``n`` positions (shared where it can be)."""
+
+    def check_room(self, lin: Any, ids: list[int]) -> None:
+        """Refuse a prefill the backend cannot hold (a ValueError), or nothing."""
+
+    def digest(self, handle: str, lin: Any) -> str:
+        """sha256 of the lineage's KV by position."""
+
+    def to_torch(self, logits: Any) -> torch.Tensor | None:
+        """The backend's logits as a float32 CPU torch tensor (shared, not copied)."""
+
+    def from_torch(self, logits: torch.Tensor | None) -> Any:
+        """A torch tensor back as the backend's logits."""
+
+
+class TurnLineage:
+    """A lineage as a decoding turn sees it
+    (:class:`unsee.impl.engines.turn.TurnLineage`): its tokens and last logits
+    (torch), a crop, and two forwards of its backend."""
+
+    __slots__ = ("handle", "kv", "lin")
+
+    def __init__(self, kv: KVBackend, handle: str, lin: Any):
+        self.kv, self.handle, self.lin = kv, handle, lin
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.lin.tokens
+
+    @property
+    def last_logits(self) -> torch.Tensor | None:
+        return self.kv.to_torch(self.lin.last_logits)
+
+    @last_logits.setter
+    def last_logits(self, logits: torch.Tensor | None) -> None:
+        self.lin.last_logits = self.kv.from_torch(logits)
+
+    def truncate(self, n: int) -> None:
+        self.kv.truncate(self.handle, self.lin, n)
+
+    def forward_last(self, ids: list[int]) -> torch.Tensor:
+        return self.kv.to_torch(self.kv.forward(self.handle, self.lin, ids, False))
+
+    def forward_all(self, ids: list[int]) -> torch.Tensor:
+        return self.kv.to_torch(self.kv.forward(self.handle, self.lin, ids, True))
+
+
+class LineageBook:
+    """The verbs that name a lineage, over ``self.kv`` (the module docstring).
+    An engine is a book plus its backend, its model (``lm``), its
+    :class:`~unsee.impl.engines.protocol.Determinism`, its draft settings
+    (``draft_bound``, ``draft_policy``, ``max_forward``: the longest forward
+    whose rows equal decoding's, or None) and any verbs of its own."""
+
+    lm: Any
+    draft_bound: float | None
+    draft_policy: DraftPolicy | None
+    max_forward: int | None = None
+
+    def __init__(self, kv: LineageStore, kv_budget: int | None = None):
+        self.kv = kv
+        self.counters = Counters()
+        self._lineages: dict = {}
+        self._next_id = 0
+        self._clock = 0
+        self._serving = False  # inside `prefix_cache()`
+        self._cache_sources: tuple[set[str], int] | None = None  # (handles, first new id); None: all
+        self.budget = Budget(self, kv_budget)
+
+    # --- lineages
+
+    def new_lineage(self) -> str:
+        """A new empty lineage (spared by the budget until another verb names another)."""
+        handle = self._fresh_handle()
+        self._lineages[handle] = self.kv.new()
+        self.budget.spare(handle)
+        self._touch(handle)
+        return handle
+
+    def fork(self, lineage: str, n_tokens: int | None = None) -> str:
+        """A new lineage holding the first ``n_tokens`` (default: all) of
+        ``lineage``, independent of it from then on (the backend shares what
+        it can: copy-on-write views, slices of parked rows, a cache salt);
+        the last logits come along only when the whole lineage is forked.
+        The source is not changed. The budget is enforced on return."""
+        src = self._use(lineage)
+        length = len(src.tokens)
+        n = length if n_tokens is None else self._check_prefix_length("fork", n_tokens, length)
+        handle = self._fresh_handle()
+        self._lineages[handle] = self.kv.fork(lineage, src, n)
+        self._touch(handle)
+        self.budget.enforce()
+        return handle
+
+    def tokens(self, lineage: str) -> list[int]:
+        """The token ids the lineage's cache holds (a copy)."""
+        return list(self._use(lineage).tokens)
+
+    def drop(self, lineage: str) -> None:
+        """Free a lineage's cache (or forget an evicted handle)."""
+        if self.budget.forget_evicted(lineage):
+            return
+        self._use(lineage)
+        self.release(lineage)
+
+    # --- the verbs of an engine that computes its own KV (self.kv is a KVBackend)
+
+    def prefill(self, lineage: str, token_ids: Iterable[int]) -> None:
+        """Exactly one forward over ``token_ids`` on ``lineage``, or, inside
+        :meth:`prefix_cache`, the same chunk served from a cached lineage."""
+        lin = self._use(lineage)
+        self.budget.spare(lineage)
+        self._prefill(lineage, lin, self._check_ids(token_ids))
+
+    def generate(self, lineage: str, max_new_tokens: int, stop_ids: Iterable[int] | None = None,
+                 temperature: float = 0.0, seed: int | None = None, assist: Assist | None = None) -> list[int]:
+        """Decode up to ``max_new_tokens`` ids on ``lineage`` and commit them
+        canonically (as one prefilled chunk). Returns the ids.
+
+        Greedy when temperature == 0; otherwise an exponential race seeded by
+        (``seed``, position in the turn) (``decoding.get_scores``), so a run is
+        repeatable whatever the device. Stops after a stop id (it is included
+        and committed) or at max_new_tokens. stop_ids=None means the model's
+        eos_ids; pass () to never stop early.
+
+        ``assist`` (:class:`~unsee.impl.engines.protocol.Assist`; each part
+        needs ``draft_bound``) changes no token: a ``draft`` (the tokens this
+        turn had before a forget) is verified instead of decoded where the
+        decoding rule agrees with it stably (impl/agent/drafts.py explains the
+        guard); ``probe`` feeds the draft's first token as one decode step
+        first and checks its second there; ``lookup`` feeds each decided token
+        with a guess from the lineage's own tokens (``decoding.get_lookup``).
+        The turn itself is :func:`unsee.impl.engines.turn.decode_turn`. After a
+        draft accepted whole its verification chunk *is* the canonical chunk
+        and the logits after the turn are not kept (another matmul shape), so
+        a prefill must come before the next generate."""
+        self._use(lineage)
+        self.budget.spare(lineage)
+        assist = assist or Assist()
+        max_new_tokens = self._check_generate(max_new_tokens, temperature, seed, assist)
+        lin = self._get_decodable(lineage)
+        draft = self._check_ids(assist.draft, allow_empty=True)[:max_new_tokens] if assist.draft is not None else []
+        stops = set(self.lm.eos_ids if stop_ids is None else (int(s) for s in stop_ids))
+        start, header_logits = len(lin.tokens), lin.last_logits
+        lin.decode_logits[start] = header_logits  # what a prefix cache needs to serve this position
+        turn = Turn(TurnLineage(self.kv, lineage, lin), self.counters, start,
+                    self.kv.to_torch(header_logits), max_new_tokens, stops, temperature, seed, self.draft_bound,
+                    max_forward=self.max_forward, policy=self.draft_policy)
+        try:
+            out, committed = decode_turn(turn, replace(assist, draft=draft))
+        except BaseException:
+            self.kv.truncate(lineage, lin, start)  # interrupted mid-turn: the lineage as it was
+            lin.last_logits = header_logits
+            raise
+        self._commit_turn(lineage, lin, start, out, committed)
+        return out
+
+    def logits(self, lineage: str) -> torch.Tensor | None:
+        """The logits after the lineage's last prefill (float32, on the CPU, a
+        copy), or None where a crop or a draft accepted whole left none."""
+        lin = self._use(lineage)
+        if lin.last_logits is None and lin.served_last:
+            self._recompute_served_chunk(lineage, lin)
+        logits = self.kv.to_torch(lin.last_logits)
+        return None if logits is None else logits.detach().to("cpu", torch.float32).clone()
+
+    def digest(self, lineage: str) -> str:
+        """sha256 of the lineage's KV by position (the backend's). Any empty
+        lineage has the same digest, however it got empty."""
+        return self.kv.digest(lineage, self._use(lineage))
+
+    @contextlib.contextmanager
+    def hook_forwards(self, on_forward: OnForward, on_commit: OnForward | None = None) -> Iterator[None]:
+        """Call ``on_forward(n_tokens, started)`` after every model forward in
+        the block; with ``on_commit``, the forward that commits a decoded turn
+        as its canonical chunk calls that instead (a profiler tells it apart)."""
+        entry = (on_forward, on_commit)
+        self.kv.hooks.append(entry)
+        try:
+            yield
+        finally:
+            self.kv.hooks.remove(entry)
+
+    # --- what the budget reads and does
+
+    @property
+    def resident(self) -> dict:
+        """handle -> lineage object, of the resident lineages (read only)."""
+        return self._lineages
+
+    def get_lineage(self, lineage: str):
+        """The lineage object of ``lineage`` (the LRU clock does not move)."""
+        return self._lineages[lineage]
+
+    def touch(self, lineage: str) -> None:
+        """Check that ``lineage`` is resident and mark it used now (the LRU clock)."""
+        self._use(lineage)
+
+    def get_storages(self, handle: str) -> dict:
+        return self.kv.storages(handle, self._lineages[handle], True)
+
+    def get_budget_storages(self, handle: str) -> dict:
+        return self.kv.storages(handle, self._lineages[handle], False)
+
+    def release(self, handle: str) -> None:
+        """Free ``handle``'s cache and forget it (a drop, or the budget's eviction)."""
+        self.kv.free(handle)
+        del self._lineages[handle]
+        self.budget.released(handle)
+
+    # --- the prefix cache (B5')
+
+    @contextlib.contextmanager
+    def prefix_cache(self, sources: Iterable[str] | None = None) -> Iterator[LineageBook]:
+        """Serve prefills inside the block from a prefix cache (B5').
+
+        The cache holds the lineages ``sources`` (default: every resident
+        one) and every lineage created inside the block, as a serving engine
+        caches what it computes. A prefill of chunk ``c`` on a lineage whose
+        chunks so far are ``c_1..c_k`` is served by another cached lineage
+        whose first ``k + 1`` chunks are ``c_1..c_k, c``, token ids and
+        boundaries both: the lineage then holds that lineage's KV of those
+        positions (nothing is computed; ``reused_tokens`` counts it). Whole
+        chunks of the same chunking only, so the KV is the one a prefill
+        would compute, bit for bit (the engine's same-chunking identity).
+        Evicted sources are simply not in the cache."""
+        previous = self._serving, self._cache_sources
+        self._serving = True
+        self._cache_sources = None if sources is None else ({h for h in sources if h in self._lineages},
+                                                             self._next_id)
+        try:
+            yield self
+        finally:
+            self._serving, self._cache_sources = previous
+
+    # --- the steps of the verbs, each naming its lineage
+
+    def _prefill(self, handle: str, lin, ids: list[int], commit: bool = False) -> None:
+        """One chunk ``ids`` on ``lin``: served inside :meth:`prefix_cache`
+        where a cached lineage has it, else one forward (``commit``: the one
+        that commits a decoded turn)."""
+        self.kv.check_room(lin, ids)
+        if self._serve(handle, lin, ids):
+            self.counters.reused_tokens += len(ids)
+        else:
+            start = len(lin.tokens)
+            lin.last_logits = self.kv.forward(handle, lin, ids, False, commit)
+            lin.record_chunk(start)
+            lin.served_last = False
+            self.counters.forward_calls += 1
+            self.counters.prefilled_tokens += len(ids)
+        lin.changed()
+        self.budget.enforce()
+
+    def _commit_turn(self, handle: str, lin, start: int, out: list[int], committed: bool) -> None:
+        """Leave the turn ``out`` on ``lin`` as the one chunk a replay redoes."""
+        if committed:
+            # the verification chunk is the turn's canonical chunk: record it
+            # as prefill would, so a prefix cache can serve this lineage later
+            lin.record_chunk(start)
+            lin.served_last = False
+            lin.changed()
+            self.budget.enforce()
+        elif out and not self._commit_decoded(handle, lin, start, out):
+            # Canonicalise: decode steps (and verification chunks) wrote the turn in
+            # other chunks; replace them by one prefill of g_1..g_n, which a replay can redo.
+            self.kv.truncate(handle, lin, start)
+            self._prefill(handle, lin, out, commit=True)
+
+    def _commit_decoded(self, handle: str, lin, start: int, out: list[int]) -> bool:
+        """Commit a decoded turn without re-prefilling it, where that is the
+        same KV: a turn of at most ``max_forward`` tokens, whose rows before
+        its last token the turn's own forwards wrote (each of at most
+        ``max_forward`` tokens, so each row equal to a decode step's, and to
+        the row a one-chunk prefill of the turn writes: llamacpp/facts.py).
+        Feeds the last token alone for the logits after it. False (nothing
+        changed) where it does not apply. Inside a prefix cache too, so that
+        B5' does the work B5 does, less what it serves."""
+        cap = self.max_forward
+        if not cap or len(out) > cap:
+            return False
+        if lin.tokens[start:start + len(out) - 1] != out[:-1]:
+            return False
+        self.kv.truncate(handle, lin, start + len(out) - 1)
+        lin.last_logits = self.kv.forward(handle, lin, out[-1:], False)
+        lin.record_chunk(start)
+        lin.served_last = False
+        self.counters.forward_calls += 1
+        self.counters.prefilled_tokens += 1
+        self.budget.enforce()
+        return True
+
+    def _serve(self, handle: str, lin, ids: list[int]) -> bool:
+        """Inside :meth:`prefix_cache`, serve chunk ``ids`` on ``lin`` from
+        another cached lineage (:func:`find_cached_chunk`); False if none has
+        it, or outside the block, or ``lin`` is not an unbroken chunk sequence."""
+        if not self._serving or not lin.is_chunk_end(len(lin.tokens)):
+            return False
+        found = find_cached_chunk(self._lineages, lambda h: is_cache_source(self._cache_sources, h), lin, ids)
+        if found is None:
+            return False
+        src_handle, src, logits = found
+        self.kv.take_rows(handle, lin, src_handle, src, len(lin.tokens) + len(ids))
+        take_served_chunk(lin, src, ids, logits)
+        self._touch(src_handle)
+        return True
+
+    def _get_decodable(self, handle: str):
+        """The lineage ``handle``, with the logits a decode continues from."""
+        lin = self._use(handle)
+        if lin.last_logits is None and lin.served_last:
+            self._recompute_served_chunk(handle, lin)  # a served chunk whose logits were not kept
+        if lin.last_logits is None:
+            raise RuntimeError(f"generate on lineage {handle!r}: no logits to continue from; "
+                               "prefill first (a new lineage or a crop has none)")
+        return lin
+
+    def _recompute_served_chunk(self, handle: str, lin) -> None:
+        """Compute the last (served) chunk for real, for the logits a decode needs."""
+        end = lin.chunk_ends.pop()
+        start = lin.chunk_ends[-1] if lin.chunk_ends else 0
+        ids = lin.tokens[start:end]
+        self.kv.truncate(handle, lin, start)
+        lin.decode_logits = {p: t for p, t in lin.decode_logits.items() if p <= start}
+        lin.served_last = False
+        self.counters.reused_tokens -= len(ids)  # it was not reused after all
+        lin.last_logits = self.kv.forward(handle, lin, ids, False)
+        lin.chunk_ends.append(end)
+        lin.changed()
+        self.counters.forward_calls += 1
+        self.counters.prefilled_tokens += len(ids)
+
+    # --- checks and the clock
+
+    def _use(self, lineage: str):
+        """The lineage object of ``lineage``, checked and touched (the LRU clock)."""
+        if lineage not in self._lineages:
+            if self.budget.is_evicted(lineage):
+                raise EvictedLineageError(
+                    f"lineage {lineage!r} was evicted by the KV budget ({self.budget.limit} bytes); "
+                    "rebuild it by prefill from a checkpoint's manifest")
+            raise KeyError(f"unknown lineage {lineage!r}; live: {sorted(self._lineages)}")
+        self._touch(lineage)
+        return self._lineages[lineage]
+
+    def _fresh_handle(self) -> str:
+        """The next handle (never reused, even after a drop)."""
+        handle = compute_lineage_handle(self._next_id)
+        self._next_id += 1
+        return handle
+
+    def _touch(self, handle: str) -> None:
+        self._clock += 1
+        self._lineages[handle].last_used = self._clock
+
+    def _check_prefix_length(self, verb: str, n_tokens, length: int) -> int:
+        """``n_tokens`` as an int in ``[0, length]`` (a lineage's length), or a
+        ValueError naming ``verb`` before anything changes."""
+        n = as_int(n_tokens)
+        if n is None or not 0 <= n <= length:
+            raise ValueError(f"{verb}: n_tokens={n_tokens!r} is outside [0, {length}] (the lineage's length)")
+        return n
+
+    def _check_generate(self, max_new_tokens, temperature: float, seed: int | None, assist: Assist) -> int:
+        """Check ``generate``'s arguments before anything changes; returns
+        ``max_new_tokens`` as an int. A draft or a context lookup needs the
+        engine's measured prefill-versus-decode bound (``draft_bound``; None:
+        drafts off)."""
+        if as_int(max_new_tokens) is None or max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens={max_new_tokens!r} must be an int >= 0")
+        if temperature < 0:
+            raise ValueError(f"temperature={temperature!r} must be >= 0")
+        if temperature > 0 and seed is None:
+            raise ValueError(f"temperature={temperature!r} > 0 needs a seed for repeatable sampling")
+        if (assist.draft is not None or assist.lookup) and self.draft_bound is None:
+            what = "a draft" if assist.draft is not None else "lookup=True"
+            raise ValueError(f"generate: {what} needs a measured discrepancy bound, and none is known for "
+                             f"{self.lm.name} on {self.lm.device} {self.lm.dtype} (drafts are off there)")
+        return int(max_new_tokens)
+
+    def _check_ids(self, token_ids: Iterable[int], allow_empty: bool = False) -> list[int]:
+        # Checked on the host: an out-of-range id on CUDA is a device assert
+        # that kills the process instead of an error we can report.
+        ids = [operator.index(t) for t in token_ids]  # ints only, no floats
+        if not ids and not allow_empty:
+            raise ValueError("prefill: token_ids is empty; a forward needs at least one token")
+        bad = [t for t in ids if not 0 <= t < self.lm.vocab_size]
+        if bad:
+            raise ValueError(f"prefill: token ids {bad[:5]} outside [0, {self.lm.vocab_size})")
+        return ids
+
+
+__all__ = ["ForwardHookList", "KVBackend", "LineageBook", "LineageStore", "OnForward", "TurnLineage", "report_forward"]

@@ -1,0 +1,220 @@
+"""The llama.cpp KV backend of :class:`~unsee.impl.engines.llamacpp.engine.LlamaCppEngine`:
+one lineage is its tokens, its parked KV rows, the logits a decode continues
+from and the prefill chunks that built it (:class:`LlamaLineage`);
+:class:`LlamaRows` is what the lineage book (:mod:`unsee.impl.engines.book`)
+asks of them: one context with one sequence holds the resident lineage, the
+others are parked on the host as rows (the engine's module docstring has the
+mapping)."""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import time
+
+import numpy as np
+import torch
+
+from unsee.impl.engines.book import ForwardHookList, report_forward
+from unsee.impl.engines.lineage import ChunkedLineage
+from unsee.impl.engines.llamacpp.facts import forward
+from unsee.impl.engines.llamacpp.model import LlamaCppModel, llama_module
+from unsee.impl.engines.llamacpp.state import KVState, SeqKV
+
+
+class LlamaLineage(ChunkedLineage):
+    """What the llama.cpp engine knows of one lineage (logits as float32
+    numpy arrays of the vocabulary's size)."""
+
+    __slots__ = ("kv",)
+
+    def __init__(self, tokens: list[int], kv: KVState | None, last_logits: np.ndarray | None):
+        super().__init__(tokens, last_logits)
+        self.kv = kv  # the parked rows; None while resident and changed since parked
+
+    def storages(self) -> dict:
+        """Distinct host buffers held: ``{key: bytes}`` (parked rows and kept logits)."""
+        out = self.kv.storages() if self.kv is not None else {}
+        for t in list(self.decode_logits.values()) + [self.last_logits]:
+            if t is not None:
+                out[id(t)] = t.nbytes
+        return out
+
+
+class LlamaRows:
+    """One llama.cpp context as the book's :class:`~unsee.impl.engines.book.KVBackend`:
+    sequence 0 holds the resident lineage (``resident``: its handle and
+    lineage object); every other lineage's rows are parked on the host and
+    never written to, so a fork is a slice and a clone is independent of its
+    source both ways. A forward or a crop first makes its lineage resident."""
+
+    def __init__(self, lm: LlamaCppModel):
+        lc = llama_module()
+        self.lm = lm
+        self.lc = lc
+        self.ctx = lm.new_context()  # freed with the backend
+        self.mem = lc.llama_get_memory(self.ctx)
+        self.batch = lc.llama_batch_init(lm.n_ctx, 0, 1)
+        self.v_trans = not lm.flash_attn  # llama.cpp stores V transposed without flash attention
+        self.resident: tuple[str, LlamaLineage] | None = None
+        self.hooks: ForwardHookList = []
+        lc.llama_memory_clear(self.mem, True)
+
+    def __del__(self):
+        try:
+            self.lc.llama_batch_free(self.batch)
+            self.lc.llama_free(self.ctx)
+        except Exception:  # noqa: BLE001, S110 (a half-built backend, or interpreter shutdown: nothing to free)
+            pass
+
+    # --- the book's backend
+
+    def new(self) -> LlamaLineage:
+        return LlamaLineage([], None, None)
+
+    def fork(self, handle: str, src: LlamaLineage, n: int) -> LlamaLineage:
+        lin = LlamaLineage(src.tokens[:n], self.park(handle, src).head(n), None)
+        lin.inherit(src, n)
+        return lin
+
+    def storages(self, handle: str, lin: LlamaLineage, full: bool) -> dict:
+        """Distinct host buffers ``lin`` holds: ``{key: bytes}``. The resident
+        lineage, changed since it was parked, holds none outside the context
+        unless ``full`` reads it out (what memory counts; the budget need
+        not: the resident lineage is the spared one, never evicted). The
+        context's own allocation (n_ctx cells, fixed) is not counted."""
+        if full:
+            self.park(handle, lin)
+        return lin.storages()
+
+    def free(self, handle: str) -> None:
+        """Empty the context's sequence if ``handle`` is the lineage it holds."""
+        if self.resident is not None and self.resident[0] == handle:
+            self.lc.llama_memory_clear(self.mem, True)
+            self.resident = None
+
+    def forward(self, handle: str, lin: LlamaLineage, ids: list[int], all_logits: bool,
+                commit: bool = False) -> np.ndarray:
+        """One llama_decode of ``ids`` after ``lin``'s tokens, appending them:
+        the logits after the last token, or after each (n, vocab)."""
+        self.make_resident(handle, lin)
+        start = len(lin.tokens)
+        if start + len(ids) > self.lm.n_ctx:
+            raise ValueError(f"{start} + {len(ids)} tokens exceed n_ctx={self.lm.n_ctx}")
+        started = time.perf_counter()
+        logits = forward(self.lc, self.ctx, self.batch, ids, start, all_logits, self.lm.vocab_size)
+        report_forward(self.hooks, len(ids), started, commit)
+        lin.tokens.extend(ids)
+        lin.kv = None
+        return logits
+
+    def truncate(self, handle: str, lin: LlamaLineage, n: int) -> None:
+        """Keep the first ``n`` tokens: ``llama_memory_seq_rm`` on the resident
+        sequence (the freed cells are the tail, so the next prefill writes
+        cells n.. as a fresh run does)."""
+        self.make_resident(handle, lin)
+        if not self.lc.llama_memory_seq_rm(self.mem, 0, n, -1):
+            raise RuntimeError(f"llama_memory_seq_rm refused to crop lineage {handle!r} to {n}")
+        if lin.kv is not None:
+            lin.kv = lin.kv.head(n)
+        del lin.tokens[n:]
+
+    def take_rows(self, handle: str, lin: LlamaLineage, src_handle: str, src: LlamaLineage, n: int) -> None:
+        kv = self.park(src_handle, src).head(n)
+        self.free(handle)  # the rows below replace the context's copy, if it held this lineage
+        lin.kv = kv
+
+    def check_room(self, lin: LlamaLineage, ids: list[int]) -> None:
+        if len(lin.tokens) + len(ids) > self.lm.n_ctx:
+            raise ValueError(f"prefill: {len(lin.tokens)} + {len(ids)} tokens exceed n_ctx={self.lm.n_ctx}")
+
+    def digest(self, handle: str, lin: LlamaLineage) -> str:
+        """sha256 over the K and V rows by position (see :meth:`SeqKV.digest_into`)."""
+        h = hashlib.sha256(b"unsee-llamacpp-kv-v1")
+        h.update(f"len={len(lin.tokens)};".encode())
+        kv = self.park(handle, lin)
+        if kv.n:
+            kv.digest_into(h)
+        return h.hexdigest()
+
+    def to_torch(self, logits: np.ndarray | None) -> torch.Tensor | None:
+        return None if logits is None else torch.from_numpy(logits)
+
+    def from_torch(self, logits: torch.Tensor | None) -> np.ndarray | None:
+        return None if logits is None else logits.numpy()
+
+    # --- the context
+
+    def park(self, handle: str, lin: LlamaLineage) -> KVState:
+        """The rows of ``lin``, reading them out of the context first if it
+        holds ``handle`` and changed since it was parked."""
+        if lin.kv is None:
+            if self.resident is not None and self.resident[0] == handle:
+                lin.kv = self.read_seq()
+            elif not lin.tokens:
+                lin.kv = KVState((SeqKV.empty(self.lm.n_layer, self.v_trans),))
+            else:
+                raise RuntimeError(f"lineage {handle!r} has neither rows nor residency")  # a bug, never input
+        return lin.kv
+
+    def make_resident(self, handle: str, lin: LlamaLineage) -> None:
+        """Load ``lin`` into sequence 0, parking the resident lineage first
+        (``llama_memory_clear`` + ``llama_state_seq_set_data``: loading into an
+        empty cache puts position p in cell p, the layout a fresh run has)."""
+        if self.resident is not None and self.resident[0] == handle:
+            return
+        if self.resident is not None:
+            self.park(*self.resident)
+        self.lc.llama_memory_clear(self.mem, True)
+        self.resident = None
+        kv = self.park(handle, lin)
+        if kv.n:
+            blob = kv.to_blob()
+            arr = (ctypes.c_uint8 * len(blob)).from_buffer_copy(blob)
+            if self.lc.llama_state_seq_set_data(self.ctx, arr, len(blob), 0) != len(blob):
+                raise RuntimeError(f"llama_state_seq_set_data could not load lineage {handle!r}")
+        self.resident = (handle, lin)
+
+    def read_blob(self, seq: int, flags: int = 0) -> bytes:
+        """Sequence ``seq``'s state blob (``flags``: llama.cpp's state-seq flags)."""
+        lc, ctx = self.lc, self.ctx
+        size = lc.llama_state_seq_get_size_ext(ctx, seq, flags)
+        buf = (ctypes.c_uint8 * size)()
+        got = lc.llama_state_seq_get_data_ext(ctx, buf, size, seq, flags)
+        if got != size:
+            raise RuntimeError(f"llama_state_seq_get_data wrote {got} of {size} bytes")
+        return bytes(buf)
+
+    def read_seq(self) -> KVState:
+        """Sequence 0's KV, read out of the context and parsed; with a
+        sliding-window cache, its rows of every position (:meth:`read_swa_rows`)."""
+        state = KVState.parse(self.read_blob(0), self.lm.n_layer, self.v_trans)
+        if len(state.caches) == 2 and state.caches[1].n:
+            state = state.with_cache(1, self.read_swa_rows(state.caches[1]))
+        return state
+
+    def read_swa_rows(self, last: SeqKV) -> SeqKV:
+        """The sliding-window cache's rows of every position of sequence 0.
+        llama.cpp keeps them all (the context asks for a full-size SWA cache)
+        but its state writer gives those of the last ``n_swa`` positions only
+        (``last``); the earlier ones are read window by window through
+        sequence 1: give it positions [0, p) (a copy of cell membership, no
+        data), read its sliding-window cache, take sequence 1 away again."""
+        lc, mem = self.lc, self.mem
+        parts = [last]
+        while int(parts[0].positions[0]) > 0:
+            end = int(parts[0].positions[0])
+            lc.llama_memory_seq_cp(mem, 0, 1, 0, end)
+            try:
+                blob = self.read_blob(1, lc.LLAMA_STATE_SEQ_FLAGS_SWA_ONLY)
+            finally:
+                lc.llama_memory_seq_rm(mem, 1, -1, -1)
+            window = SeqKV.parse(blob, len(last.k), self.v_trans)
+            if not window.n or int(window.positions[-1]) != end - 1:
+                raise RuntimeError(f"sliding-window rows before position {end} could not be read "
+                                   "(an unexpected llama.cpp state layout)")
+            parts.insert(0, window)
+        return SeqKV.concat(parts)
+
+
+__all__ = ["LlamaLineage", "LlamaRows"]
