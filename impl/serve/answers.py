@@ -20,6 +20,7 @@ from unsee.impl.serve.chat import check_messages, get_messages
 from unsee.impl.serve.conversation import Conversation
 from unsee.impl.serve.errors import bad_request
 from unsee.impl.serve.pool import Pool
+from unsee.impl.util.ids import ANSWER, compute_block_id
 
 
 def check_tools(pool: Pool, req: dict) -> None:
@@ -39,7 +40,7 @@ def get_target(pool: Pool, req: dict, owner: str) -> tuple[Conversation | None, 
 
 def get_usage(runtime, step_ids: list[str]) -> dict:
     """Tokens of a response's turns: the first turn's prompt, every turn's output."""
-    blocks = [runtime.graph[f"{s}/answer"] for s in step_ids]
+    blocks = [runtime.graph[compute_block_id(s, ANSWER)] for s in step_ids]
     output = sum(len(runtime.engine.lm.encode(b.text)) for b in blocks)
     return shapes.usage(blocks[0].token_span[0] if blocks else 0, output)
 

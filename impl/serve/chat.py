@@ -11,7 +11,7 @@ inside the engine's prefix cache (B5'), whose sources are the lineages of the
 owner's last :attr:`ChatCache.size` completions: a block whose chunk history
 and tokens equal a cached lineage's is served from that lineage's KV, which
 is the KV a prefill computes, bit for bit; nothing else is reused. Each API
-key has its own cache (:meth:`Pool.open_chat`), so ``cached_tokens`` tells no
+key has its own cache (:meth:`~unsee.impl.serve.pool.Pool.open_chat`), so ``cached_tokens`` tells no
 key what another sent. The cache never reads a conversation's lineages, so a
 conversation's forget has nothing to chase here.
 """
@@ -29,6 +29,7 @@ from unsee.impl.engines.protocol import PrefixCache
 from unsee.impl.serve.conversation import get_answer_items
 from unsee.impl.serve.errors import bad_request
 from unsee.impl.serve.turns import get_context_length
+from unsee.impl.util.ids import ANSWER, compute_block_id
 
 STEP = "chat"
 
@@ -153,7 +154,7 @@ class ChatCache:
                 self.engine.drop(runtime.lineage)
                 raise
         spent = self.engine.counters.snapshot() - before
-        block = runtime.graph[f"{STEP}/answer"]
+        block = runtime.graph[compute_block_id(STEP, ANSWER)]
         self.keep(runtime.lineage)
         items = get_answer_items(runtime, STEP)
         if listener is not None:

@@ -80,7 +80,7 @@ def get_prompt(runtime, step_id: str) -> list[int]:
     has no turn opening: its header is the plain one)."""
     if isinstance(runtime, ClientToolRuntime):
         return runtime.get_prompt(step_id)
-    block = runtime.graph[f"{step_id}/answer"]
+    block = runtime.graph[compute_block_id(step_id, ANSWER)]
     header = runtime.engine.lm.encode(runtime.renderer.render_header())
     return [t for p in block.parents for t in runtime.graph[p].tokens] + list(block.tokens[:len(header)])
 
@@ -88,7 +88,7 @@ def get_prompt(runtime, step_id: str) -> list[int]:
 def get_answer_items(runtime, step_id: str) -> list[dict]:
     """The items of the model's answer to ``step_id``: its text (a message, where it has text or no
     call) and its function calls."""
-    block = runtime.graph[f"{step_id}/answer"]
+    block = runtime.graph[compute_block_id(step_id, ANSWER)]
     complete = bool(block.tokens) and block.tokens[-1] in set(runtime.engine.lm.eos_ids)
     text, calls = (runtime.get_turn(step_id)[:2] if isinstance(runtime, ClientToolRuntime) else (block.text, ()))
     message_id, call_ids = get_answer_ids(compute_answer_key(step_id, get_prompt(runtime, step_id)), len(calls))
@@ -236,7 +236,7 @@ class Conversation:
         runtime = self.runtime
         for step in runtime.steps if runtime is not None else ():
             out += self.get_step_items(step, previous)
-            if f"{step.id}/answer" in runtime.graph:
+            if compute_block_id(step.id, ANSWER) in runtime.graph:
                 out += get_answer_items(runtime, step.id)
             previous = step.id
         return out + get_waiting_items(self.record)

@@ -3,7 +3,7 @@ model decodes.
 
 The model work runs in a worker thread holding the conversation's lock and
 the engine's; a :class:`TurnStream` is the runtime's listener there
-(:meth:`ClientToolRuntime._decode`): after each forward it decodes the
+(:meth:`~unsee.impl.agent.tools.client.ClientToolRuntime._decode`): after each forward it decodes the
 turn's tokens so far and reports the text that can be sent (not the start
 of a call, not a cut character), and after each step the answer's items.
 Reports cross to the event loop through an asyncio queue
@@ -32,6 +32,7 @@ from unsee.impl.agent.tools.native import CallFormat, split_stream_text
 from unsee.impl.serve import shapes
 from unsee.impl.serve.conversation import compute_answer_key, get_answer_ids
 from unsee.impl.serve.errors import ApiError, server_error
+from unsee.impl.util.ids import get_step_id
 
 log = logging.getLogger("unsee.serve")
 Emit = Callable[[tuple], None]
@@ -58,7 +59,7 @@ class TurnStream:
 
     def begin(self, block_id: str, prompt: list[int]) -> None:
         self.sent = ""
-        self.emit(("begin", compute_answer_key(block_id.rsplit("/", 1)[0], prompt)))
+        self.emit(("begin", compute_answer_key(get_step_id(block_id), prompt)))
 
     def tokens(self, ids: list[int]) -> None:
         if self.forced:

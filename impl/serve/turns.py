@@ -11,7 +11,7 @@
 - :func:`resume`: after the client's outputs for that call, the held inputs
   replayed as the client would send them, until the next such call.
 
-Each function runs with the conversation's lock and the engine's held (:meth:`Pool.hold`).
+Each function runs with the conversation's lock and the engine's held (:meth:`~unsee.impl.serve.pool.Pool.hold`).
 """
 
 from __future__ import annotations

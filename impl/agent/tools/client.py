@@ -50,6 +50,7 @@ from unsee.impl.agent.provenance import RuntimeBlock
 from unsee.impl.agent.runtime import AgentRuntime
 from unsee.impl.agent.tools.native import CallFormat, FunctionCall, get_call_format, parse_turn
 from unsee.impl.engines.protocol import Engine, ForwardHooks
+from unsee.impl.util.ids import ANSWER, SYSTEM, compute_block_id
 
 #: The name the extension is recorded under (the session record's ``extra``).
 CLIENT = "client_tools"
@@ -155,7 +156,7 @@ class ClientTools:
     def after_plan(self, runtime, step: Step, plan: RuntimeBlock) -> None:
         """Plans are not a client-tool session's steps."""
 
-    def get_snapshot_id(self, runtime) -> str | None:
+    def take_snapshot(self, runtime) -> str | None:
         return None
 
     def branch(self, runtime, checkpoint: Checkpoint | None) -> ClientTools:
@@ -252,7 +253,7 @@ class ClientToolRuntime(AgentRuntime):
         own = frozenset(i.source for i in step.items)
         self.append_block(step.id, "tool" if step.kind == "tool" else "user", self.get_observation(step),
                           parents=tuple(self.context), sources=self.get_resident_sources() | own)
-        self._answer(f"{step.id}/answer", "answer", header_suffix=self.get_opening(config))
+        self._answer(compute_block_id(step.id, ANSWER), "answer", header_suffix=self.get_opening(config))
 
     def get_observation(self, step: Step) -> str:
         """The block a step's observation is prefilled as, after the live context: tool outputs
@@ -283,7 +284,7 @@ class ClientToolRuntime(AgentRuntime):
         lineage = self.engine.new_lineage()
         self.engine.prefill(lineage, list(ids))
         self._update(lineage=lineage, context=())
-        self.commit_block(RuntimeBlock(f"{step.id}/system", "system", first, ids, (), frozenset(), (0, len(ids)),
+        self.commit_block(RuntimeBlock(compute_block_id(step.id, SYSTEM), "system", first, ids, (), frozenset(), (0, len(ids)),
                                        self.t))
         for n, block in enumerate(blocks, start=1):
             start = len(self.engine.tokens(self.lineage))
@@ -315,7 +316,7 @@ class ClientToolRuntime(AgentRuntime):
         (:func:`~unsee.impl.agent.tools.native.parse_turn`; past the first call where the config
         allows one call only)."""
         config = self.get_config(step_id)
-        block = self.graph[f"{step_id}/answer"]
+        block = self.graph[compute_block_id(step_id, ANSWER)]
         opening = self.get_opening(config)
         text, calls, ok = parse_turn(self.call_format, opening + block.text if opening else block.text,
                                      config.get_names())
@@ -327,7 +328,7 @@ class ClientToolRuntime(AgentRuntime):
 
     def get_prompt(self, step_id: str) -> list[int]:
         """The tokens the answer to ``step_id`` was decoded after (its context and header)."""
-        block = self.graph[f"{step_id}/answer"]
+        block = self.graph[compute_block_id(step_id, ANSWER)]
         header = self.engine.lm.encode(self.renderer.render_header(self.get_opening(self.get_config(step_id))))
         return [t for p in block.parents for t in self.graph[p].tokens] + list(block.tokens[:len(header)])
 
