@@ -158,6 +158,33 @@ def get_ratio(row: dict, method: str, other: str, key: str = "cpu_s") -> float:
     return row["methods"][method][key] / row["methods"][other][key]
 
 
+def get_turns_ratio(row: dict) -> float:
+    """B7's model turns' CPU over the same turns decoded without drafts: the part of the
+    forget the drafts change (the rest, restores and observations' prefill, is the same work)."""
+    def total(method):
+        return sum(t["cpu_s"] for t in row["methods"][method]["turns"])
+    return total("replay") / total("replay-decode")
+
+
+def get_work_ratio(row: dict) -> float:
+    """The model turns' work in decode steps under the engine's cost model (a forward of n
+    tokens costs 1 + r (n - 1), r measured at load), B7's over the same turns without
+    drafts: what the CPU ratio measures without a shared machine's noise."""
+    r = row["methods"]["replay"].get("drafts", {}).get("policy", {}).get("per_token", 0.45)
+    def steps(method):
+        return sum(1 + r * (n - 1) for t in row["methods"][method]["turns"] for n in t["sizes"])
+    return steps("replay") / steps("replay-decode")
+
+
+def get_shared_ratio(row: dict) -> float:
+    """The CPU of the work both B7s do alike (everything but the model turns), B7's over the
+    other's: 1.0 on a quiet machine; its spread is the measurement's noise."""
+    def rest(method):
+        m = row["methods"][method]
+        return m["cpu_s"] - sum(t["cpu_s"] for t in m["turns"])
+    return rest("replay") / rest("replay-decode")
+
+
 def get_share(values: list[float], at_most: float) -> tuple[int, int]:
     return sum(v <= at_most for v in values), len(values)
 
@@ -170,11 +197,17 @@ def compute_summary(rows: list[dict], label: dict) -> dict:
         drafts = [get_ratio(r, "replay", "replay-decode") for r in group]
         prefix = [get_ratio(r, "replay", "reset-prefix-cache") for r in group]
         reset = [get_ratio(r, "replay", "reset") for r in group]
+        turns = [get_turns_ratio(r) for r in group]
+        shared = [get_shared_ratio(r) for r in group]
+        work = [get_work_ratio(r) for r in group]
         groups[name] = {
             "episodes": len(group), "drafts_ratio_median": statistics.median(drafts),
             "drafts_at_most_1": get_share(drafts, 1.0), "drafts_worst": max(drafts),
             "prefix_ratio_median": statistics.median(prefix), "prefix_at_most_1": get_share(prefix, 1.0),
             "prefix_worst": max(prefix), "reset_ratio_median": statistics.median(reset),
+            "turns_ratio_median": statistics.median(turns), "turns_at_most_1": get_share(turns, 1.0),
+            "shared_ratio_range": [min(shared), max(shared)],
+            "work_ratio_median": statistics.median(work), "work_at_most_1": get_share(work, 1.0),
             "tokens": {m: sum(r["methods"][m]["recomputed"] for r in group) for m in METHODS},
             "cpu_s": {m: round(sum(r["methods"][m]["cpu_s"] for r in group), 1) for m in METHODS},
             "exact": sum(all(r["equal_digests"].values()) for r in group)}
@@ -232,6 +265,19 @@ def get_goal_rows(group: dict) -> list[list[str]]:
              met(prefix[0] >= 0.90 * prefix[1])]]
 
 
+def get_noise_rows(group: dict) -> list[list[str]]:
+    """Beside the goals: the model turns alone (what the drafts change) and the noise
+    gauge (the same work's CPU in both B7s)."""
+    low, high = group["shared_ratio_range"]
+    return [["B7's model turns / the same turns without drafts: median", f"{group['turns_ratio_median']:.3f}x"],
+            ["  episodes where B7's turns took <= 1.0x", fmt_share(group["turns_at_most_1"])],
+            ["B7's model turns / without, in decode steps (the cost model, no noise): median",
+             f"{group['work_ratio_median']:.3f}x"],
+            ["  episodes where B7's turns cost <= 1.0x in decode steps", fmt_share(group["work_at_most_1"])],
+            ["the work both B7s do alike, B7's CPU / the other's: range (1.0 on a quiet machine)",
+             f"{low:.2f}x to {high:.2f}x"]]
+
+
 def met(ok: bool) -> str:
     return "**met**" if ok else "**not met**"
 
@@ -241,6 +287,8 @@ def render_summary(summary: dict) -> str:
     label, groups = summary["label"], summary["groups"]
     lines = [get_label_line(label), ""]
     lines += render_table(["goal (CPU time, same process)", "measured", ""], get_goal_rows(groups["all"]))
+    if "turns_ratio_median" in groups["all"]:
+        lines += ["", *render_table(["where the drafts act, and the noise", "measured"], get_noise_rows(groups["all"]))]
     lines += ["", *render_table(
         ["suite", "episodes", "B7 / B7 without drafts: median", "<= 1.0x", "worst", "B7 / B5': median", "<= 1.0x",
          "worst", "B7 / B5: median", "tokens B7 / without / B5' / B5", "= B5"],

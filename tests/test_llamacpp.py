@@ -224,8 +224,8 @@ def test_a_conflicting_engine_is_refused_and_changes_nothing(stored, capsys):
 
 @needs_llamacpp
 def test_store_records_the_options_the_bits_depend_on(engine, tmp_path):
-    """threads, flash attention, n_ctx and the kernels are recorded, and the engine the
-    store rebuilds has them, whatever this process's defaults."""
+    """threads (and batch threads), flash attention, n_ctx and the kernels are recorded,
+    and the engine the store rebuilds has them, whatever this process's defaults."""
     from unsee.impl.agent.runtime import AgentRuntime
     from unsee.impl.store.backend import load_stored_engine
     from unsee.impl.store.session import PersistentSession
@@ -240,8 +240,10 @@ def test_store_records_the_options_the_bits_depend_on(engine, tmp_path):
         assert store.load(rebuilt).digest() == runtime.digest()
     assert meta["backend"] == "llamacpp" and meta["model_ref"] == "tiny"
     assert json.loads(meta["engine_options"]) == {"threads": engine.lm.threads, "n_ctx": 256,
-                                                  "flash_attn": engine.lm.flash_attn, "exact_kernels": True}
+                                                  "flash_attn": engine.lm.flash_attn, "exact_kernels": True,
+                                                  "batch_threads": engine.lm.batch_threads}
     assert (rebuilt.lm.n_ctx, rebuilt.lm.flash_attn, rebuilt.lm.exact_kernels) == (256, engine.lm.flash_attn, True)
+    assert rebuilt.lm.batch_threads == engine.lm.batch_threads
 
 
 @needs_llamacpp
@@ -269,3 +271,28 @@ def test_demo_and_eval_run_on_llamacpp(tmp_path, capsys):
     assert all(r["equals_reset"] for r in rows)
     code, _, err = run_cli(capsys, *argv)  # resuming on another engine would mix two experiments
     assert code == 2 and "run with backend 'llamacpp', this run asks for 'transformers'" in err
+
+
+@needs_llamacpp
+def test_batch_threads_change_no_bit_of_a_forget(tmp_path):
+    """Prefill on two threads, decode on one (llama.cpp's n_threads_batch): the forget's
+    state digest and every turn's tokens equal the one-thread engine's, and the facts
+    measured at load (which forward sizes equal decoding) are keyed by the setting."""
+    from unsee.impl.agent.episode import parse_episode
+    from unsee.impl.agent.runtime import AgentRuntime
+    from unsee.impl.engines.llamacpp.facts import get_cache_key
+    from unsee.impl.engines.llamacpp.model import load_llamacpp
+    from unsee.impl.engines.registry import make_engine
+    from unsee.impl.methods.baselines import apply_method
+
+    episode = parse_episode(json.loads(EXAMPLE.read_text()))
+    results = {}
+    for batch in (1, 2):
+        lm = load_llamacpp("tiny", threads=1, batch_threads=batch, n_ctx=2048, cache_dir=tmp_path)
+        assert lm.batch_threads == batch and (f"{batch} for forwards" in lm.determinism_statement) == (batch == 2)
+        base = AgentRuntime.from_episode(make_engine(lm), episode)
+        runtime, result = apply_method(base, "replay", episode.target.source, episode.target.value)
+        results[batch] = (base.digest(), result.digest, [b.tokens for b in runtime.graph.blocks()])
+        results[f"key{batch}"] = get_cache_key(lm)
+    assert results[1] == results[2]
+    assert results["key1"] != results["key2"] and "batch_threads=2" in results["key2"]

@@ -46,7 +46,8 @@ LEGACY_BACKEND = DEFAULT_BACKEND
 #: and the near-ties the margin guard recomputes). The executor (``ray``, ``mp``) computes the
 #: same bits and is the caller's; salts are not recorded: a reopened session holds no cached
 #: block and draws fresh ones (impl/engines/vllm/engine.py).
-RECORDED_OPTIONS = {"transformers": ("attn",), "llamacpp": ("threads", "flash_attn", "n_ctx", "exact_kernels"),
+RECORDED_OPTIONS = {"transformers": ("attn",), "llamacpp": ("threads", "flash_attn", "n_ctx", "exact_kernels",
+                                                                  "batch_threads"),
                     "vllm": ("block_size", "max_model_len", "tensor_parallel_size", "pipeline_parallel_size")}
 #: The attention of a transformers store that records none (written before ``--attn`` existed).
 LEGACY_ATTN = "unsee_eager"

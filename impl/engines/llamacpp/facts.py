@@ -97,7 +97,9 @@ class DecodeFacts:
 
     def describe(self, lm) -> str:
         """Where the bound came from, in words (the forget report's draft reason)."""
-        where = (f"llama.cpp {os.path.basename(lm.source)}, {lm.threads} thread(s), flash attention "
+        batch = (f" ({lm.batch_threads} for forwards of several tokens)"
+                 if getattr(lm, "batch_threads", None) not in (None, lm.threads) else "")
+        where = (f"llama.cpp {os.path.basename(lm.source)}, {lm.threads} thread(s){batch}, flash attention "
                  f"{'on' if lm.flash_attn else 'off'}, "
                  f"{'per-row kernels' if lm.exact_kernels else 'repacked weights'}")
         if not lm.flash_attn:
@@ -237,9 +239,11 @@ def compute_equal_limit(sizes: Sequence[int], get_diff) -> tuple[int, float]:
 
 def get_cache_key(lm) -> str:
     """What the facts depend on: the file (path, size, mtime), the kernels
-    (repacking, ggml's tiled matmul), threads, flash attention, the library."""
+    (repacking, ggml's tiled matmul), threads (and batch threads where they differ), flash attention,
+    the library."""
     stat = Path(lm.source).stat()
-    return (f"{FACTS_VERSION}|{Path(lm.source).resolve()}|{stat.st_size}|{stat.st_mtime_ns}|threads={lm.threads}"
+    batch = f"|batch_threads={lm.batch_threads}" if getattr(lm, "batch_threads", None) not in (None, lm.threads) else ""
+    return (f"{FACTS_VERSION}|{Path(lm.source).resolve()}|{stat.st_size}|{stat.st_mtime_ns}|threads={lm.threads}{batch}"
             f"|fa={int(lm.flash_attn)}|exact_kernels={int(lm.exact_kernels)}"
             f"|tiled_mm={lm.info.get('GGML_CPU_TILED_MM', '')}|llama_cpp={lm.info.get('llama_cpp_python', '?')}")
 

@@ -106,6 +106,13 @@ class LlamaCppModel:
     device: str = "cpu"
     dtype: str = "gguf"  # the file's own weight types; the KV is f16
     info: dict = field(default_factory=dict)
+    #: threads of forwards of more than one token (llama.cpp's n_threads_batch; None: ``threads``,
+    #: as a model made by hand has).
+    #: A one-token forward (a decode step) runs on ``threads``: at two threads its long-context
+    #: attention sums in another order, while a forward of several tokens gives the same bits at
+    #: any thread count (docs/bench.md, "Many sequences in one forward, and threads"), so prefill
+    #: can take every core and a turn's decode stay at one
+    batch_threads: int | None = None
     chat_template: str | None = None  # the GGUF's tokenizer.chat_template (None: ChatML)
     special_tokens: dict = field(default_factory=dict)  # bos_token/eos_token texts, for the template
     #: drafts' guard bound from this file's measured decode facts (facts.py): 0.0 where
@@ -185,7 +192,7 @@ class LlamaCppModel:
             cparams.n_seq_max = 2
             cparams.kv_unified = True
         cparams.n_threads = self.threads
-        cparams.n_threads_batch = self.threads
+        cparams.n_threads_batch = self.batch_threads or self.threads
         cparams.flash_attn_type = (lc.LLAMA_FLASH_ATTN_TYPE_ENABLED if self.flash_attn
                                    else lc.LLAMA_FLASH_ATTN_TYPE_DISABLED)
         cparams.no_perf = True
@@ -212,9 +219,10 @@ class LlamaCppModel:
             pass
 
 
-def _determinism_text(threads: int, flash_attn: bool, exact_kernels: bool) -> str:
+def _determinism_text(threads: int, flash_attn: bool, exact_kernels: bool, batch_threads: int | None = None) -> str:
     kernels = "per-row kernels (no repacking)" if exact_kernels else "repacked weights"
-    return (f"llama.cpp cpu, {threads} thread(s), flash attention {'on' if flash_attn else 'off'}, {kernels}, f16 KV: "
+    batch = f" ({batch_threads} for forwards of several tokens)" if batch_threads not in (None, threads) else ""
+    return (f"llama.cpp cpu, {threads} thread(s){batch}, flash attention {'on' if flash_attn else 'off'}, {kernels}, f16 KV: "
             "the same chunking repeats bitwise; crop + continue equals a fresh prefill; other chunkings, "
             "decode steps and thread counts may differ in the last bits (docs/engines.md)")
 
@@ -246,13 +254,15 @@ def resolve_gguf(key: str, cache_dir: str | os.PathLike | None = None) -> tuple[
 
 def load_llamacpp(name_or_path: str | os.PathLike = "smollm2", threads: int | None = None, n_ctx: int | None = None,
                   flash_attn: bool = True, cache_dir: str | os.PathLike | None = None,
-                  exact_kernels: bool | None = None) -> LlamaCppModel:
+                  exact_kernels: bool | None = None, batch_threads: int | None = None) -> LlamaCppModel:
     """Load a GGUF into llama.cpp: ``'smollm2'`` (the embedded SmolLM2 file),
     ``'tiny'`` or ``'tiny-<family>'`` (a tiny random GGUF, byte tokenizer), or
     a ``*.gguf`` path (:func:`resolve_gguf`).
 
     ``threads`` defaults to $UNSEE_LLAMA_THREADS or 1 (the KV may depend on
-    it: docs/engines.md); ``n_ctx`` (the longest lineage) to 4096.
+    it: docs/engines.md); ``batch_threads``, the threads of forwards of several tokens
+    (prefill, verification), to $UNSEE_LLAMA_BATCH_THREADS or ``threads``; ``n_ctx``
+    (the longest lineage) to 4096.
 
     ``exact_kernels`` (default: $UNSEE_LLAMA_KERNELS, else exact) keeps the weights in the file's layout (llama.cpp
     otherwise repacks Q4_K, Q4_0, ... for its CPU and sums 4 rows at a time its
@@ -268,6 +278,9 @@ def load_llamacpp(name_or_path: str | os.PathLike = "smollm2", threads: int | No
     threads = int(threads or os.environ.get("UNSEE_LLAMA_THREADS") or 1)
     if threads < 1:
         raise ValueError(f"threads={threads!r} must be >= 1")
+    batch_threads = int(batch_threads or os.environ.get("UNSEE_LLAMA_BATCH_THREADS") or threads)
+    if batch_threads < 1:
+        raise ValueError(f"batch_threads={batch_threads!r} must be >= 1")
     n_ctx = int(n_ctx or 4096)
     mparams = lc.llama_model_default_params()
     mparams.n_gpu_layers = 0
@@ -293,7 +306,8 @@ def load_llamacpp(name_or_path: str | os.PathLike = "smollm2", threads: int | No
         eos = tuple(sorted(i for i in ids if 0 <= i < n_vocab))
     lm = LlamaCppModel(name=name, source=str(path), eos_ids=eos, vocab_size=n_vocab,
                        n_layer=lc.llama_model_n_layer(model), n_ctx=n_ctx, threads=threads, flash_attn=flash_attn,
-                       determinism_statement=_determinism_text(threads, flash_attn, exact_kernels),
+                       determinism_statement=_determinism_text(threads, flash_attn, exact_kernels, batch_threads),
+                       batch_threads=batch_threads,
                        info={"llama_cpp_python": getattr(lc, "__version__", "?"),
                              TILED_MM_ENV: os.environ.get(TILED_MM_ENV, "")},
                        exact_kernels=exact_kernels)
