@@ -83,7 +83,7 @@ $(PEER_VENV)/.installed: $(PEER_CONSTRAINTS)
 	touch $@
 
 serve-peer: $(VENV)/.serve-installed $(VENV)/.llamacpp-installed $(PEER_VENV)/.installed
-	$(PY) -m unsee.bench.serve_peer --peer-python $(PEER_PY) --out out/serve-peer $(PEER_ARGS)
+	$(PY) -m unsee.bench.serve_peer --model qwen2.5-1.5b --peer-python $(PEER_PY) --out out/serve-peer $(PEER_ARGS)
 
 test: $(VENV)/.test-installed
 	$(PY) -m ruff check .

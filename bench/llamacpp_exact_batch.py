@@ -38,7 +38,6 @@ them), the same in every run. The kernels are the loader's
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
@@ -51,6 +50,7 @@ from pathlib import Path
 
 import numpy as np
 
+from unsee.bench import options
 from unsee.impl.engines.llamacpp.state import (
     BlobReader,
     KVState,
@@ -411,9 +411,8 @@ def parse_setting(text: str) -> tuple[int, int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m unsee.bench.llamacpp_exact_batch",
-                                     description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="qwen2.5-1.5b", help="a llama.cpp model name (qwen2.5-1.5b, tiny, ...)")
+    parser = options.get_parser("llamacpp_exact_batch", __doc__)
+    options.add_model(parser)  # a llama.cpp model: the measurements' own is qwen2.5-1.5b
     parser.add_argument("--part", choices=("batch", "threads", "all"), default="all")
     parser.add_argument("--sequences", default="2,4,8", help="k, the sequences decoded in one llama_decode")
     parser.add_argument("--batch-threads", default="1,2", help="thread counts the batch part runs at")
@@ -431,7 +430,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompts", default=",".join(map(str, PROMPTS)))
     parser.add_argument("--sizes", default=",".join(map(str, SIZES)), help="the threads part's chunk sizes")
     parser.add_argument("--steps", type=int, default=STEPS)
-    parser.add_argument("--out", help="write the rows as JSON here")
+    options.add_out(parser, help="write the rows as JSON here")
     args = parser.parse_args(argv)
     from unsee.impl.engines.registry import load_engine
 

@@ -59,6 +59,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from unsee.bench import options
+
 SYSTEM = "You are a helpful assistant."
 SYSTEMS = ("peer", "unsee-chat", "unsee")
 TOPICS = ("a bicycle", "a lighthouse", "the moon", "a library", "bread", "a river", "a violin", "a glacier",
@@ -418,8 +420,8 @@ def run_servers(args: argparse.Namespace, engine, work: Path) -> list[dict]:
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m unsee.bench.serve_peer", description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="qwen2.5-1.5b", help="a catalogue model (its GGUF) or a .gguf path")
+    parser = options.get_parser("serve_peer", __doc__)
+    options.add_model(parser)  # its GGUF serves both servers: the measurements' own is qwen2.5-1.5b
     parser.add_argument("--peer-python", default=".venv-peer/bin/python",
                         help="the interpreter with llama-cpp-python[server] (make serve-peer builds it)")
     parser.add_argument("--threads", type=int, default=1, help="threads of both servers")
@@ -435,7 +437,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help="the other conversation's turn starts this fraction of the first DELETE's "
                              "latency after the second DELETE")
     parser.add_argument("--start-timeout", type=float, default=1800, metavar="SECONDS")
-    parser.add_argument("--out", default="out/serve-peer", help="a folder: serve-peer.json, serve-peer.md, logs")
+    options.add_out(parser, "out/serve-peer", help="a folder: serve-peer.json, serve-peer.md, logs")
     args = parser.parse_args(argv)
     unknown = sorted(set(args.systems) - set(SYSTEMS))
     if unknown:

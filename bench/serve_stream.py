@@ -19,6 +19,7 @@ import tempfile
 import time
 
 from unsee import Settings, load_engine
+from unsee.bench import options
 from unsee.bench.serve_load import report
 
 QUESTIONS = ("Explain in a few sentences how a refrigerator keeps food cold.",
@@ -55,19 +56,19 @@ def run(args: argparse.Namespace) -> dict:
         turns = [stream_turn(client, conv, QUESTIONS[i % len(QUESTIONS)]) for i in range(args.turns)]
     ratios = [t["first_delta_s"] / t["turn_s"] for t in turns if t["first_delta_s"] is not None]
     return {"model": args.model, "backend": args.backend, "max_output_tokens": args.max_output_tokens,
-            "determinism": engine.lm.determinism, "turns": turns,
+            "determinism": engine.lm.determinism_statement, "turns": turns,
             "median_first_delta_s": statistics.median(t["first_delta_s"] or t["turn_s"] for t in turns),
             "median_turn_s": statistics.median(t["turn_s"] for t in turns),
             "median_ratio": statistics.median(ratios) if ratios else None}
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m unsee.bench.serve_stream", description=__doc__.split("\n")[0])
-    parser.add_argument("--model", default="tiny")
-    parser.add_argument("--backend", default="transformers")
+    parser = options.get_parser("serve_stream", __doc__)
+    options.add_model(parser)
+    options.add_backend(parser, "--backend")
     parser.add_argument("--turns", type=int, default=4)
     parser.add_argument("--max-output-tokens", type=int, default=64)
-    parser.add_argument("--out", help="write the figures as JSON here")
+    options.add_out(parser, help="write the figures as JSON here")
     args = parser.parse_args(argv)
     report(run(args), args.out)
     return 0
