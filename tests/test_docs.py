@@ -316,6 +316,19 @@ def test_cli_table_follows_the_parser_without_edits():
     assert compute_readme(stale) != stale  # the check sees a hand edit inside the region
 
 
+def test_bench_forget_policy_region_is_generated_from_its_summary():
+    """docs/bench.md's table of drafts on real episodes is rendered from the committed
+    summary (bench/forget_policy.py; its DOCS_COMMAND rewrites it)."""
+    import json
+
+    from unsee.bench.forget_policy import DOCS_COMMAND, REGION, SUMMARY_FILE, render_summary
+    from unsee.impl.cli.docs import get_region
+
+    summary = json.loads((ROOT / SUMMARY_FILE).read_text())
+    committed = get_region((ROOT / "docs" / "bench.md").read_text(), REGION, DOCS_COMMAND)
+    assert committed == render_summary(summary), f"docs/bench.md's {REGION} region differs: run {DOCS_COMMAND}"
+
+
 #: the line that labels a bench figure: build, attention, dtype, CPU and command (docs/bench.md, "Labels")
 FIGURE_LABEL = re.compile(r"> build (`[0-9a-f]{7,40}`|not recorded)[^·]* · attention [^·]+ · dtype [^·]+ · CPU [^·]+"
                           r" · command `[^`]*(python|pytest|make|unsee )[^`]*`")
