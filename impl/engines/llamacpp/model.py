@@ -252,6 +252,26 @@ def resolve_gguf(key: str, cache_dir: str | os.PathLike | None = None) -> tuple[
     return path, key, None
 
 
+def get_thread_count(name: str, value: int | None, variable: str, default: int) -> int:
+    """A thread count: ``value``, else $``variable``, else ``default``; at least 1."""
+    count = int(value or os.environ.get(variable) or default)
+    if count < 1:
+        raise ValueError(f"{name}={count!r} must be >= 1")
+    return count
+
+
+def get_eos_ids(lc, vocab, n_vocab: int) -> tuple[int, ...]:
+    """The ids that end a turn, as adapter.eos_ids_of reads them for transformers (the
+    same set on the same file, so both engines end turns alike): the file's EOS id and
+    the chat end marker. Not every id llama.cpp calls end-of-generation: for SmolLM2 it
+    also guesses <|endoftext|> (0) as EOT, where transformers stops on <|im_end|> (2) alone."""
+    ids = {lc.llama_vocab_eos(vocab)}
+    buf = (lc.llama_token * 4)()
+    if lc.llama_tokenize(vocab, b"<|im_end|>", 10, buf, 4, False, True) == 1:
+        ids.add(buf[0])
+    return tuple(sorted(i for i in ids if 0 <= i < n_vocab))
+
+
 def load_llamacpp(name_or_path: str | os.PathLike = "smollm2", threads: int | None = None, n_ctx: int | None = None,
                   flash_attn: bool = True, cache_dir: str | os.PathLike | None = None,
                   exact_kernels: bool | None = None, batch_threads: int | None = None) -> LlamaCppModel:
@@ -275,12 +295,8 @@ def load_llamacpp(name_or_path: str | os.PathLike = "smollm2", threads: int | No
     lc = llama_module()
     _init_backend(lc, exact_kernels)
     path, name, tokenizer = resolve_gguf(os.fspath(name_or_path), cache_dir)
-    threads = int(threads or os.environ.get("UNSEE_LLAMA_THREADS") or 1)
-    if threads < 1:
-        raise ValueError(f"threads={threads!r} must be >= 1")
-    batch_threads = int(batch_threads or os.environ.get("UNSEE_LLAMA_BATCH_THREADS") or threads)
-    if batch_threads < 1:
-        raise ValueError(f"batch_threads={batch_threads!r} must be >= 1")
+    threads = get_thread_count("threads", threads, "UNSEE_LLAMA_THREADS", 1)
+    batch_threads = get_thread_count("batch_threads", batch_threads, "UNSEE_LLAMA_BATCH_THREADS", threads)
     n_ctx = int(n_ctx or 4096)
     mparams = lc.llama_model_default_params()
     mparams.n_gpu_layers = 0
@@ -291,19 +307,7 @@ def load_llamacpp(name_or_path: str | os.PathLike = "smollm2", threads: int | No
     check_exact_layout(lc, model, path)
     vocab = lc.llama_model_get_vocab(model)
     n_vocab = lc.llama_vocab_n_tokens(vocab)
-    if tokenizer is not None:
-        eos = (tokenizer.eos_token_id,)
-    else:
-        # as adapter.eos_ids_of does for transformers (the same set on the same
-        # file, so both engines end turns alike): the file's EOS id and the
-        # chat end marker. Not every id llama.cpp calls end-of-generation:
-        # for SmolLM2 it also guesses <|endoftext|> (0) as EOT, where
-        # transformers stops on <|im_end|> (2) alone.
-        ids = {lc.llama_vocab_eos(vocab)}
-        buf = (lc.llama_token * 4)()
-        if lc.llama_tokenize(vocab, b"<|im_end|>", 10, buf, 4, False, True) == 1:
-            ids.add(buf[0])
-        eos = tuple(sorted(i for i in ids if 0 <= i < n_vocab))
+    eos = (tokenizer.eos_token_id,) if tokenizer is not None else get_eos_ids(lc, vocab, n_vocab)
     lm = LlamaCppModel(name=name, source=str(path), eos_ids=eos, vocab_size=n_vocab,
                        n_layer=lc.llama_model_n_layer(model), n_ctx=n_ctx, threads=threads, flash_attn=flash_attn,
                        determinism_statement=_determinism_text(threads, flash_attn, exact_kernels, batch_threads),
