@@ -74,10 +74,14 @@ def test_describe_exit():
 # --- a worker never outlives its parent --------------------------------------------------
 
 PARENT = """
-import multiprocessing, sys, time
+import multiprocessing, signal, sys, time
 from unsee.impl.eval.workers import collect, run_watched, stop_all, stopping_on_signals
 
 if __name__ == "__main__":
+    # Ctrl-C's KeyboardInterrupt, whatever this process inherited: a shell starts a
+    # background job (pytest under `make test &`, a CI runner's) with SIGINT ignored, and
+    # Python keeps an inherited SIG_IGN, so the test's SIGINT would never arrive
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     context = multiprocessing.get_context("spawn")
     queue = context.Queue()
     target = run_watched if sys.argv[1] == "watched" else time.sleep
