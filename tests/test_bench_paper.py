@@ -16,7 +16,8 @@ from unsee.bench.episodes import SECRET, estimate_history_tokens, make_indep_epi
 from unsee.bench.floor import EXCESS_REASONS, compute_floor, get_excess
 from unsee.bench.paper import main as paper_main
 from unsee.impl.agent.episode import episode_to_json, parse_episode
-from unsee.impl.agent.runtime import AgentRuntime, render_memory
+from unsee.impl.agent.render import render_memory
+from unsee.impl.agent.runtime import AgentRuntime
 from unsee.impl.conform.episodes import episodes, scaled
 from unsee.impl.engines.files import ByteTokenizer
 from unsee.impl.engines.hf.engine import KVEngine

@@ -425,11 +425,11 @@ class GatedRuntime(AgentRuntime):
     entered: threading.Event
     gate: threading.Event
 
-    def _on_message(self, step):
+    def _observe(self, step):
         if getattr(self, "gate", None) is not None and step.id == "slow":
             self.entered.set()
             assert self.gate.wait(60)
-        super()._on_message(step)
+        return super()._observe(step)
 
 
 def test_forget_during_a_running_step(lm, tmp_path):
