@@ -24,10 +24,10 @@ from typing import Any
 import attrs
 
 from unsee.impl.agent.checkpoints import Checkpoint, CheckpointStore
-from unsee.impl.agent.drafts import Drafts, choose_drafts
+from unsee.impl.agent.drafts import Drafts, DraftsAccount, choose_drafts
 from unsee.impl.agent.episode import Step
 from unsee.impl.agent.extensions import Extension
-from unsee.impl.agent.report import ForgetReport, RestoreAccount
+from unsee.impl.agent.report import ForgetReport, ReportExtra, RestoreAccount
 from unsee.impl.agent.state import RuntimeState
 from unsee.impl.engines.counts import Counters
 from unsee.impl.engines.files import get_cpu_isa
@@ -65,7 +65,7 @@ class ReplayPlan:
     checkpoint: Checkpoint  # the latest checkpoint before tau
     shared: bool  # its lineage is in memory (else the restore rebuilds it from its manifest)
     drafts: Drafts | None  # the replay's drafts (None: every turn decoded)
-    drafts_account: dict  # the report's account of that choice
+    drafts_account: DraftsAccount  # the report's account of that choice
 
 
 @attrs.frozen
@@ -79,7 +79,7 @@ class Forgotten:
     closure: tuple[str, ...] = ()
     invocations: int = 0  # transitions the replay ran
     already_forgotten: bool = False
-    drafts: dict | None = None
+    drafts: DraftsAccount = attrs.field(factory=DraftsAccount.none)
     restore: RestoreAccount | None = None
 
 
@@ -136,10 +136,8 @@ def plan_replay(state: RuntimeState, engine, pending: Sequence[str], drafts: boo
     policy = get_draft_policy(engine)
     chosen, account = choose_drafts(engine.lm, bound, state.graph.blocks(), state.steps, checkpoint.boundary,
                                     drafts, oracle, pending, lookup, policy)
-    account["bound_source"] = bound_source  # "calibrated" (on this CPU) or shipped from another
-    if chosen is not None and policy is not None:
-        account["policy"] = policy.to_json()  # how each turn sized its forwards (the credit rule)
-    account["cpu_isa"] = get_cpu_isa()
+    # the policy only where drafts are replayed: how each turn sized its forwards (the credit rule)
+    account = account.with_plan(bound_source, policy if chosen is not None else None, get_cpu_isa())
     return ReplayPlan(tuple(pending), tau, closure, checkpoint, shared, chosen, account)
 
 
@@ -149,10 +147,7 @@ def get_replayed(runtime: Runtime, plan: ReplayPlan, replay: Runtime, restored: 
     ``replay``, restored by :func:`restore_checkpoint` on ``restored``, has
     re-enacted the sanitized suffix): the twin's state as a value, with the
     replay's drafts and costs, which the runtime adopts or drops."""
-    account = dict(plan.drafts_account)
-    if replay.drafts is not None:
-        account["totals"] = replay.drafts.get_totals()
-        account["turns"] = [t.to_json() for t in replay.drafts.turns]
+    account = plan.drafts_account if replay.drafts is None else plan.drafts_account.with_turns(replay.drafts.turns)
     checkpoint = plan.checkpoint
     forgotten = Forgotten(method, tuple(source_ids), plan.tau, checkpoint, plan.closure,
                           replay.transitions - runtime.transitions, drafts=account,
@@ -254,13 +249,12 @@ def compute_report(runtime: Runtime, forgotten: Forgotten, started: float, befor
     the engine's counters when it started."""
     spent = runtime.engine.counters.snapshot() - before
     digest, assumptions = runtime.digest(), runtime.get_assumptions()
-    extra = {"rendering": runtime.renderer.describe()}  # how the episode was rendered (impl/agent/render.py)
+    fields = {}
     for extension in runtime.extensions:
-        extra.update(extension.get_report_fields())
-    if isinstance(runtime.engine, Residue):  # an engine keeping blocks outside its lineages (vLLM)
-        extra["engine_residue"] = runtime.engine.residue()
-    if forgotten.restore is not None:
-        extra["restore"] = forgotten.restore
+        fields.update(extension.get_report_fields())
+    # how the episode was rendered (impl/agent/render.py); what an engine keeps outside its lineages (vLLM)
+    extra = ReportExtra(runtime.renderer.describe(), fields,
+                        runtime.engine.residue() if isinstance(runtime.engine, Residue) else None, forgotten.restore)
     checkpoint, t = forgotten.checkpoint, runtime.t
     return ForgetReport(
         method=forgotten.method, source_id=",".join(forgotten.source_ids), tau=forgotten.tau, length=t,
@@ -271,7 +265,7 @@ def compute_report(runtime: Runtime, forgotten: Forgotten, started: float, befor
         closure=forgotten.closure, invocations=forgotten.invocations,
         spent=spent, wall_s=time.perf_counter() - started, digest=digest, assumptions=assumptions, extra=extra,
         digest_means=runtime.engine.determinism.digest,
-        drafts=forgotten.drafts or {"mode": "off", "why": "no replay of model turns from drafts"})
+        drafts=forgotten.drafts)
 
 
 __all__ = [
