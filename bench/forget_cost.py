@@ -29,11 +29,11 @@ def time_method(runtime, method: str, target: str) -> dict:
     started, cpu = time.perf_counter(), time.process_time()
     report = runtime.forget(target) if method == "replay" else runtime.full_reset(target)
     wall, cpu = time.perf_counter() - started, time.process_time() - cpu
-    totals = (report.drafts or {}).get("totals", {})
+    totals = report.drafts.totals or {}
     return {"method": method, "cpu_s": round(cpu, 2), "wall_s": round(wall, 2), "digest": report.digest,
             "invocations": report.invocations, "prefilled": report.prefilled_tokens,
             "decoded": report.decoded_tokens, "drafts_accepted": totals.get("accepted"),
-            "drafts_offered": totals.get("draft"), "bound_source": (report.drafts or {}).get("bound_source")}
+            "drafts_offered": totals.get("draft"), "bound_source": report.drafts.bound_source}
 
 
 def measure(path: str, model: str, backend: str, order: tuple[str, ...], **options) -> dict:

@@ -99,7 +99,7 @@ def time_method(engine, base, method: str, case, keep: dict | None = None) -> di
     row = {"cpu_s": round(cpu, 3), "wall_s": round(wall, 3), "prefilled": result.prefilled_tokens,
            "decoded": result.decoded_tokens, "recomputed": result.recomputed_tokens, "forwards": len(fed),
            "fed": sum(fed), "digest": result.digest, "turns": turns}
-    drafts = (result.report.drafts or {}) if result.report else {}
+    drafts = result.report.drafts.to_json() if result.report else {}
     if drafts.get("mode") == "verify":
         row["drafts"] = {"totals": drafts.get("totals"), "policy": drafts.get("policy"),
                          "turns": drafts.get("turns")}

@@ -86,7 +86,7 @@ def check_forget_equals_reset(engine, examples: int) -> dict:
         with engine_scope(engine):
             report = compare_forget_with_reset(engine, episode, drafts=engine.draft_bound is not None)
         seen["examples"] += 1
-        totals = report.drafts.get("totals") or {}
+        totals = report.drafts.totals or {}
         seen["accepted"] += totals.get("accepted", 0)
         seen["fallbacks"] += totals.get("fallbacks", 0)
 

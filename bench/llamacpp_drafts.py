@@ -37,7 +37,7 @@ def run(engine_name: str, tau: int, length: int, max_new_tokens: int) -> list[di
                      "decoded": report.decoded_tokens, "prefilled": report.prefilled_tokens,
                      "forwards": report.forward_calls, "accepted": report.draft_accepted_tokens,
                      "wall_s": report.wall_s, "digest": report.digest,
-                     "bound_source": report.drafts.get("bound_source", "")})
+                     "bound_source": report.drafts.to_json().get("bound_source", "")})
     reset = runtimes["reset"]
     for row in rows:
         other = runtimes[row["method"]]

@@ -94,7 +94,7 @@ def run_rounds(engine: Engine, episode: Episode, methods: Sequence[str], rounds:
             row.update({k: getattr(result, k, 0) for k in OPTIONAL_FIELDS})
             row.update(wall_s=result.wall_s, cpu_s=cpu, digest=result.digest,
                        boundary=result.report.boundary if result.report else None,
-                       draft_turns=(result.report.drafts or {}).get("turns", []) if result.report else [])
+                       draft_turns=result.report.drafts.to_json().get("turns", []) if result.report else [])
             runs[method].append(row)
             if floor and method == "reset" and len(floors) < rounds:
                 floors.append(compute_floor(engine, base, runtime, boundary).to_json())

@@ -235,7 +235,7 @@ def compare_replay_with_and_without_drafts(engine: Engine, episode: Episode,
         [("digest", with_drafts.digest, without.digest),
          ("generated tokens", drafted.generated_tokens(), decoded.generated_tokens()),
          ("invocations", with_drafts.invocations, without.invocations),
-         ("drafts mode", (with_drafts.drafts["mode"], without.drafts["mode"]), ("verify", "off")),
+         ("drafts mode", (with_drafts.drafts.mode, without.drafts.mode), ("verify", "off")),
          ("decodes no more", with_drafts.decoded_tokens <= without.decoded_tokens, True)])
     return with_drafts
 

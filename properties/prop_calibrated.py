@@ -76,8 +76,8 @@ def test_forget_equals_reset_with_calibrated_drafts(attn, episode):
     engine = get_engine(attn)
     with engine_scope(engine):
         report = compare_forget_with_reset(engine, episode, drafts=True)
-    assert report.drafts["mode"] == "verify" and report.drafts["bound"] == engine.draft_bound
-    assert report.drafts["bound_source"].startswith("calibrated: ")
-    totals = report.drafts["totals"]
+    assert report.drafts.mode == "verify" and report.drafts.bound == engine.draft_bound
+    assert report.drafts.bound_source.startswith("calibrated: ")
+    totals = report.drafts.totals
     event(f"draft tokens accepted: {totals['accepted'] > 0}")
     event(f"a guard fallback: {totals['fallbacks'] > 0}")

@@ -75,8 +75,8 @@ def test_splice_equals_counterfactual_with_drafts(episode):
     engine = get_engine("tiny")
     with engine_scope(engine):
         report = compare_forget_with_reset(engine, episode, drafts=True)
-        assert report.drafts["mode"] == "verify"
-        event(f"context guesses accepted: {report.drafts['totals']['lookup_accepted'] > 0}")
+        assert report.drafts.mode == "verify"
+        event(f"context guesses accepted: {report.drafts.totals['lookup_accepted'] > 0}")
 
 
 #: The smallest episode a full (shrinking) search found where forget with the
@@ -259,7 +259,7 @@ def test_oracle_is_exact_exactly_when_its_labels_are_right(episode):
         labelled = {f"{s.id}/" for s in episode.steps if s.independent}
         wrong = {b for b in get_changed_turns(base, reset) if any(b.startswith(p) for p in labelled)}
         event(f"wrong labels: {bool(wrong)}")
-        assert report.drafts["mode"] == "oracle"
+        assert report.drafts.mode == "oracle"
         exact_tokens = oracle.generated_tokens() == reset.generated_tokens()
         assert exact_tokens == (not wrong), (describe_episode(episode), sorted(wrong))
         if not wrong:

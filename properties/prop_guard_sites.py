@@ -13,11 +13,11 @@ verified_draft_positions_are_guarded          ``get_accepted``: a draft position
                                               forward's logits. The draft is the reference's own tokens up to
                                               the first position where that forward decides differently, then
                                               that decision (``get_flip_draft``); the turn ends there
-positions_after_a_draft_are_guarded           ``decode_with_draft``'s resume (``decode(..., threshold)``): tokens
+positions_after_a_draft_are_guarded           ``decode_guarded``'s resume (``decode(..., threshold)``): tokens
                                               decoded after a draft's first disagreement or its end, on KV the
                                               verification forward built. A probed draft of the reference's
                                               first two tokens reaches it with position 1 decided exactly
-verified_guesses_are_guarded                  ``verify_guess``: context guesses (``lookup``) decided on the
+verified_guesses_are_guarded                  ``accept_guess``: context guesses (``lookup``) decided on the
                                               forward that fed them. The turn ends inside its first guess
 ============================================  ==================================================================
 
@@ -148,7 +148,7 @@ def test_verified_draft_positions_are_guarded(context, max_new_tokens, temperatu
                                 lookup=True)
 
 
-# --- (b) positions decoded after a draft (decode_with_draft's resume) -------------
+# --- (b) positions decoded after a draft (decode_guarded's resume) -------------
 
 @given(context=contexts, max_new_tokens=st.integers(3, 12), temperature=temperatures, seed=seeds,
        lookup=st.booleans())
@@ -169,7 +169,7 @@ def test_positions_after_a_draft_are_guarded(context, max_new_tokens, temperatur
         event(f"a guarded decision fell back to the reference: {spent.draft_fallbacks > 0}")
 
 
-# --- (c) verified context guesses (verify_guess) -----------------------------------
+# --- (c) verified context guesses (accept_guess) -----------------------------------
 
 def get_first_guess_position(context: list[int], reference: list[int]) -> int | None:
     """How many tokens of the turn are decided before its first context
@@ -187,7 +187,7 @@ def test_verified_guesses_are_guarded(context, extra, temperature, seed):
     """A turn that ends ``extra`` tokens after its first guess is offered, so
     inside that guess: the guessed positions are decided on the rows of the
     one forward that fed the decided token with the guess, and only
-    ``verify_guess``'s guard checks them (a decision after the guess would be
+    ``accept_guess``'s guard checks them (a decision after the guess would be
     guarded in ``decode``; every one before it is the reference's own)."""
     engine = get_engine()
     with engine_scope(engine):

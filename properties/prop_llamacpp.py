@@ -64,9 +64,9 @@ def test_forget_with_drafts_equals_reset(episode):
     assert engine.draft_bound == 0.0
     with engine_scope(engine):
         report = compare_forget_with_reset(engine, episode, drafts=True)
-    assert report.drafts["mode"] == "verify"
-    assert "decode == prefill" in report.drafts["bound_source"]
-    totals = report.drafts.get("totals", {})
+    assert report.drafts.mode == "verify"
+    assert "decode == prefill" in report.drafts.bound_source
+    totals = report.drafts.totals or {}
     event(f"draft tokens accepted: {bool(totals.get('accepted'))}, fallbacks: {bool(totals.get('fallbacks'))}")
 
 

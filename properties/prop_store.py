@@ -69,7 +69,8 @@ from unsee.impl.agent.episode import (
     parse_episode,
 )
 from unsee.impl.agent.provenance import RuntimeBlock, UnknownSourceError
-from unsee.impl.agent.runtime import END, START, AgentRuntime, AmbiguousTargetError, TargetNotFoundError
+from unsee.impl.agent.render import END, START
+from unsee.impl.agent.runtime import AgentRuntime, AmbiguousTargetError, TargetNotFoundError
 from unsee.impl.conform.episodes import TARGET, texts
 from unsee.impl.conform.episodes import episode_jsons as shared_episode_jsons
 from unsee.impl.conform.episodes import rare_secrets as secrets  # the store's targets: values no other text holds

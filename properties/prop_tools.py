@@ -248,7 +248,7 @@ def _key(version) -> tuple | None:
 
 def reported(report) -> set:
     out = set()
-    for d in report.extra["divergences"]:
+    for d in report.extra.fields["divergences"]:
         versions = [None if d[s] is None else _key((d[s]["tool"], d[s]["args"])) for s in ("committed",
                                                                                            "counterfactual")]
         out.add((d["call_id"], d["kind"], *versions))
@@ -270,7 +270,7 @@ def check_fired_once(counted: Counted, rt: ToolAgentRuntime) -> None:
 
 
 def check_report_shape(report) -> None:
-    divergences = report.extra["divergences"]
+    divergences = report.extra.fields["divergences"]
     assert report.assumptions["A3"]["holds"] is (not divergences)
     for d in divergences:
         assert f"{d['call_id']} ({d['kind']})" in report.assumptions["A3"]["why"]
@@ -278,8 +278,8 @@ def check_report_shape(report) -> None:
         assert (d["counterfactual"] is None) == (d["kind"] == "not_made")
         if d["counterfactual"] is not None:
             assert d["counterfactual"]["sent"] is False  # nothing divergent is ever sent by a forget
-    assert report.extra["held"] == [d["call_id"] for d in divergences if d["kind"] == "new_call"]
-    assert report.extra["world"]["unchanged"]
+    assert report.extra.fields["held"] == [d["call_id"] for d in divergences if d["kind"] == "new_call"]
+    assert report.extra.fields["world"]["unchanged"]
 
 
 def check_against_twin(case: Case, rt: ToolAgentRuntime, report, twin: ToolAgentRuntime) -> None:
@@ -317,10 +317,10 @@ def test_repeated_forgets_fire_once_and_report_exact_divergences(case: Case):
             check_fired_once(counted, rt)
             assert rt.world.state() == world_after_run
             check_report_shape(report)
-            clean_so_far = clean_so_far and not report.extra["divergences"]
-            for d in report.extra["divergences"]:
+            clean_so_far = clean_so_far and not report.extra.fields["divergences"]
+            for d in report.extra.fields["divergences"]:
                 event(f"divergence: {d['kind']}")
-            event(f"{method}: {'A3 holds' if not report.extra['divergences'] else 'A3 fails'}")
+            event(f"{method}: {'A3 holds' if not report.extra.fields['divergences'] else 'A3 fails'}")
             if case.read_mode == "reexecute" or clean_so_far:
                 twin = counterfactual(case, forgotten, counted.tools)
                 try:
@@ -355,7 +355,7 @@ def test_forget_then_continue_then_forget(case: Case, data):
                 assert rt.world.state() == before
                 check_report_shape(report)
                 assert reported(report) == expected_divergences(rt.effects, rt.calls)  # self-consistent
-                clean = not report.extra["divergences"]
+                clean = not report.extra.fields["divergences"]
                 event(f"continued forget {len(forgotten)}: {'A3 holds' if clean else 'A3 fails'}")
                 # exact only if no earlier forget diverged: the later steps then ran in the twin's world
                 if clean_before and (case.read_mode == "reexecute" or clean):

@@ -92,10 +92,10 @@ def test_forget_equals_reset_on_family(family, episode):
     assert engine.draft_bound and engine.draft_bound > 0, f"{family}: no measured draft bound ({engine.draft_bound_source})"
     with engine_scope(engine):
         report = compare_forget_with_reset(engine, episode, drafts=True)
-        assert report.drafts["mode"] == "verify"
+        assert report.drafts.mode == "verify"
         event("sampled" if episode.settings.temperature > 0 else "greedy")
         event(f"draft tokens accepted: {report.draft_accepted_tokens > 0}")
-        event(f"context guesses accepted: {report.drafts['totals']['lookup_accepted'] > 0}")
+        event(f"context guesses accepted: {report.drafts.totals['lookup_accepted'] > 0}")
 
 
 @pytest.mark.parametrize("family", WINDOWED)

@@ -56,11 +56,11 @@ def test_forget_equals_reset_on_gguf_family(engine_name, episode):
     assert engine.draft_bound == 0.0, f"{engine_name}: {engine.draft_bound_source}"
     with engine_scope(engine):
         report = compare_forget_with_reset(engine, episode, drafts=True)
-    assert report.drafts["mode"] == "verify"
-    assert "decode == prefill" in report.drafts["bound_source"]
+    assert report.drafts.mode == "verify"
+    assert "decode == prefill" in report.drafts.bound_source
     event("sampled" if episode.settings.temperature > 0 else "greedy")
     event(f"draft tokens accepted: {report.draft_accepted_tokens > 0}")
-    event(f"context guesses accepted: {report.drafts['totals']['lookup_accepted'] > 0}")
+    event(f"context guesses accepted: {report.drafts.totals['lookup_accepted'] > 0}")
 
 
 def test_every_zoo_family_is_placed():

@@ -16,7 +16,8 @@ from unsee.bench.episodes import SECRET, estimate_history_tokens, make_indep_epi
 from unsee.bench.floor import EXCESS_REASONS, compute_floor, get_excess
 from unsee.bench.paper import main as paper_main
 from unsee.impl.agent.episode import episode_to_json, parse_episode
-from unsee.impl.agent.runtime import AgentRuntime, render_memory
+from unsee.impl.agent.render import render_memory
+from unsee.impl.agent.runtime import AgentRuntime
 from unsee.impl.conform.episodes import episodes, scaled
 from unsee.impl.engines.files import ByteTokenizer
 from unsee.impl.engines.hf.engine import KVEngine
@@ -136,7 +137,7 @@ def test_floor_is_below_forget_and_reset(ep):
         base, reset, forget_report, reset_report = forget_and_reset(engine, ep)
         floor = compute_floor(engine, base, reset, forget_report.boundary)
         # each context guess the forget accepted is a decode step (one forward) the floor spends
-        saved = ((forget_report.drafts or {}).get("totals") or {}).get("lookup_accepted", 0)
+        saved = (forget_report.drafts.totals or {}).get("lookup_accepted", 0)
         assert floor.prefilled <= forget_report.prefilled_tokens <= reset_report.prefilled_tokens
         assert floor.decoded <= forget_report.decoded_tokens + saved
         assert floor.forwards <= forget_report.forward_calls + saved
@@ -178,7 +179,7 @@ def test_excess_accounts_for_every_token_above_the_floor(ep):
     with engine_scope(engine):
         base, reset, forget_report, _ = forget_and_reset(engine, ep)
         floor = compute_floor(engine, base, reset, forget_report.boundary).to_json()
-        turns = (forget_report.drafts or {}).get("turns", [])
+        turns = forget_report.drafts.to_json().get("turns", [])
         excess = get_excess(turns, floor)
         assert {e["reason"] for e in excess} <= set(EXCESS_REASONS)
         assert forget_report.prefilled_tokens == floor["prefilled"] + sum(e["prefilled"] for e in excess)

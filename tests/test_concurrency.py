@@ -178,10 +178,10 @@ class WatchedRuntime(AgentRuntime):
 
     entered: threading.Event | None = None
 
-    def _step(self, step: Step) -> None:
+    def _observe(self, step: Step) -> str:
         if self.entered is not None:
             self.entered.set()
-        super()._step(step)
+        return super()._observe(step)
 
 
 def watched(lm) -> WatchedRuntime:

@@ -157,12 +157,16 @@ def test_forget_report_counts_drafts_per_turn(eng):
     twin = runtime.fork()
     report = runtime.forget("secret")
     assert report.digest == twin.full_reset("secret").digest
-    assert report.drafts["mode"] == "verify"
-    turns = report.drafts["turns"]
-    assert [t["block"] for t in turns] == ["s2/answer", "s3/answer", "s4/note"]
-    assert sum(t["accepted"] for t in turns) == report.draft_accepted_tokens
-    assert sum(t["rejected"] for t in turns) == report.draft_rejected_tokens
-    assert sum(t["decoded"] for t in turns) == report.decoded_tokens
+    assert report.drafts.mode == "verify"
+    turns = report.drafts.turns
+    assert [t.block for t in turns] == ["s2/answer", "s3/answer", "s4/note"]
+    assert sum(t.accepted for t in turns) == report.draft_accepted_tokens
+    assert sum(t.rejected for t in turns) == report.draft_rejected_tokens
+    assert sum(t.decoded for t in turns) == report.decoded_tokens
+    # the report's JSON shape of the account, as stored reports have it (no draft policy on this engine)
+    written = report.to_json()["drafts"]
+    assert list(written) == ["mode", "bound", "lookup", "why", "bound_source", "cpu_isa", "totals", "turns"]
+    assert written["turns"] == [t.to_json() for t in turns] and written["totals"] == report.drafts.totals
 
 
 def test_drafts_off_where_no_bound_and_refused_when_demanded(eng):
@@ -174,7 +178,7 @@ def test_drafts_off_where_no_bound_and_refused_when_demanded(eng):
             runtime.forget("secret", drafts=True)
         assert runtime.digest() == digest and runtime.forgotten == []
         report = runtime.forget("secret")
-        assert report.drafts["mode"] == "off" and "no prefill-versus-decode bound" in report.drafts["why"]
+        assert report.drafts.mode == "off" and "no prefill-versus-decode bound" in report.drafts.why
         assert report.draft_accepted_tokens == 0
     finally:
         eng.draft_bound = saved
@@ -305,11 +309,11 @@ def test_drafts_that_quote_the_forgotten_item_are_flagged_and_probed_smollm2(eng
             reset.full_reset(episode.target.source)
             assert forgotten.digest() == reset.digest()
             assert forgotten.generated_tokens() == reset.generated_tokens()
-            turns = report.drafts["turns"]
-            assert [t["quotes"] for t in turns] == [quoted in old_text[t["block"]] for t in turns]
-            assert any(t["quotes"] for t in turns) and not all(t["quotes"] for t in turns)
-            assert all(t["probed"] for t in turns if t["quotes"] and t["accepted"] >= 1)
-            assert report.drafts["totals"]["quoting"] == sum(t["quotes"] for t in turns)
+            turns = report.drafts.turns
+            assert [t.quotes for t in turns] == [quoted in old_text[t.block] for t in turns]
+            assert any(t.quotes for t in turns) and not all(t.quotes for t in turns)
+            assert all(t.probed for t in turns if t.quotes and t.accepted >= 1)
+            assert report.drafts.totals["quoting"] == sum(t.quotes for t in turns)
 
 
 # --- context lookup: guesses from the lineage's own tokens -----------------------
@@ -377,8 +381,8 @@ def test_forget_report_counts_lookups_per_turn_and_lookup_can_be_turned_off(eng)
     report = runtime.forget("secret")
     without = plain.forget("secret", lookup=False)
     assert report.digest == without.digest == twin.full_reset("secret").digest
-    assert report.drafts["lookup"] is True and without.drafts["lookup"] is False
-    totals = report.drafts["totals"]
-    assert totals["lookups"] == sum(t["lookups"] for t in report.drafts["turns"])
+    assert report.drafts.lookup is True and without.drafts.lookup is False
+    totals = report.drafts.totals
+    assert totals["lookups"] == sum(t.lookups for t in report.drafts.turns)
     assert totals["lookup_accepted"] <= totals["looked_up"]
-    assert without.drafts["totals"]["lookups"] == 0
+    assert without.drafts.totals["lookups"] == 0

@@ -80,9 +80,9 @@ def test_forget_with_drafts_equals_reset_on_an_episode_longer_than_the_window(en
         report = compare_forget_with_reset(engine, episode)  # drafts wherever the engine has a bound
         assert max(len(engine.tokens(h)) for h in engine.budget.lineages) > 10 * TINY_WINDOW
     if engine.lm.flash_attn:
-        assert report.drafts["mode"] == "verify" and report.draft_accepted_tokens > 0
+        assert report.drafts.mode == "verify" and report.draft_accepted_tokens > 0
     else:  # drafts off without flash attention (facts.py says why)
-        assert report.drafts["mode"] == "off"
+        assert report.drafts.mode == "off"
 
 
 def test_a_recurrent_model_is_refused_by_name_before_any_work():

@@ -52,7 +52,7 @@ def test_qwen_by_name_forget_equals_reset(qwen):
     assert qwen.lm.name == "qwen2.5-1.5b"
     episode = parse_episode(EPISODE)
     report = compare_forget_with_reset(qwen, episode)  # digest, tokens, T - tau + 1 invocations
-    assert report.extra["rendering"]["roles"]["tool result"] == TOOL_ROLE_NATIVE
+    assert report.extra.rendering["roles"]["tool result"] == TOOL_ROLE_NATIVE
     assert report.invocations == len(episode.steps) - 2 + 1  # tau = 2
 
 
@@ -72,12 +72,12 @@ def test_qwen_on_transformers_forget_equals_reset_with_drafts(one_thread):
         assert engine.lm.name == "qwen2.5-1.5b" and engine.lm.attn == "sdpa"
         episode = parse_episode(SHORT)
         report = compare_forget_with_reset(engine, episode)
-        assert report.extra["rendering"]["roles"]["tool result"] == TOOL_ROLE_NATIVE
+        assert report.extra.rendering["roles"]["tool result"] == TOOL_ROLE_NATIVE
         shipped = get_shipped_bound("qwen2.5-1.5b", "cpu", "float32", "sdpa")
         assert shipped is not None, "the catalogue ships no transformers bound for qwen2.5-1.5b"
         if shipped[0] is not None:  # this CPU has the sets it was measured under: drafts run, no calibrate step
-            assert report.drafts["bound"] == shipped[0] and report.drafts["bound_source"].startswith("shipped")
-            assert report.drafts["totals"]["draft"] > 0
+            assert report.drafts.bound == shipped[0] and report.drafts.bound_source.startswith("shipped")
+            assert report.drafts.totals["draft"] > 0
     finally:
         del engine
         gc.collect()

@@ -126,8 +126,8 @@ def test_own_template_renders_blocks_per_turn_and_forget_equals_reset(gemma):
     assert runtime.graph["s1/answer"].tokens[:len(header)] == tuple(header)
     runtime.check_invariants()
     report = compare_forget_with_reset(engine, ep)
-    assert report.extra["rendering"]["template"] == "template"
-    assert report.extra["rendering"]["roles"]["system prompt"] == "user"
+    assert report.extra.rendering["template"] == "template"
+    assert report.extra.rendering["roles"]["system prompt"] == "user"
 
 
 def test_role_mapping_for_system_blocks_and_consecutive_user_turns(gemma):
@@ -249,7 +249,7 @@ def test_a_template_with_a_tool_format_renders_tool_calls_and_results_through_it
         "<|im_start|>user\n<tool_response>\nlives at 4417 Elm\n</tool_response><|im_end|>\n")
     runtime.check_invariants()
     report = compare_forget_with_reset(engine, ep)  # forget == reset under the tool format
-    assert report.extra["rendering"]["roles"]["tool result"] == TOOL_ROLE_NATIVE
+    assert report.extra.rendering["roles"]["tool result"] == TOOL_ROLE_NATIVE
     # the other blocks keep ChatML's tokens: the same as the template without a tool format
     plain = run_episode(make_engine(with_template(lm, CHATML_TEMPLATE, ByteTokenizer.SPECIALS, "<|im_start|>",
                                                   "<|im_end|>")), ep)
@@ -357,7 +357,7 @@ def test_tool_definitions_render_in_the_system_block_through_the_template(lm, so
     other = ToolAgentRuntime.from_episode(make_engine(model), ep)
     forget, reset = runtime.forget("secret"), other.full_reset("secret")
     assert forget.digest == reset.digest and forget.boundary == 1 and reset.boundary == 0
-    assert forget.extra["rendering"]["roles"]["tool definitions"] == TOOL_DEFINITIONS_NATIVE
+    assert forget.extra.rendering["roles"]["tool definitions"] == TOOL_DEFINITIONS_NATIVE
 
 
 def test_a_template_without_tool_definitions_keeps_the_system_block(gemma, lm):
@@ -431,7 +431,7 @@ def test_a_plan_is_a_call_in_the_template_s_own_format(lm, source):
     other = ToolAgentRuntime.from_episode(make_engine(model), ep)
     forget, reset = runtime.forget("secret"), other.full_reset("secret")
     assert forget.digest == reset.digest and forget.boundary == 1
-    assert forget.extra["rendering"]["roles"]["tool call (a plan)"] == TOOL_CALL_NATIVE
+    assert forget.extra.rendering["roles"]["tool call (a plan)"] == TOOL_CALL_NATIVE
 
 
 def test_a_template_without_a_call_format_keeps_call_syntax(gemma, lm):

@@ -324,10 +324,10 @@ def test_generated_tokens_are_model_written(eng):
 
 
 def test_forget_steps_are_values_and_leave_the_runtime_as_it_was(eng):
-    """plan_replay and compute_replay return values: the runtime's state is the
-    same object until it adopts, the replay's drafts and turn costs come back in
-    the value, and adopting them gives what forget gives."""
-    from unsee.impl.agent.forget import compute_replay, plan_replay
+    """plan_replay, restore_checkpoint and get_replayed return values: the
+    runtime's state is the same object until it adopts, the replay's drafts and
+    turn costs come back in the value, and adopting them gives what forget gives."""
+    from unsee.impl.agent.forget import get_replayed, plan_replay, restore_checkpoint, sanitize_steps
 
     ep = episode(FIXED)
     runtime, twin = AgentRuntime.from_episode(eng, ep), AgentRuntime.from_episode(eng, ep)
@@ -335,10 +335,13 @@ def test_forget_steps_are_values_and_leave_the_runtime_as_it_was(eng):
     plan = plan_replay(state, eng, ["secret"], drafts=True)
     assert (plan.tau, plan.checkpoint.boundary, plan.pending) == (2, 1, ("secret",))
     assert plan.drafts is not None and not plan.drafts.turns  # nothing replayed yet
-    replayed = compute_replay(runtime, plan, "replay", ["secret"])
+    replay = restore_checkpoint(runtime, plan.checkpoint, plan.pending, plan.drafts)
+    restored = replay.lineage
+    replay.run(sanitize_steps(state.steps[plan.checkpoint.boundary:], plan.pending))
+    replayed = get_replayed(runtime, plan, replay, restored, "replay", ["secret"])
     assert runtime.state is state and replayed.base is state and runtime.drafts is None and not runtime.replaying
-    turns = replayed.forgotten.drafts["turns"]
-    assert [t["block"] for t in turns] == ["t3/answer", "t4/plan", "t5/note", "t6/answer"]
+    turns = replayed.forgotten.drafts.turns
+    assert [t.block for t in turns] == ["t3/answer", "t4/plan", "t5/note", "t6/answer"]
     assert replayed.forgotten.invocations == 5 and replayed.forgotten.restore.checkpoint_tokens > 0
     runtime.adopt(replayed, "forget")
     assert runtime.digest() == twin.forget("secret", drafts=True).digest

@@ -425,11 +425,11 @@ class GatedRuntime(AgentRuntime):
     entered: threading.Event
     gate: threading.Event
 
-    def _on_message(self, step):
+    def _observe(self, step):
         if getattr(self, "gate", None) is not None and step.id == "slow":
             self.entered.set()
             assert self.gate.wait(60)
-        super()._on_message(step)
+        return super()._observe(step)
 
 
 def test_forget_during_a_running_step(lm, tmp_path):
@@ -635,7 +635,7 @@ def test_tool_session_resumes_exactly(lm, tmp_path, k):
         report = session.forget(INJECTED)
         assert session.digest() == full.digest()
         assert session.store.record_hash() == record_hash(full.get_session_record())
-        assert report.extra["divergences"] == expected.extra["divergences"]
+        assert report.extra.fields["divergences"] == expected.extra.fields["divergences"]
         assert dict(session.runtime.world.executions) == dict(full.world.executions)  # sent once, never again
 
 
@@ -656,7 +656,7 @@ def test_tool_session_residue_and_its_limit(lm, tmp_path):
     with PersistentSession.create(path, runtime) as session:
         report = session.forget(INJECTED)
         record = session.store.read_record()
-    assert [d["kind"] for d in report.extra["divergences"]] == ["changed_arguments"]
+    assert [d["kind"] for d in report.extra.fields["divergences"]] == ["changed_arguments"]
     assert not report.assumptions["A3"]["holds"]
     agent_state = json.dumps({k: v for k, v in record.items() if k != "extra"}, ensure_ascii=False)
     assert ATTACKER not in agent_state and "IMPORTANT SYSTEM NOTICE" not in agent_state

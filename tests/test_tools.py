@@ -72,7 +72,7 @@ def run(engine, ep, world=None, **kw) -> ToolAgentRuntime:
 
 
 def kinds(report) -> list[tuple[str, str]]:
-    return [(d["call_id"], d["kind"]) for d in report.extra["divergences"]]
+    return [(d["call_id"], d["kind"]) for d in report.extra.fields["divergences"]]
 
 
 # --- environment snapshots ---------------------------------------------------
@@ -179,7 +179,7 @@ def test_call_ids_are_deterministic(engine):
     assert result.type == "tool" and "p2/call/result" in result.source_ids and result.turn == a.graph["p2/plan"].turn
     assert a.graph["p1/plan"].committed and not a.graph["p2/plan"].committed
     report = a.forget("m")  # replay re-issues the same IDs
-    assert report.extra["tools"]["shadow_calls"] == ["p3/call"]  # p1 has no recipient any more
+    assert report.extra.fields["tools"]["shadow_calls"] == ["p3/call"]  # p1 has no recipient any more
     assert [c.call_id for c in a.calls] == ["p2/call", "p3/call"]
 
 
@@ -225,7 +225,7 @@ def test_replay_never_touches_the_real_world(engine):
     for forget in (rt.forget, rt.full_reset):
         report = forget("u1" if forget == rt.forget else "m1")
         assert world.state() == state and dict(world.executions) == executions
-        assert report.extra["world"]["unchanged"]
+        assert report.extra.fields["world"]["unchanged"]
     assert all(n == 1 for n in world.executions.values())
 
 
@@ -241,7 +241,7 @@ def test_read_modes_reexecute_against_snapshot_or_serve_recorded(engine):
     rt = run(engine, ep, read_mode="reexecute")
     assert EVE in rt.calls[-1].result
     report = rt.forget("inj")
-    tools = report.extra["tools"]
+    tools = report.extra.fields["tools"]
     assert tools["reads_reexecuted"] == ["p2/call"] and tools["reads_served"] == []
     assert tools["changed_reads"] == [{"call_id": "p2/call", "recorded": f"outbox/p1/call = to {EVE}: hi",
                                        "replayed": "no results for outbox"}]
@@ -250,7 +250,7 @@ def test_read_modes_reexecute_against_snapshot_or_serve_recorded(engine):
 
     rec = run(engine, ep, read_mode="recorded")
     report = rec.forget("inj")
-    assert report.extra["tools"]["reads_served"] == ["p2/call"] and report.extra["tools"]["reads_reexecuted"] == []
+    assert report.extra.fields["tools"]["reads_served"] == ["p2/call"] and report.extra.fields["tools"]["reads_reexecuted"] == []
     assert EVE in rec.calls[-1].result  # the real world's observation: not the twin's
     assert rec.texts() != fresh.texts()
     assert kinds(report) == [("p1/call", "not_made")]
@@ -264,7 +264,7 @@ def test_recorded_mode_falls_back_when_the_arguments_change(engine):
     rt = run(engine, ep, world, tools=scripted_tools(lookup=lookup), read_mode="recorded")
     assert rt.calls[0].result == "Eve, unknown sender"
     report = rt.forget("inj")
-    assert report.extra["tools"]["read_fallbacks"] == ["p1/call"]
+    assert report.extra.fields["tools"]["read_fallbacks"] == ["p1/call"]
     assert rt.calls[0].args == (("name", ANN),) and rt.calls[0].result == "Ann, a friend"
     assert report.assumptions["A3"]["holds"]  # reads have no side effect: no divergence
 
@@ -283,7 +283,7 @@ def check_irrevocable(rt, report, expected: list[tuple[str, str]]):
     assert a3["holds"] is (not expected)
     for call_id, kind in expected:
         assert f"{call_id} ({kind})" in a3["why"]
-    assert report.extra["world"]["unchanged"] and all(n == 1 for n in rt.world.executions.values())
+    assert report.extra.fields["world"]["unchanged"] and all(n == 1 for n in rt.world.executions.values())
 
 
 def test_changed_arguments(engine):
@@ -292,7 +292,7 @@ def test_changed_arguments(engine):
     rt = run(engine, ep)
     report = rt.forget("inj")
     check_irrevocable(rt, report, [("p1/call", "changed_arguments")])
-    d = report.extra["divergences"][0]
+    d = report.extra.fields["divergences"][0]
     assert d["committed"] == {"call_id": "p1/call", "tool": "send_message", "args": {"to": EVE, "body": "hi"},
                               "step_id": "p1", "turn": 3, "committed": True}
     assert d["counterfactual"]["args"] == {"to": ANN, "body": "hi"} and d["counterfactual"]["sent"] is False
@@ -308,7 +308,7 @@ def test_not_made(engine):
     rt = run(engine, ep)
     report = rt.forget("inj")
     check_irrevocable(rt, report, [("p1/call", "not_made")])
-    d = report.extra["divergences"][0]
+    d = report.extra.fields["divergences"][0]
     assert d["committed"]["args"] == {"to": EVE, "body": "hi"} and d["counterfactual"] is None
     assert rt.calls == [] and rt.shadow.state() == {} and rt.world.state() == {"outbox/p1/call": f"to {EVE}: hi"}
 
@@ -320,10 +320,10 @@ def test_new_call_is_held_not_sent_until_released(engine):
     assert rt.effects == []  # the latest tool result named nobody
     report = rt.forget("inj")
     check_irrevocable(rt, report, [("p1/call", "new_call")])
-    d = report.extra["divergences"][0]
+    d = report.extra.fields["divergences"][0]
     assert d["committed"] is None and d["counterfactual"]["args"] == {"to": ANN, "body": "hi"}
     assert d["counterfactual"]["sent"] is False and "held for the operator" in d["status"]
-    assert report.extra["held"] == ["p1/call"]
+    assert report.extra.fields["held"] == ["p1/call"]
     assert rt.world.state() == {} and rt.shadow.state() == {"outbox/p1/call": f"to {ANN}: hi"}
     sent = rt.release_held("p1/call")  # the operator's decision, never automatic
     assert sent.committed and rt.world.executions == {"p1/call": 1} and rt.get_divergences() == []
@@ -338,7 +338,7 @@ def test_no_divergence_when_committed_calls_agree(engine):
     rt = run(engine, ep, Environment({"k": "v"}))
     report = rt.forget("u1")
     check_irrevocable(rt, report, [])
-    assert report.extra["tools"]["deduplicated"] == ["p1/call"]  # re-made in the shadow only
+    assert report.extra.fields["tools"]["deduplicated"] == ["p1/call"]  # re-made in the shadow only
     fresh = run(engine, without(ep, "u1"), Environment({"k": "v"}))
     assert rt.world.state() == fresh.world.state() == rt.shadow.state()
     assert rt.digest() == fresh.digest()
@@ -362,7 +362,7 @@ def test_full_reset_agrees_with_forget(engine):
                  plan("p1", "send_message", "body=hi"), plan("p2", "search", "query=outbox"))
     a, b = run(engine, ep), run(engine, ep)
     ra, rb = a.forget("inj"), b.full_reset("inj")
-    assert ra.extra["divergences"] == rb.extra["divergences"] and ra.digest == rb.digest
+    assert ra.extra.fields["divergences"] == rb.extra.fields["divergences"] and ra.digest == rb.digest
     assert ra.boundary == 2 and rb.boundary == 0
 
 

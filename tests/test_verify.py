@@ -338,7 +338,7 @@ def test_tool_session_with_an_irrevocable_divergence_then_live_then_forget_verif
     path = tmp_path / "s.db"
     with PersistentSession.create(path, runtime) as session:
         report = session.forget(INJECTED)
-        assert report.extra["divergences"]  # the sent message is irrevocable (A3 fails)
+        assert report.extra.fields["divergences"]  # the sent message is irrevocable (A3 fails)
         session.run([Step("t9", "tool", (Item("inbox/9", "From: ann@a.test\nhi"),), "fetch"),
                      Step("p9", "plan", (Item("p9", "Reply now."),), "send_message"),
                      Step("u9", "user", (Item("u9", "Thanks."),))])

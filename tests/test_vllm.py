@@ -195,7 +195,7 @@ def test_the_forget_report_names_the_residue(engine_factory):
 
     episode = load_episode(Path(__file__).resolve().parents[1] / "examples" / "secret_in_tool_result.json")
     runtime = AgentRuntime.from_episode(engine_factory("vllm-tiny"), episode)
-    residue = runtime.forget(episode.target.source).extra["engine_residue"]
+    residue = runtime.forget(episode.target.source).extra.engine_residue
     assert residue["resident_blocks"] >= 1 and residue["zeroed"] is False
     assert "until evicted" in residue["statement"]
 
@@ -446,7 +446,7 @@ def test_a_restore_keeps_the_checkpoint_rounded_down_to_blocks(engine_factory):
     block = runtime.engine.lm.block_size
     assert runtime.engine.determinism.restore_granularity == block
     report = runtime.forget(episode.target.source)
-    restore = report.extra["restore"].to_json()
+    restore = report.extra.restore.to_json()
     offset = restore["checkpoint_tokens"]
     assert offset % block != 0 and restore["shared"]  # the case under test: a checkpoint inside a block
     assert (restore["cached_tokens"], restore["recomputed_tokens"]) == (offset // block * block, offset % block)

@@ -295,21 +295,82 @@ class Drafts:
         return cls(drafts, bound, lookup, policy)
 
     def get_totals(self) -> dict:
-        keys = ("draft", "accepted", "rejected", "decoded", "prefilled", "lookups", "looked_up", "lookup_accepted",
-                "forwards")
-        totals = {k: sum(getattr(t, k) for t in self.turns) for k in keys}
-        totals["turns"] = len(self.turns)
-        totals["fallbacks"] = sum(t.fallback for t in self.turns)
-        totals["fully_accepted_turns"] = sum(t.draft > 0 and t.accepted == t.draft and not t.fallback
-                                             for t in self.turns)
-        totals["probes"] = sum(t.probed for t in self.turns)
-        totals["quoting"] = sum(t.quotes for t in self.turns)
-        return totals
+        """The replayed turns' costs summed (:func:`get_totals`)."""
+        return get_totals(self.turns)
+
+
+def get_totals(turns: Sequence[TurnCost]) -> dict:
+    """What the replayed ``turns`` cost together, as the report's drafts totals show it."""
+    keys = ("draft", "accepted", "rejected", "decoded", "prefilled", "lookups", "looked_up", "lookup_accepted",
+            "forwards")
+    totals = {k: sum(getattr(t, k) for t in turns) for k in keys}
+    totals["turns"] = len(turns)
+    totals["fallbacks"] = sum(t.fallback for t in turns)
+    totals["fully_accepted_turns"] = sum(t.draft > 0 and t.accepted == t.draft and not t.fallback for t in turns)
+    totals["probes"] = sum(t.probed for t in turns)
+    totals["quoting"] = sum(t.quotes for t in turns)
+    return totals
+
+
+@attrs.frozen
+class DraftsAccount:
+    """The forget report's account of how a replay used drafts (``ForgetReport.drafts``):
+    :func:`choose_drafts` chooses it, ``plan_replay`` adds where the bound came from
+    (:meth:`with_plan`) and ``get_replayed`` what the turns cost (:meth:`with_turns`).
+    :meth:`none` is the account of a forget that replayed no model turn (a reset)."""
+
+    mode: str  # "verify", "oracle" or "off"
+    why: str
+    bound: float | None = None  # the prefill-versus-decode bound the guard used (None: none measured)
+    lookup: bool | None = None  # verify: whether decoded turns guessed from the context
+    labelled_steps: tuple[str, ...] | None = None  # oracle: the steps its labels call independent
+    #: chosen for a replay (False: no replay ran, and the report shows only ``mode`` and ``why``)
+    chosen: bool = True
+    bound_source: str | None = None  # "calibrated: ..." on this CPU, or shipped from another
+    policy: DraftPolicy | None = None  # the engine's draft policy, where drafts sized their forwards by it
+    cpu_isa: str | None = None  # the instruction set the bound was applied on (``get_cpu_isa``)
+    turns: tuple[TurnCost, ...] | None = None  # the replayed model turns (None: no drafts replayed)
+
+    @classmethod
+    def none(cls) -> DraftsAccount:
+        """The account of a forget that replayed no model turn from drafts."""
+        return cls("off", "no replay of model turns from drafts", chosen=False)
+
+    def with_plan(self, bound_source: str | None, policy: DraftPolicy | None, cpu_isa: str) -> DraftsAccount:
+        """This account with the plan's facts: where the bound came from, the draft policy and the CPU."""
+        return attrs.evolve(self, bound_source=bound_source, policy=policy, cpu_isa=cpu_isa)
+
+    def with_turns(self, turns: Iterable[TurnCost]) -> DraftsAccount:
+        """This account once the replay's model turns have cost ``turns``."""
+        return attrs.evolve(self, turns=tuple(turns))
+
+    @property
+    def totals(self) -> dict | None:
+        """The replayed turns' costs summed (:func:`get_totals`); None where no drafts were replayed."""
+        return None if self.turns is None else get_totals(self.turns)
+
+    def to_json(self) -> dict:
+        """The account as the report writes it (:data:`DRAFTS_ACCOUNT_KEYS`, in order): the
+        bound, its source and the CPU wherever drafts were chosen for a replay, and each
+        other field only where it is set."""
+        fields = {"mode": self.mode, "bound": self.bound, "lookup": self.lookup,
+                  "labelled_steps": None if self.labelled_steps is None else list(self.labelled_steps),
+                  "why": self.why, "bound_source": self.bound_source,
+                  "policy": None if self.policy is None else self.policy.to_json(), "cpu_isa": self.cpu_isa,
+                  "totals": self.totals, "turns": None if self.turns is None else [t.to_json() for t in self.turns]}
+        # a chosen account names its bound, source and CPU even where they are None (none measured)
+        written = ("mode", "why", "bound", "bound_source", "cpu_isa") if self.chosen else ("mode", "why")
+        return {key: fields[key] for key in DRAFTS_ACCOUNT_KEYS if key in written or fields[key] is not None}
+
+
+#: The keys of the report's drafts account (:meth:`DraftsAccount.to_json`), in order.
+DRAFTS_ACCOUNT_KEYS = ("mode", "bound", "lookup", "labelled_steps", "why", "bound_source", "policy", "cpu_isa",
+                       "totals", "turns")
 
 
 def choose_drafts(lm, bound: float | None, blocks: Sequence, steps: Sequence, boundary: int, wanted: bool | None,
                   oracle: bool, pending: Iterable[str] = (), lookup: bool = True,
-                  policy: DraftPolicy | None = None) -> tuple[Drafts | None, dict]:
+                  policy: DraftPolicy | None = None) -> tuple[Drafts | None, DraftsAccount]:
     """The drafts of a replay from ``boundary``: the model turns written after
     it, before the forget (of ``blocks``, the session's; ``steps``: its
     observation log); returns the drafts (None: every turn decoded) and the
@@ -323,21 +384,20 @@ def choose_drafts(lm, bound: float | None, blocks: Sequence, steps: Sequence, bo
         trusted = [b.id for b in blocks if get_step_id(b.id) in labelled]
         # the oracle trusts its labels; unlabelled turns are decoded as B7 without drafts would
         chosen = [b for b in blocks if b.id in set(trusted)]
-        return Drafts.from_blocks(chosen, bound, trusted, lookup=False), {
-            "mode": "oracle", "bound": bound, "labelled_steps": sorted(labelled),
-            "why": "B7-oracle: turns labelled independent re-prefilled unverified"}
+        return Drafts.from_blocks(chosen, bound, trusted, lookup=False), DraftsAccount(
+            "oracle", "B7-oracle: turns labelled independent re-prefilled unverified", bound,
+            labelled_steps=tuple(sorted(labelled)))
     if wanted is False:
-        return None, {"mode": "off", "bound": bound, "why": "drafts turned off by the caller"}
+        return None, DraftsAccount("off", "drafts turned off by the caller", bound)
     if bound is None:
         if wanted:
             raise ValueError(f"drafts were asked for, but no prefill-versus-decode bound was measured for "
                              f"{lm.name} on {lm.device} {lm.dtype} (`unsee calibrate` measures one)")
-        return None, {"mode": "off", "bound": None,
-                      "why": f"no prefill-versus-decode bound measured for {lm.name} on "
-                             f"{lm.device} {lm.dtype}: every turn re-decoded (`unsee calibrate` measures one)"}
+        return None, DraftsAccount("off", f"no prefill-versus-decode bound measured for {lm.name} on "
+                                          f"{lm.device} {lm.dtype}: every turn re-decoded (`unsee calibrate` "
+                                          "measures one)")
     pending = set(pending)
     forgotten = [i.text for s in steps for i in s.items if i.source in pending]
-    return Drafts.from_blocks(blocks, bound, forgotten=forgotten, lookup=lookup, policy=policy), {
-        "mode": "verify", "bound": bound, "lookup": lookup,
-        "why": f"verified drafts{' and context guesses' if lookup else ''}, decisions accepted above a "
-               f"margin of 2 x {bound:g}"}
+    return Drafts.from_blocks(blocks, bound, forgotten=forgotten, lookup=lookup, policy=policy), DraftsAccount(
+        "verify", f"verified drafts{' and context guesses' if lookup else ''}, decisions accepted above a "
+                  f"margin of 2 x {bound:g}", bound, lookup=lookup)

@@ -2,13 +2,15 @@
 as functions over a runtime's state that return values (the verbs
 :meth:`~unsee.impl.agent.runtime.AgentRuntime.forget` and ``full_reset`` call them).
 
-A forget is three steps, each a value: :func:`plan_replay` (lines 1-4: tau,
-the taint closure, the checkpoint, the drafts) reads the state;
-:func:`compute_replay` (lines 5-10) restores the checkpoint into a replay
-runtime beside the old one (on a new lineage sharing the checkpoint's prefix
-copy-on-write), re-enacts the sanitized suffix there and returns the new state
-with what the replay did (:class:`Replayed`: its drafts and costs included);
-the runtime only then adopts it, so a forget that fails halfway leaves the
+A forget (:meth:`AgentRuntime.forget <unsee.impl.agent.runtime.AgentRuntime.forget>`,
+which reads as the algorithm) is four steps over values:
+:func:`plan_replay` (lines 1-4: tau, the taint closure, the checkpoint, the
+drafts) reads the state; :func:`restore_checkpoint` (line 5) restores the
+checkpoint into a replay runtime beside the old one (on a new lineage
+sharing the checkpoint's prefix copy-on-write), which re-enacts the sanitized
+suffix (lines 6-10); :func:`get_replayed` reads the new state back with what
+the replay did (:class:`Replayed`: its drafts and costs included); the
+runtime only then adopts it, so a forget that fails halfway leaves the
 session as it was. :func:`compute_report` builds the report from the value.
 ``reset_sources`` does the same from ``R_0``.
 """
@@ -22,10 +24,10 @@ from typing import Any
 import attrs
 
 from unsee.impl.agent.checkpoints import Checkpoint, CheckpointStore
-from unsee.impl.agent.drafts import Drafts, choose_drafts
+from unsee.impl.agent.drafts import Drafts, DraftsAccount, choose_drafts
 from unsee.impl.agent.episode import Step
 from unsee.impl.agent.extensions import Extension
-from unsee.impl.agent.report import ForgetReport, RestoreAccount
+from unsee.impl.agent.report import ForgetReport, ReportExtra, RestoreAccount
 from unsee.impl.agent.state import RuntimeState
 from unsee.impl.engines.counts import Counters
 from unsee.impl.engines.files import get_cpu_isa
@@ -63,7 +65,7 @@ class ReplayPlan:
     checkpoint: Checkpoint  # the latest checkpoint before tau
     shared: bool  # its lineage is in memory (else the restore rebuilds it from its manifest)
     drafts: Drafts | None  # the replay's drafts (None: every turn decoded)
-    drafts_account: dict  # the report's account of that choice
+    drafts_account: DraftsAccount  # the report's account of that choice
 
 
 @attrs.frozen
@@ -77,13 +79,13 @@ class Forgotten:
     closure: tuple[str, ...] = ()
     invocations: int = 0  # transitions the replay ran
     already_forgotten: bool = False
-    drafts: dict | None = None
+    drafts: DraftsAccount = attrs.field(factory=DraftsAccount.none)
     restore: RestoreAccount | None = None
 
 
 @attrs.frozen
 class Replayed:
-    """What a replay computed beside the runtime (:func:`compute_replay`):
+    """What a replay computed beside the runtime (:func:`get_replayed`):
     the new state, the replay's extensions (whose branch state the runtime
     adopts with it), the state it was computed from, and what it did."""
 
@@ -122,25 +124,6 @@ def sanitize_steps(steps: Sequence[Step], source_ids: Sequence[str]) -> list[Ste
 
 # --- Algorithm 1 -------------------------------------------------------------
 
-def forget_sources(runtime: Runtime, source_ids: Sequence[str], progress: Progress | None = None,
-                   wait: bool = True, drafts: bool | None = None, oracle: bool = False,
-                   lookup: bool = True) -> ForgetReport:
-    """Provenance-Guided Selective Replay of ``source_ids`` in one replay
-    (:meth:`AgentRuntime.forget_many <unsee.impl.agent.runtime.AgentRuntime.forget_many>`
-    says what the options mean)."""
-    with runtime.hold("forget", wait):
-        started, before = time.perf_counter(), runtime.engine.counters.snapshot()
-        pending = begin_forget(runtime, source_ids)
-        if not pending:
-            return compute_report(runtime, Forgotten("replay", tuple(source_ids), already_forgotten=True),
-                                  started, before)
-        plan = plan_replay(runtime.state, runtime.engine, pending, drafts, oracle, lookup)  # lines 1-4
-        replayed = compute_replay(runtime, plan, "replay-oracle" if oracle else "replay", source_ids,
-                                  progress)  # lines 5-10
-        runtime.adopt(replayed, "forget")
-        return compute_report(runtime, replayed.forgotten, started, before)
-
-
 def plan_replay(state: RuntimeState, engine, pending: Sequence[str], drafts: bool | None = None,
                 oracle: bool = False, lookup: bool = True) -> ReplayPlan:
     """Algorithm 1 lines 1-4 over ``state``: tau, the taint closure, the
@@ -153,32 +136,23 @@ def plan_replay(state: RuntimeState, engine, pending: Sequence[str], drafts: boo
     policy = get_draft_policy(engine)
     chosen, account = choose_drafts(engine.lm, bound, state.graph.blocks(), state.steps, checkpoint.boundary,
                                     drafts, oracle, pending, lookup, policy)
-    account["bound_source"] = bound_source  # "calibrated" (on this CPU) or shipped from another
-    if chosen is not None and policy is not None:
-        account["policy"] = policy.to_json()  # how each turn sized its forwards (the credit rule)
-    account["cpu_isa"] = get_cpu_isa()
+    # the policy only where drafts are replayed: how each turn sized its forwards (the credit rule)
+    account = account.with_plan(bound_source, policy if chosen is not None else None, get_cpu_isa())
     return ReplayPlan(tuple(pending), tau, closure, checkpoint, shared, chosen, account)
 
 
-def compute_replay(runtime: Runtime, plan: ReplayPlan, method: str, source_ids: Sequence[str],
-                   progress: Progress | None = None) -> Replayed:
-    """Algorithm 1 lines 5-10 beside ``runtime``: the state of a twin that
-    never observed ``plan.pending``, as a new value; ``runtime`` is left as it
-    was. The replay runs in a runtime of its own, restored at the checkpoint,
-    whose state, drafts and costs are read back."""
-    base, checkpoint = runtime.state, plan.checkpoint
-    # line 5: share the kept prefix of the lineage (a crop, no copy)
-    replay = restore_checkpoint(runtime, checkpoint, plan.pending, plan.drafts)
-    restored, transitions_before = replay.lineage, replay.transitions
-    replay.run(sanitize_steps(base.steps[checkpoint.boundary:], plan.pending), progress)  # lines 6-10
-    account = dict(plan.drafts_account)
-    if replay.drafts is not None:
-        account["totals"] = replay.drafts.get_totals()
-        account["turns"] = [t.to_json() for t in replay.drafts.turns]
+def get_replayed(runtime: Runtime, plan: ReplayPlan, replay: Runtime, restored: str, method: str,
+                 source_ids: Sequence[str]) -> Replayed:
+    """Read back a replay run beside ``runtime`` (Algorithm 1 lines 5-10:
+    ``replay``, restored by :func:`restore_checkpoint` on ``restored``, has
+    re-enacted the sanitized suffix): the twin's state as a value, with the
+    replay's drafts and costs, which the runtime adopts or drops."""
+    account = plan.drafts_account if replay.drafts is None else plan.drafts_account.with_turns(replay.drafts.turns)
+    checkpoint = plan.checkpoint
     forgotten = Forgotten(method, tuple(source_ids), plan.tau, checkpoint, plan.closure,
-                          replay.transitions - transitions_before, drafts=account,
+                          replay.transitions - runtime.transitions, drafts=account,
                           restore=get_restore_account(runtime.engine, checkpoint.token_offset, plan.shared, restored))
-    return Replayed(replay.state, tuple(replay.extensions), base, forgotten)
+    return Replayed(replay.state, tuple(replay.extensions), runtime.state, forgotten)
 
 
 def restore_checkpoint(runtime: Runtime, checkpoint: Checkpoint, forgetting: Sequence[str] = (),
@@ -275,13 +249,12 @@ def compute_report(runtime: Runtime, forgotten: Forgotten, started: float, befor
     the engine's counters when it started."""
     spent = runtime.engine.counters.snapshot() - before
     digest, assumptions = runtime.digest(), runtime.get_assumptions()
-    extra = {"rendering": runtime.renderer.describe()}  # how the episode was rendered (impl/agent/render.py)
+    fields = {}
     for extension in runtime.extensions:
-        extra.update(extension.get_report_fields())
-    if isinstance(runtime.engine, Residue):  # an engine keeping blocks outside its lineages (vLLM)
-        extra["engine_residue"] = runtime.engine.residue()
-    if forgotten.restore is not None:
-        extra["restore"] = forgotten.restore
+        fields.update(extension.get_report_fields())
+    # how the episode was rendered (impl/agent/render.py); what an engine keeps outside its lineages (vLLM)
+    extra = ReportExtra(runtime.renderer.describe(), fields,
+                        runtime.engine.residue() if isinstance(runtime.engine, Residue) else None, forgotten.restore)
     checkpoint, t = forgotten.checkpoint, runtime.t
     return ForgetReport(
         method=forgotten.method, source_id=",".join(forgotten.source_ids), tau=forgotten.tau, length=t,
@@ -292,10 +265,25 @@ def compute_report(runtime: Runtime, forgotten: Forgotten, started: float, befor
         closure=forgotten.closure, invocations=forgotten.invocations,
         spent=spent, wall_s=time.perf_counter() - started, digest=digest, assumptions=assumptions, extra=extra,
         digest_means=runtime.engine.determinism.digest,
-        drafts=forgotten.drafts or {"mode": "off", "why": "no replay of model turns from drafts"})
+        drafts=forgotten.drafts)
 
 
-__all__ = ["AmbiguousTargetError", "Forgotten", "Progress", "ReplayPlan", "Replayed", "TargetNotFoundError",
-           "compute_replay", "compute_report", "find_one_source", "find_sources", "forget_sources",
-           "get_closure", "get_restore_account", "plan_replay", "reset_sources", "restore_checkpoint", "sanitize_step",
-           "sanitize_steps"]
+__all__ = [
+    "AmbiguousTargetError",
+    "Forgotten",
+    "Progress",
+    "ReplayPlan",
+    "Replayed",
+    "TargetNotFoundError",
+    "compute_report",
+    "find_one_source",
+    "find_sources",
+    "get_closure",
+    "get_replayed",
+    "get_restore_account",
+    "plan_replay",
+    "reset_sources",
+    "restore_checkpoint",
+    "sanitize_step",
+    "sanitize_steps",
+]

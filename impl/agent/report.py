@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import attrs
 
+from unsee.impl.agent.drafts import DraftsAccount
 from unsee.impl.engines.counts import Counters
 
 
@@ -25,6 +29,29 @@ class RestoreAccount:
 
 
 @attrs.frozen
+class ReportExtra:
+    """What a report adds beside the forget's counts (``ForgetReport.extra``): how the
+    episode was rendered, the extensions' own fields (pluggable, so a mapping in the
+    order they gave them, e.g. the tool layer's divergences), what an engine keeps
+    outside its lineages (vLLM) and what the restore kept."""
+
+    rendering: dict = attrs.field(factory=dict)  # impl/agent/render.py's describe()
+    fields: Mapping[str, Any] = attrs.field(factory=dict, converter=dict)  # Extension.get_report_fields()
+    engine_residue: dict | None = None  # an engine with Residue only
+    restore: RestoreAccount | None = None  # a forget's restore (not a reset's)
+
+    def to_json(self) -> dict:
+        """As the report writes it: the rendering, the extensions' fields, then the
+        residue and the restore where there are any."""
+        out = {"rendering": self.rendering, **self.fields}
+        if self.engine_residue is not None:
+            out["engine_residue"] = self.engine_residue
+        if self.restore is not None:
+            out["restore"] = self.restore.to_json()
+        return out
+
+
+@attrs.frozen
 class ForgetReport:
     """What a forget (or a reset, or a baseline) did and cost."""
 
@@ -43,12 +70,11 @@ class ForgetReport:
     wall_s: float
     digest: str
     assumptions: dict
-    extra: dict = attrs.field(factory=dict)  # the extensions' fields, e.g. irrevocable divergences
+    extra: ReportExtra = attrs.field(factory=ReportExtra)  # the rendering, the extensions' fields, the restore
     already_forgotten: bool = False  # a repeated forget: nothing to do, state unchanged
-    #: drafts: {"mode": "verify" | "oracle" | "off", "why": ..., "bound": ...,
-    #: "totals": {...}, "turns": [per replayed model turn: draft, accepted,
-    #: rejected, decoded, prefilled, fallback, trusted]}
-    drafts: dict = attrs.field(factory=dict)
+    #: how the replay used drafts: mode ("verify", "oracle", "off"), why, the bound, and
+    #: what each replayed model turn cost (:class:`~unsee.impl.agent.drafts.DraftsAccount`)
+    drafts: DraftsAccount = attrs.field(factory=DraftsAccount.none)
     #: what ``digest`` means, as the engine declares it (Determinism.digest): "kv" (bitwise
     #: equal K and V by position) or "tokens" (equal token ids, decisions within a measured bound)
     digest_means: str = "kv"
@@ -73,9 +99,9 @@ class ForgetReport:
     def to_json(self) -> dict:
         """The report as plain data: the counts of ``spent`` it shows by name, in the order
         its JSON has always had (:data:`JSON_KEYS`)."""
-        fields = attrs.asdict(self, filter=lambda a, _: a.name not in ("spent", "extra"))
-        fields["extra"] = {k: v.to_json() if isinstance(v, RestoreAccount) else v for k, v in self.extra.items()}
-        fields.update({name: getattr(self, name) for name in COUNTED},
+        fields = attrs.asdict(self, filter=lambda a, _: a.name not in ("spent", "extra", "drafts"))
+        fields.update({name: getattr(self, name) for name in COUNTED}, extra=self.extra.to_json(),
+                      drafts=self.drafts.to_json(),
                       closure=list(self.closure), expected_invocations=self.expected_invocations)
         return {key: fields[key] for key in JSON_KEYS}
 
@@ -90,4 +116,4 @@ JSON_KEYS = ("method", "source_id", "tau", "length", "boundary", "checkpoint", "
              "rebuilt_tokens", "reused_tokens", "digest_means", "expected_invocations")
 
 
-__all__ = ["COUNTED", "JSON_KEYS", "ForgetReport", "RestoreAccount"]
+__all__ = ["COUNTED", "JSON_KEYS", "ForgetReport", "ReportExtra", "RestoreAccount"]

@@ -1,63 +1,59 @@
-"""The agent runtime: the transition ``F``, ``forget`` (Algorithm 1) and ``full_reset`` (B5).
+"""The agent runtime: the transition ``F`` (:meth:`AgentRuntime.step`), ``forget``
+(Algorithm 1, over the functions of impl/agent/forget.py) and ``full_reset`` (B5).
 
-State ``R_t`` (:class:`~unsee.impl.agent.state.RuntimeState`) is: the KV
-cache of the current lineage, the context blocks in order, the plaintext
-memory store, the pending tool plans, the provenance graph and the
-checkpoints. ``step`` is ``F``: one call per observation, always through the
-same canonical chunks (one prefill per block, one prefill per committed model
-turn), so that two runs of the same transitions produce bitwise-identical
-caches.
+State ``R_t`` (:class:`~unsee.impl.agent.state.RuntimeState`) is the KV cache of
+the current lineage, the context blocks in order, the plaintext memory store,
+the pending tool plans, the provenance graph and the checkpoints, one value the
+runtime replaces at every change. ``step`` always goes through the same
+canonical chunks (one prefill per block, one per committed model turn), so two
+runs of the same transitions produce bitwise-identical caches. A forget builds
+the new state beside the old one, which the runtime then adopts.
 
-``forget`` and ``full_reset`` are functions over the state (impl/agent/forget.py):
-they build the new state beside the old one, which the runtime then adopts.
-
-The runtime holds a pin (:meth:`engine.budget.pin <unsee.impl.engines.protocol.KVBudget.pin>`) on the lineage it is
-extending: under a KV budget the engine may evict any other lineage, and a restore from an evicted
-checkpoint lineage rebuilds it from the checkpoint's manifest (:meth:`rebuild_lineage`).
-
-Extensions (:mod:`unsee.impl.agent.extensions`, e.g. the tool layer) are components the runtime owns and
-calls at fixed points; they change its state through the public verbs (:meth:`append_block`,
+The runtime pins the lineage it extends (:meth:`engine.budget.pin <unsee.impl.engines.protocol.KVBudget.pin>`):
+under a KV budget any other may be evicted, and a restore from an evicted checkpoint rebuilds it from its
+manifest (:meth:`rebuild_lineage`). Extensions (:mod:`unsee.impl.agent.extensions`, e.g. the tool layer) are
+components it calls at fixed points; they change its state through the public verbs (:meth:`append_block`,
 :meth:`mark_committed`), as the baselines do (:meth:`rebuild_context`, :meth:`keep_memory`, :meth:`excise_spans`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import attrs
 
 from unsee.impl.agent.checkpoints import Checkpoint, CheckpointStore, is_checkpoint_due
 from unsee.impl.agent.drafts import Drafts, TurnCost
-from unsee.impl.agent.episode import STEP_KINDS, Episode, Item, Settings, Step
+from unsee.impl.agent.episode import STEP_KINDS, Episode, Settings, Step
 from unsee.impl.agent.extensions import Extension
 from unsee.impl.agent.forget import (
     AmbiguousTargetError,
+    Forgotten,
     Progress,
     Replayed,
     TargetNotFoundError,
+    begin_forget,
+    compute_report,
     find_one_source,
     find_sources,
-    forget_sources,
+    get_replayed,
+    plan_replay,
     reset_sources,
+    restore_checkpoint,
     sanitize_step,
+    sanitize_steps,
 )
 from unsee.impl.agent.provenance import DERIVED_TYPES, RuntimeBlock, get_turn_chunks
 from unsee.impl.agent.render import (
-    END,
-    NOTE_REQUEST,
-    START,
     SUMMARY_OPENING,
-    SUMMARY_REQUEST,
     get_edit_tokens,
     get_memory_text,
     get_observation_message,
     get_renderer,
-    render,
-    render_header,
-    render_memory,
-    render_observation,
 )
 from unsee.impl.agent.report import ForgetReport
 from unsee.impl.agent.state import RuntimeState
@@ -68,6 +64,10 @@ from unsee.impl.util import ids
 from unsee.impl.util.exclusive import Exclusive
 
 SYSTEM_ID = "system"
+#: The model turn each kind of step ends with: (its block id's suffix, its block type).
+#: A memory step and a new session change the context without one.
+TURNS = {"user": (ids.ANSWER, "answer"), "tool": (ids.ANSWER, "answer"), "plan": (ids.PLAN, "plan"),
+         "remember": (ids.NOTE, "memory_write"), "compact": (ids.ANSWER, "summary")}
 
 
 def _view(name: str, doc: str, copy: bool = False) -> property:
@@ -185,37 +185,42 @@ class AgentRuntime:
     # --- the transition F ---------------------------------------------------
 
     def step(self, step: Step, wait: bool = True) -> None:
-        """``R_t = F(R_{t-1}, o_t)``."""
+        """``R_t = F(R_{t-1}, o_t)``: the step observed, answered by a model
+        turn where its kind has one (:data:`TURNS`), then its kind's own change."""
         with self._exclusive(wait, f"step {step.id}"):
-            self._step(step)
+            if any(s.id == step.id for s in self._state.steps):
+                raise ValueError(f"step id {step.id!r} was already observed in this session")
+            if step.kind not in STEP_KINDS:  # checked before any change to the state
+                raise ValueError(f"step {step.id!r}: unknown kind {step.kind!r}; expected one of {STEP_KINDS}")
+            state = self._state
+            checkpoints = state.checkpoints
+            if is_checkpoint_due(checkpoints.policy, state.t, step):
+                checkpoints = checkpoints.with_checkpoint(self._take_checkpoint())
+            self._update(t=state.t + 1, transitions=state.transitions + 1, steps=(*state.steps, step),
+                         checkpoints=checkpoints)
+            if step.kind not in TURNS:  # no observation block, no model turn
+                (self._on_memory if step.kind == "memory" else self._on_session)(step)
+                return
+            opening = self._observe(step)
+            suffix, type_ = TURNS[step.kind]
+            turn = self._answer(ids.compute_block_id(step.id, suffix), type_, header_suffix=opening)
+            if step.kind in ("plan", "remember", "compact"):
+                self._after_turn(step, turn)
 
-    def _step(self, step: Step) -> None:
-        if any(s.id == step.id for s in self._state.steps):
-            raise ValueError(f"step id {step.id!r} was already observed in this session")
-        if step.kind not in STEP_KINDS:  # checked before any change to the state
-            raise ValueError(f"step {step.id!r}: unknown kind {step.kind!r}; expected one of {STEP_KINDS}")
-        state = self._state
-        checkpoints = state.checkpoints
-        if is_checkpoint_due(checkpoints.policy, state.t, step):
-            checkpoints = checkpoints.with_checkpoint(self._take_checkpoint())
-        self._update(t=state.t + 1, transitions=state.transitions + 1, steps=(*state.steps, step),
-                     checkpoints=checkpoints)
-        handler = {"user": self._on_message, "tool": self._on_message, "plan": self._on_plan,
-                   "memory": self._on_memory, "remember": self._on_remember, "compact": self._on_compact,
-                   "session": self._on_session}[step.kind]
-        handler(step)
-
-    def _on_message(self, step: Step) -> None:
-        self._observe(step)
-        self._answer(ids.compute_block_id(step.id, ids.ANSWER), "answer")
-
-    def _on_plan(self, step: Step) -> None:
-        self._observe(step)
-        plan = self._answer(ids.compute_block_id(step.id, ids.PLAN), "plan",
-                            header_suffix=self.renderer.get_plan_opening(step.tool))
-        self._update(plans=(*self._state.plans, plan.id))
-        for extension in self.extensions:  # e.g. the tool layer turns the plan into a call (issue 4)
-            extension.after_plan(self, step, plan)
+    def _after_turn(self, step: Step, turn: RuntimeBlock) -> None:
+        """What a plan, a note or a summary changes once its turn is committed."""
+        if step.kind == "plan":
+            self._update(plans=(*self._state.plans, turn.id))
+            for extension in self.extensions:  # e.g. the tool layer turns the plan into a call (issue 4)
+                extension.after_plan(self, step, turn)
+        elif step.kind == "remember":
+            self._update(memory=(*self._state.memory, turn.id))
+        else:  # compaction: the summary replaces the context, on a new cache lineage (the prompt prefix changed)
+            self._new_lineage(step)
+            self.append_block(ids.compute_block_id(step.id, ids.CONTEXT), "summary",
+                              self.render_block("system",
+                                                f"Summary of the earlier conversation:\n{SUMMARY_OPENING} {turn.text}"),
+                              parents=(turn.id,), sources=turn.source_ids, extend_context=True)
 
     def _on_memory(self, step: Step) -> None:
         records = []
@@ -226,22 +231,6 @@ class AgentRuntime:
             self._update(memory=(*self._state.memory, record.id))
         self.append_block(step.id, "memory", self.render_block(*get_observation_message(step)), parents=tuple(self.context) + tuple(records),
                           sources=self.get_resident_sources() | {i.source for i in step.items})
-
-    def _on_remember(self, step: Step) -> None:
-        self._observe(step)
-        note = self._answer(ids.compute_block_id(step.id, ids.NOTE), "memory_write")
-        self._update(memory=(*self._state.memory, note.id))
-
-    def _on_compact(self, step: Step) -> None:
-        """Compaction: the model rewrites the context into a summary that replaces
-        it, on a new cache lineage (the prompt prefix changed)."""
-        self._observe(step)
-        summary = self._answer(ids.compute_block_id(step.id, ids.ANSWER), "summary", header_suffix=SUMMARY_OPENING)
-        self._new_lineage(step)
-        self.append_block(ids.compute_block_id(step.id, ids.CONTEXT), "summary",
-                          self.render_block("system",
-                                            f"Summary of the earlier conversation:\n{SUMMARY_OPENING} {summary.text}"),
-                          parents=(summary.id,), sources=summary.source_ids, extend_context=True)
 
     def _on_session(self, step: Step) -> None:
         """A new session: the plaintext memory store is re-injected into a fresh context."""
@@ -289,12 +278,17 @@ class AgentRuntime:
         last = self.graph[self._state.context[-1]] if self._state.context else None
         return self.renderer.render_after(last, self.engine.lm.encode, role, text)
 
-    def _observe(self, step: Step) -> RuntimeBlock:
+    def _observe(self, step: Step) -> str:
+        """Prefill ``step``'s observation as one block; returns what the model's
+        turn answering it opens with, after the assistant header."""
         own = frozenset(i.source for i in step.items)
         # a plan step's prompt block is the user's request; "plan" is the model's call
         type_ = {"user": "user", "tool": "tool", "plan": "user"}.get(step.kind, "instruction")
-        return self.append_block(step.id, type_, self.render_block(*self.renderer.get_message(step)),
-                                 parents=tuple(self.context), sources=self.get_resident_sources() | own)
+        self.append_block(step.id, type_, self.render_block(*self.renderer.get_message(step)),
+                          parents=tuple(self.context), sources=self.get_resident_sources() | own)
+        if step.kind == "plan":
+            return self.renderer.get_plan_opening(step.tool)
+        return SUMMARY_OPENING if step.kind == "compact" else ""
 
     def _answer(self, block_id: str, type_: str, header_suffix: str = "") -> RuntimeBlock:
         """A model turn: prefill the assistant header, decode, commit canonically.
@@ -312,7 +306,17 @@ class AgentRuntime:
             generated = list(draft.tokens)
             self.engine.prefill(self.lineage, generated)
         else:
-            generated = self._decode(block_id, draft)
+            before = self.engine.counters.snapshot()
+            assist = self._drafts.get_assist(draft) if self._drafts is not None else Assist()
+            with self._watch_turn(block_id):
+                generated = self.engine.generate(self.lineage, self.settings.max_new_tokens,
+                                                 stop_ids=self.engine.lm.eos_ids,
+                                                 temperature=self.settings.temperature,
+                                                 seed=self._seed() if self.settings.temperature > 0 else None,
+                                                 assist=assist)
+            if self._drafts is not None:  # with drafts, every turn's cost is logged
+                spent = self.engine.counters.snapshot() - before
+                self._drafts = self._drafts.with_turn(TurnCost.from_spent(block_id, draft, spent, len(generated)))
         body = [i for i in generated if i not in self.engine.lm.eos_ids]
         text = self.engine.lm.decode(body).strip()
         tokens = header + tuple(generated)
@@ -321,19 +325,10 @@ class AgentRuntime:
                              chunks=get_turn_chunks(self.engine.determinism, header, generated))
         return self.commit_block(block)
 
-    def _decode(self, block_id: str, draft) -> list[int]:
-        """Decode a model turn (verifying ``draft`` where one is given); with
-        drafts, the turn's cost is logged."""
-        before = self.engine.counters.snapshot()
-        assist = self._drafts.get_assist(draft) if self._drafts is not None else Assist()
-        generated = self.engine.generate(self.lineage, self.settings.max_new_tokens, stop_ids=self.engine.lm.eos_ids,
-                                         temperature=self.settings.temperature,
-                                         seed=self._seed() if self.settings.temperature > 0 else None,
-                                         assist=assist)
-        if self._drafts is not None:
-            spent = self.engine.counters.snapshot() - before
-            self._drafts = self._drafts.with_turn(TurnCost.from_spent(block_id, draft, spent, len(generated)))
-        return generated
+    def _watch_turn(self, block_id: str) -> contextlib.AbstractContextManager:
+        """Around a decoded turn's ``generate``: where a runtime that streams
+        watches its forwards (the server's client runtime); nothing here."""
+        return contextlib.nullcontext()
 
     def _seed(self) -> int:
         # A fixed randomness source per transition (A1 under sampling).
@@ -420,31 +415,37 @@ class AgentRuntime:
 
     # --- forget (Algorithm 1 and B5, impl/agent/forget.py) -----------------
 
-    def forget(self, source_id: str, progress: Progress | None = None, wait: bool = True,
+    def forget(self, source_id: str | Sequence[str], progress: Progress | None = None, wait: bool = True,
                drafts: bool | None = None, oracle: bool = False, lookup: bool = True) -> ForgetReport:
-        """Provenance-Guided Selective Replay (Algorithm 1): after it, the state
-        equals that of a twin that never observed ``source_id``.
-
-        Forgetting a source that was already forgotten is a no-op (the state
-        already is that twin's) and says so in the report. A forget that
-        arrives while a step is running waits for that step to commit, or
-        raises :class:`SessionBusyError` when ``wait`` is false.
-
-        ``drafts``: replay model turns as verified drafts (impl/agent/drafts.py);
-        None means on wherever the engine has a measured discrepancy bound.
-        ``oracle``: B7-oracle, the paper's variant: turns whose step is
-        labelled independent of the target are re-prefilled unverified (a
-        baseline; not exact when a label is wrong). ``lookup``: with drafts,
-        also guess from the context where a turn is decoded (impl/agent/drafts.py);
-        False measures drafts alone.
-        """
-        return self.forget_many([source_id], progress, wait, drafts, oracle, lookup)
+        """Provenance-Guided Selective Replay (Algorithm 1): after it, the state equals that of a
+        twin that never observed ``source_id`` (or any of a sequence of ids, in one replay). A source
+        already forgotten is a no-op that says so; a forget waits for a running step to commit, or
+        raises :class:`SessionBusyError` when ``wait`` is false. ``drafts``: replay model turns as
+        verified drafts (impl/agent/drafts.py; None: wherever the engine has a measured bound);
+        ``lookup``: with drafts, also guess from the context (False measures drafts alone);
+        ``oracle``: B7-oracle, turns labelled independent of the target re-prefilled unverified
+        (a baseline; not exact when a label is wrong)."""
+        source_ids = [source_id] if isinstance(source_id, str) else list(source_id)
+        with self.hold("forget", wait):
+            started, before = time.perf_counter(), self.engine.counters.snapshot()
+            pending = begin_forget(self, source_ids)
+            if not pending:
+                return compute_report(self, Forgotten("replay", tuple(source_ids), already_forgotten=True),
+                                      started, before)
+            plan = plan_replay(self._state, self.engine, pending, drafts, oracle, lookup)  # lines 1-4
+            replay = restore_checkpoint(self, plan.checkpoint, plan.pending, plan.drafts)  # line 5
+            restored = replay.lineage
+            replay.run(sanitize_steps(self._state.steps[plan.checkpoint.boundary:], plan.pending),
+                       progress)  # lines 6-10, beside this runtime
+            replayed = get_replayed(self, plan, replay, restored, "replay-oracle" if oracle else "replay", source_ids)
+            self.adopt(replayed, "forget")
+            return compute_report(self, replayed.forgotten, started, before)
 
     def forget_many(self, source_ids: Sequence[str], progress: Progress | None = None,
                     wait: bool = True, drafts: bool | None = None, oracle: bool = False,
                     lookup: bool = True) -> ForgetReport:
         """Forget several sources in one replay: the twin never observed any of them."""
-        return forget_sources(self, source_ids, progress, wait, drafts, oracle, lookup)
+        return self.forget(list(source_ids), progress, wait, drafts, oracle, lookup)
 
     def full_reset(self, source_id: str | Sequence[str], progress: Progress | None = None,
                    wait: bool = True, upto: int | None = None) -> ForgetReport:
@@ -595,6 +596,5 @@ def run_episode(engine: Engine, episode: Episode, progress: Progress | None = No
     return AgentRuntime.from_episode(engine, episode, progress)
 
 
-__all__ = ["END", "NOTE_REQUEST", "START", "SUMMARY_OPENING", "SUMMARY_REQUEST", "SYSTEM_ID", "AgentRuntime",
-           "AmbiguousTargetError", "ForgetReport", "Item", "Progress", "TargetNotFoundError", "render",
-           "render_header", "render_memory", "render_observation", "run_episode", "sanitize_step"]
+__all__ = ["SUMMARY_OPENING", "SYSTEM_ID", "TURNS", "AgentRuntime", "AmbiguousTargetError", "ForgetReport", "Progress",
+           "TargetNotFoundError", "run_episode", "sanitize_step"]

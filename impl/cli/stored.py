@@ -121,8 +121,8 @@ def print_forget_report(report, source: str, path: str) -> None:
         print(f"cost     {report.invocations} transitions (T - boundary = {report.expected_invocations}), "
               f"{report.prefilled_tokens} prefilled + {report.decoded_tokens} decoded tokens, "
               f"{report.wall_s:.2f} s")
-        print(f"drafts   {describe_drafts(report.drafts)}")
-        restore = report.to_json()["extra"].get("restore")
+        print(f"drafts   {describe_drafts(report.drafts.to_json())}")
+        restore = report.extra.restore.to_json() if report.extra.restore is not None else None
         if describe_restore(restore):
             print(f"restore  {describe_restore(restore)}")
     print(f"T        {report.length}")

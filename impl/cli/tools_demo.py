@@ -63,10 +63,10 @@ def run_tools_demo(model: str = "tiny", out: Callable[[str], object] = print, ba
 
     out(f"2. the injection {INJECTED!r} is flagged; forget it (selective replay)")
     report = runtime.forget(INJECTED)
-    divergences = report.extra["divergences"]
+    divergences = report.extra.fields["divergences"]
     out(f"   replayed {report.invocations} transitions from boundary {report.boundary}; "
-        f"shadow-executed {report.extra['tools']['shadow_calls']}, "
-        f"not re-sent (call ID already fired): {report.extra['tools']['deduplicated']}")
+        f"shadow-executed {report.extra.fields['tools']['shadow_calls']}, "
+        f"not re-sent (call ID already fired): {report.extra.fields['tools']['deduplicated']}")
     out(f"3. irrevocable divergences in the report: {len(divergences)}")
     for d in divergences:
         out(f"   {d['call_id']}: {d['kind']} -- {d['status']}")
@@ -76,14 +76,14 @@ def run_tools_demo(model: str = "tiny", out: Callable[[str], object] = print, ba
                                        f"{version['tool']}{json.dumps(version['args'], ensure_ascii=False)}"))
     a3 = report.assumptions["A3"]
     out(f"   A3 holds: {a3['holds']} ({a3['why']})")
-    if report.extra["held"]:
-        out(f"   held for the operator, not sent: {report.extra['held']}")
+    if report.extra.fields["held"]:
+        out(f"   held for the operator, not sent: {report.extra.fields['held']}")
 
     executions = dict(world.executions)
     outbox_after = {k: v for k, v in world.state().items() if k.startswith("outbox/")}
     shadow_outbox = {k: v for k, v in runtime.shadow.state().items() if k.startswith("outbox/")}
     out("4. the real environment after the forget (replay sent nothing):")
-    out(f"   unchanged by the forget: {report.extra['world']['unchanged']}; executions per call ID: {executions}")
+    out(f"   unchanged by the forget: {report.extra.fields['world']['unchanged']}; executions per call ID: {executions}")
     out(f"   real outbox: {json.dumps(outbox_after, ensure_ascii=False)}")
     out(f"   counterfactual (shadow) outbox: {json.dumps(shadow_outbox, ensure_ascii=False)}")
     return {"model": lm.name, "report": report, "divergences": divergences, "executions": executions,

@@ -40,7 +40,7 @@ from unsee.impl.engines.lineage import (
 )
 from unsee.impl.engines.protocol import Assist
 from unsee.impl.engines.speculation import DraftPolicy
-from unsee.impl.engines.turn import Turn, decode_turn
+from unsee.impl.engines.turn import Turn, decode_guarded, decode_reference, speculate
 from unsee.impl.util.ids import compute_lineage_handle
 
 #: ``on_forward(n_tokens, started)``: a hook on every model forward (``started``: its ``time.perf_counter()``)
@@ -225,7 +225,7 @@ class LineageBook:
         guard); ``probe`` feeds the draft's first token as one decode step
         first and checks its second there; ``lookup`` feeds each decided token
         with a guess from the lineage's own tokens (``decoding.get_lookup``).
-        The turn itself is :func:`unsee.impl.engines.turn.decode_turn`. After a
+        The turn is one of impl/engines/turn.py's procedures. After a
         draft accepted whole its verification chunk *is* the canonical chunk
         and the logits after the turn are not kept (another matmul shape), so
         a prefill must come before the next generate."""
@@ -242,7 +242,12 @@ class LineageBook:
                     self.kv.to_torch(header_logits), max_new_tokens, stops, temperature, seed, self.draft_bound,
                     max_forward=self.max_forward, policy=self.draft_policy)
         try:
-            out, committed = decode_turn(turn, replace(assist, draft=draft))
+            out, committed = None, False
+            if draft or assist.lookup:  # helped: a draft checked against the rule, or context guesses
+                helped = speculate if self.max_forward is not None else decode_guarded
+                out, committed = helped(turn, replace(assist, draft=draft))
+            if out is None:  # no help, or an unstable decision: the reference procedure
+                out = decode_reference(turn)
         except BaseException:
             self.kv.truncate(lineage, lin, start)  # interrupted mid-turn: the lineage as it was
             lin.last_logits = header_logits

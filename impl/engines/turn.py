@@ -12,21 +12,24 @@ logits, a crop, and two forwards on the lineage's KV (the logits after the
 last token fed, or after every token fed). Logits are float32 CPU torch
 tensors.
 
-The steps, in the order a turn takes them:
+The procedures, which ``generate`` picks from (each calls the lineage's
+forwards itself, so a forward is at most two calls below ``generate``):
 
-* :func:`decode_turn`: check the draft's first token on the header's own
-  logits, then verify the draft (:func:`decode_with_draft`), or decode with
-  lookup, and fall back to the reference procedure on an unstable decision;
-* :func:`decode_with_draft`: probe (one decode step) when asked, verify the
-  draft in one forward (:func:`get_accepted`), decode on from the first
-  disagreement;
+* :func:`decode_guarded`, where a draft or lookup helps and multi-token
+  forwards differ from decoding in the last bits: check the draft's first
+  token on the header's own logits, probe (one decode step) when asked,
+  verify the draft in one forward (:func:`get_accepted`), then decode on
+  from the first disagreement;
 * :func:`decode`: one token at a time, each decided token fed alone or with a
-  guess from the lineage's own tokens (:func:`verify_guess`);
-* :func:`speculate`, instead of the three above where forwards of up to
+  guess from the lineage's own tokens (:func:`accept_guess` reads the
+  guess's forward);
+* :func:`speculate`, instead of the above where forwards of up to
   ``max_forward`` tokens equal decoding (llama.cpp): the turn as a run of
   forwards, each feeding the token just decided and as many proposals (the
   draft while it agrees, else a context guess) as the draft policy's credit
-  allows (impl/engines/speculation.py).
+  allows (impl/engines/speculation.py);
+* :func:`decode_reference`: the turn without help, and the fallback of the
+  others on an unstable decision.
 
 A decision on logits a verification built (not the reference's own) must
 clear the guard's threshold; one that does not makes the step return None
@@ -35,7 +38,7 @@ clear the guard's threshold; one that does not makes the step return None
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
@@ -95,121 +98,34 @@ class Turn:
         return get_threshold(self.draft_bound, self.temperature)
 
 
-def decode_turn(turn: Turn, assist: Assist) -> tuple[list[int], bool]:
-    """The turn's tokens, and whether the verification chunk on the lineage
-    is the turn's canonical chunk (a draft accepted whole). ``assist.draft``
-    is checked ids, cut to the turn's length (or empty)."""
-    out, committed = None, False
-    if turn.max_forward is not None and (assist.draft or assist.lookup):
-        out, committed = speculate(turn, assist)
-    elif assist.draft or assist.lookup:
-        out, committed = decode_guarded(turn, assist)
-    if out is None:  # no draft or lookup, or an unstable decision: the reference procedure
-        turn.lin.truncate(turn.start)
-        turn.lin.last_logits = turn.header_logits
-        out = decode(turn, [], turn.header_logits, None)
-    return out, committed
+def decode_reference(turn: Turn) -> list[int]:
+    """The reference procedure: the turn decoded one token at a time from the
+    header's logits, on the lineage as the header left it."""
+    turn.lin.truncate(turn.start)
+    turn.lin.last_logits = turn.header_logits
+    return decode(turn, [], turn.header_logits, None)
 
 
 def decode_guarded(turn: Turn, assist: Assist) -> tuple[list[int] | None, bool]:
     """A turn on an engine whose multi-token forwards differ from decoding in
     the last bits (no ``max_forward``): the draft verified in one forward, so
     that a draft accepted whole is the turn's canonical chunk, every decision
-    on its rows guarded; None where one was unstable."""
-    if assist.draft and turn.decide(turn.header_logits, 0)[0] != assist.draft[0]:
-        # decided on the header's own logits, the reference's: decoding from here *is* the reference
-        count_draft(turn.counters, len(assist.draft), 0, fallback=False)
-        assist = replace(assist, draft=())
-    if assist.draft:
-        return decode_with_draft(turn, assist)
-    if not assist.lookup:
-        return None, False
-    out = decode(turn, [], turn.header_logits, None, lookup=True)
-    turn.counters.draft_fallbacks += int(out is None)
-    return out, False
-
-
-def decode(turn: Turn, out: list[int], logits: torch.Tensor, threshold: float | None,
-           lookup: bool = False) -> list[int] | None:
-    """Decode one token at a time from ``logits``, at position ``len(out)``
-    of the turn, appending to ``out``. With a threshold (decoding on KV a
-    verification built), a decision whose margin does not clear it returns
-    None: unstable. With ``lookup``, a decided token is fed together with a
-    guess (:func:`get_guess`), and every later decision is guarded."""
-    lin, counters = turn.lin, turn.counters
-    while len(out) < turn.max_new_tokens:
-        tok, margin = turn.decide(logits, len(out))
-        if threshold is not None and margin <= threshold:
-            return None
-        out.append(tok)
-        counters.decoded_tokens += 1
-        if turn.is_done(out):
-            break  # the last token is not fed: the canonical prefill does it
-        guess = get_guess(turn, out, tok) if lookup else []
-        if not guess:
-            logits = lin.forward_last([tok])
-            counters.forward_calls += 1
-            continue
-        threshold = turn.get_threshold()
-        verified = verify_guess(turn, tok, guess, out, threshold)
-        if verified is None:
-            return None
-        if turn.is_done(out):
-            break  # the canonical prefill replaces what the verification fed
-        logits = verified
-    return out
-
-
-def get_guess(turn: Turn, out: list[int], tok: int) -> list[int]:
-    """A guess at the tokens after ``out`` (``decoding.get_lookup`` over the
-    lineage's tokens and the decided ``tok``), cut after its first stop id."""
-    limit = turn.max_new_tokens - len(out)
-    if turn.max_forward is not None:
-        limit = min(limit, turn.max_forward - 1)  # fed after `tok`, in one forward
-    guess = get_lookup(turn.lin.tokens + [tok], limit)
-    ends = [i for i, g in enumerate(guess) if g in turn.stops]
-    if ends:
-        del guess[ends[0] + 1:]
-    return guess
-
-
-def verify_guess(turn: Turn, tok: int, guess: list[int], out: list[int], threshold: float) -> torch.Tensor | None:
-    """Feed the decided ``tok`` with ``guess`` in one forward, and append the
-    guess's longest stable agreeing prefix to ``out``. Returns the logits the
-    next token is decided on, or None: unstable. Where the turn is done, the
-    lineage keeps what was fed (the canonical prefill replaces it); otherwise
-    it keeps what was accepted."""
-    lin, counters = turn.lin, turn.counters
-    fed = len(lin.tokens) + 1  # the lineage's length with `tok` fed
-    verify = lin.forward_all([tok] + guess)
-    counters.forward_calls += 1
-    counters.lookup_forwards += 1
-    counters.prefilled_tokens += len(guess)
-    accepted = 0
-    for proposed, row in zip(guess, verify):
-        guessed, margin = turn.decide(row, len(out))
-        if margin <= threshold:
-            count_lookup(counters, len(guess), 0)
-            return None
-        if guessed != proposed:
-            break  # decided on these logits by the caller
-        out.append(guessed)
-        accepted += 1
-        if turn.is_done(out):
-            break
-    count_lookup(counters, len(guess), accepted)
-    if not turn.is_done(out):
-        lin.truncate(fed + accepted)
-    return verify[accepted]
-
-
-def decode_with_draft(turn: Turn, assist: Assist) -> tuple[list[int] | None, bool]:
-    """Verify ``draft`` with one forward; accept its longest stable agreeing
-    prefix, then decode on. Returns (tokens, committed): tokens None means
-    an unstable decision (the caller falls back to the reference);
-    committed means the verification chunk is the turn's canonical chunk.
-    The caller has checked the draft's first token on the header logits."""
+    on its rows guarded; its longest stable agreeing prefix is accepted and
+    the turn decoded on from the first disagreement (with lookup, if asked).
+    Returns (tokens, committed): tokens None means an unstable decision (the
+    caller falls back to the reference); committed means the verification
+    chunk is the turn's canonical chunk."""
     lin, draft, lookup = turn.lin, list(assist.draft or ()), assist.lookup
+    if draft and turn.decide(turn.header_logits, 0)[0] != draft[0]:
+        # decided on the header's own logits, the reference's: decoding from here *is* the reference
+        count_draft(turn.counters, len(draft), 0, fallback=False)
+        draft = []
+    if not draft:
+        if not lookup:
+            return None, False
+        out = decode(turn, [], turn.header_logits, None, lookup=True)
+        turn.counters.draft_fallbacks += int(out is None)
+        return out, False
     probed = None  # the reference's own logits at position 1, when probed
     if assist.probe and len(draft) >= 2 and draft[0] not in turn.stops and turn.max_new_tokens >= 2:
         probed = lin.forward_last([draft[0]])  # the reference's own first decode step
@@ -240,6 +156,81 @@ def decode_with_draft(turn: Turn, assist: Assist) -> tuple[list[int] | None, boo
     count_draft(turn.counters, len(draft), accepted if stable and result is not None else 0,
                 fallback=not stable or result is None)
     return (result if stable else None), False
+
+
+def decode(turn: Turn, out: list[int], logits: torch.Tensor, threshold: float | None,
+           lookup: bool = False) -> list[int] | None:
+    """Decode one token at a time from ``logits``, at position ``len(out)``
+    of the turn, appending to ``out``. With a threshold (decoding on KV a
+    verification built), a decision whose margin does not clear it returns
+    None: unstable. With ``lookup``, a decided token is fed together with a
+    guess (:func:`get_guess`), and every later decision is guarded."""
+    lin, counters = turn.lin, turn.counters
+    while len(out) < turn.max_new_tokens:
+        tok, margin = turn.decide(logits, len(out))
+        if threshold is not None and margin <= threshold:
+            return None
+        out.append(tok)
+        counters.decoded_tokens += 1
+        if turn.is_done(out):
+            break  # the last token is not fed: the canonical prefill does it
+        guess = get_guess(turn, out, tok) if lookup else []
+        if not guess:
+            logits = lin.forward_last([tok])
+            counters.forward_calls += 1
+            continue
+        threshold = turn.get_threshold()
+        fed = len(lin.tokens) + 1  # the lineage's length with `tok` fed
+        verified = accept_guess(turn, guess, lin.forward_all([tok] + guess), out, threshold, fed)
+        if verified is None:
+            return None
+        if turn.is_done(out):
+            break  # the canonical prefill replaces what the verification fed
+        logits = verified
+    return out
+
+
+def get_guess(turn: Turn, out: list[int], tok: int) -> list[int]:
+    """A guess at the tokens after ``out`` (``decoding.get_lookup`` over the
+    lineage's tokens and the decided ``tok``), cut after its first stop id."""
+    limit = turn.max_new_tokens - len(out)
+    if turn.max_forward is not None:
+        limit = min(limit, turn.max_forward - 1)  # fed after `tok`, in one forward
+    guess = get_lookup(turn.lin.tokens + [tok], limit)
+    ends = [i for i, g in enumerate(guess) if g in turn.stops]
+    if ends:
+        del guess[ends[0] + 1:]
+    return guess
+
+
+def accept_guess(turn: Turn, guess: list[int], verify: torch.Tensor, out: list[int], threshold: float,
+                 fed: int) -> torch.Tensor | None:
+    """After one forward fed the decided token and ``guess`` (``verify``: the
+    logits after each; ``fed``: the lineage's length with the token), append
+    the guess's longest stable agreeing prefix to ``out``. Returns the logits
+    the next token is decided on, or None: unstable. Where the turn is done,
+    the lineage keeps what was fed (the canonical prefill replaces it);
+    otherwise it keeps what was accepted."""
+    counters = turn.counters
+    counters.forward_calls += 1
+    counters.lookup_forwards += 1
+    counters.prefilled_tokens += len(guess)
+    accepted = 0
+    for proposed, row in zip(guess, verify):
+        guessed, margin = turn.decide(row, len(out))
+        if margin <= threshold:
+            count_lookup(counters, len(guess), 0)
+            return None
+        if guessed != proposed:
+            break  # decided on these logits by the caller
+        out.append(guessed)
+        accepted += 1
+        if turn.is_done(out):
+            break
+    count_lookup(counters, len(guess), accepted)
+    if not turn.is_done(out):
+        turn.lin.truncate(fed + accepted)
+    return verify[accepted]
 
 
 def get_accepted(turn: Turn, draft: list[int], probed: torch.Tensor | None,
@@ -293,10 +284,12 @@ def speculate(turn: Turn, assist: Assist) -> tuple[list[int] | None, bool]:
         fed = 0 if probing else compute_proposals(turn.policy, run.credit, len(proposals))
         turn.counters.draft_probes += int(probing)
         if not fed:
-            logits = run.feed(turn, [tok])
+            run.count_forward(turn.counters, 1)
+            logits = turn.lin.forward_last([tok])
             continue
         threshold = turn.get_threshold()
-        rows = run.feed(turn, [tok] + proposals[:fed])
+        run.count_forward(turn.counters, 1 + fed)
+        rows = turn.lin.forward_all([tok] + proposals[:fed])
         accepted = check_proposals(turn, run, proposals[:fed], rows, threshold, guessed)
         if accepted is None:
             return run.end(turn, draft, None)
@@ -332,13 +325,12 @@ class Run:
         self.last_decoded = not agrees
         counters.decoded_tokens += int(not agrees)
 
-    def feed(self, turn: Turn, ids: list[int]) -> torch.Tensor:
-        """One forward of ``ids`` (the decided token first): the logits after
-        the last, or after each where proposals follow it."""
+    def count_forward(self, counters: Counters, n_ids: int) -> None:
+        """Count one forward of ``n_ids`` ids, the decided token first (fed
+        alone: the logits after it; with proposals: the logits after each)."""
         self.forwards += 1
-        turn.counters.forward_calls += 1
-        turn.counters.prefilled_tokens += len(ids) - int(self.last_decoded)
-        return turn.lin.forward_all(ids) if len(ids) > 1 else turn.lin.forward_last(ids)
+        counters.forward_calls += 1
+        counters.prefilled_tokens += n_ids - int(self.last_decoded)
 
     def end(self, turn: Turn, draft: list[int], out: list[int] | None,
             committed: bool = False) -> tuple[list[int] | None, bool]:
@@ -402,4 +394,4 @@ def count_lookup(counters: Counters, offered: int, accepted: int) -> None:
     counters.lookup_rejected_tokens += offered - accepted
 
 
-__all__ = ["Run", "Turn", "TurnLineage", "decode_turn", "speculate"]
+__all__ = ["Run", "Turn", "TurnLineage", "decode_guarded", "decode_reference", "speculate"]

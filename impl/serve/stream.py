@@ -3,7 +3,7 @@ model decodes.
 
 The model work runs in a worker thread holding the conversation's lock and
 the engine's; a :class:`TurnStream` is the runtime's listener there
-(:meth:`~unsee.impl.agent.tools.client.ClientToolRuntime._decode`): after each forward it decodes the
+(:meth:`~unsee.impl.agent.tools.client.ClientToolRuntime._watch_turn`): after each forward it decodes the
 turn's tokens so far and reports the text that can be sent (not the start
 of a call, not a cut character), and after each step the answer's items.
 Reports cross to the event loop through an asyncio queue

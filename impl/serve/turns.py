@@ -260,7 +260,7 @@ def forget_replayed(conv: Conversation, item_id: str):
     configs = dict(runtime.client.configs) if clients else {}
     signatures = get_signatures(runtime) if clients else {}
     report = conv.session.forget(item_id)
-    outcome = report.extra.get("client_tools", {"held": [], "held_bound": {}})
+    outcome = report.extra.fields.get("client_tools", {"held": [], "held_bound": {}})
     held_steps = [s for s in steps if s.id in set(outcome["held"])]
     groups = get_held(conv.runtime, held_steps, configs, signatures, conv.record["tools"], item_id) if clients else []
     outputs = []

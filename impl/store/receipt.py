@@ -216,8 +216,8 @@ def build_receipt(*, session_id: str, generation: int, record: Mapping[str, Any]
         # what equal digests mean on this engine (Determinism.digest: "kv" or "tokens")
         "digest_means": engine.determinism.digest,
         # the guard bound the replay's drafts ran under, and where it came from (engines/bounds.py)
-        "draft_bound": {"bound": report.drafts.get("bound"), "source": report.drafts.get("bound_source"),
-                        "cpu_isa": report.drafts.get("cpu_isa")},
+        "draft_bound": {"bound": report.drafts.bound, "source": report.drafts.bound_source,
+                        "cpu_isa": report.drafts.cpu_isa},
         "generated": {"blocks": len(generated_of(record)), "sha256": generated_hash(generated_of(record))},
     }
     return _canonical(body | {"receipt_sha256": _sha256(body)})

@@ -35,10 +35,11 @@ numbers the ones after it as a twin that never had it does.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 import attrs
 
@@ -208,7 +209,7 @@ class ClientTools:
 class ClientToolRuntime(AgentRuntime):
     """A runtime whose steps run under per-step configs (see the module docstring). ``listener``,
     where set, is told the prompt and then the tokens of each turn as they are decoded
-    (:meth:`_decode`); a replay tells it nothing."""
+    (:meth:`_watch_turn`); a replay tells it nothing."""
 
     def __init__(self, engine: Engine, system: str, settings: Settings = Settings(), *,
                  extensions: Iterable[Extension] | None = None, config: Config | None = None):
@@ -245,7 +246,12 @@ class ClientToolRuntime(AgentRuntime):
 
     # --- the transition ----------------------------------------------------------
 
-    def _on_message(self, step: Step) -> None:
+    def _observe(self, step: Step) -> str:
+        """A user or tool step under the config the client sent with it (a new system block
+        re-renders the context first); the turn answering it opens as that config's tool
+        choice requires. Other kinds as the base runtime observes them."""
+        if step.kind not in ("user", "tool"):
+            return super()._observe(step)
         config = self.client.take(step, self.get_config(self.steps[-2].id if self.t > 1 else None))
         first = self.render_first(config)
         if self.context and self.graph[self.context[0]].text != first:
@@ -253,7 +259,7 @@ class ClientToolRuntime(AgentRuntime):
         own = frozenset(i.source for i in step.items)
         self.append_block(step.id, "tool" if step.kind == "tool" else "user", self.get_observation(step),
                           parents=tuple(self.context), sources=self.get_resident_sources() | own)
-        self._answer(compute_block_id(step.id, ANSWER), "answer", header_suffix=self.get_opening(config))
+        return self.get_opening(config)
 
     def get_observation(self, step: Step) -> str:
         """The block a step's observation is prefilled as, after the live context: tool outputs
@@ -294,20 +300,22 @@ class ClientToolRuntime(AgentRuntime):
                                            token_span=(start, start + len(block.tokens)), turn=self.t,
                                            committed=False))
 
-    def _decode(self, block_id: str, draft) -> list[int]:
-        """As the base runtime's, telling ``listener`` the turn's tokens after each forward (where the
-        engine reports forwards); the tokens are the lineage's past the prompt, so a turn decoded
-        the reference way reports each decided token as it is fed, and all of them at the end."""
+    @contextlib.contextmanager
+    def _watch_turn(self, block_id: str) -> Iterator[None]:
+        """Tell ``listener`` the turn's tokens after each forward (where the engine reports
+        forwards); the tokens are the lineage's past the prompt, so a turn decoded the
+        reference way reports each decided token as it is fed, and all of them, as committed,
+        at the end."""
         listener = self.listener
         if listener is None or self.replaying or not isinstance(self.engine, ForwardHooks):
-            return super()._decode(block_id, draft)
+            yield
+            return
         prompt = self.engine.tokens(self.lineage)
         listener.begin(block_id, prompt)
         start = len(prompt)
         with self.engine.hook_forwards(lambda n, started: listener.tokens(self.engine.tokens(self.lineage)[start:])):
-            out = super()._decode(block_id, draft)
-        listener.tokens(out)
-        return out
+            yield
+        listener.tokens(self.engine.tokens(self.lineage)[start:])
 
     # --- reading turns -------------------------------------------------------------
 
