@@ -11,6 +11,7 @@ engine, one at a time, never stored) and counts the final digests that
 differ from the server's (the claim: 0).
 
     python -m unsee.bench.serve_load --model tiny --conversations 24 --turns 5 --workers 8 --out out/serve_load.json
+    python -m unsee.bench.serve_load --engine llamacpp --model tiny --conversations 8 --workers 8
 """
 
 from __future__ import annotations
@@ -94,7 +95,7 @@ def run(args: argparse.Namespace) -> dict:
     from unsee.impl.serve.pool import Pool
     from unsee.impl.serve.server import ServerThread
 
-    engine = load_engine(args.model, kv_budget=args.kv_budget)
+    engine = load_engine(args.model, getattr(args, "engine", None), kv_budget=args.kv_budget)
     settings = Settings(max_new_tokens=args.max_output_tokens)
     pool = Pool(engine, args.store or tempfile.mkdtemp(prefix="serve-load-"), kv_budget=args.kv_budget,
                 busy_wait=60, defaults=settings)
@@ -121,7 +122,8 @@ def run(args: argparse.Namespace) -> dict:
     latency = {kind: {"n": len(v), "p50_ms": 1000 * get_percentile(v, 0.5), "p99_ms": 1000 * get_percentile(v, 0.99),
                       "mean_ms": 1000 * statistics.fmean(v)} for kind, v in sorted(by_kind.items())}
     every = [s for _, s in timings]
-    return {"model": args.model, "conversations": args.conversations, "turns": args.turns, "workers": args.workers,
+    return {"model": args.model, "engine": getattr(args, "engine", None) or "transformers",
+            "conversations": args.conversations, "turns": args.turns, "workers": args.workers,
             "max_output_tokens": args.max_output_tokens, "kv_budget": args.kv_budget,
             "kv_sum_bytes": sum(held for _, held in serial.values()), "requests": len(timings), "wall_s": wall,
             "requests_per_s": len(timings) / wall, "p50_ms": 1000 * get_percentile(every, 0.5),
@@ -134,6 +136,7 @@ def run(args: argparse.Namespace) -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = options.get_parser("serve_load", __doc__)
     options.add_model(parser)
+    options.add_backend(parser)
     parser.add_argument("--conversations", type=int, default=24)
     parser.add_argument("--turns", type=int, default=5)
     parser.add_argument("--workers", type=int, default=8)

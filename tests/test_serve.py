@@ -189,6 +189,24 @@ def test_the_load_bench_replays_every_conversation_to_the_servers_digest(one_thr
     assert out["digests_differ"] == 0
 
 
+def test_eight_concurrent_conversations_on_llamacpp_each_equal_their_serial_replay(one_thread):
+    """Issue 40: eight conversations at once through the ``openai`` client (a
+    client thread each, streamed and not, each with a forget) against one
+    server on llama.cpp's tiny GGUF, under a KV budget that evicts; each
+    conversation's digest equals its serial in-process replay."""
+    from unsee.bench import serve_load
+    from unsee.impl.engines.llamacpp import engine as llamacpp
+
+    if not llamacpp.available():
+        pytest.skip("llama-cpp-python is not installed")
+    out = serve_load.run(serve_load.argparse.Namespace(
+        model="tiny", engine="llamacpp", conversations=8, turns=3, workers=8, max_output_tokens=4,
+        kv_budget=65536, deadline=120, store=None))
+    assert out["engine"] == "llamacpp" and out["requests"] == 8 * 4 and not out["deadline_hit"]
+    assert out["forgets"] == 8 and out["evictions"] > 0
+    assert out["digests_differ"] == 0
+
+
 def test_a_langchain_client_by_base_url_chains_responses_and_its_item_forgets(client, server):
     langchain_openai = pytest.importorskip("langchain_openai")
     from langchain_core.messages import HumanMessage
@@ -419,3 +437,27 @@ def test_removed_texts_leave_no_file_the_server_keeps_after_a_restart(lm, tmp_pa
     found = [(str(p.relative_to(tmp_path)), k) for p in tmp_path.rglob("*") if p.is_file()
              for k, text in removed.items() if text.encode() in p.read_bytes()]
     assert not found
+
+
+def test_the_default_kv_budget_is_half_of_what_the_loaded_model_leaves():
+    from unsee.impl.serve.budget import compute_default_kv_budget, get_default_kv_budget, get_physical_bytes
+
+    assert compute_default_kv_budget(10 * 2**30, 4 * 2**30) == 3 * 2**30
+    assert compute_default_kv_budget(2**30, 2**31) == 0  # a process larger than the machine: no KV kept
+    physical = get_physical_bytes()
+    if physical is not None:
+        assert 0 < get_default_kv_budget() < physical // 2
+
+
+def test_the_memory_bench_keeps_the_held_kv_under_the_budget(one_thread):
+    """bench/serve_memory.py on the tiny model: conversations with long first
+    messages under a budget smaller than their KV together; the pool evicts
+    and the held bytes stay under it after every response."""
+    from unsee.bench import serve_memory
+
+    out = serve_memory.run(serve_memory.argparse.Namespace(
+        model="tiny", engine="transformers", conversations=4, history_tokens=200, max_output_tokens=2,
+        kv_budget=300_000, store=None), progress=lambda line: None)
+    assert out["prompt_tokens"] >= 200 and len(out["rows"]) == 4
+    assert out["rows"][-1]["evictions"] > 0 and out["under_budget"]
+    assert all(r["held_bytes"] <= 300_000 for r in out["rows"])

@@ -80,7 +80,8 @@ def get_spelling(args: argparse.Namespace, dest: str) -> str:
     return (getattr(args, "spellings", None) or {}).get(dest, "--" + dest.replace("_", "-"))
 
 
-def add_engine_options(parser: argparse.ArgumentParser, defaults: str | None = None) -> None:
+def add_engine_options(parser: argparse.ArgumentParser, defaults: str | None = None,
+                       kv_budget_default: str = "no bound") -> None:
     """``--engine``, ``--model``, ``--device``, ``--dtype`` and ``--kv-budget``:
     the options of a subcommand that loads a model. ``defaults``: how a
     subcommand with defaults of its own (the demo) chooses engine and model,
@@ -97,7 +98,7 @@ def add_engine_options(parser: argparse.ArgumentParser, defaults: str | None = N
     parser.add_argument("--kv-budget", type=parse_bytes, default=None, metavar="BYTES",
                         help="bound the KV cache kept of lineages no live runtime extends (e.g. 0, 65536, "
                              "64K, 512M, 2G); older ones are evicted and rebuilt by prefill when a forget "
-                             "needs them. Default: no bound")
+                             "needs them. Default: " + kv_budget_default)
     parser.add_argument("--tensor-parallel-size", type=int, default=None, metavar="N",
                         help="--engine vllm: vLLM's tensor parallel size (GPUs per model replica)")
     parser.add_argument("--distributed-executor-backend", default=None, choices=("ray", "mp", "uni"),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from unsee.impl.cli.exits import Exit
 from unsee.impl.cli.options import add_engine_options
@@ -10,7 +11,8 @@ from unsee.impl.cli.options import add_engine_options
 
 def add_serve_parser(sub) -> None:
     serve = sub.add_parser("serve", help="serve conversations over OpenAI's API; deleting an item is an exact forget")
-    add_engine_options(serve)
+    add_engine_options(serve, kv_budget_default="half of the memory the machine has left once the model is "
+                                                 "loaded (docs/serve.md, 'The KV budget')")
     serve.add_argument("--store", required=True, metavar="DIR",
                        help="the folder of the conversations' session stores (created if missing)")
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (beyond loopback: needs a key)")
@@ -29,6 +31,7 @@ def add_serve_parser(sub) -> None:
 def do_serve(args: argparse.Namespace) -> int:
     from unsee import Settings
     from unsee.impl.cli.run import build_engine
+    from unsee.impl.serve.budget import get_default_kv_budget
     from unsee.impl.serve.pool import Pool
 
     try:
@@ -41,6 +44,12 @@ def do_serve(args: argparse.Namespace) -> int:
     api_keys = read_api_keys(args.api_key_file)
     check_exposure(args.host, api_keys)  # before any model loads
     engine = build_engine(args)
+    if args.kv_budget is None:  # the default: half of what the machine has left with the model loaded
+        args.kv_budget = get_default_kv_budget()
+        engine.budget.set(args.kv_budget)
+        if args.kv_budget is not None:
+            print(f"unsee serve: KV budget {args.kv_budget / 2**30:.1f} GiB (half of the memory left after "
+                  "the model; --kv-budget sets another)", file=sys.stderr)
     # a conversation stored before conversations had owners belongs to the file's first key
     pool = Pool(engine, args.store, kv_budget=args.kv_budget, busy_wait=args.busy_wait, system=args.system,
                 defaults=Settings(max_new_tokens=args.max_output_tokens),
