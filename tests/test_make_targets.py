@@ -20,6 +20,6 @@ PHONY = re.search(r"^\.PHONY:(.*)$", (ROOT / "Makefile").read_text(), re.MULTILI
 @pytest.mark.skipif(shutil.which("make") is None, reason="no make on this machine")
 @pytest.mark.parametrize("target", PHONY)
 def test_a_target_expands(target):
-    done = subprocess.run(["make", "-n", target], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    done = subprocess.run(["make", "-n", target], check=False, cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert "No rule to make target" not in done.stderr, f"make -n {target}:\n{done.stderr}"
     assert done.returncode == 0, f"make -n {target} exited {done.returncode}:\n{done.stderr}"
