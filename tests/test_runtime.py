@@ -338,7 +338,7 @@ def test_forget_steps_are_values_and_leave_the_runtime_as_it_was(eng):
     replay = restore_checkpoint(runtime, plan.checkpoint, plan.pending, plan.drafts)
     restored = replay.lineage
     replay.run(sanitize_steps(state.steps[plan.checkpoint.boundary:], plan.pending))
-    replayed = get_replayed(runtime, plan, replay, restored, "replay", ["secret"])
+    replayed = get_replayed(runtime, state, plan, replay, restored, "replay", ["secret"])
     assert runtime.state is state and replayed.base is state and runtime.drafts is None and not runtime.replaying
     turns = replayed.forgotten.drafts.turns
     assert [t.block for t in turns] == ["t3/answer", "t4/plan", "t5/note", "t6/answer"]

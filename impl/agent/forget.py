@@ -141,18 +141,19 @@ def plan_replay(state: RuntimeState, engine, pending: Sequence[str], drafts: boo
     return ReplayPlan(tuple(pending), tau, closure, checkpoint, shared, chosen, account)
 
 
-def get_replayed(runtime: Runtime, plan: ReplayPlan, replay: Runtime, restored: str, method: str,
-                 source_ids: Sequence[str]) -> Replayed:
-    """Read back a replay run beside ``runtime`` (Algorithm 1 lines 5-10:
-    ``replay``, restored by :func:`restore_checkpoint` on ``restored``, has
-    re-enacted the sanitized suffix): the twin's state as a value, with the
-    replay's drafts and costs, which the runtime adopts or drops."""
+def get_replayed(runtime: Runtime, base: RuntimeState, plan: ReplayPlan, replay: Runtime, restored: str,
+                 method: str, source_ids: Sequence[str]) -> Replayed:
+    """Read back a replay run beside ``runtime`` from its state ``base``
+    (Algorithm 1 lines 5-10: ``replay``, restored by :func:`restore_checkpoint`
+    on ``restored``, has re-enacted the sanitized suffix): the twin's state as
+    a value, with the replay's drafts and costs, which the runtime adopts or
+    drops (refused if the runtime has moved from ``base`` meanwhile)."""
     account = plan.drafts_account if replay.drafts is None else plan.drafts_account.with_turns(replay.drafts.turns)
     checkpoint = plan.checkpoint
     forgotten = Forgotten(method, tuple(source_ids), plan.tau, checkpoint, plan.closure,
-                          replay.transitions - runtime.transitions, drafts=account,
+                          replay.transitions - base.transitions, drafts=account,
                           restore=get_restore_account(runtime.engine, checkpoint.token_offset, plan.shared, restored))
-    return Replayed(replay.state, tuple(replay.extensions), runtime.state, forgotten)
+    return Replayed(replay.state, tuple(replay.extensions), base, forgotten)
 
 
 def restore_checkpoint(runtime: Runtime, checkpoint: Checkpoint, forgetting: Sequence[str] = (),

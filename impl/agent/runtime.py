@@ -432,12 +432,12 @@ class AgentRuntime:
             if not pending:
                 return compute_report(self, Forgotten("replay", tuple(source_ids), already_forgotten=True),
                                       started, before)
-            plan = plan_replay(self._state, self.engine, pending, drafts, oracle, lookup)  # lines 1-4
+            base = self._state  # a progress callback may step the session: adopt() then refuses
+            plan = plan_replay(base, self.engine, pending, drafts, oracle, lookup)  # lines 1-4
             replay = restore_checkpoint(self, plan.checkpoint, plan.pending, plan.drafts)  # line 5
             restored = replay.lineage
-            replay.run(sanitize_steps(self._state.steps[plan.checkpoint.boundary:], plan.pending),
-                       progress)  # lines 6-10, beside this runtime
-            replayed = get_replayed(self, plan, replay, restored, "replay-oracle" if oracle else "replay", source_ids)
+            replay.run(sanitize_steps(base.steps[plan.checkpoint.boundary:], plan.pending), progress)  # lines 6-10
+            replayed = get_replayed(self, base, plan, replay, restored, "replay-oracle" if oracle else "replay", source_ids)
             self.adopt(replayed, "forget")
             return compute_report(self, replayed.forgotten, started, before)
 
