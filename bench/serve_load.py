@@ -28,6 +28,7 @@ from pathlib import Path
 from unsee import Item, Settings, Step, load_engine
 from unsee.bench import options
 from unsee.impl.agent.tools.client import ClientToolRuntime
+from unsee.impl.serve.engine_lock import SLICE_S
 
 
 def get_percentile(values: list[float], q: float) -> float:
@@ -98,7 +99,7 @@ def run(args: argparse.Namespace) -> dict:
     engine = load_engine(args.model, getattr(args, "engine", None), kv_budget=args.kv_budget)
     settings = Settings(max_new_tokens=args.max_output_tokens)
     pool = Pool(engine, args.store or tempfile.mkdtemp(prefix="serve-load-"), kv_budget=args.kv_budget,
-                busy_wait=60, defaults=settings)
+                busy_wait=60, defaults=settings, slice_s=getattr(args, "slice", SLICE_S))
     timings, lock, logs, digests = [], threading.Lock(), {}, {}
     with ServerThread(pool, args.model) as srv:
         client = openai.OpenAI(base_url=srv.url, api_key="unused", max_retries=0, timeout=300)
@@ -113,7 +114,7 @@ def run(args: argparse.Namespace) -> dict:
         wall = time.perf_counter() - start
         for c in convs:
             digests[c] = client.conversations.retrieve(c).model_extra["unsee"]["digest"]
-        stats = dict(pool.stats)
+        stats = pool.get_stats()
     serial = {c: replay_serially(engine, pool.system, settings, logs[c]) for c in convs}
     differ = [c for c in convs if serial[c][0] != digests[c]]
     by_kind = {}
@@ -129,6 +130,7 @@ def run(args: argparse.Namespace) -> dict:
             "requests_per_s": len(timings) / wall, "p50_ms": 1000 * get_percentile(every, 0.5),
             "p99_ms": 1000 * get_percentile(every, 0.99), "forgets": len(by_kind.get("forget", [])),
             "latency": latency, "evictions": stats["evictions"], "rebuilds": stats["rebuilds"],
+            "handovers": stats["handovers"],
             "digests_differ": len(differ), "deadline_hit": any(len(logs[c]) < len(get_script(0, args.turns))
                                                                for c in convs)}
 
@@ -145,6 +147,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--deadline", type=float, default=300, metavar="SECONDS",
                         help="start no request after this many seconds (the run is bounded in count and time)")
     parser.add_argument("--store", help="the server's folder (default: a new temporary one)")
+    parser.add_argument("--slice", type=float, default=SLICE_S, metavar="SECONDS",
+                        help="how long a request holds the engine before a waiting one gets it between forwards "
+                             "(0: hand over at every forward)")
     options.add_out(parser, help="write the figures as JSON here")
     args = parser.parse_args(argv)
     out = run(args)

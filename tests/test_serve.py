@@ -200,10 +200,13 @@ def test_eight_concurrent_conversations_on_llamacpp_each_equal_their_serial_repl
     if not llamacpp.available():
         pytest.skip("llama-cpp-python is not installed")
     out = serve_load.run(serve_load.argparse.Namespace(
-        model="tiny", engine="llamacpp", conversations=8, turns=3, workers=8, max_output_tokens=4,
-        kv_budget=65536, deadline=120, store=None))
+        model="tiny", engine="llamacpp", conversations=8, turns=3, workers=8, max_output_tokens=6,
+        kv_budget=65536, deadline=120, store=None, slice=0.0))
     assert out["engine"] == "llamacpp" and out["requests"] == 8 * 4 and not out["deadline_hit"]
     assert out["forgets"] == 8 and out["evictions"] > 0
+    # slice 0: a waiting request gets the engine at every forward, so the turns and the
+    # replays were interleaved forward by forward (each hand-over parks one lineage's rows)
+    assert out["handovers"] > 0
     assert out["digests_differ"] == 0
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import operator
+import threading
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import replace
 from typing import Any, Protocol, runtime_checkable
@@ -45,15 +46,22 @@ from unsee.impl.util.ids import compute_lineage_handle
 
 #: ``on_forward(n_tokens, started)``: a hook on every model forward (``started``: its ``time.perf_counter()``)
 OnForward = Callable[[int, float], None]
-#: the hooks a backend reports its forwards to: ``(on_forward, on_commit or None)``
-ForwardHookList = list[tuple[OnForward, "OnForward | None"]]
+#: the hooks a backend reports its forwards to: ``(on_forward, on_commit or None, thread)``; a hook
+#: hears the forwards of the thread that added it only (a server interleaves other requests' forwards)
+ForwardHookList = list[tuple[OnForward, "OnForward | None", int]]
 
 
 def report_forward(hooks: ForwardHookList, n_tokens: int, started: float, commit: bool) -> None:
-    """Tell every hook that a forward of ``n_tokens`` ended (a backend calls
-    it after its forward; ``commit``: the forward commits a decoded turn)."""
-    for on_forward, on_commit in list(hooks):
-        (on_commit if commit and on_commit is not None else on_forward)(n_tokens, started)
+    """Tell the calling thread's hooks that a forward of ``n_tokens`` ended (a
+    backend calls it after its forward; ``commit``: the forward commits a decoded turn)."""
+    me = threading.get_ident()
+    for on_forward, on_commit, thread in list(hooks):
+        if thread == me:
+            (on_commit if commit and on_commit is not None else on_forward)(n_tokens, started)
+
+
+def no_pause() -> None:
+    """The engine's default ``between_forwards``: nothing to let run."""
 
 
 @runtime_checkable
@@ -111,12 +119,14 @@ class KVBackend(LineageStore, Protocol):
 class TurnLineage:
     """A lineage as a decoding turn sees it
     (:class:`unsee.impl.engines.turn.TurnLineage`): its tokens and last logits
-    (torch), a crop, and two forwards of its backend."""
+    (torch), a crop, and two forwards of its backend. After each forward it
+    calls ``pause``, the engine's ``between_forwards``: a server lets other
+    requests' forwards run there (impl/serve/engine_lock.py)."""
 
-    __slots__ = ("handle", "kv", "lin")
+    __slots__ = ("handle", "kv", "lin", "pause")
 
-    def __init__(self, kv: KVBackend, handle: str, lin: Any):
-        self.kv, self.handle, self.lin = kv, handle, lin
+    def __init__(self, kv: KVBackend, handle: str, lin: Any, pause: Callable[[], None] = no_pause):
+        self.kv, self.handle, self.lin, self.pause = kv, handle, lin, pause
 
     @property
     def tokens(self) -> list[int]:
@@ -134,10 +144,14 @@ class TurnLineage:
         self.kv.truncate(self.handle, self.lin, n)
 
     def forward_last(self, ids: list[int]) -> torch.Tensor:
-        return self.kv.to_torch(self.kv.forward(self.handle, self.lin, ids, False))
+        logits = self.kv.to_torch(self.kv.forward(self.handle, self.lin, ids, False))
+        self.pause()
+        return logits
 
     def forward_all(self, ids: list[int]) -> torch.Tensor:
-        return self.kv.to_torch(self.kv.forward(self.handle, self.lin, ids, True))
+        logits = self.kv.to_torch(self.kv.forward(self.handle, self.lin, ids, True))
+        self.pause()
+        return logits
 
 
 class LineageBook:
@@ -151,16 +165,36 @@ class LineageBook:
     draft_bound: float | None
     draft_policy: DraftPolicy | None
     max_forward: int | None = None
+    #: called between a turn's forwards (:class:`TurnLineage`); a server sets it to its lock's share
+    between_forwards: Callable[[], None] = staticmethod(no_pause)
 
     def __init__(self, kv: LineageStore, kv_budget: int | None = None):
         self.kv = kv
-        self.counters = Counters()
+        # Per thread: a server interleaves requests' forwards (impl/serve/engine_lock.py), and a span
+        # measured in one thread (a turn, a forget) must count that thread's work and cache only.
+        self._local = threading.local()
         self._lineages: dict = {}
         self._next_id = 0
         self._clock = 0
-        self._serving = False  # inside `prefix_cache()`
-        self._cache_sources: tuple[set[str], int] | None = None  # (handles, first new id); None: all
         self.budget = Budget(self, kv_budget)
+
+    @property
+    def counters(self) -> Counters:
+        """The work this thread asked of the engine (:class:`~unsee.impl.engines.counts.Counters`)."""
+        local = self._local.__dict__
+        if "counters" not in local:
+            local["counters"] = Counters()
+        return local["counters"]
+
+    @property
+    def _serving(self) -> bool:
+        """Whether this thread is inside :meth:`prefix_cache`."""
+        return self._local.__dict__.get("serving", False)
+
+    @property
+    def _cache_sources(self) -> tuple[set[str], int] | None:
+        """This thread's prefix cache sources: (handles, first new id); None: every lineage."""
+        return self._local.__dict__.get("sources")
 
     # --- lineages
 
@@ -238,7 +272,7 @@ class LineageBook:
         stops = set(self.lm.eos_ids if stop_ids is None else (int(s) for s in stop_ids))
         start, header_logits = len(lin.tokens), lin.last_logits
         lin.decode_logits[start] = header_logits  # what a prefix cache needs to serve this position
-        turn = Turn(TurnLineage(self.kv, lineage, lin), self.counters, start,
+        turn = Turn(TurnLineage(self.kv, lineage, lin, self.between_forwards), self.counters, start,
                     self.kv.to_torch(header_logits), max_new_tokens, stops, temperature, seed, self.draft_bound,
                     max_forward=self.max_forward, policy=self.draft_policy)
         try:
@@ -271,10 +305,10 @@ class LineageBook:
 
     @contextlib.contextmanager
     def hook_forwards(self, on_forward: OnForward, on_commit: OnForward | None = None) -> Iterator[None]:
-        """Call ``on_forward(n_tokens, started)`` after every model forward in
-        the block; with ``on_commit``, the forward that commits a decoded turn
+        """Call ``on_forward(n_tokens, started)`` after every model forward this
+        thread makes in the block; with ``on_commit``, the forward that commits a decoded turn
         as its canonical chunk calls that instead (a profiler tells it apart)."""
-        entry = (on_forward, on_commit)
+        entry = (on_forward, on_commit, threading.get_ident())
         self.kv.hooks.append(entry)
         try:
             yield
@@ -324,14 +358,14 @@ class LineageBook:
         chunks of the same chunking only, so the KV is the one a prefill
         would compute, bit for bit (the engine's same-chunking identity).
         Evicted sources are simply not in the cache."""
+        local = self._local.__dict__
         previous = self._serving, self._cache_sources
-        self._serving = True
-        self._cache_sources = None if sources is None else ({h for h in sources if h in self._lineages},
-                                                             self._next_id)
+        local["serving"] = True
+        local["sources"] = None if sources is None else ({h for h in sources if h in self._lineages}, self._next_id)
         try:
             yield self
         finally:
-            self._serving, self._cache_sources = previous
+            local["serving"], local["sources"] = previous
 
     # --- the steps of the verbs, each naming its lineage
 

@@ -11,6 +11,9 @@ class Counters:
 
         before = engine.counters.snapshot(); ...; spent = engine.counters - before
 
+    An engine keeps one per thread, so a span counts its own thread's work
+    only, even where a server interleaves other requests' forwards with it.
+
     forward_calls          model forwards (a prefill chunk or a decode step is one)
     prefilled_tokens       tokens fed by prefill forwards, canonicalisation and
                            draft verification included

@@ -173,7 +173,8 @@ class Engine(Protocol):
     lm: ModelInfo
     #: what the engine guarantees bitwise, and what its digest means (:class:`Determinism`)
     determinism: Determinism
-    #: work done so far (:class:`unsee.impl.engines.counts.Counters`): snapshot and subtract to measure a span
+    #: work done so far in the calling thread (:class:`unsee.impl.engines.counts.Counters`): snapshot
+    #: and subtract to measure a span
     counters: object
     #: the KV budget (:class:`KVBudget`)
     budget: KVBudget
@@ -295,8 +296,8 @@ class ForwardHooks(Protocol):
 
     def hook_forwards(self, on_forward: Callable[[int, float], None],
                       on_commit: Callable[[int, float], None] | None = None) -> contextlib.AbstractContextManager:
-        """A block inside which every forward calls ``on_forward(n_tokens,
-        started)`` when it ends (``started``: its ``time.perf_counter()``);
+        """A block inside which every forward the calling thread makes calls
+        ``on_forward(n_tokens, started)`` when it ends (``started``: its ``time.perf_counter()``);
         with ``on_commit``, the forward that commits a decoded turn as its
         canonical chunk calls that instead."""
 

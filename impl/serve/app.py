@@ -99,10 +99,11 @@ def get_owner(request: Request) -> str:
     return getattr(request.state, "owner", "")
 
 
-def run_held(pool: Pool, conv: Conversation, work):
-    """``work(conv)`` in a worker thread, holding the conversation and the engine."""
+def run_held(pool: Pool, conv: Conversation, work, background: bool = False):
+    """``work(conv)`` in a worker thread, holding the conversation and the engine
+    (``background``: stepping aside for responses, :meth:`Pool.hold`)."""
     def held():
-        with pool.hold(conv):
+        with pool.hold(conv, background):
             return work(conv)
     return run_in_threadpool(held)
 
@@ -227,7 +228,8 @@ def add_item_routes(app: FastAPI, pool: Pool) -> None:
             public = {k: [shapes.public_item(i) for i in out[k]] for k in ("rewritten", "pending_calls", "unreplayed")}
             return {**shapes.conversation(conv.record), "deleted_item_id": item_id, "mode": "exact", **out, **public,
                     "digest": conv.digest()}
-        return await run_held(pool, pool.get(conv_id, get_owner(request)), work)
+        # background: the replay steps aside for any response waiting (impl/serve/engine_lock.py)
+        return await run_held(pool, pool.get(conv_id, get_owner(request)), work, background=True)
 
 
 def add_response_routes(app: FastAPI, pool: Pool, model_name: str) -> None:

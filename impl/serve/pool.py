@@ -3,14 +3,14 @@
 - **Locks.** A request holds its conversation's lock for its whole run
   (requests on one conversation are serialised; one that waits longer than
   ``busy_wait`` seconds is refused with 409 and Retry-After), and the engine
-  lock around each piece of model work (a step, a forget, a rebuild, a
-  digest). Requests on other conversations wait for the engine lock only.
-  Both are taken one way, :meth:`Pool.hold`, which enforces the budget as
-  it lets go.
+  lock (:class:`~unsee.impl.serve.engine_lock.EngineLock`) around its model
+  work, which it shares between forwards: requests on other conversations
+  wait for a slice of it, not for a whole turn or replay. Both are taken one
+  way, :meth:`Pool.hold`, which enforces the budget as it lets go.
 - **The KV budget.** The engine bounds the bytes of lineages no runtime
   extends (checkpoints, the chat prefix cache); after each operation the
-  pool evicts whole sessions, least recently used first and never the one
-  it is serving, while the engine holds more than ``kv_budget`` bytes. An
+  pool evicts whole sessions, least recently used first and never one a
+  request is using (its turn may be paused between forwards), while the engine holds more than ``kv_budget`` bytes. An
   evicted session keeps everything in its store and is rebuilt (its digest
   checked) by its next request.
 - **Owners.** A conversation belongs to the API key that created it (its
@@ -38,6 +38,7 @@ from unsee.impl.agent.render import get_renderer
 from unsee.impl.agent.tools.native import get_call_format
 from unsee.impl.serve.chat import ChatCache
 from unsee.impl.serve.conversation import SIDECAR, Conversation
+from unsee.impl.serve.engine_lock import SLICE_S, EngineLock
 from unsee.impl.serve.errors import ApiError, busy, not_found
 
 DELETING = ".deleting"
@@ -49,7 +50,7 @@ class Pool:
 
     def __init__(self, engine, root: str | Path, kv_budget: int | None = None, busy_wait: float = 5.0,
                  system: str = "You are a helpful assistant.", defaults: Settings = DEFAULTS,
-                 legacy_owner: str = ""):
+                 legacy_owner: str = "", slice_s: float = SLICE_S):
         self.engine = engine
         renderer = get_renderer(engine.lm)
         #: the model's call format, where its template writes calls this server parses (else tools are a 400)
@@ -63,7 +64,9 @@ class Pool:
         self.busy_wait = busy_wait
         self.system = system
         self.defaults = defaults
-        self._engine_lock = threading.RLock()  # taken by hold() (and close(), at shutdown)
+        self._engine_lock = EngineLock(slice_s)  # taken by hold() (and close(), at shutdown)
+        if hasattr(engine, "between_forwards"):  # an engine whose turns decode forward by forward
+            engine.between_forwards = self._engine_lock.share
         self.index_lock = threading.Lock()
         self.stats = {"evictions": 0, "rebuilds": 0}
         self.conversations: dict[str, Conversation] = {}
@@ -107,12 +110,13 @@ class Pool:
             return self.chats.setdefault(owner, ChatCache(self.engine))
 
     @contextlib.contextmanager
-    def hold(self, conv: Conversation | None = None) -> Iterator[Conversation | None]:
+    def hold(self, conv: Conversation | None = None, background: bool = False) -> Iterator[Conversation | None]:
         """The one way serve takes its locks: the conversation's lock (when one
         is named), then the engine's, with the session resident; on the way
         out the KV budget is enforced, never evicting ``conv``. With no
-        conversation it is the engine's lock alone (a chat completion)."""
-        with self._hold_conversation(conv), self._engine_lock:
+        conversation it is the engine's lock alone (a chat completion).
+        ``background``: work that steps aside for any response waiting (a forget's replay)."""
+        with self._hold_conversation(conv), self._engine_lock.held(background):
             if conv is not None:
                 if conv.open(self.engine):
                     self.stats["rebuilds"] += 1
@@ -138,6 +142,10 @@ class Pool:
         finally:
             conv.lock.release()
 
+    def get_stats(self) -> dict:
+        """Evictions, rebuilds and the engine lock's hand-overs between forwards, so far."""
+        return {**self.stats, "handovers": self._engine_lock.handovers}
+
     # --- the budget ------------------------------------------------------------
 
     def get_held_bytes(self) -> int:
@@ -145,12 +153,15 @@ class Pool:
 
     def _enforce_budget(self, keep: Conversation | None = None) -> None:
         """Evict resident sessions, least recently used first, until the engine
-        holds at most the budget (under the engine lock: :meth:`hold` calls it)."""
+        holds at most the budget (under the engine lock: :meth:`hold` calls it).
+        A conversation whose lock a request holds is not evicted: its turn may
+        be paused between forwards, its runtime in use."""
         if self.kv_budget is None:
             return
         while self.get_held_bytes() > self.kv_budget:
             resident = sorted((c for c in list(self.conversations.values())
-                               if c.session is not None and c is not keep), key=lambda c: c.last_used)
+                               if c.session is not None and c is not keep and not c.lock.locked()),
+                              key=lambda c: c.last_used)
             if not resident:
                 return
             resident[0].evict()
@@ -185,6 +196,6 @@ class Pool:
             self.responses[response_id] = conv.id
 
     def close(self) -> None:
-        with self._engine_lock:
+        with self._engine_lock.held():
             for conv in list(self.conversations.values()):
                 conv.evict()

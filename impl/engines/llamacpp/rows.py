@@ -103,9 +103,10 @@ class LlamaRows:
             raise ValueError(f"{start} + {len(ids)} tokens exceed n_ctx={self.lm.n_ctx}")
         started = time.perf_counter()
         logits = forward(self.lc, self.ctx, self.batch, ids, start, all_logits, self.lm.vocab_size)
-        report_forward(self.hooks, len(ids), started, commit)
         lin.tokens.extend(ids)
         lin.kv = None
+        # after the tokens are the lineage's: a streaming listener reads them from it
+        report_forward(self.hooks, len(ids), started, commit)
         return logits
 
     def truncate(self, handle: str, lin: LlamaLineage, n: int) -> None:

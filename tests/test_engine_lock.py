@@ -1,0 +1,120 @@
+"""The server's engine lock (impl/serve/engine_lock.py): handed over between
+forwards, in arrival order, foreground requests before a forget's replay."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from unsee.impl.serve.engine_lock import EngineLock
+
+
+def start(target) -> threading.Thread:
+    t = threading.Thread(target=target, daemon=True)
+    t.start()
+    return t
+
+
+def wait_queued(lock: EngineLock, n: int) -> None:
+    """Until ``n`` threads wait for ``lock`` (bounded: a test fails, never hangs)."""
+    deadline = time.monotonic() + 10
+    while len(lock._queue) < n:
+        assert time.monotonic() < deadline, f"{len(lock._queue)} of {n} waiters queued"
+        time.sleep(0.001)
+
+
+def test_share_without_waiters_keeps_the_engine():
+    lock = EngineLock(slice_s=0.0)
+    with lock.held():
+        lock.share()
+        lock.share()
+    assert lock.handovers == 0
+
+
+def test_share_in_a_thread_that_does_not_hold_it_does_nothing():
+    lock = EngineLock(slice_s=0.0)
+    lock.share()
+    assert lock.handovers == 0
+
+
+def test_it_is_reentrant_and_refuses_a_release_by_another_thread():
+    lock = EngineLock()
+    with lock.held(), lock.held():
+        pass
+    with lock.held():
+        errors = []
+
+        def other():
+            try:
+                lock.release()
+            except RuntimeError as e:
+                errors.append(e)
+        start(other).join()
+    assert errors and "does not hold" in str(errors[0])
+
+
+def test_a_background_holder_steps_aside_at_its_next_forward_for_a_response():
+    lock, order = EngineLock(slice_s=10.0), []  # the slice does not apply to background work
+    with lock.held(background=True):
+        order.append("replay forward 1")
+
+        def response():
+            with lock.held():
+                order.append("response")
+        t = start(response)
+        wait_queued(lock, 1)
+        lock.share()  # between the replay's forwards
+        order.append("replay forward 2")
+    t.join(10)
+    assert order == ["replay forward 1", "response", "replay forward 2"] and lock.handovers == 1
+
+
+def test_a_response_never_steps_aside_for_a_background_waiter():
+    lock, order = EngineLock(slice_s=0.0), []
+    with lock.held():
+
+        def replay():
+            with lock.held(background=True):
+                order.append("replay")
+        t = start(replay)
+        wait_queued(lock, 1)
+        lock.share()
+        order.append("response forward 2")
+    t.join(10)
+    assert order == ["response forward 2", "replay"] and lock.handovers == 0
+
+
+def test_a_response_keeps_the_engine_for_its_slice_then_hands_it_over():
+    lock, order = EngineLock(slice_s=0.2), []
+    with lock.held():
+        t = start(lambda: (lock.acquire(), order.append("other"), lock.release()))
+        wait_queued(lock, 1)
+        lock.share()  # the slice is not spent yet
+        order.append("mine 1")
+        time.sleep(0.25)
+        lock.share()  # spent: the waiter runs, then this thread goes on
+        order.append("mine 2")
+    t.join(10)
+    assert order == ["mine 1", "other", "mine 2"]
+
+
+@pytest.mark.parametrize("background_first", [True, False])
+def test_waiters_get_the_engine_foreground_first_then_in_arrival_order(background_first):
+    lock, order = EngineLock(), []
+
+    def make(name, background):
+        def run():
+            with lock.held(background):
+                order.append(name)
+        return run
+    with lock.held():
+        names = (["bg", "a", "b"] if background_first else ["a", "bg", "b"])
+        threads = []
+        for i, name in enumerate(names):
+            threads.append(start(make(name, name == "bg")))
+            wait_queued(lock, i + 1)
+    for t in threads:
+        t.join(10)
+    assert order == ["a", "b", "bg"]

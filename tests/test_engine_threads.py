@@ -1,0 +1,69 @@
+"""An engine shared by a server's threads (issue 40; impl/serve/engine_lock.py):
+each thread counts and hears its own forwards, its own prefix cache; a forward
+hook reads the lineage with the forward's tokens in it; and a turn's forwards
+interleaved with another lineage's give the bits of the turn run alone."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from unsee.impl.engines.llamacpp import engine as llamacpp
+
+MODELS = ["tiny", pytest.param("llamacpp-tiny", marks=pytest.mark.skipif(
+    not llamacpp.available(), reason="llama-cpp-python is not installed"))]
+
+
+@pytest.fixture(params=MODELS)
+def engine(request, engine_factory):
+    return engine_factory(request.param) if request.param == "tiny" else engine_factory(request.param, n_ctx=512)
+
+
+def fresh(engine, text: str) -> str:
+    h = engine.new_lineage()
+    engine.prefill(h, engine.lm.encode(text))
+    return h
+
+
+def in_thread(fn):
+    out = []
+    t = threading.Thread(target=lambda: out.append(fn()))
+    t.start()
+    t.join(60)
+    return out[0]
+
+
+def test_a_hook_reads_the_lineage_with_the_forwards_tokens_in_it(engine):
+    h = fresh(engine, "Once upon a time")
+    start, seen = len(engine.tokens(h)), []
+    with engine.hook_forwards(lambda n, _: seen.append(len(engine.tokens(h)) - start)):
+        out = engine.generate(h, 5, stop_ids=())
+    # decode forward k feeds decided token k: a streaming listener sees it right then
+    assert seen[:len(out) - 1] == list(range(1, len(out)))
+
+
+def test_counters_and_hooks_are_the_calling_threads(engine):
+    heard = []
+    before = engine.counters.snapshot()
+    with engine.hook_forwards(lambda n, _: heard.append(n)):
+        in_thread(lambda: engine.generate(fresh(engine, "Another thread's turn"), 4, stop_ids=()))
+    assert engine.counters - before == type(before)() and heard == []
+    spent = in_thread(lambda: (lambda b: (engine.generate(fresh(engine, "Its own"), 3, stop_ids=()),
+                                          engine.counters - b)[1])(engine.counters.snapshot()))
+    assert spent.forward_calls > 0
+
+
+def test_a_turn_interleaved_forward_by_forward_with_another_equals_it_alone(engine):
+    alone = fresh(engine, "The first conversation says hello")
+    expected = engine.generate(alone, 6, stop_ids=())
+    a = fresh(engine, "The first conversation says hello")
+    b = fresh(engine, "A second one, longer, in another lineage of its own")
+    # between each of a's forwards, a forward of b's turn (what the server's lock does at slice 0)
+    engine.between_forwards = lambda: engine.prefill(b, engine.lm.encode(" and"))
+    try:
+        got = engine.generate(a, 6, stop_ids=())
+    finally:
+        engine.between_forwards = type(engine).between_forwards
+    assert got == expected and engine.digest(a) == engine.digest(alone)
+    assert len(engine.tokens(b)) > len(engine.lm.encode("A second one, longer, in another lineage of its own"))
