@@ -12,6 +12,7 @@ llamacpp``).
 from __future__ import annotations
 
 import argparse
+import re
 from pathlib import Path
 
 from unsee.impl.cli.options import DEFAULT_MODEL
@@ -27,6 +28,10 @@ DEFAULT_DTYPE = "float32"
 #: repeats of every measurement; a report takes the median (p50) of same-round figures
 DEFAULT_ROUNDS = 3
 DEFAULT_THREADS = 1
+#: a figure's label line in docs/*.md, which a bench that writes markdown writes as it is
+#: (tests/test_docs.py checks every figure has one): build, attention, dtype, CPU and command
+FIGURE_LABEL = re.compile(r"> build (`[0-9a-f]{7,40}`|not recorded)[^·]* · attention [^·]+ · dtype [^·]+ · CPU [^·]+"
+                          r" · command `[^`]*(python|pytest|make|unsee )[^`]*`")
 
 
 def get_parser(name: str, doc: str) -> argparse.ArgumentParser:

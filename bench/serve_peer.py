@@ -8,13 +8,14 @@ GGUF and threads (issue 40, item 1; docs/serve.md, "Against llama_cpp.server").
 Both servers run as the user would start them, each in a process of its own
 on loopback: ``python -m llama_cpp.server`` (its ``server`` extra, in the
 bench's own venv, ``.venv-peer``) over the catalogue's file of ``--model``
-with ``--n_threads`` and ``--n_threads_batch`` at ``--threads``, flash
+with ``--n_threads`` at ``--threads`` and ``--n_threads_batch`` at
+``--batch-threads`` (default ``--threads``), flash
 attention on (as unsee runs it), the GGUF's own chat template, logits of
 the last token only (``logits_all`` off: its default computes and copies every
 prompt token's, which a chat client never reads), and ``interrupt_requests``
 off (its default cuts a streaming answer short as soon as another request
 waits); and ``unsee serve --engine llamacpp`` with
-``UNSEE_LLAMA_THREADS`` at ``--threads``. Every request is made with the
+``UNSEE_LLAMA_THREADS`` and ``UNSEE_LLAMA_BATCH_THREADS`` at the same. Every request is made with the
 ``openai`` client, streamed, greedy, and capped at ``--max-tokens`` output
 tokens. Three ways of holding a conversation, each one the same workload:
 
@@ -129,11 +130,12 @@ class Server:
                 self.process.wait()
 
 
-def start_peer(python: str, gguf: Path, name: str, threads: int, n_ctx: int, logs: Path) -> Server:
+def start_peer(python: str, gguf: Path, name: str, threads: int, batch_threads: int, n_ctx: int,
+               logs: Path) -> Server:
     port = get_free_port()
     command = [python, "-m", "llama_cpp.server", "--model", str(gguf), "--model_alias", name,
                "--host", "127.0.0.1", "--port", str(port), "--n_threads", str(threads),
-               "--n_threads_batch", str(threads), "--n_ctx", str(n_ctx), "--flash_attn", "true",
+               "--n_threads_batch", str(batch_threads), "--n_ctx", str(n_ctx), "--flash_attn", "true",
                "--logits_all", "false", "--interrupt_requests", "false", "--verbose", "false"]
     log = logs / "peer.log"
     with open(log, "w") as out:
@@ -141,12 +143,12 @@ def start_peer(python: str, gguf: Path, name: str, threads: int, n_ctx: int, log
     return Server("llama_cpp.server", process, f"http://127.0.0.1:{port}/v1", log)
 
 
-def start_unsee(model: str, threads: int, max_tokens: int, store: Path, logs: Path) -> Server:
+def start_unsee(model: str, threads: int, batch_threads: int, max_tokens: int, store: Path, logs: Path) -> Server:
     port = get_free_port()
     command = [sys.executable, "-m", "unsee.impl.cli", "serve", "--engine", "llamacpp", "--model", model,
                "--store", str(store), "--port", str(port), "--max-output-tokens", str(max_tokens),
                "--busy-wait", "3600"]
-    env = {**os.environ, "UNSEE_LLAMA_THREADS": str(threads)}
+    env = {**os.environ, "UNSEE_LLAMA_THREADS": str(threads), "UNSEE_LLAMA_BATCH_THREADS": str(batch_threads)}
     log = logs / "unsee.log"
     with open(log, "w") as out:
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
@@ -388,6 +390,7 @@ def get_label(args: argparse.Namespace, argv: list[str]) -> dict:
     except (OSError, subprocess.CalledProcessError):
         build = "not recorded"
     return {"build": build, "cpu": get_cpu_name(), "cores": os.cpu_count(), "threads": args.threads,
+            "batch_threads": args.batch_threads,
             "model": args.model, "command": "python -m unsee.bench.serve_peer " + " ".join(argv),
             "load_average": os.getloadavg()[0]}
 
@@ -400,7 +403,7 @@ def run_servers(args: argparse.Namespace, engine, work: Path) -> list[dict]:
     rows, keep = [], work / "before-delete"
     keep.mkdir()
     if "peer" in args.systems:
-        peer = start_peer(args.peer_python, gguf, args.model, args.threads, args.n_ctx, work)
+        peer = start_peer(args.peer_python, gguf, args.model, args.threads, args.batch_threads, args.n_ctx, work)
         try:
             peer.wait_ready(args.start_timeout)
             rows += run_system("peer", peer, args, document, None, keep)
@@ -409,7 +412,7 @@ def run_servers(args: argparse.Namespace, engine, work: Path) -> list[dict]:
     unsee_systems = [s for s in ("unsee-chat", "unsee") if s in args.systems]
     if unsee_systems:
         store = work / "store"
-        server = start_unsee(args.model, args.threads, args.max_tokens, store, work)
+        server = start_unsee(args.model, args.threads, args.batch_threads, args.max_tokens, store, work)
         try:
             server.wait_ready(args.start_timeout)
             for system in unsee_systems:
@@ -425,6 +428,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--peer-python", default=".venv-peer/bin/python",
                         help="the interpreter with llama-cpp-python[server] (make serve-peer builds it)")
     parser.add_argument("--threads", type=int, default=1, help="threads of both servers")
+    parser.add_argument("--batch-threads", type=int, default=None,
+                        help="threads of both servers' forwards of several tokens (prefill; llama.cpp's "
+                             "n_threads_batch, unsee's UNSEE_LLAMA_BATCH_THREADS); default --threads")
     parser.add_argument("--concurrency", type=lambda t: [int(x) for x in t.split(",")], default=[1, 4, 8])
     parser.add_argument("--turns", type=int, default=3, help="turns per conversation")
     parser.add_argument("--max-tokens", type=int, default=32, help="output tokens per answer at most")
@@ -439,6 +445,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--start-timeout", type=float, default=1800, metavar="SECONDS")
     options.add_out(parser, "out/serve-peer", help="a folder: serve-peer.json, serve-peer.md, logs")
     args = parser.parse_args(argv)
+    args.batch_threads = args.batch_threads or args.threads
     unknown = sorted(set(args.systems) - set(SYSTEMS))
     if unknown:
         parser.error(f"--systems: unknown {unknown}; expected some of {list(SYSTEMS)}")
@@ -455,7 +462,8 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     label = get_label(args, argv)
     # loaded here first: the decode facts of these settings are measured (once) before any server times
-    engine = load_engine(args.model, "llamacpp", threads=args.threads)
+    engine = load_engine(args.model, "llamacpp", threads=args.threads, batch_threads=args.batch_threads)
+    label["gguf"] = Path(engine.lm.source).name
     with tempfile.TemporaryDirectory(prefix="serve-peer-") as tmp:
         work = Path(tmp)
         rows = run_servers(args, engine, work)

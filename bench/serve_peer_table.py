@@ -139,13 +139,30 @@ def get_table_rows(systems: dict, workload: dict) -> list[tuple[str, list[str]]]
     return rows
 
 
+def get_batch_note(label: dict) -> str:
+    """The prefill threads, where they differ from the decode threads."""
+    batch = label.get("batch_threads")
+    return f" ({batch} for forwards of several tokens)" if batch and batch != label["threads"] else ""
+
+
+def get_label_line(label: dict, workload: dict) -> str:
+    """The figure's label in the docs' shape (tests/test_docs.py): build and workload, attention,
+    dtype, CPU with its load and the threads, command."""
+    gguf = label.get("gguf", "")
+    quant = gguf.rsplit("-", 1)[-1].removesuffix(".gguf").upper() if gguf else "the GGUF's"
+    build, dirty = label["build"].removesuffix("-dirty"), label["build"].endswith("-dirty")
+    return (f"> build `{build}`{' with uncommitted changes' if dirty else ''}, {label['model']}, {workload['turns']} turns of up to "
+            f"{workload['max_tokens']} tokens, greedy, streamed · attention llama.cpp's own kernels (unsee: exact; "
+            f"llama_cpp.server: its default, repacked), flash attention on · dtype {quant} weights, f16 KV · "
+            f"CPU {label['cpu']}, {label['cores']} cores (load average {label['load_average']:.1f} at the start, "
+            f"{label.get('load_average_end', 0):.1f} at the end), {label['threads']} thread(s) each"
+            f"{get_batch_note(label)} · command `{label['command']}`")
+
+
 def format_markdown(result: dict) -> str:
     label, summary = result["label"], result["summary"]
     systems, workload = summary["systems"], summary["workload"]
-    lines = [f"> build `{label['build']}` · CPU {label['cpu']} ({label['cores']} cores; load average "
-             f"{label['load_average']:.1f} at the start, {label.get('load_average_end', 0):.1f} at the end) · "
-             f"{label['threads']} thread(s) each · model {label['model']} · {workload['turns']} turns of up to "
-             f"{workload['max_tokens']} tokens, greedy, streamed · command `{label['command']}`", "",
+    lines = [get_label_line(label, workload), "",
              "| | " + " | ".join(LABELS[s] for s in systems) + " |", "|---|" + "---:|" * len(systems)]
     lines += [f"| {metric} | " + " | ".join(cells) + " |" for metric, cells in get_table_rows(systems, workload)]
     lines += ["", "| goal (issue 40) | measured | bar | met |", "|---|---:|---:|---|"]
@@ -160,3 +177,24 @@ def format_markdown(result: dict) -> str:
                       f"{floor['forwards']} forwards; the full reset reaches the server's digest after the DELETE: "
                       f"{floor['reset_digest_equal']}."]
     return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Print a run's markdown again from its serve-peer.json (``--gguf``: the file's name, for a run
+    recorded before the label named it)."""
+    import json
+    from pathlib import Path
+
+    parser = argparse.ArgumentParser(prog="python -m unsee.bench.serve_peer_table", description=main.__doc__)
+    parser.add_argument("json", help="a serve-peer.json")
+    parser.add_argument("--gguf", help="the GGUF's file name, where the run's label lacks it")
+    args = parser.parse_args(argv)
+    result = json.loads(Path(args.json).read_text())
+    if args.gguf and "gguf" not in result["label"]:
+        result["label"]["gguf"] = args.gguf
+    print(format_markdown(result), end="")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

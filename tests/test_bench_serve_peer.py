@@ -10,6 +10,7 @@ import json
 
 import pytest
 
+from unsee.bench.options import FIGURE_LABEL
 from unsee.bench.serve_peer_table import format_markdown, summarise
 from unsee.impl.engines.llamacpp import engine as llamacpp
 
@@ -44,11 +45,12 @@ def test_goals_are_the_measured_ratios():
     assert delete["value"] == pytest.approx(1.5) and delete["met"] is False and delete["detail"] == "by wall: 1.50x"
     assert summary["systems"]["unsee"]["levels"][1]["cpu_per_token_s"] == 0.1
     assert by_name["another conversation's turn during a DELETE vs alone"]["value"] == 1.5
-    markdown = format_markdown({"label": {"build": "b", "cpu": "c", "cores": 2, "load_average": 1.0, "threads": 1,
-                                          "model": "m", "command": "x"}, "summary": summary, "floor": floor})
+    markdown = format_markdown({"label": {"build": "abc1234-dirty", "cpu": "c", "cores": 2, "load_average": 1.0, "threads": 1,
+                                          "model": "m", "command": "python -m unsee.bench.serve_peer"}, "summary": summary, "floor": floor})
     assert "| DELETE vs the compute floor of its forget, by CPU seconds (by wall: 1.50x) | 1.50x | <= 1.15x | **no** |" \
         in markdown
     assert markdown.count("\n| ") >= 20
+    assert FIGURE_LABEL.match(markdown.splitlines()[0])  # pasted into docs/serve.md as it is
 
 
 def test_a_goal_without_the_peer_is_not_measured():

@@ -25,6 +25,8 @@ from pathlib import Path
 
 import pytest
 
+from unsee.bench.options import FIGURE_LABEL
+
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "properties" / "README.md"]
 #: top-level package -> its folder (pyproject's package-dir)
@@ -330,8 +332,6 @@ def test_bench_forget_policy_region_is_generated_from_its_summary():
 
 
 #: the line that labels a bench figure: build, attention, dtype, CPU and command (docs/bench.md, "Labels")
-FIGURE_LABEL = re.compile(r"> build (`[0-9a-f]{7,40}`|not recorded)[^·]* · attention [^·]+ · dtype [^·]+ · CPU [^·]+"
-                          r" · command `[^`]*(python|pytest|make|unsee )[^`]*`")
 SUMMARY_LABELS = ("build", "attention", "dtype", "CPU", "command")
 REFERENCE_MARK = "<!-- reference:"
 
