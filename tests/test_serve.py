@@ -452,6 +452,16 @@ def test_the_default_kv_budget_is_half_of_what_the_loaded_model_leaves():
         assert 0 < get_default_kv_budget() < physical // 2
 
 
+def test_llamacpp_prefills_on_every_core_unless_the_environment_says_otherwise():
+    from unsee.impl.serve.threads import compute_thread_environment, get_cores
+
+    assert compute_thread_environment("llamacpp", {}, 16) == {"UNSEE_LLAMA_BATCH_THREADS": "16"}
+    assert compute_thread_environment("llamacpp", {"UNSEE_LLAMA_BATCH_THREADS": "3"}, 16) == {}
+    assert compute_thread_environment("llamacpp", {"UNSEE_LLAMA_THREADS": "2"}, 16) == {}  # the loader's rule
+    assert compute_thread_environment("transformers", {}, 16) == {}
+    assert get_cores() >= 1
+
+
 def test_the_memory_bench_keeps_the_held_kv_under_the_budget(one_thread):
     """bench/serve_memory.py on the tiny model: conversations with long first
     messages under a budget smaller than their KV together; the pool evicts

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from unsee.impl.cli.exits import Exit
@@ -33,6 +34,7 @@ def do_serve(args: argparse.Namespace) -> int:
     from unsee.impl.cli.run import build_engine
     from unsee.impl.serve.budget import get_default_kv_budget
     from unsee.impl.serve.pool import Pool
+    from unsee.impl.serve.threads import BATCH_THREADS_ENV, THREADS_ENV, compute_thread_environment, get_cores
 
     try:
         from unsee.impl.serve.app import get_owner_of
@@ -43,6 +45,11 @@ def do_serve(args: argparse.Namespace) -> int:
 
     api_keys = read_api_keys(args.api_key_file)
     check_exposure(args.host, api_keys)  # before any model loads
+    threads = compute_thread_environment(args.engine, os.environ, get_cores())
+    if threads:  # llama.cpp: prefill on every core, decode on one (impl/serve/threads.py)
+        os.environ.update(threads)
+        print(f"unsee serve: llama.cpp prefills on {threads[BATCH_THREADS_ENV]} threads and decodes on 1 "
+              f"(${BATCH_THREADS_ENV} and ${THREADS_ENV} set others)", file=sys.stderr)
     engine = build_engine(args)
     if args.kv_budget is None:  # the default: half of what the machine has left with the model loaded
         args.kv_budget = get_default_kv_budget()
