@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
 import time
 from pathlib import Path
 
@@ -321,7 +322,8 @@ def test_a_client_that_leaves_mid_stream_leaves_the_turn_committed_whole(client,
     conv = client.conversations.create()
     body = {"model": "tiny", "conversation": conv.id, "input": [user("d1", "A long story, please.")], "stream": True,
             "max_output_tokens": 600}
-    slow = server.pool.engine.hook_forwards(lambda n, started: time.sleep(0.01))  # a turn of ~2 s at least
+    # every thread's: the server's worker decodes the turn; ~2 s at least
+    slow = server.pool.engine.hook_forwards(lambda n, started: time.sleep(0.01), every_thread=True)
     with slow, httpx.Client(timeout=60) as http, http.stream("POST", f"{server.url}/responses", json=body) as reply:
         for line in reply.iter_lines():
             if '"response.output_text.delta"' in line:
@@ -334,6 +336,37 @@ def test_a_client_that_leaves_mid_stream_leaves_the_turn_committed_whole(client,
                                      max_output_tokens=600)
     assert after["digest"] == state(client, twin.id)["digest"]
     assert listing(client, conv.id)[-1]["content"][0]["text"] == answer.output_text
+
+
+def test_a_response_runs_while_another_conversations_forget_replays(client, server):
+    """Issue 40: a DELETE's replay is background work; a response on another
+    conversation takes the engine at the replay's next forward and runs to its
+    end, so it returns while the forget is still replaying."""
+    a, b = client.conversations.create(), client.conversations.create()
+    for i in range(8):
+        client.responses.create(model="tiny", conversation=a.id, input=[user(f"a{i}", f"Fact number {i}.")],
+                                max_output_tokens=16)
+    client.responses.create(model="tiny", conversation=b.id, input=[user("b0", "Hello.")], max_output_tokens=4)
+    done = {}
+
+    def forget():
+        client.conversations.items.delete("a0", conversation_id=a.id)
+        done["forget"] = time.monotonic()
+    # every thread's forwards slowed, so the replay (8 turns) outlasts a 4-token turn by far
+    with server.pool.engine.hook_forwards(lambda n, started: time.sleep(0.03), every_thread=True):
+        worker = threading.Thread(target=forget)
+        worker.start()
+        deadline = time.monotonic() + 30
+        while not server.pool.get(a.id).lock.locked():  # the DELETE holds its conversation
+            assert time.monotonic() < deadline
+            time.sleep(0.005)
+        time.sleep(0.1)  # well into the replay
+        client.responses.create(model="tiny", conversation=b.id, input=[user("b1", "Again.")], max_output_tokens=4)
+        done["response"] = time.monotonic()
+        still_replaying = "forget" not in done
+        worker.join(60)
+    assert still_replaying and done["response"] < done["forget"]
+    assert "a0" not in [i["id"] for i in listing(client, a.id)]
 
 
 def test_instructions_that_change_re_render_the_context_and_a_forget_replays_them(client, server):

@@ -47,8 +47,9 @@ from unsee.impl.util.ids import compute_lineage_handle
 #: ``on_forward(n_tokens, started)``: a hook on every model forward (``started``: its ``time.perf_counter()``)
 OnForward = Callable[[int, float], None]
 #: the hooks a backend reports its forwards to: ``(on_forward, on_commit or None, thread)``; a hook
-#: hears the forwards of the thread that added it only (a server interleaves other requests' forwards)
-ForwardHookList = list[tuple[OnForward, "OnForward | None", int]]
+#: hears the forwards of the thread that added it only (a server interleaves other requests'
+#: forwards), or every thread's where ``thread`` is None
+ForwardHookList = list[tuple[OnForward, "OnForward | None", int | None]]
 
 
 def report_forward(hooks: ForwardHookList, n_tokens: int, started: float, commit: bool) -> None:
@@ -56,7 +57,7 @@ def report_forward(hooks: ForwardHookList, n_tokens: int, started: float, commit
     backend calls it after its forward; ``commit``: the forward commits a decoded turn)."""
     me = threading.get_ident()
     for on_forward, on_commit, thread in list(hooks):
-        if thread == me:
+        if thread is None or thread == me:
             (on_commit if commit and on_commit is not None else on_forward)(n_tokens, started)
 
 
@@ -304,11 +305,13 @@ class LineageBook:
         return self.kv.digest(lineage, self._use(lineage))
 
     @contextlib.contextmanager
-    def hook_forwards(self, on_forward: OnForward, on_commit: OnForward | None = None) -> Iterator[None]:
+    def hook_forwards(self, on_forward: OnForward, on_commit: OnForward | None = None,
+                      every_thread: bool = False) -> Iterator[None]:
         """Call ``on_forward(n_tokens, started)`` after every model forward this
-        thread makes in the block; with ``on_commit``, the forward that commits a decoded turn
+        thread makes in the block (``every_thread``: any thread's, as a test that
+        slows a server's engine needs); with ``on_commit``, the forward that commits a decoded turn
         as its canonical chunk calls that instead (a profiler tells it apart)."""
-        entry = (on_forward, on_commit, threading.get_ident())
+        entry = (on_forward, on_commit, None if every_thread else threading.get_ident())
         self.kv.hooks.append(entry)
         try:
             yield
