@@ -193,9 +193,12 @@ class LineageBook:
         return self._local.__dict__.get("serving", False)
 
     @property
-    def _cache_sources(self) -> tuple[set[str], int] | None:
-        """This thread's prefix cache sources: (handles, first new id); None: every lineage."""
-        return self._local.__dict__.get("sources")
+    def _cache_sources(self) -> set[str] | None:
+        """This thread's prefix cache sources (None: every lineage): those named when it opened
+        and the lineages this thread made inside it (:meth:`_fresh_handle`), never another
+        thread's, so a server's chat cache never serves from a conversation made meanwhile."""
+        stack = self._local.__dict__.get("sources", [])
+        return stack[-1] if stack else None
 
     # --- lineages
 
@@ -362,13 +365,14 @@ class LineageBook:
         would compute, bit for bit (the engine's same-chunking identity).
         Evicted sources are simply not in the cache."""
         local = self._local.__dict__
-        previous = self._serving, self._cache_sources
+        previous, stack = self._serving, local.setdefault("sources", [])  # nested blocks: a stack
         local["serving"] = True
-        local["sources"] = None if sources is None else ({h for h in sources if h in self._lineages}, self._next_id)
+        stack.append(None if sources is None else {h for h in sources if h in self._lineages})
         try:
             yield self
         finally:
-            local["serving"], local["sources"] = previous
+            local["serving"] = previous
+            stack.pop()
 
     # --- the steps of the verbs, each naming its lineage
 
@@ -481,9 +485,13 @@ class LineageBook:
         return self._lineages[lineage]
 
     def _fresh_handle(self) -> str:
-        """The next handle (never reused, even after a drop)."""
+        """The next handle (never reused, even after a drop); inside this thread's prefix cache,
+        one of its sources (a serving engine caches what it computes)."""
         handle = compute_lineage_handle(self._next_id)
         self._next_id += 1
+        for sources in self._local.__dict__.get("sources", []):  # every open block of this thread
+            if sources is not None:
+                sources.add(handle)
         return handle
 
     def _touch(self, handle: str) -> None:

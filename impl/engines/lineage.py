@@ -11,8 +11,6 @@ import weakref
 from collections.abc import Container, Iterable, Sequence
 from dataclasses import dataclass, fields
 
-from unsee.impl.util.ids import get_lineage_number
-
 
 def as_int(x) -> int | None:
     """x as an int if it is an integer (numpy ints too, not bools or floats)."""
@@ -335,13 +333,9 @@ def take_served_chunk(lin, src, ids: Sequence[int], logits) -> None:
     lin.served_last = logits is None
 
 
-def is_cache_source(sources, handle: str) -> bool:
+def is_cache_source(sources: set[str] | None, handle: str) -> bool:
     """Whether an active prefix cache may serve from ``handle``: ``sources`` is
-    None (every lineage may) or ``(cached handles, first new handle number)``,
-    since lineages made after the cache opened may serve too (handles are
-    numbered in the order they were made: :func:`~unsee.impl.util.ids.get_lineage_number`)."""
-    if sources is None:
-        return True
-    cached, first_new = sources
-    return handle in cached or get_lineage_number(handle) >= first_new
+    None (every lineage may) or the handles it holds (those named when it
+    opened, and those its thread made inside it since)."""
+    return sources is None or handle in sources
 
