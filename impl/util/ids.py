@@ -55,13 +55,6 @@ def compute_lineage_handle(number: int) -> str:
     return f"{LINEAGE_PREFIX}{number}"
 
 
-def get_lineage_number(handle: str) -> int:
-    """The number of lineage ``handle``; a ValueError names a handle that is not one."""
-    if not handle.startswith(LINEAGE_PREFIX) or not handle[len(LINEAGE_PREFIX):].isdigit():
-        raise ValueError(f"lineage handle {handle!r}: expected {LINEAGE_PREFIX}<number>")
-    return int(handle[len(LINEAGE_PREFIX):])
-
-
 def compute_stored_handle(handle: str) -> str:
     """The handle a checkpoint read back from disk names its lineage by."""
     return f"{STORED_PREFIX}{handle}"
