@@ -10,9 +10,10 @@
 - **The KV budget.** The engine bounds the bytes of lineages no runtime
   extends (checkpoints, the chat prefix cache); after each operation the
   pool evicts whole sessions, least recently used first and never one a
-  request is using (its turn may be paused between forwards), while the engine holds more than ``kv_budget`` bytes. An
-  evicted session keeps everything in its store and is rebuilt (its digest
-  checked) by its next request.
+  request is using (its turn may be paused between forwards), while the
+  engine holds more than ``kv_budget`` bytes. An evicted session keeps
+  everything in its store and is rebuilt (its digest checked) by its next
+  request.
 - **Owners.** A conversation belongs to the API key that created it (its
   owner, a hash of the key); a request under another key is answered 404
   for it, as for an id that does not exist. The chat prefix cache is one per
