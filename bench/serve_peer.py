@@ -345,14 +345,27 @@ def run_system(system: str, server: Server, args: argparse.Namespace, document: 
     client = openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0, timeout=3600)
     b = Bench(client, args.model, args, server.process.pid)
     b.new(system).turn([("w", "Hello.")])  # warm-up: the first request's one-time costs
-    rows = [r for level in args.concurrency for r in run_level(b, system, level)]
+    rows = []
+    for level in args.concurrency:
+        say_phase(system, f"load, {level} conversation(s)")
+        rows += run_level(b, system, level)
     if "history" in args.phases:
+        say_phase(system, f"history ({args.history_tokens} tokens)")
         rows += run_history(b, system, document)
-    if "delete" in args.phases and system == "unsee":
-        rows += run_delete_unsee(b, store, keep)
-    elif "delete" in args.phases and system == "peer":
-        rows += run_delete_peer(b)
+    if "delete" in args.phases and system in ("unsee", "peer"):
+        say_phase(system, "delete")
+        rows += run_delete_unsee(b, store, keep) if system == "unsee" else run_delete_peer(b)
     return [{**r, "system": system} for r in rows]
+
+
+def say_phase(system: str, phase: str) -> None:
+    """A progress line on stderr (a run takes about half an hour): the system and the phase it starts."""
+    print(f"serve_peer: {time.strftime('%H:%M:%S')} {LABELS_SHORT.get(system, system)}: {phase}",
+          file=sys.stderr, flush=True)
+
+
+#: the systems as a progress line names them
+LABELS_SHORT = {"peer": "llama_cpp.server", "unsee-chat": "unsee chat", "unsee": "unsee responses"}
 
 
 # -------------------------------------------------------------- the floor
