@@ -30,9 +30,10 @@ each digest of eight interleaved conversations against its serial replay.
 from __future__ import annotations
 
 import collections
+import contextlib
 import threading
 import time
-from typing import Self
+from collections.abc import Iterator
 
 #: how long a holder keeps the engine before it lets a waiting request run one slice (seconds)
 SLICE_S = 0.25
@@ -71,16 +72,14 @@ class EngineLock:
                 self._owner = None
                 self._cond.notify_all()
 
-    def __enter__(self) -> Self:
-        self.acquire()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.release()
-
-    def held(self, background: bool = False):
-        """A context manager holding the lock (``background``: see the module docstring)."""
-        return _Held(self, background)
+    @contextlib.contextmanager
+    def held(self, background: bool = False) -> Iterator[EngineLock]:
+        """The lock held for the block (``background``: see the module docstring)."""
+        self.acquire(background)
+        try:
+            yield self
+        finally:
+            self.release()
 
     # --- sharing
 
@@ -127,20 +126,6 @@ class EngineLock:
             raise
         self._queue.remove(entry)
         self._owner, self._depth, self._background, self._since = me, depth, background, time.monotonic()
-
-
-class _Held:
-    __slots__ = ("background", "lock")
-
-    def __init__(self, lock: EngineLock, background: bool):
-        self.lock, self.background = lock, background
-
-    def __enter__(self) -> EngineLock:
-        self.lock.acquire(self.background)
-        return self.lock
-
-    def __exit__(self, *exc) -> None:
-        self.lock.release()
 
 
 __all__ = ["SLICE_S", "EngineLock"]
