@@ -70,3 +70,17 @@ def test_a_turn_interleaved_forward_by_forward_with_another_equals_it_alone(engi
         engine.between_forwards = type(engine).between_forwards
     assert got == expected and engine.digest(a) == engine.digest(alone)
     assert len(engine.tokens(b)) > len(engine.lm.encode("A second one, longer, in another lineage of its own"))
+
+
+def test_a_threads_prefix_cache_serves_its_own_lineages_never_another_threads(engine):
+    ids = engine.lm.encode("A block that two threads prefill alike")
+    with engine.prefix_cache(sources=[]):
+        other = in_thread(lambda: fresh(engine, "A block that two threads prefill alike"))  # made meanwhile
+        before = engine.counters.snapshot()
+        mine = engine.new_lineage()
+        engine.prefill(mine, ids)
+        assert (engine.counters - before).reused_tokens == 0  # not served from the other thread's lineage
+        again = engine.new_lineage()
+        engine.prefill(again, ids)
+        assert (engine.counters - before).reused_tokens == len(ids)  # served from this thread's own
+    assert engine.digest(mine) == engine.digest(other) == engine.digest(again)
