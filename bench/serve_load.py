@@ -7,11 +7,12 @@ script (responses, streamed and not, and a forget of one of its items, by
 than the conversations' KV together. It reports throughput, p50/p99 latency
 per kind of request, the evictions and rebuilds, and then replays every
 conversation serially in-process (the same steps and forgets, on the same
-engine, one at a time, never stored) and counts the final digests that
-differ from the server's (the claim: 0).
+engine, one at a time, never stored; with ``--slots`` above 1, on an engine
+of one slot, so the batched decode steps are checked against steps alone)
+and counts the final digests that differ from the server's (the claim: 0).
 
     python -m unsee.bench.serve_load --model tiny --conversations 24 --turns 5 --workers 8 --out out/serve_load.json
-    python -m unsee.bench.serve_load --engine llamacpp --model tiny --conversations 8 --workers 8
+    python -m unsee.bench.serve_load --engine llamacpp --model tiny --conversations 8 --workers 8 --slots 4
 """
 
 from __future__ import annotations
@@ -96,7 +97,8 @@ def run(args: argparse.Namespace) -> dict:
     from unsee.impl.serve.pool import Pool
     from unsee.impl.serve.server import ServerThread
 
-    engine = load_engine(args.model, getattr(args, "engine", None), kv_budget=args.kv_budget)
+    slots = getattr(args, "slots", None)
+    engine = load_engine(args.model, getattr(args, "engine", None), kv_budget=args.kv_budget, slots=slots)
     settings = Settings(max_new_tokens=args.max_output_tokens)
     pool = Pool(engine, args.store or tempfile.mkdtemp(prefix="serve-load-"), kv_budget=args.kv_budget,
                 busy_wait=60, defaults=settings, slice_s=getattr(args, "slice", SLICE_S))
@@ -115,6 +117,8 @@ def run(args: argparse.Namespace) -> dict:
         for c in convs:
             digests[c] = client.conversations.retrieve(c).model_extra["unsee"]["digest"]
         stats = pool.get_stats()
+    if slots and slots > 1:  # replayed on the layout every fact was measured on: one sequence, steps alone
+        engine = load_engine(args.model, getattr(args, "engine", None), kv_budget=args.kv_budget, slots=1)
     serial = {c: replay_serially(engine, pool.system, settings, logs[c]) for c in convs}
     differ = [c for c in convs if serial[c][0] != digests[c]]
     by_kind = {}
@@ -130,7 +134,7 @@ def run(args: argparse.Namespace) -> dict:
             "requests_per_s": len(timings) / wall, "p50_ms": 1000 * get_percentile(every, 0.5),
             "p99_ms": 1000 * get_percentile(every, 0.99), "forgets": len(by_kind.get("forget", [])),
             "latency": latency, "evictions": stats["evictions"], "rebuilds": stats["rebuilds"],
-            "handovers": stats["handovers"],
+            "handovers": stats["handovers"], "slots": slots or 1, "decode_batches": stats["decode_batches"],
             "digests_differ": len(differ), "deadline_hit": any(len(logs[c]) < len(get_script(0, args.turns))
                                                                for c in convs)}
 
@@ -150,6 +154,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--slice", type=float, default=SLICE_S, metavar="SECONDS",
                         help="how long a request holds the engine before a waiting one gets it between forwards "
                              "(0: hand over at every forward)")
+    parser.add_argument("--slots", type=int, default=None,
+                        help="llama.cpp: conversations resident at once, whose decode steps share a forward "
+                             "(the serial replay then runs on one slot)")
     options.add_out(parser, help="write the figures as JSON here")
     args = parser.parse_args(argv)
     out = run(args)

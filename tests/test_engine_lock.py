@@ -118,3 +118,71 @@ def test_waiters_get_the_engine_foreground_first_then_in_arrival_order(backgroun
     for t in threads:
         t.join(10)
     assert order == ["a", "b", "bg"]
+
+
+class Batch:
+    """A stand-in for the engine's pending decode steps: each thread adds one; a flush runs them all."""
+
+    def __init__(self):
+        self.pending: list[str] = []
+        self.done: set[str] = set()
+        self.flushes: list[list[str]] = []
+
+    def add(self, name: str):
+        self.pending.append(name)
+        return lambda: name in self.done
+
+    def flush(self) -> None:
+        self.flushes.append(sorted(self.pending))
+        self.done.update(self.pending)
+        self.pending = []
+
+
+def test_gather_lets_every_waiter_reach_its_step_and_runs_one_batch():
+    """Three requests, each at a decode step: the holder hands the engine to the two that wait,
+    each adds its step and hands on, and the last one with no other waiter runs all three at once."""
+    lock, batch, order = EngineLock(slice_s=10.0), Batch(), []
+
+    def request(name: str) -> None:
+        with lock.held():
+            done = batch.add(name)
+            lock.gather(done, batch.flush)
+            order.append(name)
+
+    lock.acquire()
+    others = [start(lambda n=n: request(n)) for n in ("b", "c")]
+    wait_queued(lock, 2)
+    done = batch.add("a")
+    lock.gather(done, batch.flush)
+    order.append("a")
+    lock.release()
+    for t in others:
+        t.join(10)
+    assert batch.flushes == [["a", "b", "c"]]
+    assert sorted(order) == ["a", "b", "c"] and lock.handovers >= 2
+
+
+def test_gather_alone_runs_its_step_at_once():
+    lock, batch = EngineLock(), Batch()
+    with lock.held():
+        lock.gather(batch.add("a"), batch.flush)
+    assert batch.flushes == [["a"]] and lock.handovers == 0
+
+
+def test_gather_never_hands_a_foreground_step_to_background_work():
+    """A forget's replay waiting for the engine does not delay a response's step: the response's
+    batch runs without waiting for the replay to reach a step of its own."""
+    lock, batch = EngineLock(slice_s=10.0), Batch()
+    lock.acquire()
+    replay = start(lambda: lock.acquire(background=True) or lock.release())
+    wait_queued(lock, 1)
+    lock.gather(batch.add("a"), batch.flush)
+    assert batch.flushes == [["a"]] and lock.handovers == 0
+    lock.release()
+    replay.join(10)
+
+
+def test_gather_in_a_thread_that_does_not_hold_it_is_refused():
+    lock, batch = EngineLock(), Batch()
+    with pytest.raises(RuntimeError, match="does not hold"):
+        lock.gather(batch.add("a"), batch.flush)

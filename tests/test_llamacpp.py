@@ -71,7 +71,7 @@ def test_state_blob_round_trips(engine):
     assert len(kv.to_blob()) == blob_size
     # written back into the context, read out again: the same rows
     engine.kv.lc.llama_memory_clear(engine.kv.mem, True)
-    engine.kv.resident = None
+    engine.kv.held[0] = None
     lin = engine.get_lineage(handle)
     lin.kv = kv
     engine.kv.make_resident(handle, lin)

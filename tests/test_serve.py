@@ -190,11 +190,14 @@ def test_the_load_bench_replays_every_conversation_to_the_servers_digest(one_thr
     assert out["digests_differ"] == 0
 
 
-def test_eight_concurrent_conversations_on_llamacpp_each_equal_their_serial_replay(one_thread):
+@pytest.mark.parametrize("slots", [1, 4])
+def test_eight_concurrent_conversations_on_llamacpp_each_equal_their_serial_replay(one_thread, slots):
     """Issue 40: eight conversations at once through the ``openai`` client (a
     client thread each, streamed and not, each with a forget) against one
     server on llama.cpp's tiny GGUF, under a KV budget that evicts; each
-    conversation's digest equals its serial in-process replay."""
+    conversation's digest equals its serial in-process replay. With 4 slots
+    their decode steps share forwards, and the replay runs on one slot, each
+    step alone."""
     from unsee.bench import serve_load
     from unsee.impl.engines.llamacpp import engine as llamacpp
 
@@ -202,12 +205,14 @@ def test_eight_concurrent_conversations_on_llamacpp_each_equal_their_serial_repl
         pytest.skip("llama-cpp-python is not installed")
     out = serve_load.run(serve_load.argparse.Namespace(
         model="tiny", engine="llamacpp", conversations=8, turns=3, workers=8, max_output_tokens=6,
-        kv_budget=65536, deadline=120, store=None, slice=0.0))
+        kv_budget=65536, deadline=120, store=None, slice=0.0, slots=slots))
     assert out["engine"] == "llamacpp" and out["requests"] == 8 * 4 and not out["deadline_hit"]
     assert out["forgets"] == 8 and out["evictions"] > 0
     # slice 0: a waiting request gets the engine at every forward, so the turns and the
     # replays were interleaved forward by forward (each hand-over parks one lineage's rows)
     assert out["handovers"] > 0
+    # several slots: decode steps of several conversations in one forward, none with one
+    assert (max(out["decode_batches"], default=0) > 1) == (slots > 1)
     assert out["digests_differ"] == 0
 
 
@@ -485,13 +490,16 @@ def test_the_default_kv_budget_is_half_of_what_the_loaded_model_leaves():
         assert 0 < get_default_kv_budget() < physical // 2
 
 
-def test_llamacpp_prefills_on_every_core_unless_the_environment_says_otherwise():
-    from unsee.impl.serve.threads import compute_thread_environment, get_cores
+def test_llamacpp_prefills_on_every_core_and_holds_eight_slots_unless_the_environment_says_otherwise():
+    from unsee.impl.serve.threads import compute_slot_environment, compute_thread_environment, get_cores
 
     assert compute_thread_environment("llamacpp", {}, 16) == {"UNSEE_LLAMA_BATCH_THREADS": "16"}
     assert compute_thread_environment("llamacpp", {"UNSEE_LLAMA_BATCH_THREADS": "3"}, 16) == {}
     assert compute_thread_environment("llamacpp", {"UNSEE_LLAMA_THREADS": "2"}, 16) == {}  # the loader's rule
     assert compute_thread_environment("transformers", {}, 16) == {}
+    assert compute_slot_environment("llamacpp", {}) == {"UNSEE_LLAMA_SLOTS": "8"}
+    assert compute_slot_environment("llamacpp", {"UNSEE_LLAMA_SLOTS": "1"}) == {}
+    assert compute_slot_environment("transformers", {}) == {}
     assert get_cores() >= 1
 
 

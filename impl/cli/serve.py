@@ -34,7 +34,14 @@ def do_serve(args: argparse.Namespace) -> int:
     from unsee.impl.cli.run import build_engine
     from unsee.impl.serve.budget import get_default_kv_budget
     from unsee.impl.serve.pool import Pool
-    from unsee.impl.serve.threads import BATCH_THREADS_ENV, THREADS_ENV, compute_thread_environment, get_cores
+    from unsee.impl.serve.threads import (
+        BATCH_THREADS_ENV,
+        SLOTS_ENV,
+        THREADS_ENV,
+        compute_slot_environment,
+        compute_thread_environment,
+        get_cores,
+    )
 
     try:
         from unsee.impl.serve.app import get_owner_of
@@ -50,7 +57,14 @@ def do_serve(args: argparse.Namespace) -> int:
         os.environ.update(threads)
         print(f"unsee serve: llama.cpp prefills on {threads[BATCH_THREADS_ENV]} threads and decodes on 1 "
               f"(${BATCH_THREADS_ENV} and ${THREADS_ENV} set others)", file=sys.stderr)
+    slots = compute_slot_environment(args.engine, os.environ)
+    os.environ.update(slots)
     engine = build_engine(args)
+    if getattr(engine, "kv", None) is not None and getattr(engine.kv, "slots", 1) > 1:
+        batched = ("decodes their next tokens in one forward" if engine.kv.can_batch
+                   else "does not batch their steps: decode runs on more than one thread")
+        print(f"unsee serve: llama.cpp holds {engine.kv.slots} conversations resident and {batched} "
+              f"(${SLOTS_ENV} sets another count)", file=sys.stderr)
     if args.kv_budget is None:  # the default: half of what the machine has left with the model loaded
         args.kv_budget = get_default_kv_budget()
         engine.budget.set(args.kv_budget)

@@ -33,7 +33,7 @@ import collections
 import contextlib
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 #: how long a holder keeps the engine before it lets a waiting request run one slice (seconds)
 SLICE_S = 0.25
@@ -49,7 +49,8 @@ class EngineLock:
         self._depth = 0
         self._background = False  # whether the holder is background work
         self._since = 0.0  # when the holder got the engine (its slice started)
-        self._queue: collections.deque[tuple[object, bool]] = collections.deque()  # (ticket, background)
+        # (ticket, background, the pending step's done() or None)
+        self._queue: collections.deque[tuple[object, bool, Callable[[], bool] | None]] = collections.deque()
         #: hand-overs so far (a measure of interleaving; the server's stats)
         self.handovers = 0
 
@@ -97,25 +98,55 @@ class EngineLock:
             self._cond.notify_all()
             self._wait_turn(me, depth, background)
 
+    def gather(self, done: Callable[[], bool], flush: Callable[[], None]) -> None:
+        """At a decode step that can share a forward (the holder's step is pending in the
+        engine's batch): hand the engine to each waiting request that is not itself
+        pending, so that it reaches its own next step, and run the batch (``flush``) once
+        none is left; return when ``done()``, holding the engine again. A foreground
+        holder hands over to foreground waiters only (a background one waits meanwhile, as
+        :meth:`share` has it); a background holder to any. Nothing is decided by time: a
+        request at its step never runs ahead of one that could join it."""
+        me = threading.get_ident()
+        while True:
+            with self._cond:
+                if done():
+                    return
+                if self._owner != me:
+                    raise RuntimeError("EngineLock.gather called by a thread that does not hold it")
+                if self._has_joiner():
+                    depth, background = self._depth, self._background
+                    self._owner, self._depth = None, 0
+                    self.handovers += 1
+                    self._cond.notify_all()
+                    self._wait_turn(me, depth, background, done)
+                    continue
+            flush()
+
+    def _has_joiner(self) -> bool:
+        """Whether a waiter that is not pending at a step would get the engine from the holder."""
+        return any(pending is None or pending() for _, background, pending in self._queue
+                   if self._background or not background)
+
     def _should_yield(self) -> bool:
         if not self._queue:
             return False
-        foreground_waits = any(not bg for _, bg in self._queue)
+        foreground_waits = any(not bg for _, bg, _ in self._queue)
         if self._background:
             return foreground_waits
         return foreground_waits and time.monotonic() - self._since >= self.slice_s
 
     def _next_ticket(self) -> object:
         """The ticket whose turn it is: the first foreground waiter, else the first waiter."""
-        for ticket, background in self._queue:
+        for ticket, background, _ in self._queue:
             if not background:
                 return ticket
         return self._queue[0][0]
 
-    def _wait_turn(self, me: int, depth: int, background: bool) -> None:
+    def _wait_turn(self, me: int, depth: int, background: bool, pending: Callable[[], bool] | None = None) -> None:
         """Queue, wait until the engine is free and this ticket is next, then take it (the
-        condition's lock held)."""
-        entry = (object(), background)
+        condition's lock held). ``pending``: this waiter has a step in the engine's batch, done
+        when it returns True (:meth:`gather`)."""
+        entry = (object(), background, pending)
         self._queue.append(entry)
         try:
             while self._owner is not None or self._next_ticket() is not entry[0]:

@@ -68,6 +68,9 @@ class Pool:
         self._engine_lock = EngineLock(slice_s)  # taken by hold() (and close(), at shutdown)
         if hasattr(engine, "between_forwards"):  # an engine whose turns decode forward by forward
             engine.between_forwards = self._engine_lock.share
+        self._rows = getattr(engine, "kv", None)
+        if getattr(self._rows, "can_batch", False):  # llama.cpp with several slots: one forward, many decode steps
+            self._rows.gather = self._engine_lock.gather
         self.index_lock = threading.Lock()
         self.stats = {"evictions": 0, "rebuilds": 0}
         self.conversations: dict[str, Conversation] = {}
@@ -144,8 +147,10 @@ class Pool:
             conv.lock.release()
 
     def get_stats(self) -> dict:
-        """Evictions, rebuilds and the engine lock's hand-overs between forwards, so far."""
-        return {**self.stats, "handovers": self._engine_lock.handovers}
+        """Evictions, rebuilds, the engine lock's hand-overs between forwards and the batched decode
+        forwards by size (``{steps: forwards}``; empty where the engine does not batch), so far."""
+        sizes = dict(sorted(getattr(self._rows, "batch_sizes", {}).items()))
+        return {**self.stats, "handovers": self._engine_lock.handovers, "decode_batches": sizes}
 
     # --- the budget ------------------------------------------------------------
 

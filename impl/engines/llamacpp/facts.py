@@ -117,15 +117,15 @@ class DecodeFacts:
                 f"over {self.positions} positions): drafts off")
 
 
-def forward(lc, ctx, batch, ids: list[int], start: int, all_logits: bool, vocab: int) -> np.ndarray:
-    """One ``llama_decode`` of ``ids`` at positions start.. on sequence 0: the
+def forward(lc, ctx, batch, ids: list[int], start: int, all_logits: bool, vocab: int, seq: int = 0) -> np.ndarray:
+    """One ``llama_decode`` of ``ids`` at positions start.. on sequence ``seq``: the
     logits after the last token (vocab,), or after every token (n, vocab), float32 copies."""
     n = len(ids)
     for i, tok in enumerate(ids):
         batch.token[i] = tok
         batch.pos[i] = start + i
         batch.n_seq_id[i] = 1
-        batch.seq_id[i][0] = 0
+        batch.seq_id[i][0] = seq
         batch.logits[i] = int(all_logits)
     batch.logits[n - 1] = 1
     batch.n_tokens = n
@@ -135,6 +135,19 @@ def forward(lc, ctx, batch, ids: list[int], start: int, all_logits: bool, vocab:
     rows = range(n) if all_logits else (n - 1,)
     out = np.stack([np.ctypeslib.as_array(lc.llama_get_logits_ith(ctx, i), shape=(vocab,)) for i in rows])
     return out.copy() if all_logits else out[0].copy()
+
+
+def forward_steps(lc, ctx, batch, steps: list[tuple[int, int, int]], vocab: int) -> list[np.ndarray]:
+    """One ``llama_decode`` of one token on each of several sequences (``steps``: (sequence,
+    position, token), a sequence at most once): the logits after each token, (vocab,) float32 copies."""
+    for i, (seq, pos, tok) in enumerate(steps):
+        batch.token[i], batch.pos[i], batch.n_seq_id[i] = tok, pos, 1
+        batch.seq_id[i][0], batch.logits[i] = seq, 1
+    batch.n_tokens = len(steps)
+    rc = lc.llama_decode(ctx, batch)
+    if rc != 0:
+        raise RuntimeError(f"llama_decode returned {rc} for a batch of {len(steps)} decode steps")
+    return [np.ctypeslib.as_array(lc.llama_get_logits_ith(ctx, i), shape=(vocab,)).copy() for i in range(len(steps))]
 
 
 def read_state(lc, ctx) -> bytes:
@@ -290,5 +303,5 @@ def write_cache(path: Path, data: dict) -> None:
     os.replace(tmp, path)
 
 
-__all__ = ["DecodeFacts", "compute_equal_limit", "forward", "get_cache_path", "get_decode_facts", "is_cached",
+__all__ = ["DecodeFacts", "compute_equal_limit", "forward", "forward_steps", "get_cache_path", "get_decode_facts", "is_cached",
            "measure_decode_facts", "read_state"]

@@ -53,6 +53,8 @@ TILED_MM_ENV = "GGML_CPU_TILED_MM"
 #: the loader's default kernels, where ``exact_kernels`` is not given: ``exact`` (unset) or ``repacked``
 KERNELS_ENV = "UNSEE_LLAMA_KERNELS"
 KERNELS = {"exact": True, "repacked": False}
+#: the loader's default slot count (:attr:`LlamaCppModel.slots`), where ``slots`` is not given
+SLOTS_ENV = "UNSEE_LLAMA_SLOTS"
 
 
 def get_exact_kernels(exact_kernels: bool | None = None) -> bool:
@@ -113,6 +115,11 @@ class LlamaCppModel:
     #: any thread count (docs/bench.md, "Many sequences in one forward, and threads"), so prefill
     #: can take every core and a turn's decode stay at one
     batch_threads: int | None = None
+    #: sequences the engine's context holds at once (``n_seq_max``), each in a stream of its own
+    #: (``kv_unified`` off) of ``n_ctx`` cells: a server keeps that many conversations resident
+    #: and decodes their next tokens in one forward (impl/engines/llamacpp/rows.py). 1: one
+    #: sequence, the layout everything was measured on; a model with sliding-window layers keeps 1
+    slots: int = 1
     chat_template: str | None = None  # the GGUF's tokenizer.chat_template (None: ChatML)
     special_tokens: dict = field(default_factory=dict)  # bos_token/eos_token texts, for the template
     #: drafts' guard bound from this file's measured decode facts (facts.py): 0.0 where
@@ -253,7 +260,7 @@ def resolve_gguf(key: str, cache_dir: str | os.PathLike | None = None) -> tuple[
 
 
 def get_thread_count(name: str, value: int | None, variable: str, default: int) -> int:
-    """A thread count: ``value``, else $``variable``, else ``default``; at least 1."""
+    """A count of threads or slots: ``value``, else $``variable``, else ``default``; at least 1."""
     count = int(value or os.environ.get(variable) or default)
     if count < 1:
         raise ValueError(f"{name}={count!r} must be >= 1")
@@ -274,7 +281,8 @@ def get_eos_ids(lc, vocab, n_vocab: int) -> tuple[int, ...]:
 
 def load_llamacpp(name_or_path: str | os.PathLike = "smollm2", threads: int | None = None, n_ctx: int | None = None,
                   flash_attn: bool = True, cache_dir: str | os.PathLike | None = None,
-                  exact_kernels: bool | None = None, batch_threads: int | None = None) -> LlamaCppModel:
+                  exact_kernels: bool | None = None, batch_threads: int | None = None,
+                  slots: int | None = None) -> LlamaCppModel:
     """Load a GGUF into llama.cpp: ``'smollm2'`` (the embedded SmolLM2 file),
     ``'tiny'`` or ``'tiny-<family>'`` (a tiny random GGUF, byte tokenizer), or
     a ``*.gguf`` path (:func:`resolve_gguf`).
@@ -282,7 +290,9 @@ def load_llamacpp(name_or_path: str | os.PathLike = "smollm2", threads: int | No
     ``threads`` defaults to $UNSEE_LLAMA_THREADS or 1 (the KV may depend on
     it: docs/engines.md); ``batch_threads``, the threads of forwards of several tokens
     (prefill, verification), to $UNSEE_LLAMA_BATCH_THREADS or ``threads``; ``n_ctx``
-    (the longest lineage) to 4096.
+    (the longest lineage) to 4096; ``slots``, the lineages the context holds at once (each
+    its own stream of ``n_ctx`` cells), to $UNSEE_LLAMA_SLOTS or 1 (always 1 for a model
+    with sliding-window layers).
 
     ``exact_kernels`` (default: $UNSEE_LLAMA_KERNELS, else exact) keeps the weights in the file's layout (llama.cpp
     otherwise repacks Q4_K, Q4_0, ... for its CPU and sums 4 rows at a time its
@@ -317,6 +327,9 @@ def load_llamacpp(name_or_path: str | os.PathLike = "smollm2", threads: int | No
                        exact_kernels=exact_kernels)
     lm._tokenizer, lm._model, lm._vocab = tokenizer, model, vocab
     lm.n_swa = max(0, int(lc.llama_model_n_swa(model)))
+    # a sliding-window model reads its window rows through a second sequence sharing the cells
+    # (LlamaRows.read_swa_rows), which a stream per sequence does not allow
+    lm.slots = 1 if lm.n_swa else get_thread_count("slots", slots, SLOTS_ENV, 1)
     if tokenizer is None:
         lm.chat_template, lm.special_tokens = get_chat_template(model, vocab)
     set_decode_facts(lm, cache_dir)

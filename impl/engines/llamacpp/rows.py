@@ -2,22 +2,26 @@
 one lineage is its tokens, its parked KV rows, the logits a decode continues
 from and the prefill chunks that built it (:class:`LlamaLineage`);
 :class:`LlamaRows` is what the lineage book (:mod:`unsee.impl.engines.book`)
-asks of them: one context with one sequence holds the resident lineage, the
-others are parked on the host as rows (the engine's module docstring has the
-mapping)."""
+asks of them: one context holds the resident lineages, one per slot (one slot
+unless the model says more), the others are parked on the host as rows (the
+engine's module docstring has the mapping); with several slots a server decodes
+their next tokens in one forward (:class:`Step`, :meth:`LlamaRows.flush`)."""
 
 from __future__ import annotations
 
+import collections
 import ctypes
 import hashlib
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from unsee.impl.engines.book import ForwardHookList, report_forward
 from unsee.impl.engines.lineage import ChunkedLineage
-from unsee.impl.engines.llamacpp.facts import forward
+from unsee.impl.engines.llamacpp.facts import forward, forward_steps
 from unsee.impl.engines.llamacpp.model import LlamaCppModel, llama_module
 from unsee.impl.engines.llamacpp.state import KVState, SeqKV
 
@@ -41,23 +45,65 @@ class LlamaLineage(ChunkedLineage):
         return out
 
 
+@dataclass(eq=False)
+class Step:
+    """A one-token decode forward waiting for a batch (:meth:`LlamaRows.flush`): the
+    slot it decodes on, its lineage and the token; its logits, or the error, once run."""
+
+    slot: int
+    lin: LlamaLineage  # extended by the batch itself: a slot may be parked before the step's thread resumes
+    token: int
+    logits: np.ndarray | None = None
+    error: BaseException | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.logits is not None or self.error is not None
+
+
+#: ``gather(done, flush)``: a server's rendezvous for a pending step (impl/serve/engine_lock.py):
+#: it returns once ``done()``, having run ``flush`` (the batch) itself or let another thread run it
+Gather = Callable[[Callable[[], bool], Callable[[], None]], None]
+
+
 class LlamaRows:
-    """One llama.cpp context as the book's :class:`~unsee.impl.engines.book.KVBackend`:
-    sequence 0 holds the resident lineage (``resident``: its handle and
-    lineage object); every other lineage's rows are parked on the host and
-    never written to, so a fork is a slice and a clone is independent of its
-    source both ways. A forward or a crop first makes its lineage resident."""
+    """One llama.cpp context as the book's :class:`~unsee.impl.engines.book.KVBackend`.
+
+    The context holds ``slots`` lineages at once, *resident*, each in a sequence of
+    its own (``held[slot]``: its handle and lineage object); every other lineage's
+    rows are parked on the host and never written to, so a fork is a slice and a
+    clone is independent of its source both ways. A forward or a crop first makes
+    its lineage resident, parking the least recently used slot's if none is free.
+
+    With one slot (the default) the context is one sequence, as every bitwise fact
+    was measured. With more, each sequence has a stream of its own (``kv_unified``
+    off), so its first cell is its position 0 as in a context of its own
+    (docs/bench.md, "many sequences in one forward": unified cells move a prefill),
+    and a server can decode several lineages' next tokens in one forward: a
+    one-token forward then becomes a :class:`Step` that ``gather`` (set by the
+    server) batches with other threads' (:meth:`flush`). One thread's batch of next
+    tokens in split cells gives each sequence the bits of its own step
+    (docs/bench.md; tests/test_llamacpp_slots.py checks the verbs)."""
 
     def __init__(self, lm: LlamaCppModel):
         lc = llama_module()
         self.lm = lm
         self.lc = lc
-        self.ctx = lm.new_context()  # freed with the backend
+        self.slots = max(1, int(getattr(lm, "slots", 1)))
+        # freed with the backend
+        self.ctx = (lm.new_context(lm.n_ctx * self.slots, n_seq=self.slots, unified=False) if self.slots > 1
+                    else lm.new_context())
         self.mem = lc.llama_get_memory(self.ctx)
-        self.batch = lc.llama_batch_init(lm.n_ctx, 0, 1)
+        self.batch = lc.llama_batch_init(max(lm.n_ctx, self.slots), 0, 1)
         self.v_trans = not lm.flash_attn  # llama.cpp stores V transposed without flash attention
-        self.resident: tuple[str, LlamaLineage] | None = None
+        self.held: list[tuple[str, LlamaLineage] | None] = [None] * self.slots
+        self.slot_used = [0] * self.slots  # when each slot was last made resident or used (an LRU clock)
+        self.clock = 0
         self.hooks: ForwardHookList = []
+        #: steps waiting for the next batch; ``gather`` None: a one-token forward runs alone
+        self.pending: list[Step] = []
+        self.gather: Gather | None = None
+        self.batch_sizes: collections.Counter[int] = collections.Counter()  # steps per batched forward
         lc.llama_memory_clear(self.mem, True)
 
     def __del__(self):
@@ -66,6 +112,14 @@ class LlamaRows:
             self.lc.llama_free(self.ctx)
         except Exception:  # noqa: BLE001, S110 (a half-built backend, or interpreter shutdown: nothing to free)
             pass
+
+    @property
+    def can_batch(self) -> bool:
+        """Whether one-token forwards may share a forward (:meth:`flush`): several slots,
+        and decode on one thread. A batch is a forward of several rows, which llama.cpp
+        computes on ``batch_threads``; that equals one-thread steps (docs/bench.md), while
+        a step alone on more threads splits its keys among them and would not."""
+        return self.slots > 1 and self.lm.threads == 1
 
     # --- the book's backend
 
@@ -78,43 +132,90 @@ class LlamaRows:
         return lin
 
     def storages(self, handle: str, lin: LlamaLineage, full: bool) -> dict:
-        """Distinct host buffers ``lin`` holds: ``{key: bytes}``. The resident
+        """Distinct host buffers ``lin`` holds: ``{key: bytes}``. A resident
         lineage, changed since it was parked, holds none outside the context
-        unless ``full`` reads it out (what memory counts; the budget need
-        not: the resident lineage is the spared one, never evicted). The
-        context's own allocation (n_ctx cells, fixed) is not counted."""
+        unless ``full`` reads it out (what memory counts; the budget need not:
+        evicting it frees none of the context's cells). The context's own
+        allocation (``slots`` x n_ctx cells, fixed) is not counted."""
         if full:
             self.park(handle, lin)
         return lin.storages()
 
     def free(self, handle: str) -> None:
-        """Empty the context's sequence if ``handle`` is the lineage it holds."""
-        if self.resident is not None and self.resident[0] == handle:
-            self.lc.llama_memory_clear(self.mem, True)
-            self.resident = None
+        """Empty the slot that holds ``handle``, if one does (running the pending batch
+        first if a step of it waits there)."""
+        slot = self.get_slot(handle)
+        if slot is None:
+            return
+        if any(step.slot == slot for step in self.pending):
+            self.flush()
+        self.clear_slot(slot)
 
     def forward(self, handle: str, lin: LlamaLineage, ids: list[int], all_logits: bool,
                 commit: bool = False) -> np.ndarray:
         """One llama_decode of ``ids`` after ``lin``'s tokens, appending them:
-        the logits after the last token, or after each (n, vocab)."""
-        self.make_resident(handle, lin)
+        the logits after the last token, or after each (n, vocab). A one-token
+        forward under a server's ``gather`` is a :class:`Step` of a batch."""
+        slot = self.make_resident(handle, lin)
         start = len(lin.tokens)
         if start + len(ids) > self.lm.n_ctx:
             raise ValueError(f"{start} + {len(ids)} tokens exceed n_ctx={self.lm.n_ctx}")
         started = time.perf_counter()
-        logits = forward(self.lc, self.ctx, self.batch, ids, start, all_logits, self.lm.vocab_size)
-        lin.tokens.extend(ids)
-        lin.kv = None
+        if len(ids) == 1 and self.gather is not None:
+            logits = self.step(slot, lin, ids[0])
+            logits = logits[None] if all_logits else logits
+        else:
+            logits = forward(self.lc, self.ctx, self.batch, ids, start, all_logits, self.lm.vocab_size, seq=slot)
+            lin.tokens.extend(ids)
+            lin.kv = None
         # after the tokens are the lineage's: a streaming listener reads them from it
         report_forward(self.hooks, len(ids), started, commit)
         return logits
 
+    def step(self, slot: int, lin: LlamaLineage, token: int) -> np.ndarray:
+        """The logits after ``token`` at the end of ``lin`` (resident in ``slot``), decoded in
+        a batch with whatever other threads' steps ``gather`` collects."""
+        step = Step(slot, lin, token)
+        self.pending.append(step)
+        try:
+            self.gather(lambda: step.done, self.flush)
+        finally:
+            if step in self.pending:  # interrupted before its batch ran
+                self.pending.remove(step)
+        if step.error is not None:
+            raise step.error
+        return step.logits
+
+    def flush(self) -> None:
+        """Run the pending steps as one forward (one step: the plain forward), each
+        lineage extended by its token and given its logits, or every step the error."""
+        steps, self.pending = self.pending, []
+        if not steps:
+            return
+        try:
+            if len(steps) == 1:
+                s = steps[0]
+                out = [forward(self.lc, self.ctx, self.batch, [s.token], len(s.lin.tokens), False,
+                               self.lm.vocab_size, seq=s.slot)]
+            else:
+                out = forward_steps(self.lc, self.ctx, self.batch, [(s.slot, len(s.lin.tokens), s.token) for s in steps],
+                                    self.lm.vocab_size)
+        except BaseException as e:  # noqa: BLE001 (each step's own thread raises it)
+            for s in steps:
+                s.error = e
+            return
+        self.batch_sizes[len(steps)] += 1
+        for s, logits in zip(steps, out):
+            s.lin.tokens.append(s.token)
+            s.lin.kv = None
+            s.logits = logits
+
     def truncate(self, handle: str, lin: LlamaLineage, n: int) -> None:
-        """Keep the first ``n`` tokens: ``llama_memory_seq_rm`` on the resident
+        """Keep the first ``n`` tokens: ``llama_memory_seq_rm`` on the lineage's
         sequence (the freed cells are the tail, so the next prefill writes
         cells n.. as a fresh run does)."""
-        self.make_resident(handle, lin)
-        if not self.lc.llama_memory_seq_rm(self.mem, 0, n, -1):
+        slot = self.make_resident(handle, lin)
+        if not self.lc.llama_memory_seq_rm(self.mem, slot, n, -1):
             raise RuntimeError(f"llama_memory_seq_rm refused to crop lineage {handle!r} to {n}")
         if lin.kv is not None:
             lin.kv = lin.kv.head(n)
@@ -146,35 +247,67 @@ class LlamaRows:
 
     # --- the context
 
+    def get_slot(self, handle: str) -> int | None:
+        """The slot that holds ``handle``, or None."""
+        for slot, held in enumerate(self.held):
+            if held is not None and held[0] == handle:
+                return slot
+        return None
+
     def park(self, handle: str, lin: LlamaLineage) -> KVState:
-        """The rows of ``lin``, reading them out of the context first if it
-        holds ``handle`` and changed since it was parked."""
+        """The rows of ``lin``, reading them out of the context first if a slot
+        holds ``handle`` and it changed since it was parked."""
         if lin.kv is None:
-            if self.resident is not None and self.resident[0] == handle:
-                lin.kv = self.read_seq()
+            slot = self.get_slot(handle)
+            if slot is not None:
+                lin.kv = self.read_seq(slot)
             elif not lin.tokens:
                 lin.kv = KVState((SeqKV.empty(self.lm.n_layer, self.v_trans),))
             else:
                 raise RuntimeError(f"lineage {handle!r} has neither rows nor residency")  # a bug, never input
         return lin.kv
 
-    def make_resident(self, handle: str, lin: LlamaLineage) -> None:
-        """Load ``lin`` into sequence 0, parking the resident lineage first
-        (``llama_memory_clear`` + ``llama_state_seq_set_data``: loading into an
-        empty cache puts position p in cell p, the layout a fresh run has)."""
-        if self.resident is not None and self.resident[0] == handle:
-            return
-        if self.resident is not None:
-            self.park(*self.resident)
-        self.lc.llama_memory_clear(self.mem, True)
-        self.resident = None
-        kv = self.park(handle, lin)
-        if kv.n:
-            blob = kv.to_blob()
-            arr = (ctypes.c_uint8 * len(blob)).from_buffer_copy(blob)
-            if self.lc.llama_state_seq_set_data(self.ctx, arr, len(blob), 0) != len(blob):
-                raise RuntimeError(f"llama_state_seq_set_data could not load lineage {handle!r}")
-        self.resident = (handle, lin)
+    def make_resident(self, handle: str, lin: LlamaLineage) -> int:
+        """The slot holding ``lin``, loading it first into an emptied slot (the
+        least recently used, parked first; never one a pending step decodes on)
+        if none does: ``llama_state_seq_set_data`` into an empty sequence puts
+        position p in cell p, the layout a fresh run has."""
+        self.clock += 1
+        slot = self.get_slot(handle)
+        if slot is None:
+            slot = self.pick_slot()
+            if self.held[slot] is not None:
+                self.park(*self.held[slot])
+            self.clear_slot(slot)
+            kv = self.park(handle, lin)
+            if kv.n:
+                blob = kv.to_blob(self.slots, slot)
+                arr = (ctypes.c_uint8 * len(blob)).from_buffer_copy(blob)
+                if self.lc.llama_state_seq_set_data(self.ctx, arr, len(blob), slot) != len(blob):
+                    raise RuntimeError(f"llama_state_seq_set_data could not load lineage {handle!r}")
+            self.held[slot] = (handle, lin)
+        self.slot_used[slot] = self.clock
+        return slot
+
+    def pick_slot(self) -> int:
+        """A free slot, else the least recently used one no pending step decodes on
+        (running the pending batch first when every slot has one)."""
+        if None in self.held:
+            return self.held.index(None)
+        busy = {step.slot for step in self.pending}
+        if len(busy) == self.slots:
+            self.flush()
+            busy = set()
+        return min((s for s in range(self.slots) if s not in busy), key=self.slot_used.__getitem__)
+
+    def clear_slot(self, slot: int) -> None:
+        """Empty ``slot``: the whole memory where there is one slot (as every fact was
+        measured), else its sequence (its own stream, every cell freed)."""
+        if self.slots == 1:
+            self.lc.llama_memory_clear(self.mem, True)
+        elif not self.lc.llama_memory_seq_rm(self.mem, slot, -1, -1):
+            raise RuntimeError(f"llama_memory_seq_rm refused to empty slot {slot}")
+        self.held[slot] = None
 
     def read_blob(self, seq: int, flags: int = 0) -> bytes:
         """Sequence ``seq``'s state blob (``flags``: llama.cpp's state-seq flags)."""
@@ -186,10 +319,10 @@ class LlamaRows:
             raise RuntimeError(f"llama_state_seq_get_data wrote {got} of {size} bytes")
         return bytes(buf)
 
-    def read_seq(self) -> KVState:
-        """Sequence 0's KV, read out of the context and parsed; with a
-        sliding-window cache, its rows of every position (:meth:`read_swa_rows`)."""
-        state = KVState.parse(self.read_blob(0), self.lm.n_layer, self.v_trans)
+    def read_seq(self, slot: int = 0) -> KVState:
+        """Sequence ``slot``'s KV, read out of the context and parsed; with a
+        sliding-window cache (one slot), its rows of every position (:meth:`read_swa_rows`)."""
+        state = KVState.parse(self.read_blob(slot), self.lm.n_layer, self.v_trans, self.slots)
         if len(state.caches) == 2 and state.caches[1].n:
             state = state.with_cache(1, self.read_swa_rows(state.caches[1]))
         return state
@@ -218,4 +351,4 @@ class LlamaRows:
         return SeqKV.concat(parts)
 
 
-__all__ = ["LlamaLineage", "LlamaRows"]
+__all__ = ["Gather", "LlamaLineage", "LlamaRows", "Step"]

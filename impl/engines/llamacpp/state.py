@@ -63,11 +63,16 @@ def read_header(reader: BlobReader) -> None:
         raise ValueError(f"sequence state magic {magic:#x}, expected {STATE_MAGIC:#x}")
 
 
+def read_stream_count(reader: BlobReader, streams: int = 1) -> None:
+    """A cache section's start: its stream count, which must be the context's ``streams``."""
+    (n_stream,) = reader.take("I")
+    if n_stream != streams:
+        raise ValueError(f"sequence state with {n_stream} KV streams; the context has {streams}")
+
+
 def read_cell_count(reader: BlobReader) -> int:
     """A cache section's start (one stream): its cell count."""
-    (n_stream,) = reader.take("I")
-    if n_stream != 1:
-        raise ValueError(f"sequence state with {n_stream} KV streams; the engine uses one")
+    read_stream_count(reader)
     (cells,) = reader.take("I")
     return cells
 
@@ -200,7 +205,12 @@ class SeqKV:
                      v_elem: tuple[int, ...] = ()) -> SeqKV:
         """One cache's section at the reader's offset (``n_layer`` None: any
         count; an empty section then has none)."""
-        cells = read_cell_count(reader)
+        return cls.read_stream(reader, read_cell_count(reader), n_layer, v_trans, v_elem)
+
+    @classmethod
+    def read_stream(cls, reader: BlobReader, cells: int, n_layer: int | None, v_trans: bool,
+                    v_elem: tuple[int, ...] = ()) -> SeqKV:
+        """One stream's cells, after its cell count (``cells``)."""
         if cells == 0:
             return cls.empty(n_layer or 0, v_trans, v_elem)
         positions = read_positions(reader, cells)
@@ -235,12 +245,19 @@ class SeqKV:
 
     def section_bytes(self) -> bytes:
         """This cache's section of a state blob (one stream, cells in position order)."""
-        parts = [struct.pack("<II", 1, self.n)]
+        return struct.pack("<I", 1) + self.stream_bytes()
+
+    def stream_bytes(self, seq: int = 0) -> bytes:
+        """This cache's stream in a state blob: its cell count, then its cells in position order
+        (each naming sequence ``seq``, as llama.cpp writes them; it reads them into the sequence
+        it loads)."""
+        parts = [struct.pack("<I", self.n)]
         if self.n == 0:
             return b"".join(parts)
         meta = np.zeros((self.n, 3), dtype=np.int32)  # pos, n_seq_id = 1, seq_id = 0
         meta[:, 0] = self.positions
         meta[:, 1] = 1
+        meta[:, 2] = seq
         parts.append(meta.tobytes())
         parts.append(struct.pack("<II", int(self.v_trans), len(self.k)))
         for k, t in zip(self.k, self.k_types):
@@ -275,9 +292,14 @@ class KVState:
         return self.caches[0].n
 
     @classmethod
-    def parse(cls, blob: bytes, n_layer: int, v_trans: bool) -> KVState:
+    def parse(cls, blob: bytes, n_layer: int, v_trans: bool, streams: int = 1) -> KVState:
         """Every cache section of a sequence state blob; their layers must add
-        up to the model's ``n_layer``. A ValueError for any other layout."""
+        up to the model's ``n_layer``. A ValueError for any other layout.
+        ``streams`` > 1: a context of a stream per sequence (``kv_unified``
+        off, one cache), whose state writer gives every stream, the
+        sequence's cells in one (:meth:`parse_streams`)."""
+        if streams > 1:
+            return cls.parse_streams(blob, n_layer, v_trans, streams)
         reader = BlobReader(blob)
         read_header(reader)
         caches = []
@@ -290,6 +312,21 @@ class KVState:
             raise ValueError(f"state blob has {layers} layers in {len(caches)} cache(s), v_trans={int(v_trans)}; "
                              f"expected {n_layer}, {int(v_trans)}")
         return cls(tuple(caches))
+
+    @classmethod
+    def parse_streams(cls, blob: bytes, n_layer: int, v_trans: bool, streams: int) -> KVState:
+        """A one-cache state blob of ``streams`` streams, at most one holding cells."""
+        reader = BlobReader(blob)
+        read_header(reader)
+        read_stream_count(reader, streams)
+        found = [kv for kv in (SeqKV.read_stream(reader, reader.take("I")[0], None, v_trans)
+                               for _ in range(streams)) if kv.n]
+        if len(found) > 1 or reader.offset != reader.size:
+            raise ValueError(f"a state of {streams} streams: the sequence's cells in {len(found)} of them, "
+                             f"{reader.size - reader.offset} bytes left unparsed")
+        if found and len(found[0].k) != n_layer:
+            raise ValueError(f"state blob has {len(found[0].k)} layers; expected {n_layer}")
+        return cls((found[0] if found else SeqKV.empty(n_layer, v_trans),))
 
     def head(self, n: int) -> KVState:
         return KVState(tuple(c.head(n) for c in self.caches))
@@ -314,8 +351,16 @@ class KVState:
             h.update(f"cache{i};".encode())
             c.digest_into(h)
 
-    def to_blob(self) -> bytes:
-        return struct.pack("<Ii", STATE_MAGIC, 0) + b"".join(c.section_bytes() for c in self.caches)
+    def to_blob(self, streams: int = 1, stream: int = 0) -> bytes:
+        """The state blob that loads these rows: one stream per cache, or (``streams`` > 1, one
+        cache) every stream of a context of a stream per sequence, the cells in ``stream``."""
+        if streams == 1:
+            return struct.pack("<Ii", STATE_MAGIC, 0) + b"".join(c.section_bytes() for c in self.caches)
+        if len(self.caches) != 1:
+            raise ValueError("a state of several streams holds one cache (no sliding-window layers)")
+        parts = [struct.pack("<IiI", STATE_MAGIC, stream, streams)]
+        parts += [self.caches[0].stream_bytes(stream) if s == stream else struct.pack("<I", 0) for s in range(streams)]
+        return b"".join(parts)
 
 
 __all__ = ["STATE_MAGIC", "BlobReader", "KVState", "SeqKV"]

@@ -1,0 +1,137 @@
+"""Several lineages resident in one llama.cpp context (``slots``), and their decode steps
+in one forward (impl/engines/llamacpp/rows.py; issue 40, item 4).
+
+Every bitwise fact of the engine was measured on a context of one sequence. A context
+of several slots, each its own stream of cells, must give every verb the same bits: the
+tests run one script of verbs on a one-slot engine and on slotted ones (more lineages
+than slots, so slots are parked and reloaded) and compare tokens, logits and digests;
+then a batch of next tokens against each step alone."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from unsee.impl.engines.llamacpp import engine as llamacpp
+from unsee.impl.engines.llamacpp.rows import Step
+
+pytestmark = pytest.mark.skipif(not llamacpp.available(), reason="llama-cpp-python is not installed")
+
+
+def make(engine_factory, slots: int, **options):
+    return engine_factory("llamacpp-tiny", n_ctx=512, slots=slots, **options)
+
+
+def run_script(engine, seed: int, lineages: int = 5) -> list:
+    """Prefills, turns, forks, crops (a fork's shorter prefix) and drops over ``lineages``
+    lineages, interleaved: every turn's tokens, logits and digest, in order."""
+    rng, out = random.Random(seed), []
+    handles = [engine.new_lineage() for _ in range(lineages)]
+    for r in range(3):
+        for i, h in enumerate(handles):
+            engine.prefill(h, [rng.randrange(3, 250) for _ in range(rng.choice([1, 7, 70, 130]))])
+            out.append(engine.generate(h, rng.randrange(1, 6), stop_ids=()))
+            out.append(engine.logits(h))
+            out.append(engine.digest(h))
+        src = handles[r]
+        fork = engine.fork(src, len(engine.tokens(src)) // 2)
+        engine.prefill(fork, [rng.randrange(3, 250) for _ in range(9)])
+        out += [engine.logits(fork), engine.digest(fork), engine.digest(src)]
+        engine.drop(handles[-1 - r])
+        handles[-1 - r] = fork
+    return out
+
+
+def assert_same(a: list, b: list) -> None:
+    assert len(a) == len(b)
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x is None or isinstance(x, (str, list)):
+            assert x == y, f"item {i}"
+        else:
+            assert np.array_equal(x.numpy(), y.numpy()), f"item {i}: logits differ"
+
+
+@pytest.mark.parametrize("slots", [2, 4])
+@pytest.mark.parametrize("flash_attn", [True, False], ids=["flash-attn", "v-transposed"])
+def test_verbs_on_many_slots_equal_one_slot_bitwise(engine_factory, slots, flash_attn):
+    one = make(engine_factory, 1, flash_attn=flash_attn)
+    many = make(engine_factory, slots, flash_attn=flash_attn)
+    assert many.kv.slots == slots and one.kv.slots == 1
+    assert_same(run_script(many, seed=slots), run_script(one, seed=slots))
+    assert sum(h is not None for h in many.kv.held) <= slots
+
+
+@pytest.mark.parametrize("flash_attn", [True, False], ids=["flash-attn", "v-transposed"])
+def test_a_slot_state_blob_round_trips(engine_factory, flash_attn):
+    """A lineage in slot 2 of 3: parsed from the state of every stream, written back as llama.cpp's
+    own bytes, and loaded into another slot, read back the same."""
+    engine = make(engine_factory, 3, flash_attn=flash_attn)
+    rows = engine.kv
+    handles = [engine.new_lineage() for _ in range(3)]
+    for i, h in enumerate(handles):
+        engine.prefill(h, list(range(40, 50 + 7 * i)))
+    slot = rows.get_slot(handles[2])
+    kv = rows.read_seq(slot)
+    assert kv.n == 24 and list(kv.caches[0].positions) == list(range(24))
+    assert len(kv.to_blob(3, slot)) == rows.lc.llama_state_seq_get_size(rows.ctx, slot)
+    assert kv.to_blob(3, slot) == rows.read_blob(slot)
+    other = (slot + 1) % 3
+    rows.park(*rows.held[other])
+    rows.clear_slot(other)
+    lin = engine.get_lineage(handles[2])
+    rows.clear_slot(slot)
+    lin.kv = kv
+    assert rows.make_resident(handles[2], lin) in (slot, other)
+    assert rows.read_seq(rows.get_slot(handles[2])).to_blob() == kv.to_blob()
+
+
+def test_a_batch_of_next_tokens_equals_each_step_alone(engine_factory):
+    """One forward of three lineages' next tokens (histories of different lengths): each
+    lineage's logits and KV equal those of its own one-token step on a one-slot engine."""
+    one, many = make(engine_factory, 1), make(engine_factory, 4)
+    rng = random.Random(7)
+    histories = [[rng.randrange(3, 250) for _ in range(n)] for n in (5, 61, 140)]
+    nexts = [rng.randrange(3, 250) for _ in histories]
+    alone, pairs = [], []
+    for hist, tok in zip(histories, nexts):
+        a, b = one.new_lineage(), many.new_lineage()
+        one.prefill(a, hist)
+        many.prefill(b, hist)
+        one.prefill(a, [tok])
+        alone.append((one.logits(a).numpy(), one.digest(a)))
+        pairs.append(b)
+    rows = many.kv
+    for b, tok in zip(pairs, nexts):
+        lin = many.get_lineage(b)
+        rows.pending.append(Step(rows.make_resident(b, lin), lin, tok))
+    steps = list(rows.pending)
+    rows.flush()
+    assert rows.batch_sizes == {3: 1} and not rows.pending
+    for step, b, (logits, digest) in zip(steps, pairs, alone):
+        assert np.array_equal(step.logits, logits)
+        assert many.digest(b) == digest
+
+
+def test_a_slot_with_a_pending_step_is_never_reused(engine_factory):
+    """Every slot waiting on a step and another lineage to load: the batch runs first, and
+    each step's lineage keeps its token (it is parked with it)."""
+    engine = make(engine_factory, 2)
+    rows = engine.kv
+    handles = [engine.new_lineage() for _ in range(3)]
+    for h in handles:
+        engine.prefill(h, [10, 11, 12])
+    for h in handles[:2]:
+        lin = engine.get_lineage(h)
+        rows.pending.append(Step(rows.make_resident(h, lin), lin, 13))
+    steps = list(rows.pending)
+    engine.prefill(handles[2], [14])  # no free slot: the two steps run, then one slot is parked
+    assert rows.batch_sizes == {2: 1} and all(s.logits is not None for s in steps) and not rows.pending
+    assert [engine.tokens(h) for h in handles] == [[10, 11, 12, 13]] * 2 + [[10, 11, 12, 14]]
+    assert engine.digest(handles[0]) == engine.digest(handles[1])
+
+
+def test_a_sliding_window_model_keeps_one_slot(engine_factory):
+    engine = engine_factory("llamacpp-tiny-gemma2", n_ctx=256, slots=4)
+    assert engine.lm.n_swa and engine.kv.slots == 1 and not engine.kv.can_batch
