@@ -18,10 +18,14 @@ draft_policy_changes_no_token            the same under any draft policy (any pe
                                          most its opening more than decoding it (credit rule)
 reset_prefix_cache_equals_reset          B5' served by the engine's prefix cache == B5, with
                                          any KV budget (as prop_engine.py on ``tiny``)
+forget_on_two_slots_equals_one_slot      on a context of two slots (impl/engines/llamacpp/
+                                         rows.py: a run's lineages parked and reloaded
+                                         between them), forget with drafts == full reset ==
+                                         the one-slot engine's forget: digest and tokens
 =======================================  ====================================================
 
-Skipped where llama-cpp-python is not installed. Under ``ci`` 30, 20, 60, 120 and
-20 examples; ``nightly`` runs 1,000 of the first.
+Skipped where llama-cpp-python is not installed. Under ``ci`` 30, 20, 60, 120, 20
+and 20 examples; ``nightly`` runs 1,000 of the first.
 """
 
 from __future__ import annotations
@@ -36,9 +40,11 @@ from unsee.impl.conform.episodes import episodes, scaled
 from unsee.impl.engines.protocol import Assist
 from unsee.impl.engines.speculation import DraftPolicy
 from unsee.properties.differential import (
+    check_agreement,
     compare_forget_with_reset,
     compare_prefix_cache_reset_with_reset,
     compare_replay_with_and_without_drafts,
+    describe_episode,
     engine_scope,
 )
 from unsee.properties.engines import llamacpp_available, make_engine
@@ -53,8 +59,8 @@ drafted_episodes = functools.partial(episodes, min_steps=2, max_steps=6, max_new
 
 
 @functools.cache
-def get_engine():
-    return make_engine(NAME)
+def get_engine(slots: int = 1):
+    return make_engine(NAME, **({"slots": slots} if slots > 1 else {}))
 
 
 @given(episode=drafted_episodes())
@@ -159,3 +165,18 @@ def test_reset_prefix_cache_equals_reset(episode, budget):
     engine = make_engine(NAME, kv_budget=budget)
     result = compare_prefix_cache_reset_with_reset(engine, episode)
     event("B5' reused tokens" if result.reused_tokens else "B5' reused nothing")
+
+
+@given(episode=drafted_episodes())
+@scaled(2)
+def test_forget_on_two_slots_equals_one_slot(episode):
+    engine, one = get_engine(slots=2), get_engine()
+    assert engine.kv.slots == 2
+    with engine_scope(engine):
+        report = compare_forget_with_reset(engine, episode, drafts=True)
+    with engine_scope(one):
+        reference = compare_forget_with_reset(one, episode, drafts=True)
+    check_agreement("forget on two slots vs on one", {"episode": describe_episode(episode)},
+                    {"two slots": report.to_json(), "one slot": reference.to_json()},
+                    [("digest", report.digest, reference.digest),
+                     ("invocations", report.invocations, reference.invocations)])

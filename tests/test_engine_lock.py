@@ -124,18 +124,19 @@ class Batch:
     """A stand-in for the engine's pending decode steps: each thread adds one; a flush runs them all."""
 
     def __init__(self):
-        self.pending: list[str] = []
+        self.pending: list[tuple[str, int]] = []  # (step, its thread)
         self.done: set[str] = set()
         self.flushes: list[list[str]] = []
 
     def add(self, name: str):
-        self.pending.append(name)
+        self.pending.append((name, threading.get_ident()))
         return lambda: name in self.done
 
-    def flush(self) -> None:
-        self.flushes.append(sorted(self.pending))
-        self.done.update(self.pending)
-        self.pending = []
+    def flush(self, skip=()) -> None:
+        ran = sorted(name for name, thread in self.pending if thread not in skip)
+        self.flushes.append(ran)
+        self.done.update(ran)
+        self.pending = [(name, thread) for name, thread in self.pending if thread in skip]
 
 
 def test_gather_lets_every_waiter_reach_its_step_and_runs_one_batch():
@@ -186,3 +187,24 @@ def test_gather_in_a_thread_that_does_not_hold_it_is_refused():
     lock, batch = EngineLock(), Batch()
     with pytest.raises(RuntimeError, match="does not hold"):
         lock.gather(batch.add("a"), batch.flush)
+
+
+def test_a_responses_batch_leaves_a_forgets_step_out():
+    """A replay at its step hands the engine to a response (as background work does); the
+    response's batch is its own step alone, and the replay's runs once the response lets go."""
+    lock, batch, holding = EngineLock(slice_s=10.0), Batch(), threading.Event()
+
+    def replay() -> None:
+        with lock.held(background=True):
+            holding.set()
+            wait_queued(lock, 1)  # the response below waits for the engine
+            lock.gather(batch.add("replay"), batch.flush)
+
+    t = start(replay)
+    assert holding.wait(10)
+    with lock.held():  # the response gets the engine when the replay reaches its step
+        assert batch.pending and not batch.flushes
+        lock.gather(batch.add("response"), batch.flush)
+        assert batch.flushes == [["response"]]
+    t.join(10)
+    assert batch.flushes == [["response"], ["replay"]]

@@ -135,3 +135,18 @@ def test_a_slot_with_a_pending_step_is_never_reused(engine_factory):
 def test_a_sliding_window_model_keeps_one_slot(engine_factory):
     engine = engine_factory("llamacpp-tiny-gemma2", n_ctx=256, slots=4)
     assert engine.lm.n_swa and engine.kv.slots == 1 and not engine.kv.can_batch
+
+
+def test_a_flush_leaves_the_skipped_threads_steps_pending(engine_factory):
+    engine = make(engine_factory, 2)
+    rows = engine.kv
+    a, b = engine.new_lineage(), engine.new_lineage()
+    for h in (a, b):
+        engine.prefill(h, [20, 21])
+    steps = [Step(rows.make_resident(h, engine.get_lineage(h)), engine.get_lineage(h), 22, thread=t)
+             for h, t in ((a, 1), (b, 2))]
+    rows.pending.extend(steps)
+    rows.flush(skip={2})
+    assert steps[0].logits is not None and rows.pending == [steps[1]] and engine.tokens(b) == [20, 21]
+    rows.flush()
+    assert steps[1].logits is not None and engine.tokens(b) == [20, 21, 22] and rows.batch_sizes == {1: 2}

@@ -33,10 +33,21 @@ import collections
 import contextlib
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
+from dataclasses import dataclass
 
 #: how long a holder keeps the engine before it lets a waiting request run one slice (seconds)
 SLICE_S = 0.25
+
+
+@dataclass(eq=False)
+class Waiter:
+    """A thread in the lock's queue: whether it is background work, and, where it has a
+    step pending in the engine's batch (:meth:`EngineLock.gather`), that step's ``done()``."""
+
+    thread: int
+    background: bool
+    pending: Callable[[], bool] | None = None
 
 
 class EngineLock:
@@ -49,8 +60,7 @@ class EngineLock:
         self._depth = 0
         self._background = False  # whether the holder is background work
         self._since = 0.0  # when the holder got the engine (its slice started)
-        # (ticket, background, the pending step's done() or None)
-        self._queue: collections.deque[tuple[object, bool, Callable[[], bool] | None]] = collections.deque()
+        self._queue: collections.deque[Waiter] = collections.deque()
         #: hand-overs so far (a measure of interleaving; the server's stats)
         self.handovers = 0
 
@@ -98,14 +108,16 @@ class EngineLock:
             self._cond.notify_all()
             self._wait_turn(me, depth, background)
 
-    def gather(self, done: Callable[[], bool], flush: Callable[[], None]) -> None:
+    def gather(self, done: Callable[[], bool], flush: Callable[[Collection[int]], None]) -> None:
         """At a decode step that can share a forward (the holder's step is pending in the
         engine's batch): hand the engine to each waiting request that is not itself
         pending, so that it reaches its own next step, and run the batch (``flush``) once
         none is left; return when ``done()``, holding the engine again. A foreground
-        holder hands over to foreground waiters only (a background one waits meanwhile, as
-        :meth:`share` has it); a background holder to any. Nothing is decided by time: a
-        request at its step never runs ahead of one that could join it."""
+        holder hands over to foreground waiters only, and its batch leaves out the steps
+        of background work (a forget's replay waits, as :meth:`share` has it, and never
+        makes a response's forward larger); a background holder hands over to any, and
+        runs every step. Nothing is decided by time: a request at its step never runs
+        ahead of one that could join it."""
         me = threading.get_ident()
         while True:
             with self._cond:
@@ -120,36 +132,36 @@ class EngineLock:
                     self._cond.notify_all()
                     self._wait_turn(me, depth, background, done)
                     continue
-            flush()
+                skip = () if self._background else {w.thread for w in self._queue if w.background}
+            flush(skip)
 
     def _has_joiner(self) -> bool:
         """Whether a waiter that is not pending at a step would get the engine from the holder."""
-        return any(pending is None or pending() for _, background, pending in self._queue
-                   if self._background or not background)
+        return any(w.pending is None or w.pending() for w in self._queue if self._background or not w.background)
 
     def _should_yield(self) -> bool:
         if not self._queue:
             return False
-        foreground_waits = any(not bg for _, bg, _ in self._queue)
+        foreground_waits = any(not w.background for w in self._queue)
         if self._background:
             return foreground_waits
         return foreground_waits and time.monotonic() - self._since >= self.slice_s
 
-    def _next_ticket(self) -> object:
-        """The ticket whose turn it is: the first foreground waiter, else the first waiter."""
-        for ticket, background, _ in self._queue:
-            if not background:
-                return ticket
-        return self._queue[0][0]
+    def _next_ticket(self) -> Waiter:
+        """The waiter whose turn it is: the first foreground one, else the first."""
+        for waiter in self._queue:
+            if not waiter.background:
+                return waiter
+        return self._queue[0]
 
     def _wait_turn(self, me: int, depth: int, background: bool, pending: Callable[[], bool] | None = None) -> None:
         """Queue, wait until the engine is free and this ticket is next, then take it (the
         condition's lock held). ``pending``: this waiter has a step in the engine's batch, done
         when it returns True (:meth:`gather`)."""
-        entry = (object(), background, pending)
+        entry = Waiter(me, background, pending)
         self._queue.append(entry)
         try:
-            while self._owner is not None or self._next_ticket() is not entry[0]:
+            while self._owner is not None or self._next_ticket() is not entry:
                 self._cond.wait()
         except BaseException:  # interrupted while waiting: out of the queue, the next one told
             self._queue.remove(entry)
@@ -159,4 +171,4 @@ class EngineLock:
         self._owner, self._depth, self._background, self._since = me, depth, background, time.monotonic()
 
 
-__all__ = ["SLICE_S", "EngineLock"]
+__all__ = ["SLICE_S", "EngineLock", "Waiter"]

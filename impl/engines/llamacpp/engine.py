@@ -8,7 +8,11 @@ or the tiny random GGUF of :mod:`unsee.impl.engines.llamacpp.tiny_gguf` for fast
 How lineages map onto llama.cpp (the clone mechanism, chosen once):
 
 * Each engine owns **one context with one sequence** (``n_seq_max = 1``, sequence 0),
-  the *resident* lineage. Every other lineage is held on the host as its
+  the *resident* lineage; or, with ``slots`` > 1 (a server's), one context of that
+  many sequences, each in a stream of its own cells, so that many lineages are
+  resident and their decode steps can share a forward
+  (:class:`~unsee.impl.engines.llamacpp.rows.LlamaRows`; every verb equals the
+  one-sequence layout's bits, tests/test_llamacpp_slots.py). Every other lineage is held on the host as its
   sequence state (``llama_state_seq_get_data``) parsed into K and V rows by
   position (:class:`~unsee.impl.engines.llamacpp.state.SeqKV`). These arrays
   are never written to, so forking (``fork``: a shared prefix or a clone) is

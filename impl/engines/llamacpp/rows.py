@@ -12,9 +12,10 @@ from __future__ import annotations
 import collections
 import ctypes
 import hashlib
+import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -55,6 +56,7 @@ class Step:
     token: int
     logits: np.ndarray | None = None
     error: BaseException | None = None
+    thread: int = field(default_factory=threading.get_ident)  # whose step it is (a flush may leave some out)
 
     @property
     def done(self) -> bool:
@@ -62,8 +64,9 @@ class Step:
 
 
 #: ``gather(done, flush)``: a server's rendezvous for a pending step (impl/serve/engine_lock.py):
-#: it returns once ``done()``, having run ``flush`` (the batch) itself or let another thread run it
-Gather = Callable[[Callable[[], bool], Callable[[], None]], None]
+#: it returns once ``done()``, having run ``flush(skip)`` (the batch, less the steps of the
+#: threads in ``skip``) itself or let another thread run it
+Gather = Callable[[Callable[[], bool], Callable[[Collection[int]], None]], None]
 
 
 class LlamaRows:
@@ -186,10 +189,13 @@ class LlamaRows:
             raise step.error
         return step.logits
 
-    def flush(self) -> None:
+    def flush(self, skip: Collection[int] = ()) -> None:
         """Run the pending steps as one forward (one step: the plain forward), each
-        lineage extended by its token and given its logits, or every step the error."""
-        steps, self.pending = self.pending, []
+        lineage extended by its token and given its logits, or every step the error.
+        The steps of the threads in ``skip`` stay pending (a response's batch leaves a
+        forget's replay out, so that the replay never slows it)."""
+        steps = [s for s in self.pending if s.thread not in skip]
+        self.pending = [s for s in self.pending if s.thread in skip]
         if not steps:
             return
         try:
