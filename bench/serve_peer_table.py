@@ -78,7 +78,7 @@ def compute_goals(systems: dict) -> list[dict]:
         get_ratio(mine.get("warm"), theirs.get("warm")), 0.5, False,
         f"after another conversation's turn: {_fmt(after)}x")
     top = max(set((peer or {}).get("levels", {})) & set((ours or {}).get("levels", {})), default=None)
-    add(f"{top} concurrent conversations: aggregate tokens/s vs llama_cpp.server",
+    add(f"{top or 'the most'} concurrent conversations: aggregate tokens/s vs llama_cpp.server",
         get_ratio(ours["levels"][top]["tokens_per_s"], peer["levels"][top]["tokens_per_s"]) if top else None, 2.0,
         True, "digests against serial replays: not part of this bench (item 4's test)")
     delete = (ours or {}).get("delete", {})
@@ -179,6 +179,15 @@ def format_markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def read_result(result: dict) -> dict:
+    """A run's result as JSON gave it back: its levels keyed by int again (JSON writes them as
+    strings, and a table read by string keys shows no load figures)."""
+    for system in (result.get("summary") or {}).get("systems", {}).values():
+        if system and "levels" in system:
+            system["levels"] = {int(k): v for k, v in system["levels"].items()}
+    return result
+
+
 def main(argv: list[str] | None = None) -> int:
     """Print a run's markdown again from its serve-peer.json (``--gguf``: the file's name, for a run
     recorded before the label named it)."""
@@ -189,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("json", help="a serve-peer.json")
     parser.add_argument("--gguf", help="the GGUF's file name, where the run's label lacks it")
     args = parser.parse_args(argv)
-    result = json.loads(Path(args.json).read_text())
+    result = read_result(json.loads(Path(args.json).read_text()))
     if args.gguf and "gguf" not in result["label"]:
         result["label"]["gguf"] = args.gguf
     print(format_markdown(result), end="")

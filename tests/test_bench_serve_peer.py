@@ -53,6 +53,20 @@ def test_goals_are_the_measured_ratios():
     assert FIGURE_LABEL.match(markdown.splitlines()[0])  # pasted into docs/serve.md as it is
 
 
+def test_a_run_rendered_again_from_its_json_shows_every_figure():
+    """JSON writes the levels' keys as strings: read back, the table is the one the run printed."""
+    from unsee.bench.serve_peer_table import read_result
+
+    rows = make_rows("peer", 2.0, 10) + make_rows("unsee", 1.0, 10)
+    floor = {"wall_s": 2.0, "cpu_s": 1.9, "reset_digest_equal": True, "prefilled": 40, "decoded": 8, "forwards": 10}
+    result = {"label": {"build": "abc1234", "cpu": "c", "cores": 2, "load_average": 1.0, "threads": 1, "model": "m",
+                        "command": "python -m unsee.bench.serve_peer"}, "summary": summarise(rows, floor, WORKLOAD),
+              "floor": floor}
+    again = read_result(json.loads(json.dumps(result)))
+    assert format_markdown(again) == format_markdown(result)
+    assert "| 8 conversation(s): output tokens/s | 5.00 |" in format_markdown(again)
+
+
 def test_a_goal_without_the_peer_is_not_measured():
     summary = summarise(make_rows("unsee", 1.0, 10), None, WORKLOAD)
     assert [g["met"] for g in summary["goals"]][:4] == [None] * 4
