@@ -45,7 +45,8 @@ def test_tiny_gguf_is_a_pure_function_of_its_seed(tmp_path):
 
 @pytest.fixture(scope="module", params=[True, False], ids=["flash-attn", "v-transposed"])
 def engine(request, engine_factory):
-    return engine_factory("llamacpp-tiny", n_ctx=256, flash_attn=request.param)
+    # one slot whatever $UNSEE_LLAMA_SLOTS says: the blob tests read one stream (tests/test_llamacpp_slots.py has several)
+    return engine_factory("llamacpp-tiny", n_ctx=256, flash_attn=request.param, slots=1)
 
 
 @needs_llamacpp

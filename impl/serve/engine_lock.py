@@ -19,12 +19,17 @@ forward of each request ahead of it, not by their whole length.
   otherwise idle.
 - **Re-entrant.** The holder may take it again (the pool's budget
   enforcement runs inside a hold).
+- **Batched steps.** Where the engine batches decode steps (llama.cpp with
+  slots), a step calls :meth:`EngineLock.gather` instead of computing alone:
+  the engine goes to each waiter not yet at a step, and the last one runs
+  every step in one forward (a response's batch leaves background steps out).
 
 Exactness does not depend on the order: each conversation's lineage is its
 own, and a forward's bits do not depend on what ran before it on the engine
 (llama.cpp loads a parked lineage into empty cells, the layout a fresh run
-has; transformers keeps one cache per lineage). tests/test_serve.py checks
-each digest of eight interleaved conversations against its serial replay.
+has, and a batch of next tokens gives each its own step's bits; transformers
+keeps one cache per lineage). tests/test_serve.py checks each digest of eight
+interleaved conversations, batched or not, against its serial replay.
 """
 
 from __future__ import annotations

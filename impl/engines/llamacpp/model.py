@@ -259,7 +259,7 @@ def resolve_gguf(key: str, cache_dir: str | os.PathLike | None = None) -> tuple[
     return path, key, None
 
 
-def get_thread_count(name: str, value: int | None, variable: str, default: int) -> int:
+def get_count(name: str, value: int | None, variable: str, default: int) -> int:
     """A count of threads or slots: ``value``, else $``variable``, else ``default``; at least 1."""
     count = int(value or os.environ.get(variable) or default)
     if count < 1:
@@ -305,8 +305,8 @@ def load_llamacpp(name_or_path: str | os.PathLike = "smollm2", threads: int | No
     lc = llama_module()
     _init_backend(lc, exact_kernels)
     path, name, tokenizer = resolve_gguf(os.fspath(name_or_path), cache_dir)
-    threads = get_thread_count("threads", threads, "UNSEE_LLAMA_THREADS", 1)
-    batch_threads = get_thread_count("batch_threads", batch_threads, "UNSEE_LLAMA_BATCH_THREADS", threads)
+    threads = get_count("threads", threads, "UNSEE_LLAMA_THREADS", 1)
+    batch_threads = get_count("batch_threads", batch_threads, "UNSEE_LLAMA_BATCH_THREADS", threads)
     n_ctx = int(n_ctx or 4096)
     mparams = lc.llama_model_default_params()
     mparams.n_gpu_layers = 0
@@ -329,7 +329,7 @@ def load_llamacpp(name_or_path: str | os.PathLike = "smollm2", threads: int | No
     lm.n_swa = max(0, int(lc.llama_model_n_swa(model)))
     # a sliding-window model reads its window rows through a second sequence sharing the cells
     # (LlamaRows.read_swa_rows), which a stream per sequence does not allow
-    lm.slots = 1 if lm.n_swa else get_thread_count("slots", slots, SLOTS_ENV, 1)
+    lm.slots = 1 if lm.n_swa else get_count("slots", slots, SLOTS_ENV, 1)
     if tokenizer is None:
         lm.chat_template, lm.special_tokens = get_chat_template(model, vocab)
     set_decode_facts(lm, cache_dir)
