@@ -113,7 +113,7 @@ def complete(pool: Pool, req: dict, messages: list[dict], owner: str, listener=N
     system, messages = split_system(pool, messages, req.get("instructions"))
     check_messages(messages, pool.tools_ok)
     settings = get_settings(pool, req)
-    config = Config(system, req["tools"], req["choice"], req["function"], req["parallel"])
+    config = Config(system, req["tools"], req["choice"], req["function"], req["parallel"], req.get("format"))
     with pool.hold():  # the engine's lock alone: a completion has no conversation
         return {**pool.open_chat(owner).complete(messages, settings, config, listener), "settings": settings}
 

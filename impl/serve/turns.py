@@ -49,7 +49,7 @@ def check_length(engine, runtime, step: Step, config: Config, settings: Settings
 def get_config(conv: Conversation, req: dict) -> Config:
     """A response's config: its instructions (else the conversation's system prompt) and tools."""
     system = req["instructions"] if req["instructions"] is not None else conv.record["system"]
-    return Config(system, req["tools"], req["choice"], req["function"], req["parallel"])
+    return Config(system, req["tools"], req["choice"], req["function"], req["parallel"], req.get("format"))
 
 
 def check_settings(conv: Conversation, sampling: dict, defaults: Settings) -> Settings:
@@ -123,7 +123,7 @@ def run_step(conv: Conversation, engine, step: Step, config: Config, bound: dict
     runtime = conv.runtime
     runtime.client.expect(config, bound)
     if listener is not None:
-        listener.prepare(runtime.get_opening(config))
+        listener.prepare(runtime.get_opening(config), runtime.get_openings(config))
         runtime.listener = listener
     try:
         conv.session.step(step)
