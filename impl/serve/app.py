@@ -118,8 +118,8 @@ def run_held(pool: Pool, conv: Conversation, work, background: bool = False):
 
 def build_app(pool: Pool, model_name: str, api_keys: Sequence[str] = ()) -> FastAPI:
     """The application over ``pool`` (its model loaded). With ``api_keys``, a conversation stored
-    without an owner (made while the server ran without keys) is given to the first key first
-    (docs/serve.md, "Keys")."""
+    without an owner (made while the server ran without keys) is given to the first key before
+    any request (docs/serve.md, "Keys")."""
     app = FastAPI(title="unsee serve", openapi_url=None, docs_url=None, redoc_url=None)
     app.state.pool = pool
     app.state.metrics = metrics = Metrics(pool)
