@@ -154,14 +154,7 @@ class Pool:
         if conv is None:
             yield
             return
-        with self.index_lock:
-            self._waiting += 1
-        try:
-            got = conv.lock.acquire(timeout=self.busy_wait)
-        finally:
-            with self.index_lock:
-                self._waiting -= 1
-        if not got:
+        if not conv.lock.acquire(blocking=False) and not self._wait_for(conv):
             raise busy(f"conversation {conv.id} is busy with another request; retry after it", 1)
         try:
             if self.conversations.get(conv.id) is not conv:  # deleted while we waited
@@ -169,6 +162,16 @@ class Pool:
             yield
         finally:
             conv.lock.release()
+
+    def _wait_for(self, conv: Conversation) -> bool:
+        """Wait up to ``busy_wait`` seconds for ``conv``'s lock, counted as waiting (``/metrics``)."""
+        with self.index_lock:
+            self._waiting += 1
+        try:
+            return conv.lock.acquire(timeout=self.busy_wait)
+        finally:
+            with self.index_lock:
+                self._waiting -= 1
 
     def get_stats(self) -> dict:
         """Evictions, rebuilds, the engine lock's hand-overs between forwards and the batched decode
