@@ -224,6 +224,20 @@ def test_one_log_line_per_request_with_its_route_status_conversation_and_tokens(
     assert 0 < seconds < 60
 
 
+def test_a_failure_is_one_line_and_one_count_with_status_500(keyed, caplog, monkeypatch):
+    caplog.set_level(logging.INFO, logger="unsee.serve")
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("disk gone")
+    monkeypatch.setattr(keyed.pool, "create", broken)
+    before = requests_of(scrape(keyed), "/v1/conversations", "POST", 500)
+    with pytest.raises(openai.InternalServerError):
+        keyed.alpha.conversations.create()
+    wait_for(lambda: any(line.startswith("POST /v1/conversations 500 ") for line in lines(caplog)))
+    assert requests_of(scrape(keyed), "/v1/conversations", "POST", 500) == before + 1
+    assert [r for r in caplog.records if r.name == "unsee.serve" and r.exc_info]  # the trace, on the server only
+
+
 def lines(caplog) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.name == "unsee.serve.requests"]
 
