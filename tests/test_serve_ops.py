@@ -395,7 +395,7 @@ def script_engine(engine) -> None:
     so, else Paris), anything else is noted. Deterministic, so a replay writes what a twin would."""
     lm = engine.lm
 
-    def generate(lineage, max_new_tokens, stop_ids=None, temperature=0.0, seed=None, assist=None):
+    def generate(lineage, max_new_tokens, *args, **options):  # whatever else a turn passes (a mask, a draft)
         prompt = lm.decode(engine.tokens(lineage))
         last = prompt.split("<|im_start|>")[-2]  # the last input, before the assistant header
         if "Sunny" in last:
