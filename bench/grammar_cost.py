@@ -121,6 +121,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, default=Path("out/grammar-cost"))
     args = parser.parse_args(argv)
     argv = sys.argv[1:] if argv is None else argv
+    build = get_build()  # read as the work starts: the checkout may move on during the run
     engine = load_engine(args.model, backend=args.engine)
     renderer = get_renderer(engine.lm)
     fmt = get_call_format(renderer.segments, renderer.has_native_calls())
@@ -140,7 +141,7 @@ def main(argv: list[str] | None = None) -> None:
         mask = statistics.median(r["mask_ms"] for r in mine)
         summary.append({"case": case, "tokens": mine[0]["tokens"], "step_ms": step, "mask_ms": mask,
                         "ratio": mask / step if step else 0.0})
-    label = {"build": get_build()[:7], "model": args.model, "cpu": f"{get_cpu_name()} ({get_cpu_isa()})",
+    label = {"build": build[:7], "model": args.model, "cpu": f"{get_cpu_name()} ({get_cpu_isa()})",
              "threads": getattr(engine.lm, "threads", 1), "load": "the machine shared with other work",
              "command": "python -m unsee.bench.grammar_cost " + shlex.join(argv)}
     result = {"label": label, "rows": rows, "summary": summary}
