@@ -167,7 +167,8 @@ def add_conversation_routes(app: FastAPI, pool: Pool, model_name: str) -> None:
     @app.post("/v1/conversations")
     async def create_conversation(request: Request) -> dict:
         body = check_fields(await read_json(request, empty_ok=True), CONVERSATION_FIELDS, "conversations")
-        items = bodies.read_items(body.get("items"), "items", system_first=True, empty_ok=True)
+        items = bodies.read_items(body.get("items"), "items", empty_ok=True)
+        answers.check_calls(pool, items, "items")
         metadata = bodies.read_metadata(body.get("metadata"))
         conv = await run_in_threadpool(pool.create, items, metadata, get_owner(request))
         return shapes.conversation(conv.record)
@@ -199,6 +200,7 @@ def add_item_routes(app: FastAPI, pool: Pool) -> None:
         check_query(request, {"include"})
         body = check_fields(await read_json(request), ITEMS_FIELDS, "items.create")
         items = bodies.read_items(body.get("items"), "items")
+        answers.check_calls(pool, items, "items")
         return await run_held(pool, pool.get(conv_id, get_owner(request)),
                               lambda c: shapes.item_list(c.add_items(items)))
 
@@ -239,6 +241,7 @@ def add_response_routes(app: FastAPI, pool: Pool, model_name: str) -> None:
     async def create_response(request: Request):
         req = bodies.read_response_request(await read_json(request))
         answers.check_tools(pool, req)
+        answers.check_calls(pool, req["items"], "input")
         owner = get_owner(request)
         if req["stateless"]:
             def work(listener):
