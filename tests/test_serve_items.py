@@ -21,6 +21,7 @@ under ChatML for the Agents SDK's run.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import importlib.util
 import json
 import os
@@ -253,3 +254,96 @@ def test_the_agents_sdk_conversations_session_runs_and_its_delete_equals_the_twi
 #: instructions (a Responses model raises on an `incomplete` response, which a random model's
 #: cut answer is)
 SDK_TURNS = ("I live at 4415 Elm Street.", "Who?")
+
+
+@pytest.fixture
+def calls_when_offered(monkeypatch):
+    """Every turn offered tools makes one call, its arguments a hash of the turn's prompt. The
+    tiny model's bytes never parse as a call, so the turn's reading is stubbed: the same for a
+    run, its replay and the twin (a turn after another context makes another call)."""
+    from unsee.impl.agent.tools.client import ClientToolRuntime
+    from unsee.impl.agent.tools.native import FunctionCall
+
+    read = ClientToolRuntime.get_turn
+
+    def get_turn(self, step_id):
+        names = self.get_config(step_id).get_names()
+        if not names:
+            return read(self, step_id)
+        city = hashlib.sha256(repr(self.get_prompt(step_id)).encode()).hexdigest()[:8]
+        return "", (FunctionCall(min(names), json.dumps({"city": city})),), True
+    monkeypatch.setattr(ClientToolRuntime, "get_turn", get_turn)
+
+
+TOOL = {"type": "function", "name": "get_weather", "parameters": {"type": "object", "properties": {}}}
+#: a tool step's other items: they follow the outputs of the calls it answers
+EXTRA = [user("x1", "And Bergen?"), {**KINDS["assistant"], "id": "x2"}, {**KINDS["system"], "id": "x3"}]
+
+
+def run_calls(client, first: list[dict], extra: list[dict], checked: bool = False) -> tuple[str, str]:
+    """A turn that calls, a tool step (its output, then ``extra``), a user turn; the call's id."""
+    conv = client.conversations.create(items=first).id
+    called = client.responses.create(model="tiny", conversation=conv, tools=[TOOL])
+    call = next(i for i in called.output if i.type == "function_call")
+    output = {"type": "function_call_output", "call_id": call.call_id, "output": "Oslo: 4 C.", "id": "o1"}
+    for bad, why in (([user("b1", "Well?"), output], "no output answers"),
+                     ([output, {**output, "id": "o2"}], "answered twice")) if checked else ():
+        with pytest.raises(openai.BadRequestError, match=why):
+            client.responses.create(model="tiny", conversation=conv, input=bad, tool_choice="none", tools=[TOOL])
+    client.responses.create(model="tiny", conversation=conv, input=[output, *extra], tool_choice="none", tools=[TOOL])
+    client.responses.create(model="tiny", conversation=conv, input=[user("q2", "Thanks.")], tool_choice="none",
+                            tools=[TOOL])
+    return conv, call.call_id
+
+
+def test_a_step_answering_calls_opens_with_their_outputs_and_any_items_follow(qwen_style, tmp_path,
+                                                                             calls_when_offered):
+    """Where the last answer made calls, the step opens with one output for each (OpenAI's rule),
+    then any items: a user message, an assistant message, a system message. A DELETE of an item
+    that follows the outputs replays the tool step without it: equal to the twin."""
+    with ServerThread(Pool(make_engine(qwen_style), tmp_path, defaults=SETTINGS), "tiny") as srv:
+        client = connect(srv)
+        conv, call_id = run_calls(client, [user("q1", "Weather in Oslo?")], EXTRA, checked=True)
+        runtime = srv.pool.get(conv).session.runtime
+        step = runtime.steps[1]
+        assert step.kind == "tool" and [i.source for i in step.items] == ["o1", "x1", "x2", "x3"]
+        assert runtime.client.roles == {"x1": ("user",), "x2": ("assistant",), "x3": ("system",)}
+        listed = listing(client, conv)
+        assert [(i["id"], i["type"]) for i in listed[2:6]] == [("o1", "function_call_output"), ("x1", "message"),
+                                                              ("x2", "message"), ("x3", "message")]
+        assert listed[2]["call_id"] == call_id
+        gone = client.conversations.items.delete("x2", conversation_id=conv).model_extra
+        assert gone["status"] == "completed" and "x2" not in [i["id"] for i in listing(client, conv)]
+        twin, _ = run_calls(client, [user("q1", "Weather in Oslo?")], [EXTRA[0], EXTRA[2]])
+        assert state(client, conv)["digest"] == state(client, twin)["digest"]
+        assert listing(client, conv) == listing(client, twin)
+
+
+def test_a_replay_that_stops_at_a_new_call_holds_the_tool_step_s_other_items(qwen_style, tmp_path,
+                                                                             calls_when_offered):
+    """The question deleted, the replayed turn calls anew (other arguments): the recorded output is
+    dropped, and the tool step's other items wait, after the outputs the client sends for the new
+    call; then the rest is replayed. Equal to the twin that asked nothing and got that output."""
+    with ServerThread(Pool(make_engine(qwen_style), tmp_path, defaults=SETTINGS), "tiny") as srv:
+        client = connect(srv)
+        conv, old_call = run_calls(client, [user("q1", "Weather in Oslo?")], EXTRA)
+        gone = client.conversations.items.delete("q1", conversation_id=conv).model_extra
+        assert gone["status"] == "pending" and [c["type"] for c in gone["pending_calls"]] == ["function_call"]
+        new_call = gone["pending_calls"][0]["call_id"]
+        assert new_call != old_call and {"q1", "o1"} <= set(gone["removed"])  # o1 answered the old call
+        assert [i["id"] for i in gone["unreplayed"]] == ["x1", "x2", "x3", "q2"]
+        assert state(client, conv)["held"] == 4
+        output = {"type": "function_call_output", "call_id": new_call, "output": "Bergen: 2 C.", "id": "o9"}
+        resumed = client.responses.create(model="tiny", conversation=conv, input=[output], tool_choice="none",
+                                          tools=[TOOL])
+        assert len(resumed.model_extra["unsee"]["steps"]) == 2 and state(client, conv)["held"] == 0
+        runtime = srv.pool.get(conv).session.runtime
+        assert [i.source for i in runtime.steps[1].items] == ["o9", "x1", "x2", "x3"]
+        twin = client.conversations.create().id
+        client.responses.create(model="tiny", conversation=twin, input=[], tools=[TOOL])
+        client.responses.create(model="tiny", conversation=twin, input=[output, *EXTRA], tool_choice="none",
+                                tools=[TOOL])
+        client.responses.create(model="tiny", conversation=twin, input=[user("q2", "Thanks.")], tool_choice="none",
+                                tools=[TOOL])
+        assert state(client, conv)["digest"] == state(client, twin)["digest"]
+        assert listing(client, conv) == listing(client, twin)

@@ -86,7 +86,8 @@ def get_state(pool: Pool, conv: Conversation) -> dict:
     runtime = conv.session.runtime if conv.session is not None else None
     return {"digest": conv.digest(), "steps": runtime.t if runtime else 0,
             "forgotten": list(runtime.forgotten) if runtime else [], "pending": len(conv.record["pending"]),
-            "held": sum(len(g["items"]) for g in conv.record["held"]) + len(conv.record["held_outputs"]),
+            "held": (sum(len(g["items"]) for g in conv.record["held"]) + len(conv.record["held_outputs"])
+                     + len(conv.record["held_extra"])),
             "pending_calls": [c["call_id"] for c in conv.get_pending_calls()], "model": pool.engine.lm.name}
 
 

@@ -1,8 +1,11 @@
 """One conversation: a session store (``session.db``, the runtime's every
 step and forget committed atomically) and a sidecar (``conversation.json``:
 its id, owner, metadata, system prompt, the items added but not yet answered,
-the recorded inputs a forget's replay has not yet replayed, the call ids of
-tool outputs, and its responses' ids).
+the recorded inputs a forget's replay has not yet replayed (``held``; where
+it stopped at a call, ``held_outputs``, the outputs it matched for that
+turn's calls, and ``held_extra``, the other items of that turn's tool step,
+which follow the client's outputs), the call ids of tool outputs and of a
+client's calls, and its responses' ids).
 
 The store is created by the conversation's first response, which fixes the
 sampling settings a replay must reuse. Items added before a response wait in
@@ -122,7 +125,7 @@ class Conversation:
 
     def __init__(self, root: Path, record: dict):
         self.root = root
-        self.record = {"owner": "", "held": [], "held_outputs": [], **record}
+        self.record = {"owner": "", "held": [], "held_outputs": [], "held_extra": [], **record}
         self.lock = threading.Lock()  # one request at a time (the pool takes it)
         self.session: PersistentSession | None = None
         self.last_used = time.monotonic()
@@ -149,7 +152,8 @@ class Conversation:
     def create(cls, root: Path, conv_id: str, system: str, metadata: dict, items: list[dict],
                owner: str = "") -> Conversation:
         record = {"id": conv_id, "created_at": int(time.time()), "metadata": metadata, "system": system,
-                  "owner": owner, "pending": [], "tools": {}, "responses": [], "held": [], "held_outputs": []}
+                  "owner": owner, "pending": [], "tools": {}, "responses": [], "held": [], "held_outputs": [],
+                  "held_extra": []}
         record["pending"] = cls.assign_ids(record, items, used=set())
         root.mkdir(parents=True)
         write_json_atomic(root / SIDECAR, record)
@@ -284,7 +288,7 @@ class Conversation:
 
 
 def get_held_ids(record: dict) -> set[str]:
-    return ({o["id"] for o in record["held_outputs"]}
+    return ({o["id"] for o in record["held_outputs"]} | {e["id"] for e in record["held_extra"]}
             | {i["id"] for g in record["held"] for i in g["items"]})
 
 
@@ -292,6 +296,8 @@ def get_waiting_items(record: dict) -> list[dict]:
     """The items that wait for a response, in the order they will be observed."""
     held = [shapes.observed_item(o["id"], "function_call_output", o["text"], o["call_id"])
             for o in record["held_outputs"]]
+    held += [shapes.observed_item(e["id"], get_item_role(e), e["text"], e["call_id"], e["name"])
+             for e in record["held_extra"]]
     for group in record["held"]:
         for i in group["items"]:
             role = i.get("role") or [DEFAULT_ROLES[group["kind"]]]

@@ -8,7 +8,8 @@
   tools' replay, :class:`~unsee.impl.agent.tools.client.ClientToolRuntime`);
   where the replay stopped at a call no recorded output answers, the
   recorded inputs it did not replay are *held* in the sidecar: the outputs
-  it matched for that call's turn, then the rest step by step;
+  it matched for that call's turn and the other items of that turn's tool
+  step (which follow the client's outputs), then the rest step by step;
 - :func:`resume`: after the client's outputs for that call, the held inputs
   replayed as the client would send them, until the next such call.
 
@@ -83,13 +84,14 @@ def check_settings(conv: Conversation, sampling: dict, defaults: Settings) -> Se
 def bind_outputs(conv: Conversation, todo: list[dict]) -> tuple[list[dict], dict[str, int]]:
     """The step's items and which call each output answers: where the last turn made calls, the
     step opens with their outputs, one for each call no held output answers (the OpenAI API's
-    rule), in the calls' order, held outputs among them; the other items follow in the order
-    they came. Without calls, every item comes as it came (an output bound to no call)."""
+    rule), in the calls' order, held outputs among them; then the other items a forget held
+    for that step (``held_extra``), then the other items in the order they came. Without
+    calls, every item comes as it came (an output bound to no call)."""
     pending = conv.get_pending_calls()
     held = [{"kind": "function_call_output", "role": "tool", "id": o["id"], "text": o["text"],
              "call_id": o["call_id"], "name": o["name"]} for o in conv.record["held_outputs"]]
     if not pending and not held:
-        return todo, {}
+        return conv.record["held_extra"] + todo, {}
     waiting = [c["call_id"] for c in pending]
     runtime = conv.runtime
     ids = get_call_ids(runtime, runtime.steps[-1].id)
@@ -108,7 +110,7 @@ def bind_outputs(conv: Conversation, todo: list[dict]) -> tuple[list[dict], dict
     late = [i["call_id"] for i in todo[n:] if i["kind"] == "function_call_output" and i["call_id"] in waiting]
     if late:
         raise bad_request(f"input: call_id {late[0]!r} is answered twice", param="input")
-    return sorted(held + todo[:n], key=lambda i: bound[i["id"]]) + todo[n:], bound
+    return sorted(held + todo[:n], key=lambda i: bound[i["id"]]) + conv.record["held_extra"] + todo[n:], bound
 
 
 def get_roles(items: list[dict]) -> dict[str, Role]:
@@ -185,7 +187,8 @@ def respond(conv: Conversation, engine, req: dict, defaults: Settings, response_
         listener.start(settings)
     out = run_step(conv, engine, step, config, bound, settings, listener, roles)
     record = conv.record
-    conv.save({**record, "pending": [], "held_outputs": [], "tools": {**record["tools"], **get_tool_records(todo)},
+    conv.save({**record, "pending": [], "held_outputs": [], "held_extra": [],
+               "tools": {**record["tools"], **get_tool_records(todo)},
                "responses": record["responses"] + [{"id": response_id, "step": step.id}]})
     if conv.record["held"] and step.kind == "tool":
         out += resume(conv, engine, settings, listener)
@@ -207,7 +210,8 @@ def resume(conv: Conversation, engine, settings: Settings, listener=None) -> lis
         config = Config.from_record(group["config"])
         if prepared.action == "halt":
             if group["kind"] == "tool":
-                conv.save({**conv.record, "held": rest, "held_outputs": get_held_outputs(conv, group, prepared.bound)})
+                conv.save({**conv.record, "held": rest, "held_outputs": get_held_outputs(conv, group, prepared.bound),
+                           "held_extra": get_held_extra(group, prepared.bound)})
             break
         if prepared.action == "drop":
             conv.save({**conv.record, "held": rest})
@@ -228,6 +232,24 @@ def get_held_outputs(conv: Conversation, group: dict, bound: dict[str, int]) -> 
     ids = get_call_ids(conv.runtime, conv.runtime.steps[-1].id)
     return [{"id": i["id"], "text": i["text"], "call_index": bound[i["id"]], "call_id": ids[bound[i["id"]]],
              "name": i["name"]} for i in group["items"] if i["id"] in bound]
+
+
+def get_held_extra(group: dict, bound: dict[str, int]) -> list[dict]:
+    """A held tool step's items that answer no call of the model's (its messages, a client's
+    calls, outputs of those): they follow the outputs the client sends for the calls that wait,
+    in their order, as items to observe (an output with a signature answered a call the replay
+    does not make, and is dropped)."""
+    out = []
+    for i in group["items"]:
+        if i["id"] in bound or i.get("signature"):
+            continue
+        role = i.get("role") or ["function_call_output"]
+        kind = role[0] if role[0] in ("function_call", "function_call_output") else "message"
+        out.append({"kind": kind, "id": i["id"], "role": {"function_call": "assistant",
+                                                          "function_call_output": "tool"}.get(kind, role[0]),
+                    "text": i["text"], "call_id": i["call_id"], "name": role[1] if role[1:] else i["name"],
+                    "arguments": i["text"] if kind == "function_call" else None})
+    return out
 
 
 def get_held(runtime, steps: list[Step], configs: dict, signatures: dict, tools: dict, item_id: str,
@@ -252,23 +274,31 @@ def forget_waiting(conv: Conversation, item_id: str) -> bool:
     record = conv.record
     pending = [p for p in record["pending"] if p["id"] != item_id]
     outputs = [o for o in record["held_outputs"] if o["id"] != item_id]
+    extra = [e for e in record["held_extra"] if e["id"] != item_id]
     held = [{**g, "items": [i for i in g["items"] if i["id"] != item_id]} for g in record["held"]]
     held = [g for g in held if g["items"]]
-    if (pending, outputs, held) == (record["pending"], record["held_outputs"], record["held"]):
+    if (pending, outputs, extra, held) == (record["pending"], record["held_outputs"], record["held_extra"],
+                                           record["held"]):
         return False
-    conv.save({**record, "pending": pending, "held_outputs": outputs, "held": held})
+    tools = {k: v for k, v in record["tools"].items() if k != item_id}
+    conv.save({**record, "pending": pending, "held_outputs": outputs, "held_extra": extra, "held": held,
+               "tools": tools})
     return True
 
 
 def get_earlier_held(conv: Conversation) -> list[dict]:
     """What an earlier forget holds, as groups a later one keeps after its own: the outputs kept
     for the calls that wait (one tool group, each with its call's signature), then the rest."""
-    outputs, runtime = conv.record["held_outputs"], conv.runtime
-    if not outputs:
+    outputs, extra, runtime = conv.record["held_outputs"], conv.record["held_extra"], conv.runtime
+    if not outputs and not extra:
         return list(conv.record["held"])
     calls = runtime.get_turn(runtime.steps[-1].id)[1]
     items = [{**{k: o[k] for k in ("id", "text", "call_id", "name")},
               "signature": list(calls[o["call_index"]].get_signature())} for o in outputs]
+    roles = get_roles(extra)
+    items += [{**{k: e[k] for k in ("id", "text", "call_id", "name")}, "signature": None,
+               "role": list(roles[e["id"]]) if roles[e["id"]][0] != "function_call_output" else None}
+              for e in extra]
     group = {"step": get_step_id(runtime.t), "kind": "tool", "tool": ",".join(sorted({o["name"] for o in outputs})),
              "config": runtime.get_config().get_record(), "items": items}
     return [group, *conv.record["held"]]
@@ -289,14 +319,15 @@ def forget_replayed(conv: Conversation, item_id: str):
     held_steps = [s for s in steps if s.id in set(outcome["held"])]
     groups = (get_held(conv.runtime, held_steps, configs, signatures, conv.record["tools"], item_id, roles)
               if clients else [])
-    outputs = []
+    outputs, extra = [], []
     if groups and groups[0]["kind"] == "tool":  # where the replay stopped: the outputs it matched wait
-        outputs, groups = get_held_outputs(conv, groups[0], outcome["held_bound"]), groups[1:]
+        outputs = get_held_outputs(conv, groups[0], outcome["held_bound"])
+        extra, groups = get_held_extra(groups[0], outcome["held_bound"]), groups[1:]
     groups += earlier
     kept = {i["id"] for i in conv.get_items()} | {i["id"] for g in groups for i in g["items"]} | {
-        o["id"] for o in outputs}
+        o["id"] for o in outputs} | {e["id"] for e in extra}
     tools = {k: v for k, v in conv.record["tools"].items() if k in kept and k != item_id}
-    conv.save({**conv.record, "tools": tools, "held": groups, "held_outputs": outputs})
+    conv.save({**conv.record, "tools": tools, "held": groups, "held_outputs": outputs, "held_extra": extra})
     if groups and not outcome.get("halted"):
         resume(conv, conv.runtime.engine, conv.runtime.settings)
     return report, bool(outcome.get("halted"))
@@ -330,12 +361,13 @@ def get_status(conv: Conversation, halted: bool = False) -> dict:
     or ``pending`` (the replay waits for the client's outputs, with the recorded inputs it has not
     yet replayed); ``pending_calls``: the calls that wait for an output, in either."""
     record = conv.record
-    held = record["held"] or record["held_outputs"] or halted
+    held = record["held"] or record["held_outputs"] or record["held_extra"] or halted
     added = {p["id"] for p in record["pending"]}
     return {"status": "pending" if held else "completed", "pending_calls": conv.get_pending_calls(),
             "unreplayed": [i for i in get_waiting_items(record) if i["id"] not in added]}
 
 
 __all__ = ["bind_outputs", "check_length", "check_settings", "forget", "forget_replayed", "forget_waiting",
-           "get_config", "get_context_length", "get_earlier_held", "get_held", "get_held_outputs", "get_roles",
+           "get_config", "get_context_length", "get_earlier_held", "get_held", "get_held_extra", "get_held_outputs",
+           "get_roles",
            "get_status", "get_step", "get_tool_records", "respond", "resume", "run_step"]
