@@ -11,7 +11,11 @@ Agents SDK's ``OpenAIConversationsSession`` (its server-side memory, which
 writes every turn's input and output back with ``items.create``) runs two
 turns with a ``Runner`` and the SDK's defaults, and a DELETE through its
 client equals a twin. Chat completions take several system and developer
-messages anywhere, rendered as the template itself renders them.
+messages anywhere, rendered as the template itself renders them. A step that
+answers the model's calls opens with their outputs and any items follow; a
+replay that stops at a new call holds those items until the client's output
+(the turn's reading stubbed to make calls: the tiny model's bytes never
+parse as one).
 
 The tiny model under the Qwen-style template tests/test_render.py writes (it
 has a call format, so a client's ``function_call`` renders in it), and
