@@ -5,7 +5,8 @@ the recorded inputs a forget's replay has not yet replayed (``held``; where
 it stopped at a call, ``held_outputs``, the outputs it matched for that
 turn's calls, and ``held_extra``, the other items of that turn's tool step,
 which follow the client's outputs), the call ids of tool outputs and of a
-client's calls, and its responses' ids).
+client's calls, its responses' ids, and the ids a DELETE removed, which no
+new item takes again).
 
 The store is created by the conversation's first response, which fixes the
 sampling settings a replay must reuse. Items added before a response wait in
@@ -125,7 +126,7 @@ class Conversation:
 
     def __init__(self, root: Path, record: dict):
         self.root = root
-        self.record = {"owner": "", "held": [], "held_outputs": [], "held_extra": [], **record}
+        self.record = {"owner": "", "held": [], "held_outputs": [], "held_extra": [], "retired": [], **record}
         self.lock = threading.Lock()  # one request at a time (the pool takes it)
         self.session: PersistentSession | None = None
         self.last_used = time.monotonic()
@@ -153,7 +154,7 @@ class Conversation:
                owner: str = "") -> Conversation:
         record = {"id": conv_id, "created_at": int(time.time()), "metadata": metadata, "system": system,
                   "owner": owner, "pending": [], "tools": {}, "responses": [], "held": [], "held_outputs": [],
-                  "held_extra": []}
+                  "held_extra": [], "retired": []}
         record["pending"] = cls.assign_ids(record, items, used=set())
         root.mkdir(parents=True)
         write_json_atomic(root / SIDECAR, record)
@@ -171,8 +172,10 @@ class Conversation:
     def assign_ids(record: dict, items: list[dict], used: set[str], turn: int = 1) -> list[dict]:
         """``items`` (to be observed in step ``turn``, after the waiting ones) with an id each: the
         client's, or :func:`compute_item_id` (the next free one, where a forgotten item took it);
-        refused if the client's is taken."""
-        taken = used | {p["id"] for p in record["pending"]} | get_held_ids(record)
+        refused if the client's is taken: by an item the conversation holds, or one a DELETE
+        removed (``used``: the store's; ``retired``: the sidecar's, a waiting item deleted, the
+        outputs a replay dropped)."""
+        taken = used | {p["id"] for p in record["pending"]} | get_held_ids(record) | set(record.get("retired", ()))
         before = [get_item_key(p) for p in record["pending"]]  # the items of this turn so far
         out = []
         for item in items:
@@ -184,8 +187,8 @@ class Conversation:
                         break
                     item_id = f"{base}_{n}"
             elif item_id in taken:
-                raise bad_request(f"item id {item_id!r} is already used in conversation {record['id']}",
-                                  param="id")
+                raise bad_request(f"item id {item_id!r} is already used in conversation {record['id']} (an id "
+                                  "is never reused, a deleted item's included)", param="id")
             taken.add(item_id)
             before.append(get_item_key(item))
             out.append({**item, "id": item_id})
