@@ -5,8 +5,10 @@ client's own history with the model's items in it).
 Each request runs a throwaway runtime (:class:`ClientToolRuntime`): the
 system block (its system text and tools), then every earlier message as one
 block (one prefill chunk each; a run of tool results is one block, as a
-conversation's tool step is), then the last user message, or the last run
-of tool results, as a step whose answer is the completion. The prefills run
+conversation's tool step is; a system message after the first is the
+template's system message), then the last user message, or the last run
+of tool results, with the system messages after it, as a step whose answer
+is the completion. The prefills run
 inside the engine's prefix cache (B5'), whose sources are the lineages of the
 owner's last :attr:`ChatCache.size` completions: a block whose chunk history
 and tokens equal a cached lineage's is served from that lineage's KV, which
@@ -25,7 +27,9 @@ from unsee import Item, Settings, Step
 from unsee.impl.agent.provenance import RuntimeBlock
 from unsee.impl.agent.tools.client import ClientToolRuntime, Config
 from unsee.impl.agent.tools.native import FunctionCall
+from unsee.impl.agent.tools.observed import Role
 from unsee.impl.engines.protocol import PrefixCache
+from unsee.impl.serve.bodies import SYSTEM_ROLES
 from unsee.impl.serve.conversation import get_answer_items
 from unsee.impl.serve.errors import bad_request
 from unsee.impl.serve.turns import get_context_length
@@ -67,16 +71,21 @@ def check_messages(messages: list[dict], tools_ok: bool) -> None:
             calls = m["call_ids"]
 
 
-def split_last(messages: list[dict]) -> tuple[list[dict], Step]:
-    """The history, and the last user message or run of tool results as the completion's step."""
-    if messages[-1]["role"] == "user":
-        return messages[:-1], Step(STEP, "user", (Item("last", messages[-1]["text"]),))
-    n = len(messages)
+def split_last(messages: list[dict]) -> tuple[list[dict], Step, dict[str, Role]]:
+    """The history, and the completion's step: the last user message or run of tool results,
+    then the system messages after it (with their roles: :mod:`~unsee.impl.agent.tools.observed`)."""
+    end = len(messages)
+    while end and messages[end - 1]["role"] in SYSTEM_ROLES:
+        end -= 1
+    trailing = [Item(f"system{i}", m["text"]) for i, m in enumerate(messages[end:])]
+    roles = {item.source: (m["role"],) for item, m in zip(trailing, messages[end:])}
+    if messages[end - 1]["role"] == "user":
+        return messages[:end - 1], Step(STEP, "user", (Item("last", messages[end - 1]["text"]), *trailing)), roles
+    n = end
     while n and messages[n - 1]["role"] == "tool":
         n -= 1
-    results = messages[n:]
-    return messages[:n], Step(STEP, "tool", tuple(Item(f"result{i}", m["text"]) for i, m in enumerate(results)),
-                              "tool")
+    results = tuple(Item(f"result{i}", m["text"]) for i, m in enumerate(messages[n:end]))
+    return messages[:n], Step(STEP, "tool", results + tuple(trailing), "tool"), roles
 
 
 def group_history(messages: list[dict]) -> list[list[dict]]:
@@ -102,6 +111,8 @@ def render_group(runtime: ClientToolRuntime, last: RuntimeBlock, group: list[dic
         content = runtime.call_format.render_turn(first["text"], first["calls"]) if first["calls"] else first["text"]
         # an instruction: the assistant text already carries its closing
         return "instruction", renderer.render_after(last, encode, "assistant", content)
+    if first["role"] in SYSTEM_ROLES:  # a system message after the first: the template's (else a user turn)
+        return "user", renderer.render_after(last, encode, "system", first["text"])
     return "user", renderer.render_after(last, encode, "user", first["text"])
 
 
@@ -136,7 +147,7 @@ class ChatCache:
     def complete(self, messages: list[dict], settings: Settings, config: Config, listener=None) -> dict:
         """The answer to ``messages`` (the system message, if any, already in ``config``) under
         ``config``: its items, finish reason and usage. The caller holds the engine lock."""
-        _, step = split_last(messages)
+        _, step, roles = split_last(messages)
         before = self.engine.counters.snapshot()
         # an engine without a prefix cache recomputes the prefix: the same tokens, more work
         cache = (self.engine.prefix_cache(self.get_sources()) if isinstance(self.engine, PrefixCache)
@@ -147,7 +158,7 @@ class ChatCache:
                 self.observe_history(runtime, messages, config)
                 if listener is not None:
                     listener.start()  # every check passed: the stream may open
-                runtime.client.expect(config)
+                runtime.client.expect(config, roles=roles)
                 if listener is not None:
                     listener.prepare(runtime.get_opening(config), runtime.get_openings(config))
                 runtime.listener = listener
@@ -173,10 +184,10 @@ class ChatCache:
     def observe_history(self, runtime: ClientToolRuntime, messages: list[dict], config: Config) -> None:
         """Prefill the history's blocks, refusing first (400 ``context_length_exceeded``) where the
         prompt and the output cap would pass the model's context."""
-        history, _ = split_last(messages)
+        history, step, roles = split_last(messages)
         blocks = render_history(runtime, group_history(history))
-        last = blocks[-1] if blocks else runtime.graph[runtime.context[0]]
-        _, observed = render_group(runtime, last, group_history(messages[len(history):])[0])
+        # the step's block opens as after any block but a model turn: the history has none
+        observed = runtime.get_observation(step, roles)
         header = runtime.renderer.render_header(runtime.get_opening(config))
         encode = self.engine.lm.encode
         prompt = (len(runtime.graph[runtime.context[0]].tokens) + sum(len(b.tokens) for b in blocks)

@@ -78,8 +78,10 @@ class Field:
 
 RESPONSE_FIELDS = (
     Field("model", ACCEPTED, "the server runs one model (`GET /v1/models`), whatever the name", _string),
-    Field("input", HONOURED, "a string (one user message) or up to 20 items: messages, `function_call_output` "
-                             "(and, without a stored conversation, `function_call` and assistant messages)"),
+    Field("input", HONOURED, "a string (one user message) or up to 200 items: messages (user, assistant, system, "
+                             "developer), `function_call`, `function_call_output`; in a conversation each is an "
+                             "observation of the next step (docs/serve.md, 'Items and steps'); without one, an "
+                             "input with the model's items is the client's own history, stored nowhere"),
     Field("instructions", HONOURED, "the system text of this response; one that differs from the conversation's "
                                     "current system text re-renders the context under it"),
     Field("conversation", HONOURED, "the conversation this response continues (an id or `{\"id\"}`)"),
@@ -126,7 +128,9 @@ RESPONSE_FIELDS = (
 
 CHAT_FIELDS = (
     Field("model", ACCEPTED, "the server runs one model, whatever the name", _string),
-    Field("messages", HONOURED, "system (first only), user, assistant (text and `tool_calls`), tool"),
+    Field("messages", HONOURED, "system and developer anywhere (the first one, leading, is the system prompt; each "
+                                "other one the template's system message), user, assistant (text and "
+                                "`tool_calls`), tool"),
     Field("tools", HONOURED, "function tools, in the model's own chat template, their arguments decoded under "
                              "their schemas (see responses)"),
     Field("tool_choice", HONOURED, "`auto`, `none`, `required` or one function"),
@@ -165,13 +169,15 @@ CHAT_FIELDS = (
 )
 
 CONVERSATION_FIELDS = (
-    Field("items", HONOURED, "up to 20 items; a first `system` or `developer` message is the system prompt"),
+    Field("items", HONOURED, "up to 20 items of any kind (messages of any role, `function_call`, "
+                             "`function_call_output`); a first `system` or `developer` message is the system "
+                             "prompt, the others wait for the next response"),
     Field("metadata", HONOURED, "up to 16 string pairs"),
 )
 
 ITEMS_FIELDS = (
-    Field("items", HONOURED, "up to 20 items (user messages, `function_call_output`), waiting for the next "
-                             "response"),
+    Field("items", HONOURED, "up to 20 items of any kind (messages of any role, `function_call`, "
+                             "`function_call_output`), waiting for the next response"),
     Field("include", ACCEPTED, "nothing extra to include", _include),
 )
 

@@ -18,6 +18,20 @@ def input_item(item_id: str, text: str, kind: str, call_id: str | None) -> dict:
             "content": [{"type": "input_text", "text": text}]}
 
 
+def observed_item(item_id: str, role: str, text: str, call_id: str | None = None, name: str | None = None) -> dict:
+    """An item a client wrote, as the API lists it by its role (``user``, ``assistant``,
+    ``system``, ``developer``, ``function_call``: ``text`` is its arguments, or
+    ``function_call_output``)."""
+    if role == "function_call_output":
+        return input_item(item_id, text, "tool", call_id)
+    if role == "function_call":
+        return function_call(item_id, call_id or item_id, name or "function", text)
+    if role == "assistant":
+        return output_message(item_id, text, True)
+    return {"id": item_id, "type": "message", "role": role, "status": "completed",
+            "content": [{"type": "input_text", "text": text}]}
+
+
 def output_message(item_id: str, text: str, complete: bool) -> dict:
     return {"id": item_id, "type": "message", "role": "assistant",
             "status": "completed" if complete else "incomplete",

@@ -4,7 +4,10 @@ format, and whose replay reuses a recorded tool output only where the
 replayed model makes the same call (issue 38; docs/serve.md).
 
 A step of a :class:`ClientToolRuntime` is a ``user`` step (messages) or a
-``tool`` step (the outputs of the calls the model's last turn made). Each
+``tool`` step (the outputs of the calls the model's last turn made, first);
+either may hold items of other roles a client writes (assistant messages,
+its own calls, system messages: :mod:`.observed`), each recorded with its
+role and rendered in it. Each
 step runs under a :class:`Config`: the system text, the tool definitions,
 the tool choice. The config is recorded per step (the :class:`ClientTools`
 extension), so a forget's replay runs every step as it ran:
@@ -52,6 +55,7 @@ from unsee.impl.agent.provenance import RuntimeBlock
 from unsee.impl.agent.runtime import AgentRuntime
 from unsee.impl.agent.tools.grammars import get_constraints
 from unsee.impl.agent.tools.native import OPENINGS, CallFormat, FunctionCall, get_call_format, parse_turn
+from unsee.impl.agent.tools.observed import Role, get_call, get_runs, get_tool_label, has_roles
 from unsee.impl.engines.decoding import Rule
 from unsee.impl.engines.protocol import Engine, ForwardHooks
 from unsee.impl.util.ids import ANSWER, SYSTEM, compute_block_id
@@ -139,33 +143,43 @@ class Prepared:
 
 
 class ClientTools:
-    """The runtime's record of each step's :class:`Config` and of which call each tool output
-    answers (an :class:`~unsee.impl.agent.extensions.Extension`); in a replay, also what the
-    original run recorded and the calls its outputs answered (by signature)."""
+    """The runtime's record of each step's :class:`Config`, of which call each tool output
+    answers and of the role of each item not of its step kind's role (:mod:`.observed`; an
+    :class:`~unsee.impl.agent.extensions.Extension`); in a replay, also what the original run
+    recorded and the calls its outputs answered (by signature)."""
 
     name = CLIENT
 
     def __init__(self, initial: Config, configs: Mapping[str, Config] | None = None,
-                 bound: Mapping[str, int] | None = None):
+                 bound: Mapping[str, int] | None = None, roles: Mapping[str, Role] | None = None):
         self.initial = initial
         self.configs: dict[str, Config] = dict(configs or {})
         self.bound: dict[str, int] = dict(bound or {})  # output source id -> index of the call it answers
-        self.upcoming: tuple[Config, Mapping[str, int]] | None = None  # the next step's, set before it
+        self.roles: dict[str, Role] = {k: tuple(v) for k, v in (roles or {}).items()}  # source id -> its role
+        # the next step's config, bindings and roles, set before it
+        self.upcoming: tuple[Config, Mapping[str, int], Mapping[str, Role]] | None = None
         self.recorded: dict[str, Config] = {}  # a replay's: the original steps' configs
+        self.recorded_roles: dict[str, Role] = {}  # a replay's: the original items' roles
         self.signatures: dict[str, tuple[str, str]] = {}  # a replay's: each output's call, as the original made it
         self.outcome = Outcome()
         self.last_outcome = Outcome()
 
-    def expect(self, config: Config, bound: Mapping[str, int] | None = None) -> None:
-        """The next step runs under ``config``, its outputs answering the calls ``bound`` names."""
-        self.upcoming = (config, dict(bound or {}))
+    def expect(self, config: Config, bound: Mapping[str, int] | None = None,
+               roles: Mapping[str, Role] | None = None) -> None:
+        """The next step runs under ``config``, its outputs answering the calls ``bound`` names,
+        its items of other roles than its kind's in ``roles``."""
+        self.upcoming = (config, dict(bound or {}), dict(roles or {}))
 
     def take(self, step: Step, current: Config) -> Config:
-        """Record the step's config and bindings (the upcoming ones; else ``current``, binding nothing)."""
-        config, bound = self.upcoming or (current, {})
+        """Record the step's config, bindings and roles (the upcoming ones; else ``current``,
+        binding nothing; a replay's roles are the recorded ones, by source id)."""
+        config, bound, roles = self.upcoming or (current, {}, {})
         self.upcoming = None
+        sources = {x.source for x in step.items}
         self.configs[step.id] = config
-        self.bound.update({source: i for source, i in bound.items() if source in {x.source for x in step.items}})
+        self.bound.update({source: i for source, i in bound.items() if source in sources})
+        given = {**{s: r for s, r in self.recorded_roles.items() if s in sources}, **roles}
+        self.roles.update({s: tuple(r) for s, r in given.items() if s in sources})
         return config
 
     # --- the Extension protocol ------------------------------------------------
@@ -182,8 +196,10 @@ class ClientTools:
         kept = {s.id for s in runtime.steps[:checkpoint.boundary if checkpoint else 0]}
         sources = {i.source for s in runtime.steps if s.id in kept for i in s.items}
         other = ClientTools(self.initial, {k: v for k, v in self.configs.items() if k in kept},
-                            {k: v for k, v in self.bound.items() if k in sources})
+                            {k: v for k, v in self.bound.items() if k in sources},
+                            {k: v for k, v in self.roles.items() if k in sources})
         other.recorded = dict(self.configs)
+        other.recorded_roles = dict(self.roles)
         other.signatures = get_signatures(runtime)
         return other
 
@@ -192,6 +208,7 @@ class ClientTools:
 
     def adopt(self, other: ClientTools) -> None:
         self.configs, self.bound, self.last_outcome = dict(other.configs), dict(other.bound), other.outcome
+        self.roles = dict(other.roles)
 
     def get_report_fields(self) -> dict:
         return {CLIENT: self.last_outcome.get_record()}
@@ -203,23 +220,32 @@ class ClientTools:
         return assumptions | {"A3": {"holds": True, "why": why}}
 
     def get_state_fields(self) -> dict:
-        return {CLIENT: {"configs": {k: v.get_key() for k, v in sorted(self.configs.items())},
-                         "bound": dict(sorted(self.bound.items()))}}
+        """The state's client fields (``roles`` only where a step recorded one: an older
+        session's digest is unchanged)."""
+        fields = {"configs": {k: v.get_key() for k, v in sorted(self.configs.items())},
+                  "bound": dict(sorted(self.bound.items()))}
+        if self.roles:
+            fields["roles"] = {k: list(v) for k, v in sorted(self.roles.items())}
+        return {CLIENT: fields}
 
     def get_record(self) -> dict:
         unique = list({c.get_key(): c for c in [self.initial, *self.configs.values()]}.values())
         keys = [c.get_key() for c in unique]
-        return {"initial": keys.index(self.initial.get_key()), "configs": [c.get_record() for c in unique],
-                "by_step": {k: keys.index(v.get_key()) for k, v in self.configs.items()}, "bound": dict(self.bound)}
+        record = {"initial": keys.index(self.initial.get_key()), "configs": [c.get_record() for c in unique],
+                  "by_step": {k: keys.index(v.get_key()) for k, v in self.configs.items()},
+                  "bound": dict(self.bound)}
+        if self.roles:
+            record["roles"] = {k: list(v) for k, v in self.roles.items()}
+        return record
 
     @classmethod
     def from_record(cls, record: dict) -> ClientTools:
         configs = [Config.from_record(c) for c in record["configs"]]
         return cls(configs[record["initial"]], {k: configs[i] for k, i in record["by_step"].items()},
-                   record["bound"])
+                   record["bound"], record.get("roles"))
 
     def fork(self) -> ClientTools:
-        return ClientTools(self.initial, self.configs, self.bound)
+        return ClientTools(self.initial, self.configs, self.bound, self.roles)
 
 
 class ClientToolRuntime(AgentRuntime):
@@ -300,26 +326,49 @@ class ClientToolRuntime(AgentRuntime):
                           parents=tuple(self.context), sources=self.get_resident_sources() | own)
         return self.get_opening(config)
 
-    def get_observation(self, step: Step) -> str:
+    def get_observation(self, step: Step, roles: Mapping[str, Role] | None = None) -> str:
         """The block a step's observation is prefilled as, after the live context: tool outputs
         in the template's tool role, one segment each (a model turn's calls answered), else the
-        base runtime's rendering."""
+        base runtime's rendering; a step with items of other roles (``roles``, default the
+        recorded ones) as its runs of messages, each in its role (:mod:`.observed`)."""
+        roles = self.client.roles if roles is None else roles
+        if has_roles(roles, step):
+            runs = [self.render_run(step, run, items) for run, items in get_runs(roles, step)]
+            return "".join(self.render_block(*run) if n == 0 else self.renderer.render_message(*run)
+                           for n, run in enumerate(runs))
         if step.kind == "tool" and self.call_format is not None:
             text = "".join(self.renderer.get_call_result(step.tool or "", "", i.text)[1] for i in step.items)
             return self.render_block("tool", text)
         return self.render_block(*self.renderer.get_message(step))
 
-    def get_turn_length(self, step: Step, config: Config) -> int:
-        """The tokens the context holds once ``step`` is observed under ``config`` and its turn's
-        header prefilled: what a turn needs before its output (a request is refused past the
-        model's context before any write)."""
+    def render_run(self, step: Step, run: str, items: list) -> tuple[str, str]:
+        """``(role, text)`` of one run of a step's items (:func:`~.observed.get_runs`), as the
+        step would render it were it the run's alone: outputs as a tool step's, messages as a
+        user step's; assistant messages then calls as the template writes a turn with calls."""
+        if run == "tool":
+            if self.call_format is not None:
+                return "tool", "".join(self.renderer.get_call_result("", "", i.text)[1] for i, _ in items)
+            return self.renderer.get_message(Step(step.id, "tool", tuple(i for i, _ in items),
+                                                  get_tool_label(step, items)))
+        if run == "assistant":
+            text = "\n".join(i.text for i, role in items if role[0] == "assistant")
+            calls = [get_call(i, role) for i, role in items if role[0] == "function_call"]
+            if calls and self.call_format is None:
+                raise ValueError(f"step {step.id!r}: function_call items need a template with a call format")
+            return "assistant", self.call_format.render_turn(text, calls) if calls else text
+        return run, "\n".join(i.text for i, _ in items)
+
+    def get_turn_length(self, step: Step, config: Config, roles: Mapping[str, Role] | None = None) -> int:
+        """The tokens the context holds once ``step`` is observed under ``config`` (its items'
+        ``roles``) and its turn's header prefilled: what a turn needs before its output (a
+        request is refused past the model's context before any write)."""
         encode = self.engine.lm.encode
         first = encode(self.render_first(config))
         base = len(first)
         if self.context:
             base += len(self.engine.tokens(self.lineage)) - len(self.graph[self.context[0]].tokens)
         header = encode(self.renderer.render_header(self.get_opening(config)))
-        return base + len(encode(self.get_observation(step))) + len(header)
+        return base + len(encode(self.get_observation(step, roles))) + len(header)
 
     def _rerender(self, step: Step, first: str) -> None:
         """The context under a new system block (a new lineage): the block, then a copy of every
