@@ -36,12 +36,15 @@ numbers the ones after it as a twin that never had it does.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
+import math
 import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 import attrs
+import torch
 
 from unsee.impl.agent.checkpoints import Checkpoint
 from unsee.impl.agent.episode import Settings, Step
@@ -50,7 +53,9 @@ from unsee.impl.agent.forget import Progress
 from unsee.impl.agent.provenance import RuntimeBlock
 from unsee.impl.agent.runtime import AgentRuntime
 from unsee.impl.agent.tools.native import CallFormat, FunctionCall, get_call_format, parse_turn
+from unsee.impl.engines.decoding import PLAIN, Rule
 from unsee.impl.engines.protocol import Engine, ForwardHooks
+from unsee.impl.engines.stops import StopTexts, cut_at_stop, find_stop
 from unsee.impl.util.ids import ANSWER, SYSTEM, compute_block_id
 
 #: The name the extension is recorded under (the session record's ``extra``).
@@ -64,18 +69,63 @@ def get_step_id(t: int) -> str:
     return f"turn_{t + 1}"
 
 
+def get_context_length(lm) -> int | None:
+    """The most tokens the model's context holds (llama.cpp's ``n_ctx``, vLLM's ``max_model_len``,
+    a transformers model's ``--ctx-size`` or its position limit), or None where the engine does
+    not say."""
+    for name in ("n_ctx", "max_model_len"):
+        n = getattr(lm, name, None)
+        if isinstance(n, int) and not isinstance(n, bool) and n > 0:
+            return n
+    n = getattr(getattr(getattr(lm, "model", None), "config", None), "max_position_embeddings", None)
+    return n if isinstance(n, int) and n > 0 else None
+
+
+@attrs.frozen
+class Sampling:
+    """How one turn is decoded, where the request said: ``temperature``, ``seed`` and the output
+    cap ``max_new_tokens`` (None: the session's :class:`~unsee.impl.agent.episode.Settings`),
+    ``top_p``, the penalties and the stop texts (OpenAI's ``stop``). Recorded with the step's
+    :class:`Config`, so a forget's replay decodes each turn as it was decoded; a value at its
+    default is left out of the record (a config of a store written before per-request settings
+    reads back as the default, and keeps its key)."""
+
+    temperature: float | None = None
+    seed: int | None = None
+    max_new_tokens: int | None = None
+    top_p: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    stop: tuple[str, ...] = ()
+
+    def get_record(self) -> dict:
+        record = {**attrs.asdict(self), "stop": list(self.stop)}
+        defaults = {**attrs.asdict(Sampling()), "stop": []}
+        return {k: v for k, v in record.items() if v != defaults[k]}
+
+    @classmethod
+    def from_record(cls, record: Mapping) -> Sampling:
+        return cls(**{**record, "stop": tuple(record.get("stop", ()))})
+
+    def get_settings(self, session: Settings) -> Settings:
+        """The session's settings with this turn's temperature, seed and cap."""
+        return attrs.evolve(session, **{k: v for k, v in (("temperature", self.temperature), ("seed", self.seed),
+                                                          ("max_new_tokens", self.max_new_tokens)) if v is not None})
+
+
 @attrs.frozen
 class Config:
     """What one step runs under: the system text, the tools' definitions (each as canonical JSON
     in the chat-template shape ``{"type": "function", "function": {...}}``), the tool choice
-    (``auto``, ``none``: no tool rendered, ``required``, or ``function``: the tool ``function``)
-    and whether a turn may make several calls."""
+    (``auto``, ``none``: no tool rendered, ``required``, or ``function``: the tool ``function``),
+    whether a turn may make several calls, and how its turn is decoded (:class:`Sampling`)."""
 
     system: str
     tools: tuple[str, ...] = ()
     choice: str = "auto"
     function: str | None = None
     parallel: bool = True
+    sampling: Sampling = Sampling()
 
     def get_definitions(self) -> list[dict]:
         return [] if self.choice == "none" else [json.loads(t) for t in self.tools]
@@ -84,12 +134,17 @@ class Config:
         return {d["function"]["name"] for d in self.get_definitions()}
 
     def get_record(self) -> dict:
-        return {**attrs.asdict(self), "tools": list(self.tools)}
+        """The config as plain data; ``sampling`` only where a value differs from its default
+        (so a config with none has the record, and the key, it had before per-request settings)."""
+        record = {"system": self.system, "tools": list(self.tools), "choice": self.choice,
+                  "function": self.function, "parallel": self.parallel}
+        sampling = self.sampling.get_record()
+        return {**record, "sampling": sampling} if sampling else record
 
     @classmethod
     def from_record(cls, record: Mapping) -> Config:
         return cls(record["system"], tuple(record["tools"]), record["choice"], record["function"],
-                   record["parallel"])
+                   record["parallel"], Sampling.from_record(record.get("sampling", {})))
 
     def get_key(self) -> str:
         return hashlib.sha256(json.dumps(self.get_record(), sort_keys=True).encode()).hexdigest()[:32]
@@ -222,6 +277,11 @@ class ClientToolRuntime(AgentRuntime):
         self.client: ClientTools = client
         self.call_format: CallFormat | None = get_call_format(self.renderer.segments, self.renderer.has_native_calls())
         self.listener = None
+        #: how many alternatives a turn's log-probabilities list (None: none collected); set by
+        #: the server around a request's step, never in a replay (log-probabilities are not state)
+        self.logprobs: int | None = None
+        #: the last decoded turn's log-probabilities, by position in the turn (get_turn_settings)
+        self.decisions: dict[int, tuple[int, float, tuple[tuple[int, float], ...]]] = {}
 
     def get_config(self, step_id: str | None = None) -> Config:
         """The config ``step_id`` ran under; without one, the last step's (the initial before any)."""
@@ -243,6 +303,35 @@ class ClientToolRuntime(AgentRuntime):
         if config.choice == "function" and config.function:
             return self.renderer.get_plan_opening(config.function)
         return ""
+
+    # --- decoding -------------------------------------------------------------------
+
+    def get_turn_settings(self, config: Config) -> tuple[Settings, Rule]:
+        """The settings and decoding rule of a turn under ``config``: the session's settings with
+        the step's own temperature, seed and cap (:class:`Sampling`), the cap cut to what the
+        context has left after the prompt (the turn's header is prefilled when this is asked);
+        a rule with the step's nucleus, penalties and stop texts, and, where the server asked
+        for log-probabilities (:attr:`logprobs`) outside a replay, a hook that collects them in
+        :attr:`decisions`. A runtime that adds constraints of its own (a grammar) adds them to
+        this rule's."""
+        sampling = config.sampling
+        settings = sampling.get_settings(self.settings)
+        limit = get_context_length(self.engine.lm)
+        if limit is not None:
+            left = limit - len(self.engine.tokens(self.lineage))
+            settings = attrs.evolve(settings, max_new_tokens=max(1, min(settings.max_new_tokens, left)))
+        stops = (StopTexts(self.engine.lm.decode, sampling.stop, self.engine.lm.eos_ids),) if sampling.stop else ()
+        self.decisions = {}
+        hook = None
+        if self.logprobs is not None and not self.replaying:
+            hook = functools.partial(collect_decision, self.decisions, self.logprobs)
+        rule = Rule(top_p=sampling.top_p, frequency_penalty=sampling.frequency_penalty,
+                    presence_penalty=sampling.presence_penalty, constraints=stops, on_decision=hook)
+        return settings, PLAIN if rule == PLAIN else rule  # the plain rule's fast paths (vLLM's greedy requests)
+
+    def get_turn_rule(self, header: Sequence[int]) -> tuple[Settings, Rule | None]:
+        """The turn's settings and rule under the current step's config (:meth:`get_turn_settings`)."""
+        return self.get_turn_settings(self.get_config())
 
     # --- the transition ----------------------------------------------------------
 
@@ -326,9 +415,17 @@ class ClientToolRuntime(AgentRuntime):
         config = self.get_config(step_id)
         block = self.graph[compute_block_id(step_id, ANSWER)]
         opening = self.get_opening(config)
-        text, calls, ok = parse_turn(self.call_format, opening + block.text if opening else block.text,
-                                     config.get_names())
+        said = cut_at_stop(block.text, config.sampling.stop)  # the stop text is not returned
+        text, calls, ok = parse_turn(self.call_format, opening + said if opening else said, config.get_names())
         return text, calls if config.parallel else calls[:1], ok
+
+    def is_finished(self, step_id: str) -> bool:
+        """Whether the answer to ``step_id`` ended on its own (an end of turn, or a stop text of
+        its config) rather than at its output cap."""
+        block = self.graph[compute_block_id(step_id, ANSWER)]
+        if block.tokens and block.tokens[-1] in set(self.engine.lm.eos_ids):
+            return True
+        return find_stop(block.text, self.get_config(step_id).sampling.stop) is not None
 
     def get_pending_calls(self) -> tuple[FunctionCall, ...]:
         """The calls the last turn made (a client answers them with the next step)."""
@@ -364,6 +461,17 @@ class ClientToolRuntime(AgentRuntime):
                 self.step(prepared.step)
             if progress:
                 progress(i, len(steps))
+
+
+def collect_decision(decisions: dict, n: int, position: int, token: int, scores: torch.Tensor) -> None:
+    """Record a turn's decision at ``position`` (the last call for a position wins: a fallback
+    decides it again): the chosen token's log-probability under ``scores`` (the logits after
+    penalties and masks, before temperature) and the ``n`` most likely tokens'."""
+    logprobs = torch.log_softmax(scores.to(torch.float32), dim=-1)
+    top = torch.topk(logprobs, min(n, logprobs.shape[-1])) if n else None
+    alternatives = () if top is None else tuple(
+        (int(i), float(v)) for v, i in zip(top.values, top.indices) if math.isfinite(float(v)))
+    decisions[position] = (int(token), float(logprobs[token]), alternatives)
 
 
 def get_signatures(runtime: ClientToolRuntime) -> dict[str, tuple[str, str]]:
@@ -404,5 +512,5 @@ def prepare_step(runtime: ClientToolRuntime, step: Step, signatures: Mapping[str
     return Prepared(attrs.evolve(step, id=renumbered, items=tuple(kept)), action, bound, tuple(dropped))
 
 
-__all__ = ["CHOICES", "CLIENT", "ClientToolRuntime", "ClientTools", "Config", "Outcome", "Prepared", "get_signatures",
-           "get_step_id", "prepare_step"]
+__all__ = ["CHOICES", "CLIENT", "ClientToolRuntime", "ClientTools", "Config", "Outcome", "Prepared", "Sampling",
+           "collect_decision", "get_context_length", "get_signatures", "get_step_id", "prepare_step"]
