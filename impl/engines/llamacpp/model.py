@@ -326,16 +326,7 @@ def load_llamacpp(name_or_path: str | os.PathLike = "smollm2", threads: int | No
     vocab = lc.llama_model_get_vocab(model)
     n_vocab = lc.llama_vocab_n_tokens(vocab)
     eos = (tokenizer.eos_token_id,) if tokenizer is not None else get_eos_ids(lc, vocab, n_vocab)
-    n_swa = max(0, int(lc.llama_model_n_swa(model)))
-    # a sliding-window model reads its window rows through a second sequence sharing the cells
-    # (LlamaRows.read_swa_rows), which a stream per sequence does not allow
-    slots = 1 if n_swa else get_count("slots", slots, SLOTS_ENV, 1)
-    trained = max(0, int(lc.llama_model_n_ctx_train(model)))
-    try:
-        n_ctx = get_context(lc, model, trained, n_ctx, slots, ctx_memory, name)
-    except ValueError:
-        lc.llama_model_free(model)
-        raise
+    n_swa, slots, trained, n_ctx = get_layout(lc, model, n_ctx, slots, ctx_memory, name)
     lm = LlamaCppModel(name=name, source=str(path), eos_ids=eos, vocab_size=n_vocab,
                        n_layer=lc.llama_model_n_layer(model), n_ctx=n_ctx, threads=threads, flash_attn=flash_attn,
                        determinism_statement=_determinism_text(threads, flash_attn, exact_kernels, batch_threads),
@@ -349,6 +340,22 @@ def load_llamacpp(name_or_path: str | os.PathLike = "smollm2", threads: int | No
         lm.chat_template, lm.special_tokens = get_chat_template(model, vocab)
     set_decode_facts(lm, cache_dir)
     return lm
+
+
+def get_layout(lc, model, n_ctx: int | None, slots: int | None, memory: int | None,
+               name: str) -> tuple[int, int, int, int]:
+    """``(n_swa, slots, n_ctx_train, n_ctx)`` of a load (:func:`load_llamacpp`); a context the
+    model was not trained for frees the model and raises (:func:`get_context`)."""
+    n_swa = max(0, int(lc.llama_model_n_swa(model)))
+    # a sliding-window model reads its window rows through a second sequence sharing the cells
+    # (LlamaRows.read_swa_rows), which a stream per sequence does not allow
+    slots = 1 if n_swa else get_count("slots", slots, SLOTS_ENV, 1)
+    trained = max(0, int(lc.llama_model_n_ctx_train(model)))
+    try:
+        return n_swa, slots, trained, get_context(lc, model, trained, n_ctx, slots, memory, name)
+    except ValueError:
+        lc.llama_model_free(model)
+        raise
 
 
 def get_kv_bytes_per_token(lc, model) -> int:
@@ -429,4 +436,5 @@ def get_chat_template(model, vocab) -> tuple[str | None, dict]:
 
 
 __all__ = ["CONTEXT_STEP", "DEFAULT_CONTEXT", "INSTALL_HINT", "LlamaCppMissingError", "LlamaCppModel", "available",
-           "compute_default_context", "get_chat_template", "get_context", "get_kv_bytes_per_token", "load_llamacpp"]
+           "compute_default_context", "get_chat_template", "get_context", "get_kv_bytes_per_token", "get_layout",
+           "load_llamacpp"]
