@@ -152,6 +152,8 @@ class ChatCache:
                     listener.start()  # every check passed: the stream may open
                     listener.stops = config.sampling.stop
                 runtime.client.expect(config)
+                if listener is not None:
+                    listener.prepare(runtime.get_opening(config), runtime.get_openings(config))
                 runtime.listener, runtime.logprobs = listener, logprobs
                 runtime.step(step)
             except BaseException:

@@ -55,7 +55,7 @@ def get_config(conv: Conversation, req: dict, sampling: Sampling = DEFAULT_SAMPL
     """A response's config: its instructions (else the conversation's system prompt), tools and
     decoding settings."""
     system = req["instructions"] if req["instructions"] is not None else conv.record["system"]
-    return Config(system, req["tools"], req["choice"], req["function"], req["parallel"], sampling)
+    return Config(system, req["tools"], req["choice"], req["function"], req["parallel"], req.get("format"), sampling)
 
 
 def get_sampling(req: dict, session: Settings, defaults: Settings) -> Sampling:
@@ -128,7 +128,7 @@ def run_step(conv: Conversation, engine, step: Step, config: Config, bound: dict
     runtime = conv.runtime
     runtime.client.expect(config, bound)
     if listener is not None:
-        listener.prepare(runtime.get_opening(config))
+        listener.prepare(runtime.get_opening(config), runtime.get_openings(config))
         listener.stops = config.sampling.stop
         runtime.listener = listener
     runtime.logprobs = logprobs
@@ -275,7 +275,8 @@ def forget_waiting(conv: Conversation, item_id: str) -> bool:
     held = [g for g in held if g["items"]]
     if (pending, outputs, held) == (record["pending"], record["held_outputs"], record["held"]):
         return False
-    conv.save({**record, "pending": pending, "held_outputs": outputs, "held": held})
+    conv.save({**record, "pending": pending, "held_outputs": outputs, "held": held,
+               "retired": record["retired"] + [item_id]})
     return True
 
 
@@ -333,8 +334,10 @@ def forget(conv: Conversation, item_id: str) -> dict:
     report, halted = forget_replayed(conv, item_id)
     after = conv.get_items()
     after_ids, before_ids = {i["id"] for i in after}, {i["id"] for i in before}
+    removed = [i["id"] for i in before if i["id"] not in after_ids]
+    conv.save({**conv.record, "retired": conv.record["retired"] + removed})  # never taken again (assign_ids)
     return {"rewritten": [i for i in after if i["id"] not in before_ids],
-            "removed": [i["id"] for i in before if i["id"] not in after_ids],
+            "removed": removed,
             "receipt": conv.session.receipt,  # canonical JSON text: what `unsee verify --receipt` reads
             "report": {"tau": report.tau, "length": report.length, "invocations": report.invocations,
                        "prefilled_tokens": report.prefilled_tokens, "decoded_tokens": report.decoded_tokens,

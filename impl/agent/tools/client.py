@@ -36,6 +36,7 @@ numbers the ones after it as a twin that never had it does.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import hashlib
 import json
@@ -52,7 +53,8 @@ from unsee.impl.agent.extensions import Extension
 from unsee.impl.agent.forget import Progress
 from unsee.impl.agent.provenance import RuntimeBlock
 from unsee.impl.agent.runtime import AgentRuntime
-from unsee.impl.agent.tools.native import CallFormat, FunctionCall, get_call_format, parse_turn
+from unsee.impl.agent.tools.grammars import get_constraints
+from unsee.impl.agent.tools.native import OPENINGS, CallFormat, FunctionCall, get_call_format, parse_turn
 from unsee.impl.engines.decoding import PLAIN, Rule
 from unsee.impl.engines.protocol import Engine, ForwardHooks
 from unsee.impl.engines.stops import StopTexts, cut_at_stop, find_stop
@@ -70,13 +72,17 @@ def get_step_id(t: int) -> str:
 
 
 def get_context_length(lm) -> int | None:
-    """The most tokens the model's context holds (llama.cpp's ``n_ctx``, vLLM's ``max_model_len``,
-    a transformers model's ``--ctx-size`` or its position limit), or None where the engine does
-    not say."""
-    for name in ("n_ctx", "max_model_len"):
-        n = getattr(lm, name, None)
-        if isinstance(n, int) and not isinstance(n, bool) and n > 0:
-            return n
+    """The most tokens the model's context holds (llama.cpp's ``n_ctx``; vLLM's ``max_model_len``
+    less the one position its engine keeps for the logits' request, the bound its ``prefill`` and
+    ``generate`` raise past; a transformers model's ``--ctx-size``, else its position limit), or
+    None where the engine does not say."""
+    n = getattr(lm, "n_ctx", None)
+    if isinstance(n, int) and n > 0:
+        return n
+    info = getattr(lm, "info", None)
+    n = getattr(info.get("options"), "max_model_len", None) if isinstance(info, dict) else None
+    if isinstance(n, int) and n > 1:
+        return n - 1  # impl/engines/vllm/engine.py, _max_len
     n = getattr(getattr(getattr(lm, "model", None), "config", None), "max_position_embeddings", None)
     return n if isinstance(n, int) and n > 0 else None
 
@@ -117,34 +123,46 @@ class Sampling:
 class Config:
     """What one step runs under: the system text, the tools' definitions (each as canonical JSON
     in the chat-template shape ``{"type": "function", "function": {...}}``), the tool choice
-    (``auto``, ``none``: no tool rendered, ``required``, or ``function``: the tool ``function``),
-    whether a turn may make several calls, and how its turn is decoded (:class:`Sampling`)."""
+    (``auto``, ``none``: the tools rendered, no call written, ``required``, or ``function``: the
+    tool ``function``), whether a turn may make several calls, the response format (its
+    canonical JSON: ``json_schema`` or ``json_object``; None: text) and how the turn is decoded
+    (:class:`Sampling`). The grammar a turn is decoded under is a function of these
+    (impl/agent/tools/grammars.py), so a replay that runs the step under its recorded config
+    decides its tokens as the twin does."""
 
     system: str
     tools: tuple[str, ...] = ()
     choice: str = "auto"
     function: str | None = None
     parallel: bool = True
+    format: str | None = None
     sampling: Sampling = Sampling()
 
     def get_definitions(self) -> list[dict]:
-        return [] if self.choice == "none" else [json.loads(t) for t in self.tools]
+        return [json.loads(t) for t in self.tools]
 
     def get_names(self) -> set[str]:
-        return {d["function"]["name"] for d in self.get_definitions()}
+        """The tools a turn may call (none under ``tool_choice: none``)."""
+        return set() if self.choice == "none" else {d["function"]["name"] for d in self.get_definitions()}
+
+    def get_format(self) -> dict | None:
+        return None if self.format is None else json.loads(self.format)
 
     def get_record(self) -> dict:
-        """The config as plain data; ``sampling`` only where a value differs from its default
-        (so a config with none has the record, and the key, it had before per-request settings)."""
+        """The config as stored; a field added since stores were first written (``format``,
+        ``sampling``) is left out at its default, so an older step's record (and its key, in the
+        state digest) stays as it was."""
         record = {"system": self.system, "tools": list(self.tools), "choice": self.choice,
                   "function": self.function, "parallel": self.parallel}
+        if self.format is not None:
+            record["format"] = self.format
         sampling = self.sampling.get_record()
         return {**record, "sampling": sampling} if sampling else record
 
     @classmethod
     def from_record(cls, record: Mapping) -> Config:
         return cls(record["system"], tuple(record["tools"]), record["choice"], record["function"],
-                   record["parallel"], Sampling.from_record(record.get("sampling", {})))
+                   record["parallel"], record.get("format"), Sampling.from_record(record.get("sampling", {})))
 
     def get_key(self) -> str:
         return hashlib.sha256(json.dumps(self.get_record(), sort_keys=True).encode()).hexdigest()[:32]
@@ -295,6 +313,14 @@ class ClientToolRuntime(AgentRuntime):
         return self.renderer.render_first(config.system, config.get_definitions(), self.engine.lm.encode,
                                           self.engine.lm.name)
 
+    def get_openings(self, config: Config) -> tuple[str, ...]:
+        """Where a call may open in a turn under ``config``: nowhere without tools to call; only
+        at the template's marker where the turn answers in a response format (a JSON answer is
+        not a call); else at every opening the model's family writes (native.OPENINGS)."""
+        if not config.get_names():
+            return ()
+        return ("marker",) if config.format is not None else OPENINGS
+
     def get_opening(self, config: Config) -> str:
         """What a turn under ``config`` opens with after the assistant header: a call, where the
         tool choice requires one (up to the name; with one function, up to its arguments)."""
@@ -330,8 +356,19 @@ class ClientToolRuntime(AgentRuntime):
         return settings, PLAIN if rule == PLAIN else rule  # the plain rule's fast paths (vLLM's greedy requests)
 
     def get_turn_rule(self, header: Sequence[int]) -> tuple[Settings, Rule | None]:
-        """The turn's settings and rule under the current step's config (:meth:`get_turn_settings`)."""
-        return self.get_turn_settings(self.get_config())
+        """A user or tool step's answer is decoded under its config: its settings, nucleus,
+        penalties and stop texts (:meth:`get_turn_settings`) and its grammar (the call it must
+        write, the calls it may write, its response format: :func:`get_constraints`); other
+        turns as the base runtime decodes them."""
+        if not self.t or self.steps[-1].kind not in ("user", "tool"):
+            return super().get_turn_rule(header)
+        config = self.get_config()
+        settings, rule = self.get_turn_settings(config)
+        constraints = get_constraints(self.engine.lm, self.call_format, config.get_definitions(), config.choice,
+                                      config.function, config.parallel, config.get_format())
+        if not constraints:
+            return settings, rule
+        return settings, dataclasses.replace(rule, constraints=rule.constraints + constraints)
 
     # --- the transition ----------------------------------------------------------
 
@@ -416,7 +453,8 @@ class ClientToolRuntime(AgentRuntime):
         block = self.graph[compute_block_id(step_id, ANSWER)]
         opening = self.get_opening(config)
         said = cut_at_stop(block.text, config.sampling.stop)  # the stop text is not returned
-        text, calls, ok = parse_turn(self.call_format, opening + said if opening else said, config.get_names())
+        text, calls, ok = parse_turn(self.call_format, opening + said if opening else said, config.get_names(),
+                                     self.get_openings(config))
         return text, calls if config.parallel else calls[:1], ok
 
     def is_finished(self, step_id: str) -> bool:
