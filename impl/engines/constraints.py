@@ -318,7 +318,7 @@ class LazyConstraint:
         on (tokens that are triggers themselves from the first new one)."""
         first_new = len(self.seen)
         self.extend(out)
-        text = bytes(self.text)
+        text = self.text  # searched in place (re takes a bytearray): a step copies nothing
         best = None
         for i, trigger in enumerate(self.triggers):
             if trigger.token is not None and trigger.token in out[first_new:]:
@@ -327,7 +327,7 @@ class LazyConstraint:
             m = self.patterns[i].search(text, since) if self.patterns[i] is not None else None
             if m is not None:
                 k = bisect.bisect_right(self.starts, m.start()) - 1
-                candidate = (k, i, text[self.starts[k]:m.start()])
+                candidate = (k, i, bytes(text[self.starts[k]:m.start()]))
                 best = min(best or candidate, candidate)
         self.found = None if best is None else (best[1], best[0], best[2])
         return self.found
