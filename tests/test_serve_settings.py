@@ -219,8 +219,17 @@ def test_logprobs_come_back_in_both_apis_and_are_not_stored(client, server):
     assert client.conversations.items.list(conv.id, order="asc").data[-1].content[0].logprobs == []
 
 
-def test_a_conversation_whose_turns_used_different_settings_equals_its_twin_after_a_delete(lm, tmp_path):
-    with ServerThread(Pool(make_engine(lm), tmp_path, defaults=SETTINGS), "tiny") as srv:
+@pytest.fixture(params=["tiny", "llamacpp-tiny"])
+def build(request, lm, engine_factory):
+    """A fresh engine (one per server: a restart builds another) on the tiny model of an engine."""
+    if request.param == "tiny":
+        return lambda: make_engine(lm)
+    pytest.importorskip("llama_cpp")
+    return lambda: engine_factory("llamacpp-tiny", n_ctx=1024, slots=1)
+
+
+def test_a_conversation_whose_turns_used_different_settings_equals_its_twin_after_a_delete(build, tmp_path):
+    with ServerThread(Pool(build(), tmp_path, defaults=SETTINGS), "tiny") as srv:
         c = openai.OpenAI(base_url=srv.url, api_key="unused", max_retries=0)
         conv = c.conversations.create(items=[user("s1", SECRET)])
         c.responses.create(model="tiny", conversation=conv.id, **TURNS[0])
@@ -240,7 +249,7 @@ def test_a_conversation_whose_turns_used_different_settings_equals_its_twin_afte
         assert configs(srv.pool, conv.id) == configs(srv.pool, twin.id) == recorded  # replayed as recorded
         state = (digest(c, conv.id), texts(c, conv.id))
     files = snapshot(tmp_path)
-    with ServerThread(Pool(make_engine(lm), tmp_path, defaults=SETTINGS), "tiny") as srv:
+    with ServerThread(Pool(build(), tmp_path, defaults=SETTINGS), "tiny") as srv:
         c = openai.OpenAI(base_url=srv.url, api_key="unused", max_retries=0)
         assert (digest(c, conv.id), texts(c, conv.id)) == state and digest(c, twin.id) == state[0]
         assert configs(srv.pool, conv.id) == configs(srv.pool, twin.id) == recorded
