@@ -89,9 +89,12 @@ BAD_REQUESTS = [
     ("DELETE", "/v1/conversations/{c}/items/u1?mode=drop", None),
     ("DELETE", "/v1/conversations/{c}/items/u1?colour=red", None),
     ("POST", "/v1/responses", "{"),
-    ("POST", "/v1/responses", '{"conversation": "{c}", "top_p": 0.5}'),
-    ("POST", "/v1/responses", '{"conversation": "{c}", "temperature": 0.7}'),  # fixed by its first response
-    ("POST", "/v1/responses", '{"conversation": "{c}", "max_output_tokens": 99}'),
+    ("POST", "/v1/responses", '{"conversation": "{c}", "top_p": 1.5}'),
+    ("POST", "/v1/responses", '{"conversation": "{c}", "stop": ["a", "b", "c", "d", "e"]}'),  # at most 4
+    ("POST", "/v1/responses", '{"conversation": "{c}", "stop": [""]}'),
+    ("POST", "/v1/responses", '{"conversation": "{c}", "stop": 7}'),
+    ("POST", "/v1/responses", '{"conversation": "{c}", "max_output_tokens": 5000}'),  # past the context
+    ("POST", "/v1/responses", '{"conversation": "{c}", "frequency_penalty": 1}'),  # Chat Completions' only
     ("POST", "/v1/responses", '{"conversation": "{c}", "temperature": "hot"}'),
     ("POST", "/v1/responses", '{"conversation": "{c}", "temperature": 1e999}'),
     ("POST", "/v1/responses", '{"conversation": "{c}", "seed": true}'),
@@ -109,10 +112,10 @@ BAD_REQUESTS = [
                               '"schema": []}}}'),
     ("POST", "/v1/responses", '{"conversation": "{c}", "text": {"format": {"type": "grammar"}}}'),
     ("POST", "/v1/responses", '{"conversation": "{c}", "text": {"verbosity": "low"}}'),
-    ("POST", "/v1/responses", '{"conversation": "{c}", "include": ["message.output_text.logprobs"]}'),
+    ("POST", "/v1/responses", '{"conversation": "{c}", "include": ["file_search_call.results"]}'),
     ("POST", "/v1/responses", '{"conversation": "{c}", "truncation": "auto"}'),
     ("POST", "/v1/responses", '{"conversation": "{c}", "background": true}'),
-    ("POST", "/v1/responses", '{"conversation": "{c}", "top_logprobs": 3}'),
+    ("POST", "/v1/responses", '{"conversation": "{c}", "top_logprobs": 21}'),
     ("POST", "/v1/responses", '{"input": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]}'),
     ("POST", "/v1/responses", '{"input": [{"role": "system", "content": "b"}], "store": false}'),
     ("POST", "/v1/responses", '{"input": "a", "store": false, "tools": [{"type": "function", "name": "f"}]}'),
@@ -130,8 +133,11 @@ BAD_REQUESTS = [
                                      '"content": "b"}]}'),  # no user message
     ("POST", "/v1/chat/completions", '{"messages": [{"role": "tool", "content": "hi"}]}'),
     ("POST", "/v1/chat/completions", '{"messages": [{"role": "tool", "content": "hi", "tool_call_id": "c"}]}'),
-    ("POST", "/v1/chat/completions", '{"messages": [{"role": "user", "content": "hi"}], "stop": ["x"]}'),
-    ("POST", "/v1/chat/completions", '{"messages": [{"role": "user", "content": "hi"}], "top_p": 0.5}'),
+    ("POST", "/v1/chat/completions", '{"messages": [{"role": "user", "content": "hi"}], "stop": ["x", 1]}'),
+    ("POST", "/v1/chat/completions", '{"messages": [{"role": "user", "content": "hi"}], "top_p": -0.5}'),
+    ("POST", "/v1/chat/completions", '{"messages": [{"role": "user", "content": "hi"}], "frequency_penalty": 3}'),
+    ("POST", "/v1/chat/completions", '{"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2}'),
+    ("POST", "/v1/chat/completions", '{"messages": [{"role": "user", "content": "hi"}], "logprobs": 1}'),
     ("POST", "/v1/chat/completions", '{"messages": [{"role": "user", "content": "hi"}], "response_format": '
                                      '{"type": "json_schema", "name": "x", "schema": {}}}'),  # not under json_schema
     ("POST", "/v1/chat/completions", '{"messages": [{"role": "user", "content": "hi"}], "tools": '

@@ -120,10 +120,8 @@ def respond_new(pool: Pool, model: str, req: dict, owner: str, listener=None) ->
 
 
 def get_settings(pool: Pool, req: dict) -> Settings:
-    d = pool.defaults
-    return Settings(max_new_tokens=req["max_new_tokens"] or d.max_new_tokens,
-                    temperature=req["temperature"] if req["temperature"] is not None else d.temperature,
-                    seed=req["seed"] if req["seed"] is not None else d.seed)
+    """The settings a stateless request's turn runs with (the server's defaults, the request's own over them)."""
+    return turns.get_sampling(req, pool.defaults, pool.defaults).get_settings(pool.defaults)
 
 
 def split_system(pool: Pool, messages: list[dict], instructions: str | None) -> tuple[str, list[dict]]:
@@ -145,10 +143,12 @@ def complete(pool: Pool, req: dict, messages: list[dict], owner: str, listener=N
     """A stateless completion of ``messages`` (the chat route's and a stateless response's)."""
     system, messages = split_system(pool, messages, req.get("instructions"))
     check_messages(messages, pool.tools_ok)
-    settings = get_settings(pool, req)
-    config = Config(system, req["tools"], req["choice"], req["function"], req["parallel"], req.get("format"))
+    sampling = turns.get_sampling(req, pool.defaults, pool.defaults)
+    config = Config(system, req["tools"], req["choice"], req["function"], req["parallel"], req.get("format"), sampling)
     with pool.hold():  # the engine's lock alone: a completion has no conversation
-        return {**pool.open_chat(owner).complete(messages, settings, config, listener), "settings": settings}
+        out = pool.open_chat(owner).complete(messages, pool.defaults, config, listener,
+                                             explicit=req["max_new_tokens"] is not None, logprobs=req["logprobs"])
+    return {**out, "settings": sampling.get_settings(pool.defaults)}
 
 
 def respond_stateless(pool: Pool, model: str, req: dict, owner: str, listener=None) -> dict:
@@ -175,9 +175,10 @@ def complete_chat(pool: Pool, model: str, req: dict, owner: str, completion_id: 
     usage = {"prompt_tokens": out["prompt_tokens"], "completion_tokens": out["output_tokens"],
              "total_tokens": out["prompt_tokens"] + out["output_tokens"],
              "prompt_tokens_details": {"cached_tokens": out["cached_tokens"]}}
+    logprobs = None if out["logprobs"] is None else {"content": out["logprobs"], "refusal": None}
     completion = shapes.chat_completion(completion_id, model, shapes.chat_message(text, calls),
-                                        out["finish_reason"], usage)
-    return {"completion": completion, "finish_reason": out["finish_reason"], "usage": usage}
+                                        out["finish_reason"], usage, logprobs)
+    return {"completion": completion, "finish_reason": out["finish_reason"], "usage": usage, "logprobs": logprobs}
 
 
 __all__ = ["check_calls", "check_tools", "complete", "complete_chat", "get_kept_tokens", "get_settings", "get_status",

@@ -26,8 +26,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from unsee.impl.agent.tools.native import FunctionCall
+from unsee.impl.engines.stops import MAX_STOPS
 from unsee.impl.serve.errors import bad_request
-from unsee.impl.serve.fields import CHAT_FIELDS, RESPONSE_FIELDS, check_fields
+from unsee.impl.serve.fields import CHAT_FIELDS, LOGPROBS_INCLUDE, RESPONSE_FIELDS, check_fields
 
 #: at most this many items per request, as the Conversations API allows
 MAX_ITEMS = 20
@@ -45,6 +46,9 @@ CHAT_MESSAGE_FIELDS = {"role", "content", "name", "tool_calls", "tool_call_id", 
 TEXT_PART_TYPES = ("input_text", "text", "output_text")
 #: a tool's name, as OpenAI's API allows it
 TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+#: the largest output cap a request may name (the model's context refuses less: a 400
+#: ``context_length_exceeded`` where the prompt and the cap do not fit)
+MAX_OUTPUT_TOKENS = 2**24
 
 
 def read_object(body: Any, fields: set[str], where: str) -> Mapping[str, Any]:
@@ -188,11 +192,41 @@ def read_number(body: Mapping, name: str, kind: type, low: float, high: float) -
     return kind(value)
 
 
+def read_stop(raw: Any) -> tuple[str, ...]:
+    """``stop``: a string or a list of up to :data:`MAX_STOPS` non-empty strings (null: none)."""
+    stops = [raw] if isinstance(raw, str) else raw if raw is not None else []
+    if (not isinstance(stops, list) or len(stops) > MAX_STOPS
+            or any(not isinstance(s, str) or not s for s in stops)):
+        raise bad_request(f"stop: a non-empty string or a list of up to {MAX_STOPS} of them", param="stop")
+    return tuple(dict.fromkeys(stops))
+
+
 def read_sampling(body: Mapping, max_name: str) -> dict:
-    """temperature, seed and the output-token cap (None where not given)."""
+    """A turn's decoding settings (None, or the neutral value, where not given): temperature,
+    seed, the output-token cap, top_p, the penalties (Chat Completions' fields; a Responses body
+    has none) and the stop texts. Every one is recorded with the turn (docs/serve.md, "Sampling")."""
+    top_p = read_number(body, "top_p", float, 0.0, 1.0)
     return {"temperature": read_number(body, "temperature", float, 0.0, 2.0),
             "seed": read_number(body, "seed", int, 0, 2**62),
-            "max_new_tokens": read_number(body, max_name, int, 1, 4096)}
+            "max_new_tokens": read_number(body, max_name, int, 1, MAX_OUTPUT_TOKENS),
+            "top_p": 1.0 if top_p is None else top_p,
+            "frequency_penalty": read_number(body, "frequency_penalty", float, -2.0, 2.0) or 0.0,
+            "presence_penalty": read_number(body, "presence_penalty", float, -2.0, 2.0) or 0.0,
+            "stop": read_stop(body.get("stop"))}
+
+
+def read_logprobs(body: Mapping, chat: bool) -> int | None:
+    """How many alternatives each output token's log-probability lists, or None where none are
+    asked for: Chat Completions' ``logprobs: true`` (with ``top_logprobs``, 0-20); the Responses
+    API's ``include: ["message.output_text.logprobs"]`` (with ``top_logprobs``)."""
+    top = read_number(body, "top_logprobs", int, 0, 20)
+    if chat:
+        asked = read_flag(body, "logprobs")
+        if top and not asked:
+            raise bad_request("top_logprobs: needs logprobs: true", param="top_logprobs")
+    else:
+        asked = LOGPROBS_INCLUDE in (body.get("include") or ())
+    return (top or 0) if asked else None
 
 
 def read_flag(body: Mapping, name: str, default: bool = False) -> bool:
@@ -356,7 +390,7 @@ def read_response_request(body: Any) -> dict:
             "items": items, "stateless": stateless, "instructions": read_instructions(body),
             "stream": read_flag(body, "stream"), "metadata": read_metadata(body.get("metadata")),
             **read_tooling(body, nested=False), **read_sampling(body, "max_output_tokens"),
-            **read_text_options(body.get("text"))}
+            **read_text_options(body.get("text")), "logprobs": read_logprobs(body, chat=False)}
 
 
 def read_text_options(raw: Any) -> dict:
@@ -427,4 +461,5 @@ def read_chat_request(body: Any) -> dict:
     options = body.get("stream_options") or {}
     return {"model": body.get("model"), "messages": out, "stream": read_flag(body, "stream"),
             "include_usage": bool(options.get("include_usage")), **read_tooling(body, nested=True),
-            **read_sampling(body, cap), "format": read_format(body.get("response_format"), "response_format", True)}
+            **read_sampling(body, cap), "format": read_format(body.get("response_format"), "response_format", True),
+            "logprobs": read_logprobs(body, chat=True)}

@@ -25,14 +25,14 @@ import contextlib
 
 from unsee import Item, Settings, Step
 from unsee.impl.agent.provenance import RuntimeBlock
-from unsee.impl.agent.tools.client import ClientToolRuntime, Config
+from unsee.impl.agent.tools.client import ClientToolRuntime, Config, get_context_length
 from unsee.impl.agent.tools.native import FunctionCall
 from unsee.impl.agent.tools.observed import Role
 from unsee.impl.engines.protocol import PrefixCache
 from unsee.impl.serve.bodies import SYSTEM_ROLES
 from unsee.impl.serve.conversation import get_answer_items
 from unsee.impl.serve.errors import bad_request
-from unsee.impl.serve.turns import get_context_length
+from unsee.impl.serve.turns import add_logprobs
 from unsee.impl.util.ids import ANSWER, compute_block_id
 
 STEP = "chat"
@@ -144,9 +144,12 @@ class ChatCache:
             if old in self.engine.budget.lineages:
                 self.engine.drop(old)
 
-    def complete(self, messages: list[dict], settings: Settings, config: Config, listener=None) -> dict:
+    def complete(self, messages: list[dict], settings: Settings, config: Config, listener=None,
+                 explicit: bool = True, logprobs: int | None = None) -> dict:
         """The answer to ``messages`` (the system message, if any, already in ``config``) under
-        ``config``: its items, finish reason and usage. The caller holds the engine lock."""
+        ``config`` (its decoding settings over the session's ``settings``): its items (with the
+        tokens' log-probabilities where ``logprobs`` asks), finish reason and usage. ``explicit``:
+        the request named its output cap (it must fit the context). The caller holds the engine lock."""
         _, step, roles = split_last(messages)
         before = self.engine.counters.snapshot()
         # an engine without a prefix cache recomputes the prefix: the same tokens, more work
@@ -155,13 +158,14 @@ class ChatCache:
         with cache:
             runtime = ClientToolRuntime.start(self.engine, config.system, settings, config=config)
             try:
-                self.observe_history(runtime, messages, config)
+                self.observe_history(runtime, messages, config, explicit)
                 if listener is not None:
                     listener.start()  # every check passed: the stream may open
+                    listener.stops = config.sampling.stop
                 runtime.client.expect(config, roles=roles)
                 if listener is not None:
                     listener.prepare(runtime.get_opening(config), runtime.get_openings(config))
-                runtime.listener = listener
+                runtime.listener, runtime.logprobs = listener, logprobs
                 runtime.step(step)
             except BaseException:
                 self.engine.drop(runtime.lineage)
@@ -170,20 +174,26 @@ class ChatCache:
         block = runtime.graph[compute_block_id(STEP, ANSWER)]
         self.keep(runtime.lineage)
         items = get_answer_items(runtime, STEP)
+        if logprobs is not None:
+            items = add_logprobs(self.engine.lm, items, runtime.decisions)
         if listener is not None:
             listener.answer(items)
         output_tokens = len(self.engine.lm.encode(block.text))
-        finished = bool(block.tokens) and block.tokens[-1] in set(self.engine.lm.eos_ids)
+        finished = runtime.is_finished(STEP)  # an end of turn, or a stop text
         calls = [i for i in items if i["type"] == "function_call"]
+        message = next((i for i in items if i["type"] == "message"), None)
         return {"items": items, "finish_reason": "tool_calls" if calls else "stop" if finished else "length",
+                "logprobs": message["content"][0]["logprobs"] if message and logprobs is not None else None,
                 "complete": finished, "prompt_tokens": block.token_span[0], "output_tokens": output_tokens,
                 # the prompt's tokens served from the cache (the runtime's canonical
                 # re-prefill of a generated turn may be served too: not a prompt token)
                 "cached_tokens": min(spent.reused_tokens, block.token_span[0])}
 
-    def observe_history(self, runtime: ClientToolRuntime, messages: list[dict], config: Config) -> None:
+    def observe_history(self, runtime: ClientToolRuntime, messages: list[dict], config: Config,
+                        explicit: bool = True) -> None:
         """Prefill the history's blocks, refusing first (400 ``context_length_exceeded``) where the
-        prompt and the output cap would pass the model's context."""
+        prompt leaves no room for output, or for all of the output cap where the request named it
+        (``explicit``; a default cap is cut to what the context has left)."""
         history, step, roles = split_last(messages)
         blocks = render_history(runtime, group_history(history))
         # the step's block opens as after any block but a model turn: the history has none
@@ -193,9 +203,11 @@ class ChatCache:
         prompt = (len(runtime.graph[runtime.context[0]].tokens) + sum(len(b.tokens) for b in blocks)
                   + len(encode(observed)) + len(encode(header)))
         limit = get_context_length(self.engine.lm)
-        if limit is not None and prompt + runtime.settings.max_new_tokens > limit:
-            raise bad_request(f"messages: the prompt is {prompt} tokens and the output cap "
-                              f"{runtime.settings.max_new_tokens}; the model's context holds {limit}",
-                              param="messages", code="context_length_exceeded")
+        cap = config.sampling.get_settings(runtime.settings).max_new_tokens
+        if limit is not None and (prompt >= limit or (explicit and prompt + cap > limit)):
+            raise bad_request(f"messages: the prompt is {prompt} tokens" + (f" and the output cap {cap}" if explicit
+                                                                            else "")
+                              + f"; the model's context holds {limit}", param="messages",
+                              code="context_length_exceeded")
         for block in blocks:
             runtime.append_block(block.id, block.type, block.text, parents=(), sources=frozenset())

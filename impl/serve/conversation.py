@@ -106,7 +106,10 @@ def get_answer_items(runtime, step_id: str) -> list[dict]:
     """The items of the model's answer to ``step_id``: its text (a message, where it has text or no
     call) and its function calls."""
     block = runtime.graph[compute_block_id(step_id, ANSWER)]
-    complete = bool(block.tokens) and block.tokens[-1] in set(runtime.engine.lm.eos_ids)
+    if isinstance(runtime, ClientToolRuntime):  # an end of turn, or a stop text
+        complete = runtime.is_finished(step_id)
+    else:
+        complete = bool(block.tokens) and block.tokens[-1] in set(runtime.engine.lm.eos_ids)
     text, calls = (runtime.get_turn(step_id)[:2] if isinstance(runtime, ClientToolRuntime) else (block.text, ()))
     message_id, call_ids = get_answer_ids(compute_answer_key(step_id, get_prompt(runtime, step_id)), len(calls))
     out = [shapes.output_message(message_id, text, complete)] if text or not calls else []

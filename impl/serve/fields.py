@@ -52,8 +52,11 @@ def _object_of(keys: Mapping[str, Callable[[Any], bool]]) -> Callable[[Any], boo
     return check
 
 
-#: what ``include`` may name: output the server never produces, so asking for it changes nothing
-INCLUDABLE = ("reasoning.encrypted_content",)
+#: what ``include`` names to have each output text's log-probabilities returned (with ``top_logprobs``)
+LOGPROBS_INCLUDE = "message.output_text.logprobs"
+#: what ``include`` may name: the log-probabilities, and output the server never produces (asking
+#: for it changes nothing)
+INCLUDABLE = (LOGPROBS_INCLUDE, "reasoning.encrypted_content")
 
 
 def _include(value: Any) -> bool:
@@ -99,14 +102,21 @@ RESPONSE_FIELDS = (
                                    "`none` (the tools rendered, the call marker masked), `required` or one "
                                    "function (the turn opens with the template's call, held to the grammar)"),
     Field("parallel_tool_calls", HONOURED, "false keeps a turn's first call only"),
-    Field("temperature", HONOURED, "fixed by a conversation's first response (a forget replays with it)"),
-    Field("seed", HONOURED, "fixed by a conversation's first response"),
-    Field("max_output_tokens", HONOURED, "fixed by a conversation's first response"),
-    Field("top_p", ACCEPTED, "1 only: decoding is greedy, or a seeded race over the whole distribution",
-          _one_of(1, 1.0)),
+    Field("temperature", HONOURED, "per request, recorded with its turn: a forget's replay decodes the turn with "
+                                   "it (default 0: greedy)"),
+    Field("seed", HONOURED, "per request, recorded with its turn (the seeded race's; no effect at temperature 0)"),
+    Field("max_output_tokens", HONOURED, "per request, recorded with its turn; without it, `--max-output-tokens`, "
+                                         "else the rest of the context; one the context cannot hold after the "
+                                         "prompt is a 400 `context_length_exceeded`"),
+    Field("top_p", HONOURED, "per request, recorded with its turn: the seeded race runs over the nucleus (no "
+                             "effect at temperature 0)"),
+    Field("stop", HONOURED, "not in OpenAI's Responses API, sent by clients that share Chat Completions' "
+                            "parameters: up to 4 texts, recorded with the turn; the turn ends once its text holds "
+                            "one, returned without it"),
     Field("metadata", HONOURED, "returned on the response (up to 16 string pairs)"),
-    Field("include", ACCEPTED, "`[]` or `reasoning.encrypted_content`: the model writes no reasoning items; "
-                               "other values (log probabilities, search results) are refused", _include),
+    Field("include", HONOURED, "`message.output_text.logprobs` returns each output token's log-probability; "
+                               "`reasoning.encrypted_content` is accepted with no effect (the model writes no "
+                               "reasoning items); other values (search results, images) are refused", _include),
     Field("user", ACCEPTED, "no abuse monitoring here", _string),
     Field("safety_identifier", ACCEPTED, "no abuse monitoring here", _string),
     Field("prompt_cache_key", ACCEPTED, "a conversation keeps its own KV; the chat prefix cache is partitioned by "
@@ -120,7 +130,8 @@ RESPONSE_FIELDS = (
     Field("reasoning", ACCEPTED, "the model writes no separate reasoning", _REASONING),
     Field("service_tier", ACCEPTED, "one tier", _one_of("auto", "default")),
     Field("background", REFUSED, "a response runs while its request is open", _absent),
-    Field("top_logprobs", REFUSED, "log probabilities are not returned", _absent),
+    Field("top_logprobs", HONOURED, "0-20 alternatives per output token, with `include: "
+                                    "[\"message.output_text.logprobs\"]` (not recorded: not state)"),
     Field("prompt", REFUSED, "no stored prompt templates", _absent),
     Field("context_management", REFUSED, "the server does not compact a conversation on its own", _absent),
     Field("max_tool_calls", REFUSED, "no hosted tools run here", _absent),
@@ -141,12 +152,13 @@ CHAT_FIELDS = (
           _object_of({"include_usage": _flag, "include_obfuscation": _flag})),
     Field("temperature", HONOURED, "per request (chat completions are stateless)"),
     Field("seed", HONOURED, "per request"),
-    Field("max_tokens", HONOURED, "the output cap (or `max_completion_tokens`, not both)"),
+    Field("max_tokens", HONOURED, "the output cap (or `max_completion_tokens`, not both); without either, "
+                                  "`--max-output-tokens`, else the rest of the context"),
     Field("max_completion_tokens", HONOURED, "the output cap"),
     Field("n", ACCEPTED, "1 only: one choice per request", _one_of(1)),
-    Field("top_p", ACCEPTED, "1 only (see responses)", _one_of(1, 1.0)),
-    Field("frequency_penalty", ACCEPTED, "0 only: penalties would change the decoding rule", _one_of(0, 0.0)),
-    Field("presence_penalty", ACCEPTED, "0 only", _one_of(0, 0.0)),
+    Field("top_p", HONOURED, "the seeded race runs over the nucleus (no effect at temperature 0)"),
+    Field("frequency_penalty", HONOURED, "subtracted from a token's logit once per time the completion wrote it"),
+    Field("presence_penalty", HONOURED, "subtracted once from the logit of a token the completion wrote"),
     Field("response_format", HONOURED, "`text`, `json_schema` or `json_object`, decoded under the schema's "
                                        "grammar (see responses' `text`)"),
     Field("store", ACCEPTED, "false or null: completions are not stored", _one_of(False)),
@@ -160,9 +172,10 @@ CHAT_FIELDS = (
     Field("verbosity", ACCEPTED, "`medium` only", _one_of("medium")),
     Field("service_tier", ACCEPTED, "one tier", _one_of("auto", "default")),
     Field("modalities", ACCEPTED, "text only", lambda v: v is None or v == ["text"]),
-    Field("stop", REFUSED, "stop sequences are not built (the turn ends at the model's end of turn)", _absent),
-    Field("logprobs", REFUSED, "log probabilities are not returned", _absent),
-    Field("top_logprobs", REFUSED, "log probabilities are not returned", _absent),
+    Field("stop", HONOURED, "up to 4 texts (smolagents and LiteLLM send it on every request): the completion "
+                            "ends once its text holds one, returned without it (`finish_reason` `stop`)"),
+    Field("logprobs", HONOURED, "each output token's log-probability (after penalties, before temperature)"),
+    Field("top_logprobs", HONOURED, "0-20 alternatives per token, with `logprobs: true`"),
     Field("audio", REFUSED, "text only", _absent),
     Field("prediction", REFUSED, "no predicted outputs", _absent),
     Field("web_search_options", REFUSED, "no hosted tools", lambda v: v is None),
@@ -213,5 +226,6 @@ def render_fields_table() -> str:
     return "\n".join(rows) + "\n"
 
 
-__all__ = ["ACCEPTED", "CHAT_FIELDS", "CONVERSATION_FIELDS", "HONOURED", "INCLUDABLE", "ITEMS_FIELDS", "REFUSED",
+__all__ = ["ACCEPTED", "CHAT_FIELDS", "CONVERSATION_FIELDS", "HONOURED", "INCLUDABLE", "ITEMS_FIELDS", "LOGPROBS_INCLUDE",
+           "REFUSED",
            "RESPONSE_FIELDS", "ROUTES", "Field", "check_fields", "render_fields_table"]

@@ -19,7 +19,15 @@ Each function runs with the conversation's lock and the engine's held (:meth:`~u
 from __future__ import annotations
 
 from unsee import Item, PersistentSession, Settings, Step
-from unsee.impl.agent.tools.client import ClientToolRuntime, Config, get_signatures, get_step_id, prepare_step
+from unsee.impl.agent.tools.client import (
+    ClientToolRuntime,
+    Config,
+    Sampling,
+    get_context_length,
+    get_signatures,
+    get_step_id,
+    prepare_step,
+)
 from unsee.impl.agent.tools.observed import Role, compute_roles
 from unsee.impl.serve.conversation import (
     Conversation,
@@ -30,61 +38,51 @@ from unsee.impl.serve.conversation import (
 )
 from unsee.impl.serve.errors import ApiError, bad_request, not_found
 
-
-def get_context_length(lm) -> int | None:
-    """The most tokens the model's context holds (llama.cpp's ``n_ctx``; vLLM's ``max_model_len``
-    less the one position its engine keeps for the logits' request, the bound its ``prefill`` and
-    ``generate`` raise past; a transformers model's position limit), or None where the engine
-    does not say."""
-    n = getattr(lm, "n_ctx", None)
-    if isinstance(n, int) and n > 0:
-        return n
-    info = getattr(lm, "info", None)
-    n = getattr(info.get("options"), "max_model_len", None) if isinstance(info, dict) else None
-    if isinstance(n, int) and n > 1:
-        return n - 1  # impl/engines/vllm/engine.py, _max_len
-    n = getattr(getattr(getattr(lm, "model", None), "config", None), "max_position_embeddings", None)
-    return n if isinstance(n, int) and n > 0 else None
+DEFAULT_SAMPLING = Sampling()
 
 
-def check_length(engine, runtime, step: Step, config: Config, settings: Settings,
+def check_length(engine, runtime, step: Step, config: Config, settings: Settings, explicit: bool = True,
                  roles: dict[str, Role] | None = None) -> None:
-    """A turn that would pass the model's context (its prompt and its output cap): a 400 with code
-    ``context_length_exceeded``, before anything is written."""
+    """A turn that would pass the model's context: a 400 with code ``context_length_exceeded``,
+    before anything is written. The prompt must leave room for an output token, and for all of
+    the output cap where the request named it (``explicit``); a default cap is cut to what the
+    context has left (:meth:`~unsee.impl.agent.tools.client.ClientToolRuntime.get_turn_settings`)."""
     limit = get_context_length(engine.lm)
     if limit is None or (runtime is not None and not isinstance(runtime, ClientToolRuntime)):
         return
     probe = runtime or ClientToolRuntime(engine, config.system, settings, config=config)
     prompt = probe.get_turn_length(step, config, roles)
-    if prompt + settings.max_new_tokens > limit:
+    if explicit and prompt + settings.max_new_tokens > limit:
         raise bad_request(f"input: this turn needs {prompt} tokens of context and up to {settings.max_new_tokens} "
                           f"of output, {prompt + settings.max_new_tokens} in all; the model's context holds "
                           f"{limit}", param="input", code="context_length_exceeded")
+    if prompt >= limit:
+        raise bad_request(f"input: this turn needs {prompt} tokens of context before its output; the model's "
+                          f"context holds {limit}", param="input", code="context_length_exceeded")
 
 
-def get_config(conv: Conversation, req: dict) -> Config:
-    """A response's config: its instructions (else the conversation's system prompt) and tools."""
+def get_config(conv: Conversation, req: dict, sampling: Sampling = DEFAULT_SAMPLING) -> Config:
+    """A response's config: its instructions (else the conversation's system prompt), tools and
+    decoding settings."""
     system = req["instructions"] if req["instructions"] is not None else conv.record["system"]
-    return Config(system, req["tools"], req["choice"], req["function"], req["parallel"], req.get("format"))
+    return Config(system, req["tools"], req["choice"], req["function"], req["parallel"], req.get("format"), sampling)
 
 
-def check_settings(conv: Conversation, sampling: dict, defaults: Settings) -> Settings:
-    """The settings this response runs with: the conversation's (its first response fixed them),
-    refused if the request asks for others."""
-    if conv.session is None:
-        return Settings(max_new_tokens=sampling["max_new_tokens"] or defaults.max_new_tokens,
-                        temperature=sampling["temperature"] if sampling["temperature"] is not None
-                        else defaults.temperature,
-                        seed=sampling["seed"] if sampling["seed"] is not None else defaults.seed)
-    settings = conv.runtime.settings
-    fixed = {"temperature": settings.temperature, "seed": settings.seed, "max_new_tokens": settings.max_new_tokens}
-    names = {"max_new_tokens": "max_output_tokens"}
-    for key, value in sampling.items():
-        if value is not None and value != fixed[key]:
-            raise bad_request(f"{names.get(key, key)}: this conversation runs with {fixed[key]!r}, fixed by its "
-                              f"first response (a forget replays every turn with the same settings); got "
-                              f"{value!r}", param=names.get(key, key))
-    return settings
+def get_sampling(req: dict, session: Settings, defaults: Settings) -> Sampling:
+    """The request's decoding settings as its turn records them: each value the request gives,
+    else the server's default (``defaults``); temperature, seed and cap left out where they are
+    the session's own (a conversation's session settings are the server's defaults when it was
+    created), seed and nucleus where the turn is greedy (they change nothing there). So a turn's
+    record depends on how it is decoded, not on how the request spelled it."""
+    temperature = req["temperature"] if req["temperature"] is not None else defaults.temperature
+    seed = req["seed"] if req["seed"] is not None else defaults.seed
+    cap = req["max_new_tokens"] or defaults.max_new_tokens
+    greedy = temperature == 0
+    return Sampling(temperature=None if temperature == session.temperature else temperature,
+                    seed=None if greedy or seed == session.seed else seed,
+                    max_new_tokens=None if cap == session.max_new_tokens else cap,
+                    top_p=1.0 if greedy else req["top_p"], frequency_penalty=req.get("frequency_penalty", 0.0),
+                    presence_penalty=req.get("presence_penalty", 0.0), stop=req["stop"])
 
 
 def bind_outputs(conv: Conversation, todo: list[dict]) -> tuple[list[dict], dict[str, int]]:
@@ -139,19 +137,23 @@ def get_step(conv: Conversation, items: list[dict], bound: dict[str, int]) -> tu
     return step, compute_roles(step, get_roles(items))
 
 
-def run_step(conv: Conversation, engine, step: Step, config: Config, bound: dict, settings: Settings,
-             listener=None, roles: dict[str, Role] | None = None) -> list[dict]:
-    """Observe ``step`` under ``config`` and decode the answer, committed; the answer's items.
-    The first step creates the store (a failed one leaves none: it would fix the settings)."""
+def run_step(conv: Conversation, engine, step: Step, config: Config, bound: dict, session: Settings,
+             listener=None, logprobs: int | None = None, roles: dict[str, Role] | None = None) -> list[dict]:
+    """Observe ``step`` under ``config`` (its items in ``roles``) and decode the answer, committed;
+    the answer's items (with its tokens' log-probabilities where ``logprobs`` asks,
+    :func:`add_logprobs`). The first step creates the store, its session settings ``session``
+    (a failed one leaves none)."""
     first = conv.session is None
     if first:
-        runtime = ClientToolRuntime.start(engine, config.system, settings, config=config)
+        runtime = ClientToolRuntime.start(engine, config.system, session, config=config)
         conv.session = PersistentSession.create(conv.store_path, runtime)
     runtime = conv.runtime
     runtime.client.expect(config, bound, roles)
     if listener is not None:
         listener.prepare(runtime.get_opening(config), runtime.get_openings(config))
+        listener.stops = config.sampling.stop
         runtime.listener = listener
+    runtime.logprobs = logprobs
     try:
         conv.session.step(step)
     except BaseException:
@@ -160,11 +162,43 @@ def run_step(conv: Conversation, engine, step: Step, config: Config, bound: dict
             conv.store_path.unlink(missing_ok=True)
         raise
     finally:
-        runtime.listener = None
+        runtime.listener, runtime.logprobs = None, None
     items = get_answer_items(conv.runtime, step.id)
+    if logprobs is not None:
+        items = add_logprobs(engine.lm, items, runtime.decisions)
     if listener is not None:
         listener.answer(items)
     return items
+
+
+def add_logprobs(lm, items: list[dict], decisions: dict) -> list[dict]:
+    """``items`` with the answer message's tokens' log-probabilities (:func:`get_logprobs`)."""
+    out = []
+    for item in items:
+        if item["type"] == "message":
+            part = item["content"][0]
+            item = {**item, "content": [{**part, "logprobs": get_logprobs(lm, decisions, part["text"])}]}
+        out.append(item)
+    return out
+
+
+def get_logprobs(lm, decisions: dict, text: str) -> list[dict]:
+    """The log-probability of each token of an answer's ``text`` (OpenAI's shape: the token, its
+    log-probability, its UTF-8 bytes, the alternatives asked for), from the turn's decisions
+    (:func:`~unsee.impl.agent.tools.client.collect_decision`): the tokens up to the one that
+    completes the text (a stop text, the end of turn and a call after it are not the text's)."""
+    def entry(token: int, logprob: float) -> dict:
+        piece = lm.decode([token])
+        return {"token": piece, "logprob": logprob, "bytes": list(piece.encode("utf-8"))}
+
+    eos, out, said = set(lm.eos_ids), [], ""
+    for position in sorted(decisions):
+        token, logprob, top = decisions[position]
+        if token in eos or len(said.lstrip()) >= len(text):  # the answer's text is stripped
+            break
+        out.append({**entry(token, logprob), "top_logprobs": [entry(t, v) for t, v in top]})
+        said += out[-1]["token"]
+    return out
 
 
 def get_tool_records(items: list[dict]) -> dict:
@@ -179,32 +213,35 @@ def respond(conv: Conversation, engine, req: dict, defaults: Settings, response_
     """One response: the waiting items and the request's input observed as one step, the answer
     decoded and committed (then, where a forget held recorded inputs, their replay resumed); the
     output items and the settings the conversation runs with."""
-    settings = check_settings(conv, {k: req[k] for k in ("temperature", "seed", "max_new_tokens")}, defaults)
+    session = conv.runtime.settings if conv.runtime is not None else defaults
+    sampling = get_sampling(req, session, defaults)
+    settings = sampling.get_settings(session)
     if conv.runtime is not None and not isinstance(conv.runtime, ClientToolRuntime) and (
             req["tools"] or req["instructions"] is not None):
         raise bad_request("tools and instructions: this conversation was stored before the server served them; "
                           "start a new one", param="tools")
     items = conv.assign_ids(conv.record, req["items"], conv.get_used_ids(), conv.get_next_turn())
-    config = get_config(conv, req)
+    config = get_config(conv, req, sampling)
     todo, bound = bind_outputs(conv, conv.record["pending"] + items)  # refuses before anything is written
     step, roles = get_step(conv, todo, bound)
-    check_length(engine, conv.runtime, step, config, settings, roles)
+    check_length(engine, conv.runtime, step, config, settings, explicit=req["max_new_tokens"] is not None,
+                 roles=roles)
     if listener is not None:
         listener.start(settings)
-    out = run_step(conv, engine, step, config, bound, settings, listener, roles)
+    out = run_step(conv, engine, step, config, bound, session, listener, req.get("logprobs"), roles)
     record = conv.record
     conv.save({**record, "pending": [], "held_outputs": [], "held_extra": [],
                "tools": {**record["tools"], **get_tool_records(todo)},
                "responses": record["responses"] + [{"id": response_id, "step": step.id}]})
     if conv.record["held"] and step.kind == "tool":
-        out += resume(conv, engine, settings, listener)
+        out += resume(conv, engine, listener)
     return out, settings
 
 
-def resume(conv: Conversation, engine, settings: Settings, listener=None) -> list[dict]:
+def resume(conv: Conversation, engine, listener=None) -> list[dict]:
     """Replay the held recorded inputs as the client would send them now (:func:`prepare_step`),
-    each under its recorded config, until one waits for a call's output (or would pass the
-    model's context); the answers' items."""
+    each under its recorded config (its settings too), until one waits for a call's output (or
+    would pass the model's context); the answers' items."""
     out = []
     while conv.record["held"]:
         group, rest = conv.record["held"][0], conv.record["held"][1:]
@@ -222,11 +259,13 @@ def resume(conv: Conversation, engine, settings: Settings, listener=None) -> lis
         if prepared.action == "drop":
             conv.save({**conv.record, "held": rest})
             continue
+        session = conv.runtime.settings
         try:
-            check_length(engine, conv.runtime, prepared.step, config, settings, roles)
+            check_length(engine, conv.runtime, prepared.step, config, config.sampling.get_settings(session),
+                         explicit=False, roles=roles)
         except ApiError:
             break  # held until the client makes room (deletes an item)
-        out += run_step(conv, engine, prepared.step, config, dict(prepared.bound), settings, listener, roles)
+        out += run_step(conv, engine, prepared.step, config, dict(prepared.bound), session, listener, roles=roles)
         kept = [i for i in group["items"] if i["id"] in {x.source for x in prepared.step.items}]
         conv.save({**conv.record, "held": rest, "tools": {**conv.record["tools"], **get_tool_records(kept)}})
     return out
@@ -335,7 +374,7 @@ def forget_replayed(conv: Conversation, item_id: str):
     tools = {k: v for k, v in conv.record["tools"].items() if k in kept and k != item_id}
     conv.save({**conv.record, "tools": tools, "held": groups, "held_outputs": outputs, "held_extra": extra})
     if groups and not outcome.get("halted"):
-        resume(conv, conv.runtime.engine, conv.runtime.settings)
+        resume(conv, conv.runtime.engine)
     return report, bool(outcome.get("halted"))
 
 
@@ -375,7 +414,7 @@ def get_status(conv: Conversation, halted: bool = False) -> dict:
             "unreplayed": [i for i in get_waiting_items(record) if i["id"] not in added]}
 
 
-__all__ = ["bind_outputs", "check_length", "check_settings", "forget", "forget_replayed", "forget_waiting",
+__all__ = ["add_logprobs", "bind_outputs", "check_length", "forget", "forget_replayed", "forget_waiting",
            "get_config", "get_context_length", "get_earlier_held", "get_held", "get_held_extra", "get_held_outputs",
-           "get_roles",
-           "get_status", "get_step", "get_tool_records", "respond", "resume", "run_step"]
+           "get_logprobs", "get_roles", "get_sampling", "get_status", "get_step", "get_tool_records", "respond",
+           "resume", "run_step"]

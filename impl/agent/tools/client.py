@@ -40,12 +40,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
-import json
+import functools
+import math
 import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 import attrs
+import torch
 
 from unsee.impl.agent.checkpoints import Checkpoint
 from unsee.impl.agent.episode import Settings, Step
@@ -53,11 +54,13 @@ from unsee.impl.agent.extensions import Extension
 from unsee.impl.agent.forget import Progress
 from unsee.impl.agent.provenance import RuntimeBlock
 from unsee.impl.agent.runtime import AgentRuntime
+from unsee.impl.agent.tools.config import Config, Sampling, get_context_length
 from unsee.impl.agent.tools.grammars import get_constraints
 from unsee.impl.agent.tools.native import OPENINGS, CallFormat, FunctionCall, get_call_format, parse_turn
 from unsee.impl.agent.tools.observed import Role, get_call, get_runs, get_tool_label, has_roles
-from unsee.impl.engines.decoding import Rule
+from unsee.impl.engines.decoding import PLAIN, Rule
 from unsee.impl.engines.protocol import Engine, ForwardHooks
+from unsee.impl.engines.stops import StopTexts, cut_at_stop, find_stop
 from unsee.impl.util.ids import ANSWER, SYSTEM, compute_block_id
 
 #: The name the extension is recorded under (the session record's ``extra``).
@@ -69,50 +72,6 @@ _STEP_ID = re.compile(r"^turn_\d+$")
 def get_step_id(t: int) -> str:
     """The id of the step after ``t`` observed ones: steps are numbered by position."""
     return f"turn_{t + 1}"
-
-
-@attrs.frozen
-class Config:
-    """What one step runs under: the system text, the tools' definitions (each as canonical JSON
-    in the chat-template shape ``{"type": "function", "function": {...}}``), the tool choice
-    (``auto``, ``none``: the tools rendered, no call written, ``required``, or ``function``: the
-    tool ``function``), whether a turn may make several calls, and the response format (its
-    canonical JSON: ``json_schema`` or ``json_object``; None: text). The grammar a turn is
-    decoded under is a function of these (impl/agent/tools/grammars.py), so a replay that
-    runs the step under its recorded config decides its tokens as the twin does."""
-
-    system: str
-    tools: tuple[str, ...] = ()
-    choice: str = "auto"
-    function: str | None = None
-    parallel: bool = True
-    format: str | None = None
-
-    def get_definitions(self) -> list[dict]:
-        return [json.loads(t) for t in self.tools]
-
-    def get_names(self) -> set[str]:
-        """The tools a turn may call (none under ``tool_choice: none``)."""
-        return set() if self.choice == "none" else {d["function"]["name"] for d in self.get_definitions()}
-
-    def get_format(self) -> dict | None:
-        return None if self.format is None else json.loads(self.format)
-
-    def get_record(self) -> dict:
-        """The config as stored; a field added since stores were first written is left out at its
-        default, so an older step's record (and its key, in the state digest) stays as it was."""
-        record = {**attrs.asdict(self), "tools": list(self.tools)}
-        if self.format is None:
-            del record["format"]
-        return record
-
-    @classmethod
-    def from_record(cls, record: Mapping) -> Config:
-        return cls(record["system"], tuple(record["tools"]), record["choice"], record["function"],
-                   record["parallel"], record.get("format"))
-
-    def get_key(self) -> str:
-        return hashlib.sha256(json.dumps(self.get_record(), sort_keys=True).encode()).hexdigest()[:32]
 
 
 @attrs.define
@@ -264,6 +223,11 @@ class ClientToolRuntime(AgentRuntime):
         self.client: ClientTools = client
         self.call_format: CallFormat | None = get_call_format(self.renderer.segments, self.renderer.has_native_calls())
         self.listener = None
+        #: how many alternatives a turn's log-probabilities list (None: none collected); set by
+        #: the server around a request's step, never in a replay (log-probabilities are not state)
+        self.logprobs: int | None = None
+        #: the last decoded turn's log-probabilities, by position in the turn (get_turn_settings)
+        self.decisions: dict[int, tuple[int, float, tuple[tuple[int, float], ...]]] = {}
 
     def get_config(self, step_id: str | None = None) -> Config:
         """The config ``step_id`` ran under; without one, the last step's (the initial before any)."""
@@ -276,21 +240,6 @@ class ClientToolRuntime(AgentRuntime):
         config = config or self.get_config()
         return self.renderer.render_first(config.system, config.get_definitions(), self.engine.lm.encode,
                                           self.engine.lm.name)
-
-    def get_turn_rule(self, header: Sequence[int]) -> tuple[Settings, Rule | None]:
-        """A user or tool step's answer is decoded under its config's grammar (the call it must
-        write, the calls it may write, its response format: :func:`get_constraints`); other
-        turns as the base runtime decodes them."""
-        settings, rule = super().get_turn_rule(header)
-        if not self.t or self.steps[-1].kind not in ("user", "tool"):
-            return settings, rule
-        config = self.get_config()
-        constraints = get_constraints(self.engine.lm, self.call_format, config.get_definitions(), config.choice,
-                                      config.function, config.parallel, config.get_format())
-        if not constraints:
-            return settings, rule
-        rule = rule or Rule()
-        return settings, dataclasses.replace(rule, constraints=rule.constraints + constraints)
 
     def get_openings(self, config: Config) -> tuple[str, ...]:
         """Where a call may open in a turn under ``config``: nowhere without tools to call; only
@@ -308,6 +257,46 @@ class ClientToolRuntime(AgentRuntime):
         if config.choice == "function" and config.function:
             return self.renderer.get_plan_opening(config.function)
         return ""
+
+    # --- decoding -------------------------------------------------------------------
+
+    def get_turn_settings(self, config: Config) -> tuple[Settings, Rule]:
+        """The settings and decoding rule of a turn under ``config``: the session's settings with
+        the step's own temperature, seed and cap (:class:`Sampling`), the cap cut to what the
+        context has left after the prompt (the turn's header is prefilled when this is asked);
+        a rule with the step's nucleus, penalties and stop texts, and, where the server asked
+        for log-probabilities (:attr:`logprobs`) outside a replay, a hook that collects them in
+        :attr:`decisions`. A runtime that adds constraints of its own (a grammar) adds them to
+        this rule's."""
+        sampling = config.sampling
+        settings = sampling.get_settings(self.settings)
+        limit = get_context_length(self.engine.lm)
+        if limit is not None:
+            left = limit - len(self.engine.tokens(self.lineage))
+            settings = attrs.evolve(settings, max_new_tokens=max(1, min(settings.max_new_tokens, left)))
+        stops = (StopTexts(self.engine.lm.decode, sampling.stop, self.engine.lm.eos_ids),) if sampling.stop else ()
+        self.decisions = {}
+        hook = None
+        if self.logprobs is not None and not self.replaying:
+            hook = functools.partial(collect_decision, self.decisions, self.logprobs)
+        rule = Rule(top_p=sampling.top_p, frequency_penalty=sampling.frequency_penalty,
+                    presence_penalty=sampling.presence_penalty, constraints=stops, on_decision=hook)
+        return settings, PLAIN if rule == PLAIN else rule  # the plain rule's fast paths (vLLM's greedy requests)
+
+    def get_turn_rule(self, header: Sequence[int]) -> tuple[Settings, Rule | None]:
+        """A user or tool step's answer is decoded under its config: its settings, nucleus,
+        penalties and stop texts (:meth:`get_turn_settings`) and its grammar (the call it must
+        write, the calls it may write, its response format: :func:`get_constraints`); other
+        turns as the base runtime decodes them."""
+        if not self.t or self.steps[-1].kind not in ("user", "tool"):
+            return super().get_turn_rule(header)
+        config = self.get_config()
+        settings, rule = self.get_turn_settings(config)
+        constraints = get_constraints(self.engine.lm, self.call_format, config.get_definitions(), config.choice,
+                                      config.function, config.parallel, config.get_format())
+        if not constraints:
+            return settings, rule
+        return settings, dataclasses.replace(rule, constraints=rule.constraints + constraints)
 
     # --- the transition ----------------------------------------------------------
 
@@ -414,9 +403,18 @@ class ClientToolRuntime(AgentRuntime):
         config = self.get_config(step_id)
         block = self.graph[compute_block_id(step_id, ANSWER)]
         opening = self.get_opening(config)
-        text, calls, ok = parse_turn(self.call_format, opening + block.text if opening else block.text,
-                                     config.get_names(), self.get_openings(config))
+        said = cut_at_stop(block.text, config.sampling.stop)  # the stop text is not returned
+        text, calls, ok = parse_turn(self.call_format, opening + said if opening else said, config.get_names(),
+                                     self.get_openings(config))
         return text, calls if config.parallel else calls[:1], ok
+
+    def is_finished(self, step_id: str) -> bool:
+        """Whether the answer to ``step_id`` ended on its own (an end of turn, or a stop text of
+        its config) rather than at its output cap."""
+        block = self.graph[compute_block_id(step_id, ANSWER)]
+        if block.tokens and block.tokens[-1] in set(self.engine.lm.eos_ids):
+            return True
+        return find_stop(block.text, self.get_config(step_id).sampling.stop) is not None
 
     def get_pending_calls(self) -> tuple[FunctionCall, ...]:
         """The calls the last turn made (a client answers them with the next step)."""
@@ -452,6 +450,17 @@ class ClientToolRuntime(AgentRuntime):
                 self.step(prepared.step)
             if progress:
                 progress(i, len(steps))
+
+
+def collect_decision(decisions: dict, n: int, position: int, token: int, scores: torch.Tensor) -> None:
+    """Record a turn's decision at ``position`` (the last call for a position wins: a fallback
+    decides it again): the chosen token's log-probability under ``scores`` (the logits after
+    penalties and masks, before temperature) and the ``n`` most likely tokens'."""
+    logprobs = torch.log_softmax(scores.to(torch.float32), dim=-1)
+    top = torch.topk(logprobs, min(n, logprobs.shape[-1])) if n else None
+    alternatives = () if top is None else tuple(
+        (int(i), float(v)) for v, i in zip(top.values, top.indices) if math.isfinite(float(v)))
+    decisions[position] = (int(token), float(logprobs[token]), alternatives)
 
 
 def get_signatures(runtime: ClientToolRuntime) -> dict[str, tuple[str, str]]:
@@ -492,5 +501,5 @@ def prepare_step(runtime: ClientToolRuntime, step: Step, signatures: Mapping[str
     return Prepared(attrs.evolve(step, id=renumbered, items=tuple(kept)), action, bound, tuple(dropped))
 
 
-__all__ = ["CHOICES", "CLIENT", "ClientToolRuntime", "ClientTools", "Config", "Outcome", "Prepared", "get_signatures",
-           "get_step_id", "prepare_step"]
+__all__ = ["CHOICES", "CLIENT", "ClientToolRuntime", "ClientTools", "Config", "Outcome", "Prepared", "Sampling",
+           "collect_decision", "get_context_length", "get_signatures", "get_step_id", "prepare_step"]
