@@ -131,7 +131,8 @@ class Grammars:
         texts = {"fenced_json": rb"```json", "fenced_xml": rb"```xml", "function_tag": rb"<function=",
                  "bare_json": rb"\A\s*\{"}
         others = [Trigger(f"start: {{PREFIX}} {'WS? ' if kind == 'bare_json' else ''}{self.get_calls(kind, parallel)}"
-                          f"\n{rules}", pattern=pattern) for kind, pattern in texts.items()]
+                          f"\n{rules}", pattern=pattern, opener=b"{" if kind == "bare_json" else None)
+                  for kind, pattern in texts.items()]
         return (marker, *others)
 
     def get_required(self, tools: Sequence[Tool], parallel: bool) -> str:
