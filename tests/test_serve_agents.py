@@ -14,8 +14,10 @@ byte of the deleted text.
 Qwen2.5-Coder-1.5B writes a call in its ``<tool_call>`` format where the turn
 opens with it (``tool_choice`` ``required``: the SDK's default resets it to
 ``auto`` after the call, so the next turn answers in words); asked freely it
-writes the call as a JSON code block, which is text. Marked ``realmodel``;
-32 output tokens a turn, one llama.cpp thread.
+often writes the call as a JSON code block, which is read as a call too since
+issue 49 (tests/test_serve_grammar.py; the frameworks' own defaults, in
+``auto``, run in ``make serve-agents``). Marked ``realmodel``; 32 output
+tokens a turn, one llama.cpp thread.
 """
 
 from __future__ import annotations
