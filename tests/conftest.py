@@ -51,6 +51,19 @@ def lm(one_thread, tiny_model):
     return tiny_model
 
 
+@pytest.fixture(scope="module")
+def qwen_style(lm):
+    """The tiny model under the Qwen-style template tests/test_render.py writes for its tool tests
+    (tools in the system block, calls in `<tool_call>` JSON, written as text by its byte tokenizer;
+    loaded from its file: the tests are imported in importlib mode, not as a package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("test_render_helpers", Path(__file__).with_name("test_render.py"))
+    render = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(render)
+    return render.chatml_model(lm, render.TOOL_DEFS_TEMPLATE)
+
+
 @pytest.fixture
 def tiny_engine(lm):
     """A fresh engine over the shared tiny model, on one thread."""

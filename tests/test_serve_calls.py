@@ -9,9 +9,7 @@ text, not an error."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
@@ -64,16 +62,6 @@ def test_a_call_renders_as_the_template_writes_it_and_parses_back():
 ])
 def test_a_stream_sends_only_text_that_cannot_turn_into_a_call(text, expected):
     assert split_stream_text(QWEN, text) == expected
-
-
-@pytest.fixture(scope="module")
-def qwen_style(lm):
-    """The tiny model under the Qwen-style template tests/test_render.py writes for its tool tests
-    (loaded from its file: the tests are imported in importlib mode, not as a package)."""
-    spec = importlib.util.spec_from_file_location("test_render_helpers", Path(__file__).with_name("test_render.py"))
-    render = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(render)
-    return render.chatml_model(lm, render.TOOL_DEFS_TEMPLATE)
 
 
 def test_the_template_s_call_format_is_read_from_its_segments(qwen_style, lm):

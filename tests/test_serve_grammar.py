@@ -8,9 +8,7 @@ disk after a restart."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -151,16 +149,6 @@ def test_masks_are_a_function_of_the_prefix_whatever_the_order_asked(qwen_style,
         a, b = auto.get_allowed(ids[:k + 1]), fresh.get_allowed(ids[:k + 1])
         assert (a is None and b is None) or bool((a == b).all())
         fresh = get_constraints(qwen_style, QWEN, DEFS, "auto", None, True, None)[0]
-
-
-@pytest.fixture(scope="module")
-def qwen_style(lm):
-    """The tiny model under tests/test_render.py's Qwen-style template (tools in the system block,
-    calls in `<tool_call>` JSON, written as text by its byte tokenizer)."""
-    spec = importlib.util.spec_from_file_location("test_render_helpers", Path(__file__).with_name("test_render.py"))
-    render = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(render)
-    return render.chatml_model(lm, render.TOOL_DEFS_TEMPLATE)
 
 
 def user(item_id: str, text: str) -> dict:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import importlib.util
 import json
 import re
 from pathlib import Path
@@ -175,16 +174,6 @@ def test_a_stop_text_ends_the_turn_and_is_not_returned(client, server):
     runtime = server.pool.get(conv.id).runtime
     block = runtime.graph[compute_block_id("turn_1", ANSWER)]
     assert block.text.endswith(stop)
-
-
-@pytest.fixture
-def qwen_style(lm):
-    """The tiny model under the Qwen-style template tests/test_render.py writes for its tool tests
-    (loaded from its file: the tests are imported in importlib mode, not as a package)."""
-    spec = importlib.util.spec_from_file_location("test_render_helpers", Path(__file__).with_name("test_render.py"))
-    render = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(render)
-    return render.chatml_model(lm, render.TOOL_DEFS_TEMPLATE)
 
 
 def test_stop_sent_the_way_smolagents_sends_it_is_accepted(qwen_style, tmp_path):
