@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> None:
     options.add_backend(parser)
     options.add_rounds(parser)
     parser.add_argument("--max-tokens", type=int, default=64, help="each turn's output cap; default: 64")
-    parser.add_argument("--out", type=Path, default=Path("out/grammar-cost"))
+    options.add_out(parser, "out/grammar-cost")
     args = parser.parse_args(argv)
     argv = sys.argv[1:] if argv is None else argv
     build = get_build()  # read as the work starts: the checkout may move on during the run

@@ -186,7 +186,8 @@ def test_a_server_answers_in_its_schema_and_forced_calls_parse_and_a_forget_equa
         conv = client.conversations.create()
         replies = run(client, conv.id, [user("s1", secret), user("q1", "Is it raining?")])
         jsonschema.validate(json.loads(replies[0].output_text), ANSWER_SCHEMA)
-        assert replies[0].text.format.type == "json_schema"
+        # a closed answer ends on the end of turn: complete, not cut by the cap
+        assert replies[0].text.format.type == "json_schema" and replies[0].status == "completed"
         calls = [o for o in replies[1].output if o.type == "function_call"]
         assert calls and all(c.name == "get_weather" for c in calls)
         for c in calls:
@@ -197,6 +198,7 @@ def test_a_server_answers_in_its_schema_and_forced_calls_parse_and_a_forget_equa
                                               response_format={"type": "json_schema", "json_schema": {
                                                   "name": "verdict", "schema": ANSWER_SCHEMA}}, max_tokens=200)
         jsonschema.validate(json.loads(chat.choices[0].message.content), ANSWER_SCHEMA)
+        assert chat.choices[0].finish_reason == "stop"
         gone = client.conversations.items.delete("s1", conversation_id=conv.id).model_extra
         assert "s1" in gone["removed"]
         if gone["status"] == "pending":  # the replayed turn made other calls: the client answers them

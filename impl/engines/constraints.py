@@ -235,8 +235,11 @@ class GrammarConstraint:
         return torch.from_numpy(mask) if mask.any() else None
 
     def is_done(self, out: Sequence[int]) -> bool:
-        """Where the grammar has stopped (it takes no further token), the turn ends."""
-        return len(out) > self.start and self.sync(list(out[self.start:])) and self.matcher.is_stopped()
+        """Never: a grammar that has closed allows the end of turn alone, and the turn ends on it,
+        as a turn without a grammar does (its KV and its finish reason are a finished turn's;
+        ending it at the closing token instead left every structured output reported as cut by
+        the output cap)."""
+        return False
 
 
 @attrs.frozen
