@@ -57,6 +57,7 @@ from unsee.impl.agent.render import (
 )
 from unsee.impl.agent.report import ForgetReport
 from unsee.impl.agent.state import RuntimeState
+from unsee.impl.engines.decoding import Rule
 from unsee.impl.engines.lineage import rebuild
 from unsee.impl.engines.opening import open_lineage
 from unsee.impl.engines.protocol import Assist, Engine
@@ -308,12 +309,13 @@ class AgentRuntime:
         else:
             before = self.engine.counters.snapshot()
             assist = self._drafts.get_assist(draft) if self._drafts is not None else Assist()
+            settings, rule = self.get_turn_rule(header)
             with self._watch_turn(block_id):
-                generated = self.engine.generate(self.lineage, self.settings.max_new_tokens,
+                generated = self.engine.generate(self.lineage, settings.max_new_tokens,
                                                  stop_ids=self.engine.lm.eos_ids,
-                                                 temperature=self.settings.temperature,
-                                                 seed=self._seed() if self.settings.temperature > 0 else None,
-                                                 assist=assist)
+                                                 temperature=settings.temperature,
+                                                 seed=self._seed(settings.seed) if settings.temperature > 0 else None,
+                                                 assist=assist, rule=rule)
             if self._drafts is not None:  # with drafts, every turn's cost is logged
                 spent = self.engine.counters.snapshot() - before
                 self._drafts = self._drafts.with_turn(TurnCost.from_spent(block_id, draft, spent, len(generated)))
@@ -325,14 +327,21 @@ class AgentRuntime:
                              chunks=get_turn_chunks(self.engine.determinism, header, generated))
         return self.commit_block(block)
 
+    def get_turn_rule(self, header: Sequence[int]) -> tuple[Settings, Rule | None]:
+        """The settings and decoding rule of the turn about to be decoded after ``header``: the
+        session's settings (A1), no rule. A runtime whose steps carry their own (the server's
+        client runtime: each request's settings and grammar, recorded with its step) overrides
+        it; a forget's replay reads them back from the step, so the turn is decided as it was."""
+        return self.settings, None
+
     def _watch_turn(self, block_id: str) -> contextlib.AbstractContextManager:
         """Around a decoded turn's ``generate``: where a runtime that streams
         watches its forwards (the server's client runtime); nothing here."""
         return contextlib.nullcontext()
 
-    def _seed(self) -> int:
+    def _seed(self, seed: int) -> int:
         # A fixed randomness source per transition (A1 under sampling).
-        return (self.settings.seed * 1_000_003 + self.t) % (2**63)
+        return (seed * 1_000_003 + self.t) % (2**63)
 
     def _new_lineage(self, step: Step) -> None:
         first = self.graph[self._state.context[0]].get_chunks()[:1] if self._state.context else []

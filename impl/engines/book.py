@@ -31,6 +31,7 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 
 from unsee.impl.engines.counts import Counters
+from unsee.impl.engines.decoding import PLAIN, Rule
 from unsee.impl.engines.lineage import (
     Budget,
     EvictedLineageError,
@@ -246,9 +247,12 @@ class LineageBook:
         self._prefill(lineage, lin, self._check_ids(token_ids))
 
     def generate(self, lineage: str, max_new_tokens: int, stop_ids: Iterable[int] | None = None,
-                 temperature: float = 0.0, seed: int | None = None, assist: Assist | None = None) -> list[int]:
+                 temperature: float = 0.0, seed: int | None = None, assist: Assist | None = None,
+                 rule: Rule | None = None) -> list[int]:
         """Decode up to ``max_new_tokens`` ids on ``lineage`` and commit them
-        canonically (as one prefilled chunk). Returns the ids.
+        canonically (as one prefilled chunk). Returns the ids. ``rule``
+        (:class:`~unsee.impl.engines.decoding.Rule`): penalties, a nucleus and
+        constraints (a grammar, stop texts) over the turn's own tokens.
 
         Greedy when temperature == 0; otherwise an exponential race seeded by
         (``seed``, position in the turn) (``decoding.get_scores``), so a run is
@@ -278,7 +282,7 @@ class LineageBook:
         lin.decode_logits[start] = header_logits  # what a prefix cache needs to serve this position
         turn = Turn(TurnLineage(self.kv, lineage, lin, self.between_forwards), self.counters, start,
                     self.kv.to_torch(header_logits), max_new_tokens, stops, temperature, seed, self.draft_bound,
-                    max_forward=self.max_forward, policy=self.draft_policy)
+                    max_forward=self.max_forward, policy=self.draft_policy, rule=rule or PLAIN)
         try:
             out, committed = None, False
             if draft or assist.lookup:  # helped: a draft checked against the rule, or context guesses

@@ -3,7 +3,9 @@ measured prefill-versus-decode bounds, and context lookup."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
 
 import torch
 
@@ -80,7 +82,88 @@ def get_draft_bound(name: str, device: str, dtype: str, attn: str = "eager") -> 
     return None if row is None else row[0]
 
 
-def get_scores(logits: torch.Tensor, temperature: float, seed: int | None, position: int) -> torch.Tensor:
+@runtime_checkable
+class Constraint(Protocol):
+    """A rule over a turn's next token that reads what the turn decided so far (``out``): a
+    grammar (a tool call's, a response format's), stop texts. It must be a function of ``out``
+    alone, whatever order or path the turn took to reach it (a verification forward, a
+    fallback to the reference, a forget's replay), so that a replayed turn is decided as the
+    twin's is (A1)."""
+
+    def get_allowed(self, out: Sequence[int]) -> torch.Tensor | None:
+        """The tokens allowed after ``out``: a bool tensor over the vocabulary with at least one
+        True, or None (any token)."""
+
+    def is_done(self, out: Sequence[int]) -> bool:
+        """Whether the turn ends after ``out`` (a stop text written, a grammar closed)."""
+
+
+@dataclass(frozen=True)
+class Rule:
+    """What decides a turn's tokens besides the temperature and the seed, all of it a function
+    of the logits and of the turn's own tokens so far, so a replay decides as the twin does.
+
+    top_p               the nucleus: at temperature > 0 the race runs over the smallest set
+                        of tokens whose probability (at that temperature) reaches top_p
+    frequency_penalty   subtracted from a token's logit once per time the turn wrote it
+    presence_penalty    subtracted once from the logit of a token the turn wrote at all
+    constraints         :class:`Constraint` s: their allowed sets intersect, and the turn
+                        ends where one says it is done
+    on_decision         told ``(position, token, scores)`` at each decision, ``scores``
+                        being the logits after penalties and masks (what log-probabilities
+                        are read from); a position may be decided again (a fallback), and
+                        the last call for a position is the turn's
+    """
+
+    top_p: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    constraints: tuple[Constraint, ...] = ()
+    on_decision: Callable[[int, int, torch.Tensor], None] | None = None
+
+    def is_plain(self) -> bool:
+        """Whether the rule changes nothing of the plain decoding rule."""
+        return (self.top_p >= 1.0 and self.frequency_penalty == 0 and self.presence_penalty == 0
+                and not self.constraints)
+
+    def is_done(self, out: Sequence[int]) -> bool:
+        return any(c.is_done(out) for c in self.constraints)
+
+
+PLAIN = Rule()
+
+
+def apply_rule(scores: torch.Tensor, rule: Rule, out: Sequence[int]) -> torch.Tensor:
+    """``scores`` (fp32 logits) after the rule's penalties and masks, a new tensor: the
+    penalties by the turn's own tokens (OpenAI's and vLLM's sense: the generated text), then
+    every constraint's allowed set (others at -inf)."""
+    if rule.frequency_penalty or rule.presence_penalty:
+        scores = scores.clone()
+        if out:
+            ids = torch.tensor(list(out), dtype=torch.long)
+            counts = torch.bincount(ids, minlength=scores.shape[-1])[:scores.shape[-1]].to(torch.float32)
+            scores -= rule.frequency_penalty * counts + rule.presence_penalty * (counts > 0).to(torch.float32)
+    for constraint in rule.constraints:
+        allowed = constraint.get_allowed(out)
+        if allowed is not None:
+            scores = scores.masked_fill(~allowed[:scores.shape[-1]], float("-inf"))
+    return scores
+
+
+def apply_top_p(scores: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
+    """``scores`` with every token outside the nucleus at -inf: the smallest set, in order of
+    probability (ties by token id, a stable sort), whose mass at ``temperature`` reaches
+    ``top_p``; the most likely token is always kept."""
+    probs = torch.softmax(scores / temperature, dim=-1)
+    order = torch.sort(probs, descending=True, stable=True).indices
+    before = torch.cumsum(probs[order], dim=-1) - probs[order]  # the mass ranked above each token
+    dropped = order[before >= top_p]
+    dropped = dropped[dropped != order[0]]
+    return scores.index_fill(-1, dropped, float("-inf"))
+
+
+def get_scores(logits: torch.Tensor, temperature: float, seed: int | None, position: int,
+               rule: Rule = PLAIN, out: Sequence[int] = ()) -> torch.Tensor:
     """What the decoding rule maximises at ``position`` of a turn, in fp32 on CPU.
 
     Greedy: the logits. Sampling: an exponential race, ``logits / T - log E``
@@ -88,10 +171,16 @@ def get_scores(logits: torch.Tensor, temperature: float, seed: int | None, posit
     ``(seed, position)`` alone. Its argmax is a sample of ``softmax(logits/T)``,
     and the noise at a position does not depend on how the earlier positions
     were decided, so a verifier can recompute it for any draft position.
+    ``rule`` (:class:`Rule`) penalises and masks the logits first, by the turn's
+    tokens so far (``out``, ``position`` of them), and cuts the race to its nucleus.
     """
     scores = logits.detach().to("cpu", torch.float32)
+    if rule is not PLAIN:
+        scores = apply_rule(scores, rule, out)
     if temperature == 0:
         return scores
+    if rule.top_p < 1.0:
+        scores = apply_top_p(scores, temperature, rule.top_p)
     gen = torch.Generator(device="cpu").manual_seed((int(seed) * 1_000_003 + position) % (2**63))
     noise = torch.empty(scores.shape[-1], dtype=torch.float32).exponential_(generator=gen)
     return scores / temperature - torch.log(noise)

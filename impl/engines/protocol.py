@@ -30,9 +30,12 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from unsee.impl.engines.speculation import DraftPolicy
+
+if TYPE_CHECKING:
+    from unsee.impl.engines.decoding import Rule
 
 
 @dataclass(frozen=True)
@@ -195,12 +198,16 @@ class Engine(Protocol):
         keeps the logits after the last token."""
 
     def generate(self, lineage: str, max_new_tokens: int, stop_ids: Iterable[int] | None = None,
-                 temperature: float = 0.0, seed: int | None = None, assist: Assist | None = None) -> list[int]:
+                 temperature: float = 0.0, seed: int | None = None, assist: Assist | None = None,
+                 rule: Rule | None = None) -> list[int]:
         """Decode up to ``max_new_tokens`` on ``lineage`` by the decoding
         rule of :mod:`unsee.impl.agent.drafts` (greedy at temperature 0, else
         the exponential race seeded by (seed, position in the turn)) applied
         to the model's logits, and commit them as the engine's canonical
-        chunk. Stops after a stop id (included). ``assist`` (:class:`Assist`)
+        chunk. Stops after a stop id (included), or where ``rule``'s
+        constraints say the turn is done. ``rule``
+        (:class:`~unsee.impl.engines.decoding.Rule`) penalises and masks the
+        logits by the turn's own tokens so far. ``assist`` (:class:`Assist`)
         changes no token returned."""
 
     def digest(self, lineage: str) -> str:

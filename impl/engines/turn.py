@@ -44,7 +44,7 @@ from typing import Protocol
 import torch
 
 from unsee.impl.engines.counts import Counters
-from unsee.impl.engines.decoding import get_lookup, get_scores, get_threshold, pick
+from unsee.impl.engines.decoding import PLAIN, Rule, get_lookup, get_scores, get_threshold, pick
 from unsee.impl.engines.protocol import Assist
 from unsee.impl.engines.speculation import DraftPolicy, compute_credit, compute_proposals
 
@@ -85,14 +85,22 @@ class Turn:
     max_forward: int | None = None
     #: how many proposals each forward feeds (:func:`speculate`; None: all it can)
     policy: DraftPolicy | None = None
+    #: penalties, nucleus and constraints over the turn's tokens (decoding.Rule)
+    rule: Rule = PLAIN
 
-    def decide(self, logits: torch.Tensor, position: int) -> tuple[int, float]:
-        """The decoding rule's token at ``position`` of the turn, and its margin."""
-        return pick(get_scores(logits, self.temperature, self.seed, position))
+    def decide(self, logits: torch.Tensor, out: list[int]) -> tuple[int, float]:
+        """The decoding rule's token after the turn's tokens ``out`` (at position ``len(out)``),
+        and its margin."""
+        scores = get_scores(logits, self.temperature, self.seed, len(out), self.rule, out)
+        tok, margin = pick(scores)
+        if self.rule.on_decision is not None:
+            self.rule.on_decision(len(out), tok, scores if self.temperature == 0 else
+                                  get_scores(logits, 0.0, None, len(out), self.rule, out))
+        return tok, margin
 
     def is_done(self, out: list[int]) -> bool:
-        """Whether ``out`` ends the turn (a stop id, or max_new_tokens)."""
-        return bool(out) and (out[-1] in self.stops or len(out) == self.max_new_tokens)
+        """Whether ``out`` ends the turn (a stop id, max_new_tokens, or the rule's constraints)."""
+        return bool(out) and (out[-1] in self.stops or len(out) == self.max_new_tokens or self.rule.is_done(out))
 
     def get_threshold(self) -> float:
         return get_threshold(self.draft_bound, self.temperature)
@@ -116,7 +124,7 @@ def decode_guarded(turn: Turn, assist: Assist) -> tuple[list[int] | None, bool]:
     caller falls back to the reference); committed means the verification
     chunk is the turn's canonical chunk."""
     lin, draft, lookup = turn.lin, list(assist.draft or ()), assist.lookup
-    if draft and turn.decide(turn.header_logits, 0)[0] != draft[0]:
+    if draft and turn.decide(turn.header_logits, [])[0] != draft[0]:
         # decided on the header's own logits, the reference's: decoding from here *is* the reference
         count_draft(turn.counters, len(draft), 0, fallback=False)
         draft = []
@@ -131,7 +139,7 @@ def decode_guarded(turn: Turn, assist: Assist) -> tuple[list[int] | None, bool]:
         probed = lin.forward_last([draft[0]])  # the reference's own first decode step
         turn.counters.forward_calls += 1
         turn.counters.draft_probes += 1
-        if turn.decide(probed, 1)[0] != draft[1]:
+        if turn.decide(probed, draft[:1])[0] != draft[1]:
             # wrong at position 1, on the reference's own logits and KV: decode on, unguarded
             out = decode(turn, [draft[0]], probed, None, lookup)
             count_draft(turn.counters, len(draft), 1 if out is not None else 0, fallback=out is None)
@@ -167,7 +175,7 @@ def decode(turn: Turn, out: list[int], logits: torch.Tensor, threshold: float | 
     guess (:func:`get_guess`), and every later decision is guarded."""
     lin, counters = turn.lin, turn.counters
     while len(out) < turn.max_new_tokens:
-        tok, margin = turn.decide(logits, len(out))
+        tok, margin = turn.decide(logits, out)
         if threshold is not None and margin <= threshold:
             return None
         out.append(tok)
@@ -217,7 +225,7 @@ def accept_guess(turn: Turn, guess: list[int], verify: torch.Tensor, out: list[i
     counters.prefilled_tokens += len(guess)
     accepted = 0
     for proposed, row in zip(guess, verify):
-        guessed, margin = turn.decide(row, len(out))
+        guessed, margin = turn.decide(row, out)
         if margin <= threshold:
             count_lookup(counters, len(guess), 0)
             return None
@@ -244,7 +252,7 @@ def get_accepted(turn: Turn, draft: list[int], probed: torch.Tensor | None,
     for k, proposed in enumerate(draft):
         exact = k == 0 or (k == 1 and probed is not None)
         logits = turn.header_logits if k == 0 else probed if exact else verify[k - 1]
-        tok, margin = turn.decide(logits, k)
+        tok, margin = turn.decide(logits, out)
         if not exact and margin <= threshold:
             return out, False
         if tok != proposed:
@@ -273,7 +281,7 @@ def speculate(turn: Turn, assist: Assist) -> tuple[list[int] | None, bool]:
     run = Run(turn.policy.opening if turn.policy else 0.0)
     logits, threshold = turn.header_logits, None  # the header's logits are the reference's own
     while True:
-        tok, margin = run.pending or turn.decide(logits, len(run.out))
+        tok, margin = run.pending or turn.decide(logits, run.out)
         if threshold is not None and margin <= threshold:
             return run.end(turn, draft, None)
         run.decided(turn.counters, tok, draft)
@@ -365,7 +373,7 @@ def check_proposals(turn: Turn, run: Run, proposals: list[int], rows: torch.Tens
     it does not agree with is decided there and left pending for the next step."""
     counters, accepted = turn.counters, 0
     for proposal, row in zip(proposals, rows):
-        tok, margin = turn.decide(row, len(run.out))
+        tok, margin = turn.decide(row, run.out)
         if margin <= threshold:
             return None
         if tok != proposal:

@@ -53,7 +53,7 @@ from typing import ClassVar
 import torch
 
 from unsee.impl.engines.book import LineageBook
-from unsee.impl.engines.decoding import get_scores, get_threshold, pick
+from unsee.impl.engines.decoding import PLAIN, Rule, get_scores, get_threshold, pick
 from unsee.impl.engines.protocol import Assist, Determinism
 from unsee.impl.engines.vllm import adapter
 
@@ -190,11 +190,14 @@ class VllmEngine(LineageBook):
         self.budget.enforce()
 
     def generate(self, lineage: str, max_new_tokens: int, stop_ids: Iterable[int] | None = None,
-                 temperature: float = 0.0, seed: int | None = None, assist: Assist | None = None) -> list[int]:
+                 temperature: float = 0.0, seed: int | None = None, assist: Assist | None = None,
+                 rule: Rule | None = None) -> list[int]:
         """Decode by the rule of impl/engines/decoding.py on vLLM's raw logits,
         each decision under the margin guard (the module docstring). Greedy
         turns are one request (top-2 logits per position) until a guarded
-        decision changes a token; sampled ones a request per token (all logits)."""
+        decision changes a token; sampled ones, and any turn under a ``rule``
+        that reads all the logits (penalties, a nucleus, constraints), a
+        request per token (all logits)."""
         self._use(lineage)
         self.budget.spare(lineage)
         max_new_tokens = self._check_generate(max_new_tokens, temperature, seed, assist or Assist())
@@ -206,12 +209,13 @@ class VllmEngine(LineageBook):
         if len(lin.tokens) + max_new_tokens > self._max_len():
             raise ValueError(f"generate: {len(lin.tokens)} + {max_new_tokens} tokens exceed "
                              f"max_model_len={self._max_len()}")
+        rule = rule or PLAIN
         out: list[int] = []
-        while len(out) < max_new_tokens and not (out and out[-1] in stops):
-            if temperature == 0:
+        while len(out) < max_new_tokens and not (out and (out[-1] in stops or rule.is_done(out))):
+            if temperature == 0 and rule.is_plain():
                 self._decode_greedy(lin, out, max_new_tokens, stops)
             else:
-                out.append(self._decide_sampled(lin, out, temperature, seed))
+                out.append(self._decide_sampled(lin, out, temperature, seed, rule))
         lin.tokens.extend(out)
         lin.has_logits = bool(lin.tokens)
         return out
@@ -304,7 +308,7 @@ class VllmEngine(LineageBook):
         return out
 
     def _guarded(self, lin: _Lineage, out: list[int], token: int, margin: float, temperature: float,
-                 seed: int | None) -> int:
+                 seed: int | None, rule: Rule = PLAIN) -> int:
         """``token`` if its margin clears the threshold, else the cold run's decision."""
         self.guard_stats["decisions"] += 1
         if margin > get_threshold(self.restore_bound, temperature):
@@ -312,7 +316,7 @@ class VllmEngine(LineageBook):
         self.guard_stats["cold_recomputes"] += 1
         # computed afresh, so a turn's counts do not depend on what ran before it
         cold, _ = pick(get_scores(self.cold_logits(lin.salt, lin.tokens + out, reuse=False), temperature, seed,
-                                  len(out)))
+                                  len(out), rule, out))
         self.guard_stats["flips"] += int(cold != token)
         return cold
 
@@ -328,11 +332,16 @@ class VllmEngine(LineageBook):
             if decided != token or decided in stops:
                 return
 
-    def _decide_sampled(self, lin: _Lineage, out: list[int], temperature: float, seed: int | None) -> int:
+    def _decide_sampled(self, lin: _Lineage, out: list[int], temperature: float, seed: int | None,
+                        rule: Rule = PLAIN) -> int:
         c = self.request(lin.salt, lin.tokens + out, 1, -1, lin=lin)
         self.counters.decoded_tokens += 1
-        token, margin = pick(get_scores(self.dense(c.logits[0]), temperature, seed, len(out)))
-        return self._guarded(lin, out, token, margin, temperature, seed)
+        logits = self.dense(c.logits[0])
+        token, margin = pick(get_scores(logits, temperature, seed, len(out), rule, out))
+        token = self._guarded(lin, out, token, margin, temperature, seed, rule)
+        if rule.on_decision is not None:
+            rule.on_decision(len(out), token, get_scores(logits, 0.0, None, len(out), rule, out))
+        return token
 
 
 __all__ = ["RESTORE_BOUNDS", "VllmEngine", "get_margin", "get_restore_bound"]
