@@ -30,6 +30,7 @@ import argparse
 import http.client
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -225,7 +226,8 @@ def judge(scenario: Scenario, record: dict) -> tuple[bool, str]:
     if not str(record.get("answer") or "").strip():
         return False, "no answer"
     if scenario.needs_tool and not record.get("tool_calls"):
-        return False, "the tool was never called"
+        written = "get_weather" in str(record.get("answer"))  # the model wrote the call, as text
+        return False, "the tool was never called" + (": the call came back as text" if written else "")
     if scenario.structured and not record.get("structured"):
         return False, "the output is not a value of the schema"
     if scenario.twin and not (record.get("twin") or {}).get("equal"):
@@ -362,8 +364,14 @@ def get_label(args: argparse.Namespace, argv: list[str]) -> dict:
 
 
 def get_first_words(text: str, words: int = 12) -> str:
+    """An answer's first words; one with backticks (a call written as a fenced block) as a
+    code span whose fence is longer than any run of backticks in it, so it shows as written."""
     parts = " ".join(str(text or "").split()).split(" ")
-    return " ".join(parts[:words]) + (" ..." if len(parts) > words else "")
+    shown = " ".join(parts[:words]) + (" ..." if len(parts) > words else "")
+    if "`" not in shown:
+        return shown
+    fence = "`" * (max(len(run) for run in re.findall(r"`+", shown)) + 1)
+    return f"{fence} {shown} {fence}"
 
 
 def get_cell(text: str) -> str:
@@ -380,16 +388,22 @@ def get_tool_cell(scenario: Scenario | None, record: dict) -> str:
     return f"{'yes' if runs else 'no'} ({runs} run, {parsed} parsed by the server)"
 
 
-def get_failure_cell(record: dict) -> str:
-    """The first refusal the server sent, as the server worded it, else the client's error."""
+def get_failure_cell(record: dict, chars: int = 200) -> str:
+    """The first refusal the server sent, as the server worded it (cut to ``chars``: a
+    refused value is quoted whole), else the client's error; a conversation's id as ``{id}``."""
     for failure in record.get("failures") or []:
-        response = failure["response"]
+        response, path = failure["response"], re.sub(r"/conv_[0-9a-zA-Z]+", "/{id}", failure["path"])
         error = response.get("error") if isinstance(response, dict) else None
         if isinstance(error, dict):
             param = f" (`{error['param']}`)" if error.get("param") else ""
-            return f"{failure['status']} on {failure['path']}{param}: {error.get('message', '')}"
-        return f"{failure['status']} on {failure['path']}: {str(response)[:200]}"
-    return record.get("why", "") if not record.get("ok") else ""
+            return get_cut(f"{failure['status']} on {path}{param}: {error.get('message', '')}", chars)
+        return get_cut(f"{failure['status']} on {path}: {response}", chars)
+    return get_cut(record.get("why", ""), chars) if not record.get("ok") else ""
+
+
+def get_cut(text: str, chars: int) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= chars else text[:chars].rstrip() + " ..."
 
 
 def format_label(label: dict) -> str:
@@ -406,17 +420,21 @@ def format_table(result: dict) -> str:
     lines = [format_label(result["label"]), "",
              "| client | configuration | result | tool called | answer (first words) | error | wall |",
              "|---|---|---|---|---|---|---:|"]
+    verdicts = []
     for record in result["records"]:
         scenario = next((s for s in SCENARIOS if s.name == record["scenario"]), None)
+        if scenario is not None:  # judged by this version's rules (a results file may be older)
+            record = {**record, **dict(zip(("ok", "why"), judge(scenario, record), strict=True))}
         client, configuration = (scenario.client, scenario.configuration) if scenario else (record["scenario"], "")
         verdict = "ok" if record.get("ok") else "timed out" if record.get("timed_out") else "failed"
+        verdicts.append(verdict)
         if scenario is not None and scenario.twin and record.get("twin"):
             verdict += f"; twin digest {'equal' if record['twin'].get('equal') else 'differs'}"
         lines.append("| " + " | ".join(get_cell(c) for c in (
             client, configuration, verdict, get_tool_cell(scenario, record),
-            get_first_words(record.get("answer", "")), get_failure_cell(record)[:300],
+            get_first_words(record.get("answer", "")), get_failure_cell(record),
             f"{record.get('wall_s', 0):.0f} s")) + " |")
-    ok = sum(bool(r.get("ok")) for r in result["records"])
+    ok = sum(verdict.startswith("ok") for verdict in verdicts)
     lines += ["", f"{ok} of {len(result['records'])} scenarios ok; the whole run took "
                   f"{result.get('wall_s', 0) / 60:.1f} min."]
     return "\n".join(lines) + "\n"

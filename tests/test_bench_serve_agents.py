@@ -87,10 +87,27 @@ def test_exchanges_summarised_with_their_refusals():
     assert sa.get_failure_cell(summary) == "400 on /v1/chat/completions (`stop`): stop is not supported"
 
 
+def test_answer_cell_shows_a_fenced_call_as_written():
+    assert sa.get_first_words("It is -20 C in Qaanaaq.") == "It is -20 C in Qaanaaq."
+    fenced = sa.get_first_words('```json\n{"name": "get_weather"}\n```')
+    assert fenced == '```` ```json {"name": "get_weather"} ``` ````'
+    assert sa.get_first_words(" ".join(["word"] * 20), 3) == "word word word ..."
+
+
+def test_failure_cell_names_no_conversation_and_is_cut():
+    record = {"failures": [{"method": "POST", "path": "/v1/conversations/conv_8e01/items", "status": 400,
+                            "request": {}, "response": {"error": {"message": "x" * 500, "param": "items[0].role"}}}]}
+    cell = sa.get_failure_cell(record)
+    assert cell.startswith("400 on /v1/conversations/{id}/items (`items[0].role`): xxx") and cell.endswith(" ...")
+    assert len(cell) <= 204
+
+
 def test_judge():
     tool = sa.get_scenario("agents-responses")
     assert sa.judge(tool, {"answer": "Snow.", "tool_calls": ["Qaanaaq"]}) == (True, "")
     assert sa.judge(tool, {"answer": "Snow.", "tool_calls": []}) == (False, "the tool was never called")
+    assert sa.judge(tool, {"answer": '```json {"name": "get_weather"} ```', "tool_calls": []}) == (
+        False, "the tool was never called: the call came back as text")
     assert sa.judge(tool, {"timed_out": True}) == (False, "timed out")
     assert sa.judge(tool, {"error": {"status": 400, "message": "no"}}) == (False, "400: no")
     assert not sa.judge(sa.get_scenario("agents-output-type"), {"answer": "{}", "structured": False})[0]
