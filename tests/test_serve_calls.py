@@ -2,8 +2,10 @@
 into text and calls (a call that does not parse is text), what a stream may
 send while a turn is decoded, and a server on the tiny model under a
 Qwen-style template (tests/test_render.py's), where tools are rendered in the
-system block, a required tool choice opens the turn with the call, and the
-tiny model's random bytes after it come back as text, not an error."""
+system block, a required tool choice opens the turn with the call, the tiny
+model's random bytes after it are held to the call's grammar (issue 49;
+tests/test_serve_grammar.py), and a call cut by the output cap comes back as
+text, not an error."""
 
 from __future__ import annotations
 
@@ -98,12 +100,15 @@ def test_a_server_renders_tools_forces_a_call_and_returns_a_malformed_one_as_tex
                                         tool_choice={"type": "function", "name": "get_weather"})
         runtime = pool.get(conv.id).session.runtime
         assert '"name": "get_weather"' in runtime.graph[runtime.context[0]].text  # the tools in the system block
-        text = reply.output[0].content[0].text  # the tiny model's random bytes are no JSON: text, not an error
-        assert reply.output[0].type == "message" and text.startswith('<tool_call>\n{"name": "get_weather", "arguments":')
+        # the tiny model's random bytes, held to the call's grammar (issue 49), close a call of the tool
+        call = reply.output[0]
+        assert call.type == "function_call" and call.name == "get_weather"
+        assert isinstance(json.loads(call.arguments), dict)
         assert reply.tools[0].name == "get_weather" and reply.tool_choice.name == "get_weather"
         chat = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "Weather?"}],
                                               tools=[{"type": "function", "function": {"name": "get_weather"}}],
                                               tool_choice="required")
+        # cut by the output cap inside the tool's name: text, not an error
         assert chat.choices[0].message.content.startswith('<tool_call>\n{"name": "')
         # a client's own call sent back renders in the model's format, and its result in the tool role
         called = [{"role": "user", "content": "Weather?"},
@@ -115,5 +120,6 @@ def test_a_server_renders_tools_forces_a_call_and_returns_a_malformed_one_as_tex
         assert answer.choices[0].finish_reason in ("stop", "length")
         with pytest.raises(openai.BadRequestError, match="names no call"):
             client.chat.completions.create(model="tiny", messages=[*called[:1], called[2]])
-        assert json.loads(client.responses.create(model="tiny", conversation=conv.id, input="And now?",
+        answered = [{"type": "function_call_output", "call_id": call.call_id, "output": "Sunny."}]
+        assert json.loads(client.responses.create(model="tiny", conversation=conv.id, input=answered,
                                                   tools=[tool]).model_dump_json())["tool_choice"] == "auto"

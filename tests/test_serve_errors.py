@@ -99,8 +99,12 @@ BAD_REQUESTS = [
     ("POST", "/v1/responses", '{"conversation": "{c}", "tools": [{"type": "web_search"}]}'),
     ("POST", "/v1/responses", '{"conversation": "{c}", "tools": [{"type": "function", "name": "f"}]}'),  # tiny: no format
     ("POST", "/v1/responses", '{"conversation": "{c}", "tool_choice": "required"}'),
+    ("POST", "/v1/responses", '{"conversation": "{c}", "text": {"format": {"type": "json_schema", '
+                              '"schema": {}}}}'),  # no name
     ("POST", "/v1/responses", '{"conversation": "{c}", "text": {"format": {"type": "json_schema", "name": "x", '
-                              '"schema": {}}}}'),
+                              '"schema": []}}}'),
+    ("POST", "/v1/responses", '{"conversation": "{c}", "text": {"format": {"type": "grammar"}}}'),
+    ("POST", "/v1/responses", '{"conversation": "{c}", "text": {"verbosity": "low"}}'),
     ("POST", "/v1/responses", '{"conversation": "{c}", "include": ["message.output_text.logprobs"]}'),
     ("POST", "/v1/responses", '{"conversation": "{c}", "truncation": "auto"}'),
     ("POST", "/v1/responses", '{"conversation": "{c}", "background": true}'),
@@ -125,7 +129,7 @@ BAD_REQUESTS = [
     ("POST", "/v1/chat/completions", '{"messages": [{"role": "user", "content": "hi"}], "stop": ["x"]}'),
     ("POST", "/v1/chat/completions", '{"messages": [{"role": "user", "content": "hi"}], "top_p": 0.5}'),
     ("POST", "/v1/chat/completions", '{"messages": [{"role": "user", "content": "hi"}], "response_format": '
-                                     '{"type": "json_object"}}'),
+                                     '{"type": "json_schema", "name": "x", "schema": {}}}'),  # not under json_schema
     ("POST", "/v1/chat/completions", '{"messages": [{"role": "user", "content": "hi"}], "tools": '
                                      '[{"type": "function", "function": {"name": "f"}}]}'),  # tiny: no tool format
     ("POST", "/v1/chat/completions", '{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 5000}'),

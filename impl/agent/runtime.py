@@ -165,8 +165,7 @@ class AgentRuntime:
         self.append_block(SYSTEM_ID, "system", self.render_first(), parents=(), sources=frozenset())
 
     @classmethod
-    def from_episode(cls, engine: Engine, episode: Episode, progress: Progress | None = None,
-                     **options) -> AgentRuntime:
+    def from_episode(cls, engine: Engine, episode: Episode, progress: Progress | None = None, **options) -> AgentRuntime:
         runtime = cls.start(engine, episode.system, episode.settings, **options)
         runtime.run(episode.steps, progress)
         return runtime
@@ -179,15 +178,15 @@ class AgentRuntime:
                 progress(i, len(steps))
 
     def hold(self, what: str, wait: bool = True):
-        """A block in which no step or forget of this session runs on another
-        thread (a save's consistent snapshot); the holding thread may still step."""
+        """A block in which no step or forget of this session runs on another thread (a save's
+        consistent snapshot); the holding thread may still step."""
         return self._exclusive(wait, what)
 
     # --- the transition F ---------------------------------------------------
 
     def step(self, step: Step, wait: bool = True) -> None:
-        """``R_t = F(R_{t-1}, o_t)``: the step observed, answered by a model
-        turn where its kind has one (:data:`TURNS`), then its kind's own change."""
+        """``R_t = F(R_{t-1}, o_t)``: the step observed, answered by a model turn where its kind has one
+        (:data:`TURNS`), then its kind's own change."""
         with self._exclusive(wait, f"step {step.id}"):
             if any(s.id == step.id for s in self._state.steps):
                 raise ValueError(f"step id {step.id!r} was already observed in this session")
@@ -292,10 +291,8 @@ class AgentRuntime:
         return SUMMARY_OPENING if step.kind == "compact" else ""
 
     def _answer(self, block_id: str, type_: str, header_suffix: str = "") -> RuntimeBlock:
-        """A model turn: prefill the assistant header, decode, commit canonically.
-
-        Source ids propagate: the turn inherits every source resident in context.
-        """
+        """A model turn: prefill the assistant header, decode (under :meth:`get_turn_rule`), commit
+        canonically. Source ids propagate: the turn inherits every source resident in context."""
         header = tuple(self.engine.lm.encode(self.renderer.render_header(header_suffix)))
         start = len(self.engine.tokens(self.lineage))
         self.engine.prefill(self.lineage, list(header))
@@ -310,12 +307,10 @@ class AgentRuntime:
             before = self.engine.counters.snapshot()
             assist = self._drafts.get_assist(draft) if self._drafts is not None else Assist()
             settings, rule = self.get_turn_rule(header)
+            seed = self._seed(settings.seed) if settings.temperature > 0 else None
             with self._watch_turn(block_id):
-                generated = self.engine.generate(self.lineage, settings.max_new_tokens,
-                                                 stop_ids=self.engine.lm.eos_ids,
-                                                 temperature=settings.temperature,
-                                                 seed=self._seed(settings.seed) if settings.temperature > 0 else None,
-                                                 assist=assist, rule=rule)
+                generated = self.engine.generate(self.lineage, settings.max_new_tokens, self.engine.lm.eos_ids,
+                                                 settings.temperature, seed, assist, rule)
             if self._drafts is not None:  # with drafts, every turn's cost is logged
                 spent = self.engine.counters.snapshot() - before
                 self._drafts = self._drafts.with_turn(TurnCost.from_spent(block_id, draft, spent, len(generated)))
@@ -328,10 +323,8 @@ class AgentRuntime:
         return self.commit_block(block)
 
     def get_turn_rule(self, header: Sequence[int]) -> tuple[Settings, Rule | None]:
-        """The settings and decoding rule of the turn about to be decoded after ``header``: the
-        session's settings (A1), no rule. A runtime whose steps carry their own (the server's
-        client runtime: each request's settings and grammar, recorded with its step) overrides
-        it; a forget's replay reads them back from the step, so the turn is decided as it was."""
+        """The settings and decoding rule of the next turn: the session's (A1), no rule; the
+        server's runtime reads each step's own, recorded with it (so a replay decides alike)."""
         return self.settings, None
 
     def _watch_turn(self, block_id: str) -> contextlib.AbstractContextManager:
@@ -356,8 +349,7 @@ class AgentRuntime:
                           self._state.memory, self._state.plans, self.take_env_snapshot())
 
     def take_env_snapshot(self) -> str | None:
-        """The environment snapshot a checkpoint records: an extension's
-        (the tool layer's world), none without one."""
+        """The environment snapshot a checkpoint records: an extension's (the tool layer's world), none without one."""
         ids = [e.take_snapshot(self) for e in self.extensions]
         return next((sid for sid in ids if sid is not None), None)
 
@@ -565,11 +557,10 @@ class AgentRuntime:
 
     def rebuild_context(self, keep: Callable[[RuntimeBlock], bool],
                         transform: Callable[[RuntimeBlock], RuntimeBlock] = lambda b: b) -> None:
-        """Re-prefill the kept context blocks, each through ``transform``, into
-        a new lineage, one chunk each; memory records and plans are kept and
-        transformed the same way (a transformed block with a new id is added
-        to the graph). Unchanged blocks keep their recorded tokens; an edited
-        one is re-encoded from its text (a model turn keeps its assistant framing)."""
+        """Re-prefill the kept context blocks, each through ``transform``, into a new lineage, one chunk
+        each; memory records and plans are kept and transformed the same way (a transformed block with a
+        new id is added to the graph). Unchanged blocks keep their recorded tokens; an edited one is
+        re-encoded from its text (a model turn keeps its assistant framing)."""
         blocks = [transform(self.graph[b]) for b in self._state.context if keep(self.graph[b])]
         memory = [self._ensure(transform(self.graph[b])).id for b in self._state.memory if keep(self.graph[b])]
         plans = [self._ensure(transform(self.graph[b])).id for b in self._state.plans if keep(self.graph[b])]
@@ -589,10 +580,9 @@ class AgentRuntime:
         return block if block.id in self.graph else self.commit_block(block, extend_context=False)
 
     def excise_spans(self, cuts: Mapping[str, tuple[int, int, str]]) -> None:
-        """Cut ``[a, z)`` of each named context block's own tokens out of the
-        live cache, keeping every other position's KV as computed, and
-        remove the cut text (the third field) from the block's record; later
-        blocks' spans shift down. Needs an engine with ``excise``."""
+        """Cut ``[a, z)`` of each named context block's own tokens out of the live cache, keeping every
+        other position's KV as computed, and remove the cut text (the third field) from the block's
+        record; later blocks' spans shift down. Needs an engine with ``excise``."""
         for block_id in reversed(self._state.context):  # back to front: earlier offsets stay valid
             if block_id in cuts:
                 a, z, _ = cuts[block_id]

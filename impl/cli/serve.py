@@ -44,7 +44,6 @@ def do_serve(args: argparse.Namespace) -> int:
     )
 
     try:
-        from unsee.impl.serve.app import get_owner_of
         from unsee.impl.serve.server import check_exposure, read_api_keys, run
     except ModuleNotFoundError as exc:  # a usage error: nothing ran
         raise ValueError(f"unsee serve needs the serve extra ({exc.name} is missing): "
@@ -71,9 +70,7 @@ def do_serve(args: argparse.Namespace) -> int:
         if args.kv_budget is not None:
             print(f"unsee serve: KV budget {args.kv_budget / 2**30:.1f} GiB (half of the memory left after "
                   "the model; --kv-budget sets another)", file=sys.stderr)
-    # a conversation stored before conversations had owners belongs to the file's first key
     pool = Pool(engine, args.store, kv_budget=args.kv_budget, busy_wait=args.busy_wait, system=args.system,
-                defaults=Settings(max_new_tokens=args.max_output_tokens),
-                legacy_owner=get_owner_of(api_keys[0]) if api_keys else "")
+                defaults=Settings(max_new_tokens=args.max_output_tokens))
     run(pool, args.model, args.host, args.port, api_keys)
     return int(Exit.OK)

@@ -7,6 +7,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
+import numpy as np
 import torch
 
 #: Ceilings on max |logit_prefill - logit_decode| per (model, device, dtype),
@@ -146,7 +147,10 @@ def apply_rule(scores: torch.Tensor, rule: Rule, out: Sequence[int]) -> torch.Te
     for constraint in rule.constraints:
         allowed = constraint.get_allowed(out)
         if allowed is not None:
-            scores = scores.masked_fill(~allowed[:scores.shape[-1]], float("-inf"))
+            # in numpy: a torch op over the vocabulary waits for torch's thread pool where the
+            # forwards keep the cores busy (impl/engines/constraints.py, to_mask)
+            kept = np.asarray(allowed)[:scores.shape[-1]]
+            scores = torch.from_numpy(np.where(kept, scores.numpy(), np.float32("-inf")).astype(np.float32, copy=False))
     return scores
 
 

@@ -15,12 +15,13 @@ import time
 
 from unsee import Settings
 from unsee.impl.agent.tools.client import Config
+from unsee.impl.engines.counts import Counters
 from unsee.impl.serve import shapes, turns
 from unsee.impl.serve.chat import check_messages, get_messages
 from unsee.impl.serve.conversation import Conversation
 from unsee.impl.serve.errors import bad_request
 from unsee.impl.serve.pool import Pool
-from unsee.impl.util.ids import ANSWER, compute_block_id
+from unsee.impl.util.ids import ANSWER, SYSTEM, compute_block_id
 
 
 def check_tools(pool: Pool, req: dict) -> None:
@@ -38,11 +39,30 @@ def get_target(pool: Pool, req: dict, owner: str) -> tuple[Conversation | None, 
     return None, None
 
 
-def get_usage(runtime, step_ids: list[str]) -> dict:
-    """Tokens of a response's turns: the first turn's prompt, every turn's output."""
+def get_usage(runtime, step_ids: list[str], kept: int = 0) -> dict:
+    """Tokens of a response's turns: the first turn's prompt, every turn's output, and
+    ``cached_tokens``: of the prompt, the ``kept`` tokens (:func:`get_kept_tokens`), none where
+    the first turn re-rendered the context (new instructions: a new lineage, every token
+    prefilled anew)."""
     blocks = [runtime.graph[compute_block_id(s, ANSWER)] for s in step_ids]
     output = sum(len(runtime.engine.lm.encode(b.text)) for b in blocks)
-    return shapes.usage(blocks[0].token_span[0] if blocks else 0, output)
+    prompt = blocks[0].token_span[0] if blocks else 0
+    usage = shapes.usage(prompt, output)
+    if blocks and compute_block_id(step_ids[0], SYSTEM) not in runtime.graph:
+        usage["input_tokens_details"]["cached_tokens"] = min(kept, prompt)
+    return usage
+
+
+def get_kept_tokens(engine, runtime, before: Counters) -> int:
+    """The tokens of a conversation's context whose KV was in memory before this request and is
+    reused by its turn: the live lineage's, less what this thread prefilled since ``before``
+    (a session rebuilt from its store after an eviction prefilled them all again). Counted on
+    this thread's counters (an engine keeps one per thread), so another request's work, even
+    one interleaved between forwards, never moves it."""
+    if runtime is None:
+        return 0
+    spent = engine.counters.snapshot() - before
+    return max(0, len(engine.tokens(runtime.lineage)) - spent.prefilled_tokens)
 
 
 def get_status(items: list[dict]) -> str:
@@ -54,7 +74,8 @@ def respond(pool: Pool, model: str, req: dict, conv: Conversation, previous: str
             listener=None) -> dict:
     """One response on ``conv``: its step (and any resumed replay) committed; the Response object."""
     response_id, created = "resp_" + secrets.token_hex(24), time.time()
-    with pool.hold(conv) as c:
+    before = pool.engine.counters.snapshot()
+    with pool.hold(conv) as c:  # rebuilds the session where it was evicted
         if previous is not None and c.record["responses"][-1]["id"] != previous:
             raise bad_request(f"previous_response_id: {previous!r} is not the latest response of its "
                               "conversation; this server continues only the latest (no branches)",
@@ -64,11 +85,12 @@ def respond(pool: Pool, model: str, req: dict, conv: Conversation, previous: str
                 response_id, model, "in_progress", [], conversation_id=c.id, previous_response_id=previous,
                 settings=settings, req=req, usage=None, created_at=created)
         t = c.runtime.t if c.runtime is not None else 0
+        kept = get_kept_tokens(pool.engine, c.runtime, before)
         items, settings = turns.respond(c, pool.engine, req, pool.defaults, response_id, listener)
         steps = [s.id for s in c.runtime.steps[t:]]
         out = shapes.response(response_id, model, get_status(items), items, conversation_id=c.id,
                               previous_response_id=previous, settings=settings, req=req,
-                              usage=get_usage(c.runtime, steps), created_at=created,
+                              usage=get_usage(c.runtime, steps, kept), created_at=created,
                               extra={"steps": steps} if len(steps) > 1 else None)
     pool.note_response(response_id, conv)
     return out
@@ -113,7 +135,7 @@ def complete(pool: Pool, req: dict, messages: list[dict], owner: str, listener=N
     system, messages = split_system(pool, messages, req.get("instructions"))
     check_messages(messages, pool.tools_ok)
     settings = get_settings(pool, req)
-    config = Config(system, req["tools"], req["choice"], req["function"], req["parallel"])
+    config = Config(system, req["tools"], req["choice"], req["function"], req["parallel"], req.get("format"))
     with pool.hold():  # the engine's lock alone: a completion has no conversation
         return {**pool.open_chat(owner).complete(messages, settings, config, listener), "settings": settings}
 
@@ -147,5 +169,6 @@ def complete_chat(pool: Pool, model: str, req: dict, owner: str, completion_id: 
     return {"completion": completion, "finish_reason": out["finish_reason"], "usage": usage}
 
 
-__all__ = ["check_tools", "complete", "complete_chat", "get_settings", "get_status", "get_target", "get_usage",
+__all__ = ["check_tools", "complete", "complete_chat", "get_kept_tokens", "get_settings", "get_status", "get_target",
+           "get_usage",
            "respond", "respond_new", "respond_stateless", "split_system"]

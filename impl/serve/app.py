@@ -6,6 +6,8 @@ a worker thread holding the conversation's lock and the engine's
 (:meth:`Pool.hold`, the one way serve takes its locks). Every check that can refuse runs before the first write,
 so a refused request changes nothing; an unexpected failure answers 500 with
 no trace (it is logged), and the store is as its last commit left it.
+``GET /health`` and ``GET /metrics``, the per-request log line and the
+figures are :mod:`.metrics`'s.
 """
 
 from __future__ import annotations
@@ -15,12 +17,14 @@ import hmac
 import json
 import logging
 import secrets
+import time
 from collections.abc import Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 
@@ -28,12 +32,16 @@ from unsee.impl.serve import answers, bodies, shapes, turns
 from unsee.impl.serve.conversation import Conversation
 from unsee.impl.serve.errors import ApiError, bad_request, not_found, server_error, unauthorized
 from unsee.impl.serve.fields import CONVERSATION_FIELDS, ITEMS_FIELDS, check_fields
+from unsee.impl.serve.metrics import Metrics, RequestRecorder, note_conversation, note_usage
 from unsee.impl.serve.pool import Pool
 from unsee.impl.serve.stream import ChatEvents, ResponseEvents, TurnStream, open_stream
 
 log = logging.getLogger("unsee.serve")
 LIST_PARAMS = {"limit", "order", "after", "include"}
 MAX_BODY_BYTES = 4 * 2**20
+#: the routes a request without a key may call: a liveness probe (a load balancer's, an orchestrator's)
+#: sends none, and the reply says nothing but that the server is up
+OPEN_ROUTES = {"/health"}
 
 
 def reject_constant(name: str) -> Any:
@@ -109,13 +117,23 @@ def run_held(pool: Pool, conv: Conversation, work, background: bool = False):
 
 
 def build_app(pool: Pool, model_name: str, api_keys: Sequence[str] = ()) -> FastAPI:
+    """The application over ``pool`` (its model loaded). With ``api_keys``, a conversation stored
+    without an owner (made while the server ran without keys) is given to the first key before
+    any request (docs/serve.md, "Keys")."""
     app = FastAPI(title="unsee serve", openapi_url=None, docs_url=None, redoc_url=None)
     app.state.pool = pool
+    app.state.metrics = metrics = Metrics(pool)
     add_error_handlers(app)
     if api_keys:
+        claimed = pool.claim_unowned(get_owner_of(api_keys[0]))
+        if claimed:
+            log.warning("%d conversation(s) stored without keys now belong to the key file's first key",
+                        len(claimed))
         add_auth(app, api_keys)
+    app.add_middleware(RequestRecorder, metrics=metrics, router=app.router)  # added last: outermost, so a 401 is recorded too
+    add_ops_routes(app, metrics)
     add_conversation_routes(app, pool, model_name)
-    add_item_routes(app, pool)
+    add_item_routes(app, pool, metrics)
     add_response_routes(app, pool, model_name)
     add_chat_routes(app, pool, model_name)
     return app
@@ -143,12 +161,15 @@ def add_error_handlers(app: FastAPI) -> None:
 
 
 def add_auth(app: FastAPI, api_keys: Sequence[str]) -> None:
-    """Every route needs ``Authorization: Bearer <key>`` of one of ``api_keys`` (each compared in
-    constant time, all of them every time); the request then acts as that key's owner."""
+    """Every route but :data:`OPEN_ROUTES` needs ``Authorization: Bearer <key>`` of one of
+    ``api_keys`` (each compared in constant time, all of them every time); the request then acts
+    as that key's owner."""
     owners = [(f"Bearer {k}".encode(), get_owner_of(k)) for k in api_keys]
 
     @app.middleware("http")
     async def check_key(request: Request, call_next):
+        if request.url.path in OPEN_ROUTES:
+            return await call_next(request)
         given = request.headers.get("authorization", "").encode()
         matches = [owner for key, owner in owners if hmac.compare_digest(given, key)]
         if not matches:
@@ -157,6 +178,18 @@ def add_auth(app: FastAPI, api_keys: Sequence[str]) -> None:
                                 status_code=401)
         request.state.owner = matches[0]
         return await call_next(request)
+
+
+def add_ops_routes(app: FastAPI, metrics: Metrics) -> None:
+    @app.get("/health")
+    async def health() -> dict:
+        """Up, with the model loaded (the app is built once it is): no data, no key."""
+        return {"status": "ok"}
+
+    @app.get("/metrics")
+    async def get_metrics() -> Response:
+        """Prometheus text (a key, where the server has keys: docs/serve.md, "Operations")."""
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
 
 def add_conversation_routes(app: FastAPI, pool: Pool, model_name: str) -> None:
@@ -170,6 +203,7 @@ def add_conversation_routes(app: FastAPI, pool: Pool, model_name: str) -> None:
         items = bodies.read_items(body.get("items"), "items", system_first=True, empty_ok=True)
         metadata = bodies.read_metadata(body.get("metadata"))
         conv = await run_in_threadpool(pool.create, items, metadata, get_owner(request))
+        note_conversation(request.state, conv.id)
         return shapes.conversation(conv.record)
 
     @app.get("/v1/conversations/{conv_id}")
@@ -193,7 +227,7 @@ def add_conversation_routes(app: FastAPI, pool: Pool, model_name: str) -> None:
         return {"id": conv_id, "object": "conversation.deleted", "deleted": True}
 
 
-def add_item_routes(app: FastAPI, pool: Pool) -> None:
+def add_item_routes(app: FastAPI, pool: Pool, metrics: Metrics) -> None:
     @app.post("/v1/conversations/{conv_id}/items")
     async def add_items(conv_id: str, request: Request) -> dict:
         check_query(request, {"include"})
@@ -224,7 +258,9 @@ def add_item_routes(app: FastAPI, pool: Pool) -> None:
                               param="mode")
 
         def work(conv: Conversation) -> dict:
+            start = time.perf_counter()
             out = turns.forget(conv, item_id)
+            metrics.note_forget("waiting" if out["report"] is None else "replayed", time.perf_counter() - start)
             public = {k: [shapes.public_item(i) for i in out[k]] for k in ("rewritten", "pending_calls", "unreplayed")}
             return {**shapes.conversation(conv.record), "deleted_item_id": item_id, "mode": "exact", **out, **public,
                     "digest": conv.digest()}
@@ -250,9 +286,15 @@ def add_response_routes(app: FastAPI, pool: Pool, model_name: str) -> None:
                 if conv is None:
                     return answers.respond_new(pool, model_name, req, owner, listener)
                 return answers.respond(pool, model_name, req, conv, previous, owner, listener)
+
+        def recorded(listener):  # the request's record learns its conversation and tokens (metrics.py)
+            out = work(listener)
+            note_conversation(request.state, (out["conversation"] or {}).get("id"))
+            note_usage(request.state, out["usage"])
+            return out
         if not req["stream"]:
-            return await run_in_threadpool(work, None)
-        body = await open_stream(lambda emit: work(TurnStream(lm, pool.call_format, emit)), ResponseEvents(),
+            return await run_in_threadpool(recorded, None)
+        body = await open_stream(lambda emit: recorded(TurnStream(lm, pool.call_format, emit)), ResponseEvents(),
                                  named=True)
         return StreamingResponse(body, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
@@ -267,7 +309,9 @@ def add_chat_routes(app: FastAPI, pool: Pool, model_name: str) -> None:
         owner, completion_id = get_owner(request), "chatcmpl-" + secrets.token_hex(16)
 
         def work(listener):
-            return answers.complete_chat(pool, model_name, req, owner, completion_id, listener)
+            out = answers.complete_chat(pool, model_name, req, owner, completion_id, listener)
+            note_usage(request.state, out["usage"])  # the request's record (metrics.py)
+            return out
         if not req["stream"]:
             return (await run_in_threadpool(work, None))["completion"]
         body = await open_stream(lambda emit: work(TurnStream(lm, pool.call_format, emit)),

@@ -281,6 +281,49 @@ def read_tooling(body: Mapping, nested: bool) -> dict:
             "parallel": read_flag(body, "parallel_tool_calls", default=True)}
 
 
+# --- response formats -------------------------------------------------------------
+
+FORMAT_TYPES = ("text", "json_schema", "json_object")
+
+
+def read_format(raw: Any, param: str, nested: bool) -> str | None:
+    """A response format (responses' ``text.format``, chat's ``response_format``, whose schema sits
+    under ``json_schema``: ``nested``) as the step records it: ``{"type": "json_schema", "schema":
+    ...}`` or ``{"type": "json_object"}`` as JSON text (the schema's key order kept: the grammar
+    writes an object's properties in that order), or None for text."""
+    if raw is None:
+        return None
+    if not isinstance(raw, Mapping) or raw.get("type") not in FORMAT_TYPES:
+        raise bad_request(f"{param}.type: one of {list(FORMAT_TYPES)}", param=f"{param}.type")
+    kind = raw["type"]
+    if kind == "text":
+        read_object(raw, {"type"}, param)
+        return None
+    if kind == "json_object":
+        read_object(raw, {"type"}, param)
+        return json.dumps({"type": "json_object"})
+    spec = raw.get("json_schema") if nested else raw
+    read_object(raw, {"type", "json_schema"} if nested else {"type", "name", "schema", "strict", "description"}, param)
+    where = f"{param}.json_schema" if nested else param
+    if not isinstance(spec, Mapping):
+        raise bad_request(f"{where}: must be an object with a schema", param=where)
+    if nested:
+        read_object(spec, {"name", "schema", "strict", "description"}, where)
+    if not isinstance(spec.get("name"), str) or not TOOL_NAME.match(spec["name"]):
+        raise bad_request(f"{where}.name: 1-64 letters, digits, _ and -", param=f"{where}.name")
+    if not isinstance(spec.get("schema", {}), Mapping):
+        raise bad_request(f"{where}.schema: must be a JSON schema object", param=f"{where}.schema")
+    if spec.get("strict") not in (None, True, False):
+        raise bad_request(f"{where}.strict: must be true or false", param=f"{where}.strict")
+    return json.dumps({"type": "json_schema", "schema": spec.get("schema") or {"type": "object"}},
+                      ensure_ascii=False)
+
+
+def get_format_echo(fmt: str | None, raw: Any) -> dict:
+    """What a response echoes of its format: the request's own object, or text."""
+    return dict(raw) if fmt is not None and isinstance(raw, Mapping) else {"type": "text"}
+
+
 # --- requests ---------------------------------------------------------------------
 
 
@@ -309,7 +352,23 @@ def read_response_request(body: Any) -> dict:
     return {"model": body.get("model"), "conversation": conversation, "previous_response_id": previous,
             "items": items, "stateless": stateless, "instructions": read_instructions(body),
             "stream": read_flag(body, "stream"), "metadata": read_metadata(body.get("metadata")),
-            **read_tooling(body, nested=False), **read_sampling(body, "max_output_tokens")}
+            **read_tooling(body, nested=False), **read_sampling(body, "max_output_tokens"),
+            **read_text_options(body.get("text"))}
+
+
+def read_text_options(raw: Any) -> dict:
+    """A response's ``text`` (its format, echoed on the response as the client sent it)."""
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, Mapping):
+        raise bad_request("text: must be an object", param="text")
+    read_object(raw, {"format", "verbosity"}, "text")
+    if raw.get("verbosity") not in (None, "medium"):
+        raise bad_request(f"text.verbosity: {raw['verbosity']!r}: `medium` only (the model has no other setting)",
+                          param="text.verbosity")
+    raw_format = raw.get("format")
+    fmt = read_format(raw_format, "text.format", nested=False)
+    return {"format": fmt, "format_echo": get_format_echo(fmt, raw_format)}
 
 
 def read_chat_calls(raw: Any, param: str) -> tuple[tuple[FunctionCall, ...], tuple[str, ...]]:
@@ -364,4 +423,4 @@ def read_chat_request(body: Any) -> dict:
     options = body.get("stream_options") or {}
     return {"model": body.get("model"), "messages": out, "stream": read_flag(body, "stream"),
             "include_usage": bool(options.get("include_usage")), **read_tooling(body, nested=True),
-            **read_sampling(body, cap)}
+            **read_sampling(body, cap), "format": read_format(body.get("response_format"), "response_format", True)}

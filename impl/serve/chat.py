@@ -148,6 +148,8 @@ class ChatCache:
                 if listener is not None:
                     listener.start()  # every check passed: the stream may open
                 runtime.client.expect(config)
+                if listener is not None:
+                    listener.prepare(runtime.get_opening(config), runtime.get_openings(config))
                 runtime.listener = listener
                 runtime.step(step)
             except BaseException:

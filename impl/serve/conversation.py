@@ -2,7 +2,8 @@
 step and forget committed atomically) and a sidecar (``conversation.json``:
 its id, owner, metadata, system prompt, the items added but not yet answered,
 the recorded inputs a forget's replay has not yet replayed, the call ids of
-tool outputs, and its responses' ids).
+tool outputs, its responses' ids, and the ids a DELETE removed, which no new
+item takes again).
 
 The store is created by the conversation's first response, which fixes the
 sampling settings a replay must reuse. Items added before a response wait in
@@ -109,7 +110,7 @@ class Conversation:
 
     def __init__(self, root: Path, record: dict):
         self.root = root
-        self.record = {"owner": "", "held": [], "held_outputs": [], **record}
+        self.record = {"owner": "", "held": [], "held_outputs": [], "retired": [], **record}
         self.lock = threading.Lock()  # one request at a time (the pool takes it)
         self.session: PersistentSession | None = None
         self.last_used = time.monotonic()
@@ -136,7 +137,8 @@ class Conversation:
     def create(cls, root: Path, conv_id: str, system: str, metadata: dict, items: list[dict],
                owner: str = "") -> Conversation:
         record = {"id": conv_id, "created_at": int(time.time()), "metadata": metadata, "system": system,
-                  "owner": owner, "pending": [], "tools": {}, "responses": [], "held": [], "held_outputs": []}
+                  "owner": owner, "pending": [], "tools": {}, "responses": [], "held": [], "held_outputs": [],
+                  "retired": []}
         record["pending"] = cls.assign_ids(record, items, used=set())
         root.mkdir(parents=True)
         write_json_atomic(root / SIDECAR, record)
@@ -154,8 +156,10 @@ class Conversation:
     def assign_ids(record: dict, items: list[dict], used: set[str], turn: int = 1) -> list[dict]:
         """``items`` (to be observed in step ``turn``, after the waiting ones) with an id each: the
         client's, or :func:`compute_item_id` (the next free one, where a forgotten item took it);
-        refused if the client's is taken."""
-        taken = used | {p["id"] for p in record["pending"]} | get_held_ids(record)
+        refused if the client's is taken: by an item the conversation holds, or one a DELETE
+        removed (``used``: the store's; ``retired``: the sidecar's, a waiting item deleted, the
+        outputs a replay dropped)."""
+        taken = used | {p["id"] for p in record["pending"]} | get_held_ids(record) | set(record.get("retired", ()))
         out = []
         for position, item in enumerate(items, start=len(record["pending"])):
             item_id = item["id"]
@@ -166,8 +170,8 @@ class Conversation:
                         break
                     item_id = f"{base}_{n}"
             elif item_id in taken:
-                raise bad_request(f"item id {item_id!r} is already used in conversation {record['id']}",
-                                  param="id")
+                raise bad_request(f"item id {item_id!r} is already used in conversation {record['id']} (an id "
+                                  "is never reused, a deleted item's included)", param="id")
             taken.add(item_id)
             out.append({**item, "id": item_id})
         return out

@@ -97,6 +97,11 @@ class EngineLock:
         finally:
             self.release()
 
+    def get_waiting(self) -> int:
+        """How many requests wait for the engine now (at their start, or stepped aside between forwards)."""
+        with self._cond:
+            return len(self._queue)
+
     # --- sharing
 
     def share(self) -> None:

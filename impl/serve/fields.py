@@ -63,8 +63,6 @@ def _include(value: Any) -> bool:
 _REASONING = _object_of({"effort": _one_of("none", "minimal", "low", "medium", "high", "xhigh"),
                          "summary": _one_of("auto", "concise", "detailed"),
                          "generate_summary": _one_of("auto", "concise", "detailed")})
-_TEXT_FORMAT = _object_of({"type": _one_of("text")})
-_TEXT = _object_of({"format": _TEXT_FORMAT, "verbosity": _one_of("medium")})
 
 
 @attrs.frozen
@@ -93,10 +91,11 @@ RESPONSE_FIELDS = (
                                       "length side channel on shared networks)",
           _object_of({"include_obfuscation": _flag})),
     Field("tools", HONOURED, "function tools, rendered in the model's own chat template; other tool types are "
-                             "refused (`strict` is accepted: arguments are parsed as JSON, not checked against "
-                             "the schema)"),
-    Field("tool_choice", HONOURED, "`auto`, `none` (no tool rendered), `required` (the turn opens with a call), "
-                                   "or one function (the turn opens with its call)"),
+                             "refused. A call's arguments are decoded under its parameters' schema, `strict` or "
+                             "not"),
+    Field("tool_choice", HONOURED, "`auto` (the model decides; a call it starts is held to the tools' grammar), "
+                                   "`none` (the tools rendered, the call marker masked), `required` or one "
+                                   "function (the turn opens with the template's call, held to the grammar)"),
     Field("parallel_tool_calls", HONOURED, "false keeps a turn's first call only"),
     Field("temperature", HONOURED, "fixed by a conversation's first response (a forget replays with it)"),
     Field("seed", HONOURED, "fixed by a conversation's first response"),
@@ -114,8 +113,8 @@ RESPONSE_FIELDS = (
     Field("truncation", HONOURED, "`disabled` only: a request past the model's context is a 400 "
                                   "`context_length_exceeded`; `auto` would drop items the log must keep",
           _one_of("disabled")),
-    Field("text", ACCEPTED, "format `text` only (no constrained decoding for a JSON schema); verbosity `medium` "
-                            "only", _TEXT),
+    Field("text", HONOURED, "`format`: `text`, `json_schema` (strict or not: the answer is decoded under the "
+                            "schema's grammar, so it always parses) or `json_object`; `verbosity`: `medium` only"),
     Field("reasoning", ACCEPTED, "the model writes no separate reasoning", _REASONING),
     Field("service_tier", ACCEPTED, "one tier", _one_of("auto", "default")),
     Field("background", REFUSED, "a response runs while its request is open", _absent),
@@ -128,8 +127,8 @@ RESPONSE_FIELDS = (
 CHAT_FIELDS = (
     Field("model", ACCEPTED, "the server runs one model, whatever the name", _string),
     Field("messages", HONOURED, "system (first only), user, assistant (text and `tool_calls`), tool"),
-    Field("tools", HONOURED, "function tools, in the model's own chat template (`strict` is accepted, not "
-                             "enforced)"),
+    Field("tools", HONOURED, "function tools, in the model's own chat template, their arguments decoded under "
+                             "their schemas (see responses)"),
     Field("tool_choice", HONOURED, "`auto`, `none`, `required` or one function"),
     Field("parallel_tool_calls", HONOURED, "false keeps the first call only"),
     Field("stream", HONOURED, "chunks as tokens are decoded, then `[DONE]`"),
@@ -144,7 +143,8 @@ CHAT_FIELDS = (
     Field("top_p", ACCEPTED, "1 only (see responses)", _one_of(1, 1.0)),
     Field("frequency_penalty", ACCEPTED, "0 only: penalties would change the decoding rule", _one_of(0, 0.0)),
     Field("presence_penalty", ACCEPTED, "0 only", _one_of(0, 0.0)),
-    Field("response_format", ACCEPTED, "`text` only (no constrained decoding)", _TEXT_FORMAT),
+    Field("response_format", HONOURED, "`text`, `json_schema` or `json_object`, decoded under the schema's "
+                                       "grammar (see responses' `text`)"),
     Field("store", ACCEPTED, "false or null: completions are not stored", _one_of(False)),
     Field("metadata", ACCEPTED, "completions are not stored", _any),
     Field("user", ACCEPTED, "no abuse monitoring here", _string),

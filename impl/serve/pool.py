@@ -15,8 +15,10 @@
   everything in its store and is rebuilt (its digest checked) by its next
   request.
 - **Owners.** A conversation belongs to the API key that created it (its
-  owner, a hash of the key); a request under another key is answered 404
-  for it, as for an id that does not exist. The chat prefix cache is one per
+  owner, a hash of the key; one made without keys has none until a server
+  with keys gives it to its first key, :meth:`Pool.claim_unowned`); a
+  request under another key is answered 404 for it, as for an id that does
+  not exist. The chat prefix cache is one per
   owner, so no key's ``cached_tokens`` counts what another sent.
 - **Files.** ``root/<conversation id>/`` per conversation
   (:mod:`unsee.impl.serve.conversation`); a deleted one is renamed to
@@ -51,14 +53,12 @@ class Pool:
 
     def __init__(self, engine, root: str | Path, kv_budget: int | None = None, busy_wait: float = 5.0,
                  system: str = "You are a helpful assistant.", defaults: Settings = DEFAULTS,
-                 legacy_owner: str = "", slice_s: float = SLICE_S):
+                 slice_s: float = SLICE_S):
         self.engine = engine
         renderer = get_renderer(engine.lm)
         #: the model's call format, where its template writes calls this server parses (else tools are a 400)
         self.call_format = get_call_format(renderer.segments, renderer.has_native_calls())
         self.tools_ok = self.call_format is not None
-        #: the owner of a conversation stored before conversations had owners (the key file's first key)
-        self.legacy_owner = legacy_owner
         self.chats: dict[str, ChatCache] = {}
         self.root = Path(root)
         self.kv_budget = kv_budget
@@ -73,6 +73,10 @@ class Pool:
             self._rows.gather = self._engine_lock.gather
         self.index_lock = threading.Lock()
         self.stats = {"evictions": 0, "rebuilds": 0}
+        #: the KV bytes the engine held when the last hold let go (what /metrics reports: read under the
+        #: engine lock, so a scrape never walks the engine's lineages while a request changes them)
+        self.held_bytes = 0
+        self._waiting = 0  # requests waiting for a conversation another request holds (under index_lock)
         self.conversations: dict[str, Conversation] = {}
         self.responses: dict[str, str] = {}  # response id -> conversation id
         self.root.mkdir(parents=True, exist_ok=True)
@@ -98,7 +102,19 @@ class Pool:
         return conv
 
     def get_owner(self, conv: Conversation) -> str:
-        return conv.record["owner"] or self.legacy_owner
+        return conv.record["owner"]
+
+    def claim_unowned(self, owner: str) -> list[str]:
+        """Give every conversation stored with no owner (made while the server ran without keys) to
+        ``owner``, recorded in its sidecar; the ids claimed. Called once, as a server with keys
+        starts (docs/serve.md, "Keys": the file's first key), before any request: recorded, so
+        a key file reordered later moves no conversation."""
+        claimed = []
+        for conv in list(self.conversations.values()):
+            if not conv.record["owner"]:
+                conv.save({**conv.record, "owner": owner})
+                claimed.append(conv.id)
+        return claimed
 
     def get_by_response(self, response_id: str, owner: str = "") -> Conversation:
         with self.index_lock:
@@ -129,6 +145,7 @@ class Pool:
                 yield conv
             finally:
                 self._enforce_budget(keep=conv)
+                self.held_bytes = self.get_held_bytes()
 
     @contextlib.contextmanager
     def _hold_conversation(self, conv: Conversation | None) -> Iterator[None]:
@@ -137,7 +154,7 @@ class Pool:
         if conv is None:
             yield
             return
-        if not conv.lock.acquire(timeout=self.busy_wait):
+        if not conv.lock.acquire(blocking=False) and not self._wait_for(conv):
             raise busy(f"conversation {conv.id} is busy with another request; retry after it", 1)
         try:
             if self.conversations.get(conv.id) is not conv:  # deleted while we waited
@@ -146,11 +163,33 @@ class Pool:
         finally:
             conv.lock.release()
 
+    def _wait_for(self, conv: Conversation) -> bool:
+        """Wait up to ``busy_wait`` seconds for ``conv``'s lock, counted as waiting (``/metrics``)."""
+        with self.index_lock:
+            self._waiting += 1
+        try:
+            return conv.lock.acquire(timeout=self.busy_wait)
+        finally:
+            with self.index_lock:
+                self._waiting -= 1
+
     def get_stats(self) -> dict:
         """Evictions, rebuilds, the engine lock's hand-overs between forwards and the batched decode
         forwards by size (``{steps: forwards}``; empty where the engine does not batch), so far."""
         sizes = dict(sorted(getattr(self._rows, "batch_sizes", {}).items()))
         return {**self.stats, "handovers": self._engine_lock.handovers, "decode_batches": sizes}
+
+    def get_ops_state(self) -> dict:
+        """What ``/metrics`` reads at a scrape (impl/serve/metrics.py): the KV bytes held (as the last
+        request left them), conversations stored and resident, requests waiting for the engine or a
+        busy conversation, evictions and rebuilds so far. Takes no lock a request holds for long."""
+        with self.index_lock:
+            conversations = list(self.conversations.values())
+            waiting = self._waiting
+        return {"held_bytes": self.held_bytes, "conversations": len(conversations),
+                "resident": sum(c.session is not None for c in conversations),
+                "waiting_engine": self._engine_lock.get_waiting(), "waiting_conversation": waiting,
+                "evictions": self.stats["evictions"], "rebuilds": self.stats["rebuilds"]}
 
     # --- the budget ------------------------------------------------------------
 

@@ -3,6 +3,7 @@ tests and the load bench, in a thread on a free loopback port."""
 
 from __future__ import annotations
 
+import copy
 import threading
 import time
 from collections.abc import Sequence
@@ -63,10 +64,20 @@ class ServerThread:
         self.pool.close()
 
 
+def get_log_config() -> dict:
+    """uvicorn's logging, with the server's own loggers (``unsee.serve``: failures, and
+    ``unsee.serve.requests``: a line per request) written as uvicorn's are, to stderr at INFO."""
+    config = copy.deepcopy(uvicorn.config.LOGGING_CONFIG)
+    config["loggers"]["unsee.serve"] = {"handlers": ["default"], "level": "INFO", "propagate": False}
+    return config
+
+
 def run(pool: Pool, model_name: str, host: str, port: int, api_keys: Sequence[str]) -> None:
-    """Serve in the foreground until interrupted."""
+    """Serve in the foreground until interrupted; one log line per request, ours (uvicorn's access
+    log, a second line without the tokens or the conversation, is off)."""
     check_exposure(host, api_keys)
     try:
-        uvicorn.run(build_app(pool, model_name, api_keys), host=host, port=port, log_level="info")
+        uvicorn.run(build_app(pool, model_name, api_keys), host=host, port=port, log_level="info",
+                    log_config=get_log_config(), access_log=False)
     finally:
         pool.close()

@@ -64,7 +64,7 @@ def response(response_id: str, model: str, status: str, output: list[dict], *, c
            "max_output_tokens": settings.max_new_tokens if settings else None, "tool_choice": choice,
            "tools": tools, "conversation": {"id": conversation_id} if conversation_id else None,
            "previous_response_id": previous_response_id, "store": not req["stateless"], "usage": usage,
-           "text": {"format": {"type": "text"}}, "truncation": "disabled"}
+           "text": {"format": req.get("format_echo") or {"type": "text"}}, "truncation": "disabled"}
     if extra:
         out["unsee"] = extra  # what this server adds (a resumed replay's inputs)
     return out

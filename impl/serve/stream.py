@@ -46,6 +46,7 @@ class TurnStream:
         self.lm, self.call_format, self.emit = lm, call_format, emit
         self.eos = set(lm.eos_ids)
         self.forced = False  # the turn opens with a call: its text is not streamed
+        self.openings: tuple[str, ...] = ()  # where a call may open in the turn (native.OPENINGS)
         self.sent = ""
         #: what the start report carries, made from what the work knows then (a response's stub)
         self.describe: Callable[[Any], Any] = lambda info: info
@@ -54,8 +55,11 @@ class TurnStream:
         """Every check passed: the stream opens (an error before this is an HTTP error)."""
         self.emit(("start", self.describe(info)))
 
-    def prepare(self, opening: str) -> None:
+    def prepare(self, opening: str, openings: tuple[str, ...] = ()) -> None:
+        """The next turn opens with ``opening`` (a call: its text is not streamed), and a call may
+        open in it at ``openings`` (native.OPENINGS: text that may yet become a call waits)."""
         self.forced = bool(opening)
+        self.openings = openings
 
     def begin(self, block_id: str, prompt: list[int]) -> None:
         self.sent = ""
@@ -65,7 +69,7 @@ class TurnStream:
         if self.forced:
             return
         text = self.lm.decode([i for i in ids if i not in self.eos])
-        visible, _ = split_stream_text(self.call_format, text)
+        visible, _ = split_stream_text(self.call_format, text, self.openings)
         if len(visible) > len(self.sent) and visible.startswith(self.sent):
             self.emit(("delta", visible[len(self.sent):]))
             self.sent = visible

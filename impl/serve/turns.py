@@ -23,11 +23,17 @@ from unsee.impl.serve.errors import ApiError, bad_request, not_found
 
 
 def get_context_length(lm) -> int | None:
-    """The most tokens the model's context holds (llama.cpp's ``n_ctx``, a transformers model's
-    position limit), or None where the engine does not say."""
+    """The most tokens the model's context holds (llama.cpp's ``n_ctx``; vLLM's ``max_model_len``
+    less the one position its engine keeps for the logits' request, the bound its ``prefill`` and
+    ``generate`` raise past; a transformers model's position limit), or None where the engine
+    does not say."""
     n = getattr(lm, "n_ctx", None)
     if isinstance(n, int) and n > 0:
         return n
+    info = getattr(lm, "info", None)
+    n = getattr(info.get("options"), "max_model_len", None) if isinstance(info, dict) else None
+    if isinstance(n, int) and n > 1:
+        return n - 1  # impl/engines/vllm/engine.py, _max_len
     n = getattr(getattr(getattr(lm, "model", None), "config", None), "max_position_embeddings", None)
     return n if isinstance(n, int) and n > 0 else None
 
@@ -49,7 +55,7 @@ def check_length(engine, runtime, step: Step, config: Config, settings: Settings
 def get_config(conv: Conversation, req: dict) -> Config:
     """A response's config: its instructions (else the conversation's system prompt) and tools."""
     system = req["instructions"] if req["instructions"] is not None else conv.record["system"]
-    return Config(system, req["tools"], req["choice"], req["function"], req["parallel"])
+    return Config(system, req["tools"], req["choice"], req["function"], req["parallel"], req.get("format"))
 
 
 def check_settings(conv: Conversation, sampling: dict, defaults: Settings) -> Settings:
@@ -123,7 +129,7 @@ def run_step(conv: Conversation, engine, step: Step, config: Config, bound: dict
     runtime = conv.runtime
     runtime.client.expect(config, bound)
     if listener is not None:
-        listener.prepare(runtime.get_opening(config))
+        listener.prepare(runtime.get_opening(config), runtime.get_openings(config))
         runtime.listener = listener
     try:
         conv.session.step(step)
@@ -232,7 +238,8 @@ def forget_waiting(conv: Conversation, item_id: str) -> bool:
     held = [g for g in held if g["items"]]
     if (pending, outputs, held) == (record["pending"], record["held_outputs"], record["held"]):
         return False
-    conv.save({**record, "pending": pending, "held_outputs": outputs, "held": held})
+    conv.save({**record, "pending": pending, "held_outputs": outputs, "held": held,
+               "retired": record["retired"] + [item_id]})
     return True
 
 
@@ -290,8 +297,10 @@ def forget(conv: Conversation, item_id: str) -> dict:
     report, halted = forget_replayed(conv, item_id)
     after = conv.get_items()
     after_ids, before_ids = {i["id"] for i in after}, {i["id"] for i in before}
+    removed = [i["id"] for i in before if i["id"] not in after_ids]
+    conv.save({**conv.record, "retired": conv.record["retired"] + removed})  # never taken again (assign_ids)
     return {"rewritten": [i for i in after if i["id"] not in before_ids],
-            "removed": [i["id"] for i in before if i["id"] not in after_ids],
+            "removed": removed,
             "receipt": conv.session.receipt,  # canonical JSON text: what `unsee verify --receipt` reads
             "report": {"tau": report.tau, "length": report.length, "invocations": report.invocations,
                        "prefilled_tokens": report.prefilled_tokens, "decoded_tokens": report.decoded_tokens,

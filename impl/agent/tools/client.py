@@ -36,6 +36,7 @@ numbers the ones after it as a twin that never had it does.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import re
@@ -49,7 +50,9 @@ from unsee.impl.agent.extensions import Extension
 from unsee.impl.agent.forget import Progress
 from unsee.impl.agent.provenance import RuntimeBlock
 from unsee.impl.agent.runtime import AgentRuntime
-from unsee.impl.agent.tools.native import CallFormat, FunctionCall, get_call_format, parse_turn
+from unsee.impl.agent.tools.grammars import get_constraints
+from unsee.impl.agent.tools.native import OPENINGS, CallFormat, FunctionCall, get_call_format, parse_turn
+from unsee.impl.engines.decoding import Rule
 from unsee.impl.engines.protocol import Engine, ForwardHooks
 from unsee.impl.util.ids import ANSWER, SYSTEM, compute_block_id
 
@@ -68,28 +71,41 @@ def get_step_id(t: int) -> str:
 class Config:
     """What one step runs under: the system text, the tools' definitions (each as canonical JSON
     in the chat-template shape ``{"type": "function", "function": {...}}``), the tool choice
-    (``auto``, ``none``: no tool rendered, ``required``, or ``function``: the tool ``function``)
-    and whether a turn may make several calls."""
+    (``auto``, ``none``: the tools rendered, no call written, ``required``, or ``function``: the
+    tool ``function``), whether a turn may make several calls, and the response format (its
+    canonical JSON: ``json_schema`` or ``json_object``; None: text). The grammar a turn is
+    decoded under is a function of these (impl/agent/tools/grammars.py), so a replay that
+    runs the step under its recorded config decides its tokens as the twin does."""
 
     system: str
     tools: tuple[str, ...] = ()
     choice: str = "auto"
     function: str | None = None
     parallel: bool = True
+    format: str | None = None
 
     def get_definitions(self) -> list[dict]:
-        return [] if self.choice == "none" else [json.loads(t) for t in self.tools]
+        return [json.loads(t) for t in self.tools]
 
     def get_names(self) -> set[str]:
-        return {d["function"]["name"] for d in self.get_definitions()}
+        """The tools a turn may call (none under ``tool_choice: none``)."""
+        return set() if self.choice == "none" else {d["function"]["name"] for d in self.get_definitions()}
+
+    def get_format(self) -> dict | None:
+        return None if self.format is None else json.loads(self.format)
 
     def get_record(self) -> dict:
-        return {**attrs.asdict(self), "tools": list(self.tools)}
+        """The config as stored; a field added since stores were first written is left out at its
+        default, so an older step's record (and its key, in the state digest) stays as it was."""
+        record = {**attrs.asdict(self), "tools": list(self.tools)}
+        if self.format is None:
+            del record["format"]
+        return record
 
     @classmethod
     def from_record(cls, record: Mapping) -> Config:
         return cls(record["system"], tuple(record["tools"]), record["choice"], record["function"],
-                   record["parallel"])
+                   record["parallel"], record.get("format"))
 
     def get_key(self) -> str:
         return hashlib.sha256(json.dumps(self.get_record(), sort_keys=True).encode()).hexdigest()[:32]
@@ -235,6 +251,29 @@ class ClientToolRuntime(AgentRuntime):
         return self.renderer.render_first(config.system, config.get_definitions(), self.engine.lm.encode,
                                           self.engine.lm.name)
 
+    def get_turn_rule(self, header: Sequence[int]) -> tuple[Settings, Rule | None]:
+        """A user or tool step's answer is decoded under its config's grammar (the call it must
+        write, the calls it may write, its response format: :func:`get_constraints`); other
+        turns as the base runtime decodes them."""
+        settings, rule = super().get_turn_rule(header)
+        if not self.t or self.steps[-1].kind not in ("user", "tool"):
+            return settings, rule
+        config = self.get_config()
+        constraints = get_constraints(self.engine.lm, self.call_format, config.get_definitions(), config.choice,
+                                      config.function, config.parallel, config.get_format())
+        if not constraints:
+            return settings, rule
+        rule = rule or Rule()
+        return settings, dataclasses.replace(rule, constraints=rule.constraints + constraints)
+
+    def get_openings(self, config: Config) -> tuple[str, ...]:
+        """Where a call may open in a turn under ``config``: nowhere without tools to call; only
+        at the template's marker where the turn answers in a response format (a JSON answer is
+        not a call); else at every opening the model's family writes (native.OPENINGS)."""
+        if not config.get_names():
+            return ()
+        return ("marker",) if config.format is not None else OPENINGS
+
     def get_opening(self, config: Config) -> str:
         """What a turn under ``config`` opens with after the assistant header: a call, where the
         tool choice requires one (up to the name; with one function, up to its arguments)."""
@@ -327,7 +366,7 @@ class ClientToolRuntime(AgentRuntime):
         block = self.graph[compute_block_id(step_id, ANSWER)]
         opening = self.get_opening(config)
         text, calls, ok = parse_turn(self.call_format, opening + block.text if opening else block.text,
-                                     config.get_names())
+                                     config.get_names(), self.get_openings(config))
         return text, calls if config.parallel else calls[:1], ok
 
     def get_pending_calls(self) -> tuple[FunctionCall, ...]:

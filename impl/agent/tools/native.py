@@ -11,9 +11,12 @@ renders parses back (:func:`parse_turn`), so a format this parser cannot read
 is never offered.
 
 :func:`parse_turn` splits a model's turn into its text and its calls: text up
-to the first marker, then one or more calls separated by whitespace (the last
+to the first opening, then one or more calls separated by whitespace (the last
 call's closing may be left out where the turn ends after its JSON object, as
-vLLM's Hermes parser reads it). A turn whose calls do not parse (cut by the
+vLLM's Hermes parser reads it). An opening is the template's marker, or one of
+the other shapes the model's family writes a call in (:data:`OPENINGS`: a
+fenced ``json`` or ``xml`` block, a ``<function=NAME>`` tag, a JSON object
+opening the turn), as llama.cpp's server reads them. A turn whose calls do not parse (cut by the
 output cap, not JSON, an unknown tool, text after the last call) is text, as vLLM's tool parsers return it: the
 model said it, the client reads it.
 """
@@ -91,36 +94,110 @@ def get_call_format(segments, has_native_calls: bool) -> CallFormat | None:
     return fmt if ok else None
 
 
-def parse_turn(fmt: CallFormat | None, text: str, names: Collection[str]) -> tuple[str, tuple[FunctionCall, ...], bool]:
+#: Where a call may open in a turn, besides the template's own marker (issue 49): a fenced
+#: ``json`` block holding the call's JSON object, a fenced ``xml`` block holding a call in the
+#: template's format, a ``<function=NAME>`` tag before the arguments, or the JSON object
+#: itself opening the turn. Qwen2.5-Coder writes the fenced form when not forced; llama.cpp's
+#: Hermes handler reads the same openings. impl/agent/tools/grammars.py constrains each.
+FENCED_JSON, FENCED_XML, FUNCTION_TAG, FENCE_END = "```json", "```xml", "<function=", "```"
+OPENINGS = ("marker", "fenced_json", "fenced_xml", "function_tag", "bare_json")
+_BARE = re.compile(r"\s*\{")
+_FUNCTION = re.compile(r"<function=([A-Za-z0-9_.:-]{1,64})>")
+
+
+def get_openings_at(fmt: CallFormat, text: str, openings: Collection[str]) -> list[tuple[int, str]]:
+    """Each opening of ``openings`` found in ``text``, as (where it starts, which), earliest first."""
+    found = []
+    starts = {"marker": fmt.marker.strip(), "fenced_json": FENCED_JSON, "fenced_xml": FENCED_XML,
+              "function_tag": FUNCTION_TAG}
+    for kind, token in starts.items():
+        at = text.find(token)
+        if kind in openings and at >= 0:
+            found.append((at, kind))
+    bare = _BARE.match(text)
+    if "bare_json" in openings and bare:
+        found.append((bare.end() - 1, "bare_json"))
+    return sorted(found)
+
+
+def parse_turn(fmt: CallFormat | None, text: str, names: Collection[str],
+               openings: Collection[str] = OPENINGS) -> tuple[str, tuple[FunctionCall, ...], bool]:
     """``(text, calls, well_formed)`` of a model's turn: its text before the first call (stripped)
-    and its calls of tools named in ``names``; a turn without a call marker is text with no
-    calls; one whose calls do not parse is all text, ``well_formed`` False."""
-    start = text.find(fmt.marker) if fmt is not None else -1
-    if start < 0:
+    and its calls of tools named in ``names``, each opened by any of ``openings``; a turn without
+    an opening is text with no calls; one whose calls do not parse is all text, ``well_formed``
+    False. Where no tool is named, nothing is a call."""
+    found = get_openings_at(fmt, text, openings) if fmt is not None and names else []
+    if not found:
         return text.strip(), (), True
+    start = found[0][0]
     calls, pos = [], start
     while pos < len(text):
-        found = read_call(fmt, text, pos, names)
-        if found is None:
+        call = None
+        for kind in openings:
+            call = read_opening(kind, fmt, text, pos, names)
+            if call is not None:
+                break
+        if call is None:
             return text.strip(), (), False
-        call, pos = found
-        calls.append(call)
-        pos = _SPACE.match(text, pos).end()
+        calls.append(call[0])
+        pos = _SPACE.match(text, call[1]).end()
     return text[:start].strip(), tuple(calls), True
 
 
-def read_call(fmt: CallFormat, text: str, pos: int, names: Collection[str]) -> tuple[FunctionCall, int] | None:
-    """The call written at ``pos`` and where it ends, or None where none parses there."""
-    if not text.startswith(fmt.marker, pos):
-        return None
-    at = _SPACE.match(text, pos + len(fmt.marker)).end()
+def read_opening(kind: str, fmt: CallFormat, text: str, pos: int, names: Collection[str]
+                 ) -> tuple[FunctionCall, int] | None:
+    """The call of opening ``kind`` written at ``pos`` and where it ends, or None."""
+    if kind == "marker":
+        return read_call(fmt, text, pos, names)
+    if kind == "fenced_json" and text.startswith(FENCED_JSON, pos):
+        found = read_envelope(text, pos + len(FENCED_JSON), names)
+        return None if found is None else read_closing(found, text, FENCE_END)
+    if kind == "fenced_xml" and text.startswith(FENCED_XML, pos):
+        found = read_call(fmt, text, _SPACE.match(text, pos + len(FENCED_XML)).end(), names, closed=True)
+        return None if found is None else read_closing(found, text, FENCE_END)
+    if kind == "function_tag":
+        m = _FUNCTION.match(text, pos)
+        if m is None or m.group(1) not in names:
+            return None
+        found = read_object(text, m.end())
+        if found is None:
+            return None
+        return read_closing((FunctionCall(m.group(1), json.dumps(found[0], ensure_ascii=False)), found[1]), text,
+                            "</function>")
+    if kind == "bare_json" and text.startswith("{", pos) and not text[:pos].strip():
+        return read_envelope(text, pos, names)
+    return None
+
+
+def read_closing(found: tuple[FunctionCall, int], text: str, closing: str) -> tuple[FunctionCall, int] | None:
+    """A call read up to ``found[1]``, then ``closing`` (which the turn's end may leave out)."""
+    call, at = found
+    at = _SPACE.match(text, at).end()
+    if at == len(text):
+        return call, at
+    return (call, at + len(closing)) if text.startswith(closing, at) else None
+
+
+def read_object(text: str, pos: int) -> tuple[dict, int] | None:
+    """The JSON object at ``pos`` (after whitespace) and where it ends, or None."""
     try:
-        envelope, at = json.JSONDecoder().raw_decode(text, at)
+        value, at = json.JSONDecoder().raw_decode(text, _SPACE.match(text, pos).end())
     except ValueError:
         return None
-    if not isinstance(envelope, dict) or set(envelope) != {"name", "arguments"}:
+    return (value, at) if isinstance(value, dict) else None
+
+
+def read_envelope(text: str, pos: int, names: Collection[str]) -> tuple[FunctionCall, int] | None:
+    """A call's JSON object ``{"name": N, "arguments": A}`` at ``pos`` (``parameters`` is read
+    as ``arguments``, as some models write it; A may be a JSON string of the object)."""
+    found = read_object(text, pos)
+    if found is None:
         return None
-    name, arguments = envelope["name"], envelope["arguments"]
+    envelope, at = found
+    keys = set(envelope)
+    if keys not in ({"name", "arguments"}, {"name", "parameters"}):
+        return None
+    name, arguments = envelope["name"], envelope.get("arguments", envelope.get("parameters"))
     if isinstance(arguments, str):  # some models write the arguments as a JSON string
         try:
             arguments = json.loads(arguments)
@@ -128,32 +205,47 @@ def read_call(fmt: CallFormat, text: str, pos: int, names: Collection[str]) -> t
             return None
     if not isinstance(name, str) or name not in names or not isinstance(arguments, dict):
         return None
-    end = fmt.end.strip()
-    at = _SPACE.match(text, at).end()
-    if at == len(text):  # the turn ended after the object: a last call's closing may be left out
-        end = ""
-    elif not text.startswith(end, at):
-        return None
     # the arguments as the template writes them (its `tojson`): a client that sends them back
     # gets the tokens the model wrote, where it wrote them the same way
-    return FunctionCall(name, json.dumps(arguments, ensure_ascii=False)), at + len(end)
+    return FunctionCall(name, json.dumps(arguments, ensure_ascii=False)), at
 
 
-def split_stream_text(fmt: CallFormat | None, text: str) -> tuple[str, bool]:
+def read_call(fmt: CallFormat, text: str, pos: int, names: Collection[str],
+              closed: bool = False) -> tuple[FunctionCall, int] | None:
+    """The call written at ``pos`` in the template's own format (its marker, the JSON object,
+    its closing) and where it ends, or None where none parses there. The turn's end may leave
+    the last call's closing out, unless ``closed`` (inside a fence)."""
+    tag = fmt.marker.strip()
+    if not text.startswith(tag, pos):
+        return None
+    found = read_envelope(text, pos + len(tag), names)
+    if found is None:
+        return None
+    call, at = found
+    end = fmt.end.strip()
+    at = _SPACE.match(text, at).end()
+    if at == len(text) and not closed:  # the turn ended after the object: a last call's closing may be left out
+        return call, at
+    return (call, at + len(end)) if text.startswith(end, at) else None
+
+
+def split_stream_text(fmt: CallFormat | None, text: str,
+                      openings: Collection[str] = OPENINGS) -> tuple[str, bool]:
     """While a turn is decoded: the part of ``text`` that can be sent as text now (not a call,
-    not a prefix of a call's marker, no trailing whitespace, no cut character), and whether
-    a call marker has begun (the rest waits for the turn's end)."""
+    not a prefix of an opening, no trailing whitespace, no cut character), and whether an
+    opening has begun (the rest waits for the turn's end: it may yet be a call, or text)."""
     text = text.lstrip()
     if fmt is not None:
-        start = text.find(fmt.marker)
-        if start >= 0:
-            return text[:start].rstrip(), True
-        for n in range(min(len(fmt.marker), len(text)), 0, -1):
-            if fmt.marker.startswith(text[-n:]):
-                text = text[:-n]
-                break
+        found = get_openings_at(fmt, text, openings)
+        if found or ("bare_json" in openings and not text):
+            return (text[:found[0][0]].rstrip() if found else ""), bool(found)
+        starts = [s for k, s in (("marker", fmt.marker.strip()), ("fenced_json", FENCED_JSON),
+                                 ("fenced_xml", FENCED_XML), ("function_tag", FUNCTION_TAG)) if k in openings]
+        cut = max((n for s in starts for n in range(1, min(len(s), len(text)) + 1) if s.startswith(text[-n:])),
+                  default=0)
+        text = text[:len(text) - cut]
     return text.rstrip().rstrip("\ufffd").rstrip(), False
 
 
-__all__ = ["CallFormat", "FunctionCall", "canonical_json", "get_call_format", "parse_turn", "read_call",
-           "split_stream_text"]
+__all__ = ["OPENINGS", "CallFormat", "FunctionCall", "canonical_json", "get_call_format", "get_openings_at",
+           "parse_turn", "read_call", "read_envelope", "read_opening", "split_stream_text"]

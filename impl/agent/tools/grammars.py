@@ -1,0 +1,194 @@
+"""The grammars of a turn (issue 49): a call that always parses, a response format that always
+matches its schema, written in llguidance's Lark dialect over a template's call format
+(:class:`~unsee.impl.agent.tools.native.CallFormat`) and the request's tools.
+
+What a turn may write, by tool choice (the mask is :mod:`unsee.impl.engines.constraints`'):
+
+- ``auto``: free text, until the turn writes one of the openings the model's family uses for a
+  call (:data:`~unsee.impl.agent.tools.native.OPENINGS`: the template's own marker, a fenced ``json`` or ``xml`` block, a
+  ``<function=NAME>`` tag, a JSON object that opens the turn); from there on the rest of the
+  turn is calls in that opening's shape, each naming a tool of the request with arguments
+  that match its parameters' schema (a lazy grammar, as llama.cpp's server constrains a call
+  once its trigger is seen);
+- ``required``: the turn opens with the template's call up to the tool's name (so the model
+  writes its own format), and the grammar holds from the first token: a tool's name, its
+  arguments, the closing, then more calls where parallel calls are allowed;
+- one function: the turn opens with that call up to its arguments; the grammar holds the
+  arguments to the schema and closes the call;
+- ``none``: the template's call marker is masked (where the model writes it as one token);
+- a response format (``json_schema``, ``json_object``): the turn is one JSON value of the
+  schema; with tools in ``auto`` it may instead be calls in the template's own format.
+
+A schema llguidance cannot compile is replaced by any JSON object for that tool (the call still
+parses; its arguments are not checked), and the request is not refused: clients send schemas
+from many generators.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+
+import attrs
+
+from unsee.impl.agent.tools.native import CallFormat
+from unsee.impl.engines.constraints import (
+    BannedTokens,
+    GrammarConstraint,
+    LazyConstraint,
+    Trigger,
+    check_grammar,
+    get_lark_literal,
+    get_special_id,
+)
+
+WS = 'WS: /[ \\t\\r\\n]+/'
+ANY_OBJECT = {"type": "object"}
+
+
+def get_literal(text: str) -> str:
+    return get_lark_literal(text.encode("utf-8"))
+
+
+@attrs.frozen
+class Tool:
+    """A request's function tool as a grammar sees it: its name and its parameters' schema."""
+
+    name: str
+    parameters: Mapping
+
+    @classmethod
+    def from_definition(cls, definition: Mapping) -> Tool:
+        function = definition["function"]
+        return cls(function["name"], function.get("parameters") or ANY_OBJECT)
+
+
+def get_tools(definitions: Sequence[Mapping]) -> tuple[Tool, ...]:
+    return tuple(Tool.from_definition(d) for d in definitions)
+
+
+class Grammars:
+    """The grammars of one model under one call format: the marker and closing written as the
+    model writes them (one special token each, or text), and each tool's schema checked once."""
+
+    def __init__(self, lm, fmt: CallFormat):
+        self.lm = lm
+        self.fmt = fmt
+        self.tag = fmt.marker.strip()
+        self.close_tag = fmt.end.strip()
+        self.open_id = get_special_id(lm, self.tag)
+        self.close_id = get_special_id(lm, self.close_tag)
+        self.schemas: dict[str, str] = {}
+
+    # --- pieces -----------------------------------------------------------------
+
+    def get_json(self, schema: Mapping) -> str:
+        """``%json`` of ``schema`` (:func:`get_schema`)."""
+        # not sort_keys: llguidance writes an object's properties in the schema's order
+        return f"%json {json.dumps(get_schema(self.lm, schema, self.schemas))}"
+
+    def get_envelope(self, tools: Sequence[Tool]) -> str:
+        """The JSON object a call is written as: ``{"name": N, "arguments": A}``, A of N's schema."""
+        options = [{"type": "object", "additionalProperties": False, "required": ["name", "arguments"],
+                    "properties": {"name": {"const": t.name},
+                                   "arguments": get_schema(self.lm, t.parameters, self.schemas)}}
+                   for t in tools]
+        return self.get_json(options[0] if len(options) == 1 else {"anyOf": options})
+
+    def get_tag(self, token: int | None, text: str) -> str:
+        """A marker as a rule item: its special token by id, or its text."""
+        return f"<[{token}]>" if token is not None else get_literal(text)
+
+    def get_rules(self, tools: Sequence[Tool]) -> str:
+        """The rules every call grammar shares: a call in the template's format, in fences, as a tag."""
+        functions = " | ".join(f"{get_literal(f'<function={t.name}>')} WS? {self.get_json(t.parameters)} WS? "
+                               f"{get_literal('</function>')}" for t in tools)
+        return "\n".join([
+            WS,
+            f"envelope: {self.get_envelope(tools)}",
+            f"marker_call: {self.get_tag(self.open_id, self.tag)} WS? envelope WS? "
+            f"{self.get_tag(self.close_id, self.close_tag)}",
+            f'fenced_json: {get_literal("```json")} WS? envelope WS? {get_literal("```")}',
+            f'fenced_xml: {get_literal("```xml")} WS? marker_call WS? {get_literal("```")}',
+            f"function_tag: {functions}",
+            "bare_json: envelope",
+        ])
+
+    def get_calls(self, kind: str, parallel: bool) -> str:
+        """The rest of a turn once a call of ``kind`` began: that call, then more where allowed."""
+        return f"{kind} (WS? {kind})*" if parallel else kind
+
+    # --- the grammars ------------------------------------------------------------
+
+    def get_triggers(self, tools: Sequence[Tool], parallel: bool) -> tuple[Trigger, ...]:
+        """The lazy grammar of ``auto``: one trigger per opening (native.OPENINGS)."""
+        rules = self.get_rules(tools)
+        marker = Trigger(f"start: {{PREFIX}} {self.get_calls('marker_call', parallel)}\n{rules}",
+                         token=self.open_id, pattern=None if self.open_id is not None else self.tag.encode())
+        texts = {"fenced_json": rb"```json", "fenced_xml": rb"```xml", "function_tag": rb"<function=",
+                 "bare_json": rb"\A\s*\{"}
+        others = [Trigger(f"start: {{PREFIX}} {'WS? ' if kind == 'bare_json' else ''}{self.get_calls(kind, parallel)}"
+                          f"\n{rules}", pattern=pattern) for kind, pattern in texts.items()]
+        return (marker, *others)
+
+    def get_required(self, tools: Sequence[Tool], parallel: bool) -> str:
+        """``required``: after the call's opening (up to the name), a tool's name, arguments, the
+        closing; then more calls in the template's format where allowed."""
+        between = self.fmt.between.rstrip()
+        first = " | ".join(f"{get_literal(t.name + between)} WS? {self.get_json(t.parameters)} WS? "
+                           f"{get_literal('}')} WS? {self.get_tag(self.close_id, self.close_tag)}" for t in tools)
+        rest = " (WS? marker_call)*" if parallel else ""
+        return f"start: first{rest}\nfirst: {first}\n{self.get_rules(tools)}"
+
+    def get_function(self, tool: Tool) -> str:
+        """One function: after the call's opening (up to the arguments), the arguments and the closing."""
+        return (f"start: WS? {self.get_json(tool.parameters)} WS? {get_literal('}')} WS? "
+                f"{self.get_tag(self.close_id, self.close_tag)}\n{WS}")
+
+
+def get_schema(lm, schema: Mapping, checked: dict[str, bool] | None = None) -> Mapping:
+    """``schema`` where llguidance compiles it over ``lm``'s vocabulary, else any object;
+    ``checked`` remembers the answers (by the schema's canonical text)."""
+    checked = {} if checked is None else checked
+    text = json.dumps(schema, sort_keys=True)
+    if text not in checked:
+        checked[text] = not check_grammar(lm, f"start: %json {json.dumps(schema)}")
+    return schema if checked[text] else ANY_OBJECT
+
+
+def get_format_schema(response_format: Mapping) -> Mapping:
+    """The JSON schema a response format asks for: ``json_schema``'s schema, or any object."""
+    if response_format.get("type") == "json_schema":
+        return response_format.get("schema") or ANY_OBJECT
+    return ANY_OBJECT
+
+
+def get_constraints(lm, fmt: CallFormat | None, definitions: Sequence[Mapping], choice: str,
+                    function: str | None, parallel: bool, response_format: Mapping | None) -> tuple:
+    """The constraints of a turn under a step's tool choice and response format (the module
+    docstring); () where nothing constrains it."""
+    if response_format is not None and response_format.get("type") == "text":
+        response_format = None
+    tools = get_tools(definitions)
+    grammars = Grammars(lm, fmt) if fmt is not None else None
+    if response_format is not None:
+        answer = f"%json {json.dumps(get_schema(lm, get_format_schema(response_format)))}"
+        if tools and grammars is not None and choice == "auto":
+            text = (f"start: answer | {grammars.get_calls('marker_call', parallel)}\nanswer: {answer}\n"
+                    f"{grammars.get_rules(tools)}")
+        else:
+            text = f"start: {answer}"
+        return (GrammarConstraint(lm, text),)
+    if grammars is None or not tools:
+        return ()
+    if choice == "none":
+        return (BannedTokens(lm.vocab_size, [grammars.open_id]),) if grammars.open_id is not None else ()
+    if choice == "required":
+        return (GrammarConstraint(lm, grammars.get_required(tools, parallel)),)
+    if choice == "function":
+        tool = next((t for t in tools if t.name == function), None)
+        return (GrammarConstraint(lm, grammars.get_function(tool)),) if tool is not None else ()
+    return (LazyConstraint(lm, grammars.get_triggers(tools, parallel)),)
+
+
+__all__ = ["Grammars", "Tool", "get_constraints", "get_format_schema", "get_schema", "get_tools"]
