@@ -138,7 +138,12 @@ def run_agents_output_type(base_url: str, model: str) -> dict:
 async def drive_session(base_url: str, model: str) -> dict:
     """Two turns through OpenAIConversationsSession (the second needs the tool), the first
     turn's user message deleted (the exact forget), the conversation compared with a twin
-    written with the same batches less that item, then a third turn."""
+    written with the same batches less that item, then a third turn.
+
+    The session writes a turn's input in one ``items.create`` and the turn's output items
+    in another, so the deleted message is a batch alone: the twin never writes that batch
+    (a twin that never had the item never sent it). Were the server to keep an emptied
+    batch as a step of its own, the digests would differ for that reason alone."""
     import agents
 
     client = new_async_client(base_url)
