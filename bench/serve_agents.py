@@ -102,14 +102,29 @@ KEEP_CHARS = 20000
 
 
 class Recorder:
-    """The exchanges seen so far, each tagged with the scenario running then."""
+    """The exchanges seen so far, each tagged with the scenario that sent it, and the
+    requests still in flight (a client killed at its timeout leaves its request running
+    on the server, and the next scenario would queue behind it)."""
 
     def __init__(self) -> None:
-        self.lock, self.scenario, self.exchanges = threading.Lock(), "", []
+        self.lock, self.scenario, self.exchanges, self.in_flight = threading.Lock(), "", [], 0
 
-    def add(self, exchange: dict) -> None:
+    def start(self) -> str:
         with self.lock:
-            self.exchanges.append({"scenario": self.scenario, **exchange})
+            self.in_flight += 1
+            return self.scenario
+
+    def add(self, scenario: str, exchange: dict) -> None:
+        with self.lock:
+            self.in_flight -= 1
+            self.exchanges.append({"scenario": scenario, **exchange})
+
+    def wait_idle(self, timeout: float) -> float:
+        """Until no request is in flight, at most ``timeout`` seconds; the seconds waited."""
+        started = time.monotonic()
+        while self.in_flight and time.monotonic() - started < timeout:
+            time.sleep(0.5)
+        return time.monotonic() - started
 
 
 def get_body(raw: bytes):
@@ -132,7 +147,7 @@ def start_proxy(upstream_port: int, recorder: Recorder) -> tuple[ThreadingHTTPSe
             size = int(self.headers.get("Content-Length") or 0)
             body = self.rfile.read(size) if size else b""
             headers = {k: v for k, v in self.headers.items() if k.lower() not in HOP_HEADERS}
-            started = time.perf_counter()
+            started, scenario = time.perf_counter(), recorder.start()
             upstream = http.client.HTTPConnection("127.0.0.1", upstream_port, timeout=3600)
             try:
                 upstream.request(self.command, self.path, body=body or None, headers=headers)
@@ -142,7 +157,7 @@ def start_proxy(upstream_port: int, recorder: Recorder) -> tuple[ThreadingHTTPSe
                 data, status, reply_headers = json.dumps({"proxy_error": repr(exc)}).encode(), 502, []
             finally:
                 upstream.close()
-            recorder.add({"method": self.command, "path": self.path, "status": status,
+            recorder.add(scenario, {"method": self.command, "path": self.path, "status": status,
                           "seconds": round(time.perf_counter() - started, 3),
                           "request": get_body(body) if body else None, "response": get_body(data)})
             self.send_response(status)
@@ -329,6 +344,8 @@ def run_scenarios(args: argparse.Namespace, work: Path, out: Path) -> tuple[list
             recorder.scenario = scenario.name
             python = args.clients_python if scenario.venv == "clients" else args.llamaindex_python
             record = run_client(scenario, python, url, args.model, args.timeout, out / "logs")
+            if recorder.in_flight:  # its client gave up: the server still works on its request
+                record["server_busy_after_s"] = round(recorder.wait_idle(args.timeout), 1)
             if server is not None and server.poll() is not None:
                 record.setdefault("notes", []).append(f"unsee serve exited with {server.returncode}")
             record |= summarise_exchanges([e for e in recorder.exchanges if e["scenario"] == scenario.name])
@@ -406,6 +423,11 @@ def get_cut(text: str, chars: int) -> str:
     return text if len(text) <= chars else text[:chars].rstrip() + " ..."
 
 
+def get_wall_cell(record: dict) -> str:
+    busy = record.get("server_busy_after_s")
+    return f"{record.get('wall_s', 0):.0f} s" + (f" (the server busy {busy:.0f} s more)" if busy else "")
+
+
 def format_label(label: dict) -> str:
     """The label line docs/serve.md's figures carry (bench/options.py's FIGURE_LABEL)."""
     build, dirty = label["build"].removesuffix("-dirty"), label["build"].endswith("-dirty")
@@ -433,7 +455,7 @@ def format_table(result: dict) -> str:
         lines.append("| " + " | ".join(get_cell(c) for c in (
             client, configuration, verdict, get_tool_cell(scenario, record),
             get_first_words(record.get("answer", "")), get_failure_cell(record),
-            f"{record.get('wall_s', 0):.0f} s")) + " |")
+            get_wall_cell(record))) + " |")
     ok = sum(verdict.startswith("ok") for verdict in verdicts)
     lines += ["", f"{ok} of {len(result['records'])} scenarios ok; the whole run took "
                   f"{result.get('wall_s', 0) / 60:.1f} min."]

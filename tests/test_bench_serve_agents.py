@@ -102,6 +102,20 @@ def test_failure_cell_names_no_conversation_and_is_cut():
     assert len(cell) <= 204
 
 
+def test_an_exchange_belongs_to_the_scenario_that_sent_it():
+    """A request its client left at the timeout ends during the next scenario: it is still
+    the first one's, and the harness waits for it before timing the next."""
+    recorder = sa.Recorder()
+    recorder.scenario = "first"
+    sent_by = recorder.start()
+    recorder.scenario = "second"
+    assert recorder.in_flight == 1 and recorder.wait_idle(0.01) >= 0.01
+    recorder.add(sent_by, {"status": 200})
+    assert recorder.exchanges == [{"scenario": "first", "status": 200}] and recorder.in_flight == 0
+    assert recorder.wait_idle(10) < 1
+    assert sa.get_wall_cell({"wall_s": 600, "server_busy_after_s": 95.2}) == "600 s (the server busy 95 s more)"
+
+
 def test_judge():
     tool = sa.get_scenario("agents-responses")
     assert sa.judge(tool, {"answer": "Snow.", "tool_calls": ["Qaanaaq"]}) == (True, "")
