@@ -14,7 +14,6 @@ wall time (timings drift within a run: compare the same round's ratios).
 
 from __future__ import annotations
 
-import argparse
 import json
 import shlex
 import statistics

@@ -246,7 +246,11 @@ def judge(scenario: Scenario, record: dict) -> tuple[bool, str]:
     if scenario.structured and not record.get("structured"):
         return False, "the output is not a value of the schema"
     if scenario.twin and not (record.get("twin") or {}).get("equal"):
-        return False, "the conversation after the DELETE differs from its twin"
+        twin = record.get("twin") or {}
+        digests = twin.get("digests") or [None, None]
+        same = digests[0] is not None and digests[0] == digests[1]
+        return False, (f"after the DELETE, not its twin: digests {'equal' if same else 'differ'}, "
+                       f"items {'equal' if twin.get('items_equal') else 'differ'}")
     return True, ""
 
 

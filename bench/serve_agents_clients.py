@@ -138,7 +138,8 @@ def run_agents_output_type(base_url: str, model: str) -> dict:
 async def drive_session(base_url: str, model: str) -> dict:
     """Two turns through OpenAIConversationsSession (the second needs the tool), the first
     turn's user message deleted (the exact forget), the conversation compared with a twin
-    written with the same batches less that item, then a third turn.
+    written with the same batches less that item (the same digest and the same items, server
+    ids included), then a third turn.
 
     The session writes a turn's input in one ``items.create`` and the turn's output items
     in another, so the deleted message is a batch alone: the twin never writes that batch
@@ -174,7 +175,11 @@ async def drive_session(base_url: str, model: str) -> dict:
             await client.conversations.items.create(twin, items=kept)
     digests = [((await client.conversations.retrieve(c)).model_extra or {}).get("unsee", {}).get("digest")
                for c in (conv, twin)]
-    out["twin"] = {"digests": digests, "equal": digests[0] is not None and digests[0] == digests[1]}
+    items = [[i.model_dump(exclude_none=True) async for i in client.conversations.items.list(c, order="asc")]
+             for c in (conv, twin)]
+    same_items = items[0] == items[1]
+    out["twin"] = {"digests": digests, "items_equal": same_items, "items": [len(i) for i in items],
+                   "equal": digests[0] is not None and digests[0] == digests[1] and same_items}
     third = await agents.Runner.run(agent, "What is my locker code?", session=session)
     out["after_delete_answer"] = get_text(third.final_output)
     return out

@@ -126,7 +126,9 @@ def test_judge():
     assert sa.judge(tool, {"error": {"status": 400, "message": "no"}}) == (False, "400: no")
     assert not sa.judge(sa.get_scenario("agents-output-type"), {"answer": "{}", "structured": False})[0]
     session = sa.get_scenario("agents-session")
-    assert not sa.judge(session, {"answer": "a", "tool_calls": ["x"], "twin": {"equal": False}})[0]
+    assert sa.judge(session, {"answer": "a", "tool_calls": ["x"], "twin": {
+        "digests": ["d", "d"], "items_equal": False, "equal": False}}) == (
+        False, "after the DELETE, not its twin: digests equal, items differ")
     auto = sa.get_scenario("openai-auto")
     assert sa.judge(auto, {"prompts": 10, "prompts_with_call": 9})[0]
     assert not sa.judge(auto, {"prompts": 10, "prompts_with_call": 8})[0]

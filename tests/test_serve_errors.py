@@ -64,7 +64,10 @@ BAD_REQUESTS = [
     ("POST", "/v1/conversations", "[1, 2]"),
     ("POST", "/v1/conversations", '{"items": [], "colour": "red"}'),
     ("POST", "/v1/conversations", '{"items": "hello there"}'),
-    ("POST", "/v1/conversations", '{"items": [{"role": "assistant", "content": "I said so"}]}'),
+    ("POST", "/v1/conversations", '{"items": [{"role": "critic", "content": "I said so"}]}'),
+    # tiny: its template has no call format to render a client's call in
+    ("POST", "/v1/conversations", '{"items": [{"type": "function_call", "call_id": "c", "name": "f", '
+                                  '"arguments": "{}"}]}'),
     ("POST", "/v1/conversations", '{"items": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}'),
     ("POST", "/v1/conversations", '{"items": [{"role": "user", "content": "a", "id": "../../etc"}]}'),
     ("POST", "/v1/conversations", '{"items": [' + ", ".join(['{"role": "user", "content": "a"}'] * 21) + "]}"),
@@ -73,7 +76,8 @@ BAD_REQUESTS = [
     ("POST", "/v1/conversations/{c}/items", "not json"),
     ("POST", "/v1/conversations/{c}/items", '{"items": [{"role": "user", "content": "x", "id": "u1"}]}'),
     ("POST", "/v1/conversations/{c}/items", '{"items": [{"role": "user", "content": "x", "id": "p1"}]}'),
-    ("POST", "/v1/conversations/{c}/items", '{"items": [{"role": "system", "content": "x"}]}'),
+    ("POST", "/v1/conversations/{c}/items", '{"items": [{"role": "tool", "content": "x"}]}'),
+    ("POST", "/v1/conversations/{c}/items", '{"items": [{"type": "reasoning", "summary": []}]}'),
     ("POST", "/v1/conversations/{c}/items", '{"items": [{"role": "user", "content": "x", "extra": 1}]}'),
     ("POST", "/v1/conversations/{c}/items", '{"items": [{"type": "function_call", "call_id": "c", "name": "f"}]}'),
     ("POST", "/v1/conversations/{c}/items", '{"items": [{"role": "user", "content": "x"}]}', "?colour=red"),
@@ -85,9 +89,12 @@ BAD_REQUESTS = [
     ("DELETE", "/v1/conversations/{c}/items/u1?mode=drop", None),
     ("DELETE", "/v1/conversations/{c}/items/u1?colour=red", None),
     ("POST", "/v1/responses", "{"),
-    ("POST", "/v1/responses", '{"conversation": "{c}", "top_p": 0.5}'),
-    ("POST", "/v1/responses", '{"conversation": "{c}", "temperature": 0.7}'),  # fixed by its first response
-    ("POST", "/v1/responses", '{"conversation": "{c}", "max_output_tokens": 99}'),
+    ("POST", "/v1/responses", '{"conversation": "{c}", "top_p": 1.5}'),
+    ("POST", "/v1/responses", '{"conversation": "{c}", "stop": ["a", "b", "c", "d", "e"]}'),  # at most 4
+    ("POST", "/v1/responses", '{"conversation": "{c}", "stop": [""]}'),
+    ("POST", "/v1/responses", '{"conversation": "{c}", "stop": 7}'),
+    ("POST", "/v1/responses", '{"conversation": "{c}", "max_output_tokens": 5000}'),  # past the context
+    ("POST", "/v1/responses", '{"conversation": "{c}", "frequency_penalty": 1}'),  # Chat Completions' only
     ("POST", "/v1/responses", '{"conversation": "{c}", "temperature": "hot"}'),
     ("POST", "/v1/responses", '{"conversation": "{c}", "temperature": 1e999}'),
     ("POST", "/v1/responses", '{"conversation": "{c}", "seed": true}'),
@@ -105,29 +112,32 @@ BAD_REQUESTS = [
                               '"schema": []}}}'),
     ("POST", "/v1/responses", '{"conversation": "{c}", "text": {"format": {"type": "grammar"}}}'),
     ("POST", "/v1/responses", '{"conversation": "{c}", "text": {"verbosity": "low"}}'),
-    ("POST", "/v1/responses", '{"conversation": "{c}", "include": ["message.output_text.logprobs"]}'),
+    ("POST", "/v1/responses", '{"conversation": "{c}", "include": ["file_search_call.results"]}'),
     ("POST", "/v1/responses", '{"conversation": "{c}", "truncation": "auto"}'),
     ("POST", "/v1/responses", '{"conversation": "{c}", "background": true}'),
-    ("POST", "/v1/responses", '{"conversation": "{c}", "top_logprobs": 3}'),
+    ("POST", "/v1/responses", '{"conversation": "{c}", "top_logprobs": 21}'),
     ("POST", "/v1/responses", '{"input": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]}'),
-    ("POST", "/v1/responses", '{"input": [{"role": "user", "content": "a"}, {"role": "system", "content": "b"}]}'),
+    ("POST", "/v1/responses", '{"input": [{"role": "system", "content": "b"}], "store": false}'),
     ("POST", "/v1/responses", '{"input": "a", "store": false, "tools": [{"type": "function", "name": "f"}]}'),
-    ("POST", "/v1/responses", '{"conversation": "{c}", "input": [{"type": "function_call_output", "call_id": "k", '
-                              '"output": "o"}]}'),  # mixed with the pending user message
-    ("POST", "/v1/responses", '{"input": [{"role": "user", "content": "a"}, {"type": "function_call_output", '
-                              '"call_id": "k", "output": "o"}]}'),
+    ("POST", "/v1/responses", '{"conversation": "{c}", "input": [{"type": "function_call", "call_id": "k", '
+                              '"name": "f", "arguments": "{}"}]}'),  # tiny: no call format
+    ("POST", "/v1/responses", '{"input": [{"role": "user", "content": "a"}, {"type": "function_call", '
+                              '"call_id": "k", "name": "f", "arguments": "{}"}]}'),
     ("POST", "/v1/responses", '{"conversation": "{c}", "input": NaN}'),
     ("POST", "/v1/chat/completions", "{"),
     ("POST", "/v1/chat/completions", '{"messages": [{"role": "user", "content": "hi"}], "logit_bias": {}}'),
     ("POST", "/v1/chat/completions", '{"messages": []}'),
     ("POST", "/v1/chat/completions", '{"messages": [{"role": "user", "content": "hi"}], "n": 2}'),
     ("POST", "/v1/chat/completions", '{"messages": [{"role": "assistant", "content": "hi"}]}'),
-    ("POST", "/v1/chat/completions", '{"messages": [{"role": "user", "content": "a"}, {"role": "system", '
-                                     '"content": "b"}, {"role": "user", "content": "c"}]}'),
+    ("POST", "/v1/chat/completions", '{"messages": [{"role": "system", "content": "a"}, {"role": "developer", '
+                                     '"content": "b"}]}'),  # no user message
     ("POST", "/v1/chat/completions", '{"messages": [{"role": "tool", "content": "hi"}]}'),
     ("POST", "/v1/chat/completions", '{"messages": [{"role": "tool", "content": "hi", "tool_call_id": "c"}]}'),
-    ("POST", "/v1/chat/completions", '{"messages": [{"role": "user", "content": "hi"}], "stop": ["x"]}'),
-    ("POST", "/v1/chat/completions", '{"messages": [{"role": "user", "content": "hi"}], "top_p": 0.5}'),
+    ("POST", "/v1/chat/completions", '{"messages": [{"role": "user", "content": "hi"}], "stop": ["x", 1]}'),
+    ("POST", "/v1/chat/completions", '{"messages": [{"role": "user", "content": "hi"}], "top_p": -0.5}'),
+    ("POST", "/v1/chat/completions", '{"messages": [{"role": "user", "content": "hi"}], "frequency_penalty": 3}'),
+    ("POST", "/v1/chat/completions", '{"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2}'),
+    ("POST", "/v1/chat/completions", '{"messages": [{"role": "user", "content": "hi"}], "logprobs": 1}'),
     ("POST", "/v1/chat/completions", '{"messages": [{"role": "user", "content": "hi"}], "response_format": '
                                      '{"type": "json_schema", "name": "x", "schema": {}}}'),  # not under json_schema
     ("POST", "/v1/chat/completions", '{"messages": [{"role": "user", "content": "hi"}], "tools": '

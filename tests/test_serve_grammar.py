@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from unsee import Settings
 from unsee.impl.agent.tools.grammars import get_constraints
 from unsee.impl.agent.tools.native import OPENINGS, CallFormat, FunctionCall, parse_turn, split_stream_text
-from unsee.impl.engines.constraints import MAX_BLANK_RUN, GrammarConstraint
+from unsee.impl.engines.constraints import MAX_BLANK_RUN
 from unsee.impl.engines.registry import make_engine
 
 pytest.importorskip("llguidance")
@@ -105,6 +105,13 @@ def test_required_one_function_and_none(qwen_style):
     # after the prefilled opening (up to the name): a name, its arguments, the closing, more calls
     rest = f'get_weather", "arguments": {ARGS}}}\n</tool_call>\n<tool_call>\n{{"name": "get_time", "arguments": {{}}}}'
     assert get_blocked(qwen_style, required, rest) == []
+    # a blank after the last call does not commit the turn to another call: it may end there
+    (grammar,) = required
+    closed = rest + "\n</tool_call>\n"
+    assert not bool(grammar.get_allowed(qwen_style.encode(rest))[qwen_style.eos_ids[0]])
+    assert bool(grammar.get_allowed(qwen_style.encode(closed))[qwen_style.eos_ids[0]])
+    (lazy,) = get_constraints(qwen_style, QWEN, DEFS, "auto", None, True, None)
+    assert bool(lazy.get_allowed(qwen_style.encode(WRITTEN["fenced_json"] + "\n"))[qwen_style.eos_ids[0]])
     assert get_blocked(qwen_style, required, "Sure, I can help.")
     one = get_constraints(qwen_style, QWEN, DEFS, "function", "get_weather", False, None)
     assert get_blocked(qwen_style, one, f" {ARGS}}}\n</tool_call>") == []

@@ -81,10 +81,12 @@ def get_run_source(args: argparse.Namespace, episode: Episode) -> str | None:
     return source
 
 
-def build_engine(args: argparse.Namespace) -> Engine:
+def build_engine(args: argparse.Namespace, **extra) -> Engine:
     """The engine of ``--engine``/``--model``/``--device``/``--dtype``/``--attn``/``--kv-budget``,
-    through the registry (a missing llama.cpp extra is bad input: nothing ran)."""
-    options = get_loader_options(args.engine, args.device, args.dtype, getattr(args, "attn", None)) | get_vllm_options(args)
+    through the registry (a missing llama.cpp extra is bad input: nothing ran); ``extra``: more
+    loader options (``unsee serve``'s context)."""
+    options = (get_loader_options(args.engine, args.device, args.dtype, getattr(args, "attn", None))
+               | get_vllm_options(args) | extra)
     return load_engine(args.model, args.engine, kv_budget=args.kv_budget, **options)
 
 

@@ -23,17 +23,41 @@ def add_serve_parser(sub) -> None:
                                                               "its own conversations")
     serve.add_argument("--system", default="You are a helpful assistant.",
                        help="the system prompt of a conversation that gives none")
-    serve.add_argument("--max-output-tokens", type=int, default=64,
-                       help="a conversation's output-token cap when its first response gives none")
+    serve.add_argument("--max-output-tokens", type=int, default=None, metavar="N",
+                       help="the output cap of a request that names none (default: the rest of the context "
+                            "after the prompt, as llama.cpp's and vLLM's servers do)")
+    serve.add_argument("--ctx-size", type=int, default=None, metavar="N",
+                       help="the tokens a conversation's context holds (llama.cpp's n_ctx, vLLM's max_model_len, "
+                            "transformers: at most the model's positions), up to the model's trained length. "
+                            "Default: llama.cpp: the trained length, or less where the KV of every slot would "
+                            "pass a quarter of the machine's memory (a multiple of 256); vLLM: 4096; "
+                            "transformers: the model's positions")
     serve.add_argument("--busy-wait", type=float, default=5.0, metavar="SECONDS",
                        help="how long a request waits for its busy conversation before 409")
 
 
+#: the share of the machine's memory llama.cpp's slots may reserve for a default context
+CONTEXT_MEMORY_SHARE = 4
+
+
+def get_context_options(engine: str, ctx_size: int | None, physical: int | None) -> dict:
+    """The loader options of ``--ctx-size`` on ``engine`` (passed to the loader, which refuses a
+    context past the model's trained length); without it, llama.cpp's context sized by memory
+    (a quarter of ``physical`` bytes for the KV of every slot), the others' own defaults."""
+    if ctx_size is not None and ctx_size < 1:
+        raise ValueError(f"--ctx-size {ctx_size}: expected 1 or more")
+    if engine == "vllm":
+        return {"max_model_len": ctx_size} if ctx_size else {}
+    if engine == "llamacpp" and ctx_size is None:
+        return {"ctx_memory": physical // CONTEXT_MEMORY_SHARE} if physical else {}
+    return {"n_ctx": ctx_size} if ctx_size else {}
+
+
 def do_serve(args: argparse.Namespace) -> int:
-    from unsee import Settings
+    from unsee.impl.agent.tools.client import get_context_length
     from unsee.impl.cli.run import build_engine
-    from unsee.impl.serve.budget import get_default_kv_budget
-    from unsee.impl.serve.pool import Pool
+    from unsee.impl.serve.budget import get_default_kv_budget, get_physical_bytes
+    from unsee.impl.serve.pool import Pool, get_default_settings
     from unsee.impl.serve.threads import (
         BATCH_THREADS_ENV,
         SLOTS_ENV,
@@ -58,7 +82,9 @@ def do_serve(args: argparse.Namespace) -> int:
               f"(${BATCH_THREADS_ENV} and ${THREADS_ENV} set others)", file=sys.stderr)
     slots = compute_slot_environment(args.engine, os.environ)
     os.environ.update(slots)
-    engine = build_engine(args)
+    engine = build_engine(args, **get_context_options(args.engine, args.ctx_size, get_physical_bytes()))
+    print(f"unsee serve: the context holds {get_context_length(engine.lm)} tokens (--ctx-size sets another)",
+          file=sys.stderr)
     if getattr(engine, "kv", None) is not None and getattr(engine.kv, "slots", 1) > 1:
         batched = ("decodes their next tokens in one forward" if engine.kv.can_batch
                    else "does not batch their steps: decode runs on more than one thread")
@@ -71,6 +97,6 @@ def do_serve(args: argparse.Namespace) -> int:
             print(f"unsee serve: KV budget {args.kv_budget / 2**30:.1f} GiB (half of the memory left after "
                   "the model; --kv-budget sets another)", file=sys.stderr)
     pool = Pool(engine, args.store, kv_budget=args.kv_budget, busy_wait=args.busy_wait, system=args.system,
-                defaults=Settings(max_new_tokens=args.max_output_tokens))
+                defaults=get_default_settings(engine, args.max_output_tokens))
     run(pool, args.model, args.host, args.port, api_keys)
     return int(Exit.OK)

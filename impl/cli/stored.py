@@ -47,6 +47,21 @@ def check_stored_options(args: argparse.Namespace, meta: dict[str, str]) -> None
                              f"run with --{option} {values[-1]} (or leave --{option} out)")
 
 
+def use_stored_threads(meta: dict[str, str]) -> None:
+    """Compute with the torch thread count the store recorded: a transformers session's bits on
+    the CPU depend on it (docs/engines.md), so a process that continues a session (this one
+    exists for nothing else) takes the count it was written with, as ``unsee verify`` does.
+    Without it a session written by a one-thread process is refused on a machine where two
+    threads round differently (seen on an AMD EPYC: tests/test_removal.py)."""
+    import torch
+
+    from unsee.impl.store.backend import read_stored_engine
+
+    threads = meta.get("threads", "")
+    if read_stored_engine(meta).backend == "transformers" and threads.isdigit() and int(threads) > 0:
+        torch.set_num_threads(int(threads))
+
+
 def get_forget_source(args: argparse.Namespace) -> str:
     """The source ``unsee forget`` forgets: ``--forget SOURCE_ID``, or the old
     positional ``SOURCE_ID`` (a notice names the new spelling)."""
@@ -100,6 +115,7 @@ def forget_with_retries(store, source: str, device: str, progress: bool):
     for attempt in range(1, RETRIES + 1):
         try:
             if engine is None:  # the engine the store records, rebuilt through the registry
+                use_stored_threads(store.get_meta())
                 engine = load_stored_engine(store.get_meta(), device, path=store.path)
             session = PersistentSession(store, store.load(engine))
             return session.forget(source, progress_bar("forget", progress))
@@ -180,6 +196,7 @@ def do_show(args: argparse.Namespace) -> int:
     try:
         summary = store.get_summary()
         if args.model is not None:  # rebuild on the named model (the store's): the digest must match
+            use_stored_threads(store.get_meta())
             engine = load_stored_engine(store.get_meta(), args.device, path=store.path)
             summary["verified"] = store.load(engine).digest() == summary["digest"]
     finally:

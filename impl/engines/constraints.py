@@ -104,10 +104,12 @@ class _Tokenizer:
 @attrs.frozen
 class Grammatical:
     """What the grammars need of one model, built once (reading a vocabulary of 150k tokens
-    takes about a second): llguidance's tokenizer, and which tokens are only blanks."""
+    takes about a second): llguidance's tokenizer, which tokens are only blanks, and each
+    token's first byte that is not a blank."""
 
     tokenizer: object
     blank: np.ndarray  # bool over the vocabulary: tokens of spaces, tabs and newlines only
+    first: np.ndarray  # uint8 over the vocabulary: the first byte that is not a blank (0: none)
 
 
 _MODELS: dict[int, Grammatical] = {}
@@ -134,8 +136,9 @@ def get_grammatical(lm) -> Grammatical:
         tokenizer = from_tokenizer(lm.tokenizer, n_vocab=lm.vocab_size, eos_token=eos)
         pieces = [lm.decode([i]).encode("utf-8", "surrogatepass") for i in range(lm.vocab_size)]
     blank = np.array([bool(p) and set(p) <= BLANKS for p in pieces], dtype=bool)
+    first = np.array([(p.lstrip(b" \t\r\n") or b"\0")[0] for p in pieces], dtype=np.uint8)
     with _LOCK:
-        _MODELS[key] = Grammatical(tokenizer, blank)
+        _MODELS[key] = Grammatical(tokenizer, blank, first)
     weakref.finalize(lm, _MODELS.pop, key, None)
     return _MODELS[key]
 
@@ -242,11 +245,16 @@ class Trigger:
     regular expression over the turn's text (bytes) whose match starts a call; ``grammar``
     (Lark, llguidance's dialect) is what the turn must then match from the match's start,
     written with ``{PREFIX}`` where the bytes of the trigger's first token that come before
-    the match go (a token may begin with a newline before the opening)."""
+    the match go (a token may begin with a newline before the opening). ``opener``: a trigger
+    that opens the turn with this byte (a JSON object's brace), whose first token is checked
+    before it is decided: while the turn is blank, a token that starts with the opener must fit
+    the grammar, since a trigger seen after the token that wrote it cannot hold that token
+    (qwen2.5-1.5b opened a turn with ``{{``, and the call was lost as text)."""
 
     grammar: str
     token: int | None = None
     pattern: bytes | None = None
+    opener: bytes | None = None
 
 
 def get_lark_literal(data: bytes) -> str:
@@ -318,7 +326,7 @@ class LazyConstraint:
         on (tokens that are triggers themselves from the first new one)."""
         first_new = len(self.seen)
         self.extend(out)
-        text = bytes(self.text)
+        text = self.text  # searched in place (re takes a bytearray): a step copies nothing
         best = None
         for i, trigger in enumerate(self.triggers):
             if trigger.token is not None and trigger.token in out[first_new:]:
@@ -327,7 +335,7 @@ class LazyConstraint:
             m = self.patterns[i].search(text, since) if self.patterns[i] is not None else None
             if m is not None:
                 k = bisect.bisect_right(self.starts, m.start()) - 1
-                candidate = (k, i, text[self.starts[k]:m.start()])
+                candidate = (k, i, bytes(text[self.starts[k]:m.start()]))
                 best = min(best or candidate, candidate)
         self.found = None if best is None else (best[1], best[0], best[2])
         return self.found
@@ -345,7 +353,27 @@ class LazyConstraint:
 
     def get_allowed(self, out: Sequence[int]) -> torch.Tensor | None:
         grammar = self.get_grammar(out)
-        return None if grammar is None else grammar.get_allowed(out)
+        if grammar is not None:
+            return grammar.get_allowed(out)
+        return self.get_opening_mask(out) if not bytes(self.text).strip() else None
+
+    def get_opening_mask(self, out: Sequence[int]) -> torch.Tensor | None:
+        """While the turn is blank: tokens that start with an opener (:class:`Trigger`) only where
+        they fit its grammar; every other token."""
+        allowed = None
+        for i, trigger in enumerate(self.triggers):
+            if trigger.opener is None:
+                continue
+            key = (i, 0, b"")
+            if key not in self.grammars:
+                self.grammars[key] = GrammarConstraint(self.lm, trigger.grammar.replace("{PREFIX}", ""), start=0)
+            fits = self.grammars[key].get_allowed(out)
+            if fits is None:
+                continue
+            opens = get_grammatical(self.lm).first == trigger.opener[0]
+            kept = ~opens | fits.numpy()
+            allowed = kept if allowed is None else allowed & kept
+        return None if allowed is None else torch.from_numpy(allowed)
 
     def is_done(self, out: Sequence[int]) -> bool:
         grammar = self.get_grammar(out)

@@ -17,6 +17,7 @@ from unsee import Settings
 from unsee.impl.agent.tools.client import Config
 from unsee.impl.engines.counts import Counters
 from unsee.impl.serve import shapes, turns
+from unsee.impl.serve.bodies import SYSTEM_ROLES
 from unsee.impl.serve.chat import check_messages, get_messages
 from unsee.impl.serve.conversation import Conversation
 from unsee.impl.serve.errors import bad_request
@@ -28,6 +29,15 @@ def check_tools(pool: Pool, req: dict) -> None:
     if req["tools"] and not pool.tools_ok:
         raise bad_request(f"tools: the chat template of model {pool.engine.lm.name} has no tool-call format this "
                           "server parses (docs/serve.md, 'Tools')", param="tools")
+
+
+def check_calls(pool: Pool, items: list[dict], param: str) -> None:
+    """A client's ``function_call`` items are rendered in the template's call format: a model
+    without one cannot take them."""
+    found = next((n for n, i in enumerate(items) if i["kind"] == "function_call"), None)
+    if found is not None and not pool.tools_ok:
+        raise bad_request(f"{param}[{found}]: function_call items need a model whose chat template has a tool-call "
+                          f"format this server parses; {pool.engine.lm.name}'s has none", param=f"{param}[{found}]")
 
 
 def get_target(pool: Pool, req: dict, owner: str) -> tuple[Conversation | None, str | None]:
@@ -97,47 +107,48 @@ def respond(pool: Pool, model: str, req: dict, conv: Conversation, previous: str
 
 
 def respond_new(pool: Pool, model: str, req: dict, owner: str, listener=None) -> dict:
-    """A response with no conversation: a new one, removed again if the response is refused."""
-    kinds = {i["kind"] for i in req["items"] if i["role"] not in ("system", "developer")}
-    if len(kinds) > 1:
-        raise bad_request("input: a turn is user messages or function_call_output items, not both", param="input")
-    system = [i for i in req["items"] if i["role"] in ("system", "developer")]
+    """A response with no conversation: a new one (a first system or developer item is its
+    system prompt, as in a conversation's create), removed again if the response is refused."""
+    items = req["items"]
+    system = items[:1] if items and items[0]["role"] in SYSTEM_ROLES else []
     conv = pool.create(system, {}, owner)
     try:
-        return respond(pool, model, {**req, "items": [i for i in req["items"] if i not in system]}, conv, None,
-                       owner, listener)
+        return respond(pool, model, {**req, "items": items[len(system):]}, conv, None, owner, listener)
     except BaseException:
         pool.delete(conv)
         raise
 
 
 def get_settings(pool: Pool, req: dict) -> Settings:
-    d = pool.defaults
-    return Settings(max_new_tokens=req["max_new_tokens"] or d.max_new_tokens,
-                    temperature=req["temperature"] if req["temperature"] is not None else d.temperature,
-                    seed=req["seed"] if req["seed"] is not None else d.seed)
+    """The settings a stateless request's turn runs with (the server's defaults, the request's own over them)."""
+    return turns.get_sampling(req, pool.defaults, pool.defaults).get_settings(pool.defaults)
 
 
 def split_system(pool: Pool, messages: list[dict], instructions: str | None) -> tuple[str, list[dict]]:
-    """The system text (``instructions``, else a first system message, else the server's) and the rest."""
-    system = pool.system
-    if messages and messages[0]["role"] in ("system", "developer"):
+    """The system text and the other messages: ``instructions`` where given (every system
+    message is then a message, as OpenAI puts the instructions before the input), else a first
+    system or developer message, else the server's. Later system messages stay messages,
+    each rendered as the template renders a system message after the first."""
+    system = pool.system if instructions is None else instructions
+    if instructions is None and messages and messages[0]["role"] in SYSTEM_ROLES:
         system, messages = messages[0]["text"], messages[1:]
-    if any(m["role"] in ("system", "developer") for m in messages):
-        raise bad_request("input: a system message is read only first", param="input")
-    if not messages or messages[-1]["role"] not in ("user", "tool"):
-        raise bad_request("input: the last message must be the user's (or function outputs)", param="input")
-    return (instructions if instructions is not None else system), messages
+    last = next((m for m in reversed(messages) if m["role"] not in SYSTEM_ROLES), None)
+    if last is None or last["role"] not in ("user", "tool"):
+        raise bad_request("input: the last message other than system ones must be the user's (or function "
+                          "outputs)", param="input")
+    return system, messages
 
 
 def complete(pool: Pool, req: dict, messages: list[dict], owner: str, listener=None) -> dict:
     """A stateless completion of ``messages`` (the chat route's and a stateless response's)."""
     system, messages = split_system(pool, messages, req.get("instructions"))
     check_messages(messages, pool.tools_ok)
-    settings = get_settings(pool, req)
-    config = Config(system, req["tools"], req["choice"], req["function"], req["parallel"], req.get("format"))
+    sampling = turns.get_sampling(req, pool.defaults, pool.defaults)
+    config = Config(system, req["tools"], req["choice"], req["function"], req["parallel"], req.get("format"), sampling)
     with pool.hold():  # the engine's lock alone: a completion has no conversation
-        return {**pool.open_chat(owner).complete(messages, settings, config, listener), "settings": settings}
+        out = pool.open_chat(owner).complete(messages, pool.defaults, config, listener,
+                                             explicit=req["max_new_tokens"] is not None, logprobs=req["logprobs"])
+    return {**out, "settings": sampling.get_settings(pool.defaults)}
 
 
 def respond_stateless(pool: Pool, model: str, req: dict, owner: str, listener=None) -> dict:
@@ -164,11 +175,12 @@ def complete_chat(pool: Pool, model: str, req: dict, owner: str, completion_id: 
     usage = {"prompt_tokens": out["prompt_tokens"], "completion_tokens": out["output_tokens"],
              "total_tokens": out["prompt_tokens"] + out["output_tokens"],
              "prompt_tokens_details": {"cached_tokens": out["cached_tokens"]}}
+    logprobs = None if out["logprobs"] is None else {"content": out["logprobs"], "refusal": None}
     completion = shapes.chat_completion(completion_id, model, shapes.chat_message(text, calls),
-                                        out["finish_reason"], usage)
-    return {"completion": completion, "finish_reason": out["finish_reason"], "usage": usage}
+                                        out["finish_reason"], usage, logprobs)
+    return {"completion": completion, "finish_reason": out["finish_reason"], "usage": usage, "logprobs": logprobs}
 
 
-__all__ = ["check_tools", "complete", "complete_chat", "get_kept_tokens", "get_settings", "get_status", "get_target",
-           "get_usage",
+__all__ = ["check_calls", "check_tools", "complete", "complete_chat", "get_kept_tokens", "get_settings", "get_status",
+           "get_target", "get_usage",
            "respond", "respond_new", "respond_stateless", "split_system"]

@@ -94,7 +94,8 @@ def get_state(pool: Pool, conv: Conversation) -> dict:
     runtime = conv.session.runtime if conv.session is not None else None
     return {"digest": conv.digest(), "steps": runtime.t if runtime else 0,
             "forgotten": list(runtime.forgotten) if runtime else [], "pending": len(conv.record["pending"]),
-            "held": sum(len(g["items"]) for g in conv.record["held"]) + len(conv.record["held_outputs"]),
+            "held": (sum(len(g["items"]) for g in conv.record["held"]) + len(conv.record["held_outputs"])
+                     + len(conv.record["held_extra"])),
             "pending_calls": [c["call_id"] for c in conv.get_pending_calls()], "model": pool.engine.lm.name}
 
 
@@ -200,7 +201,8 @@ def add_conversation_routes(app: FastAPI, pool: Pool, model_name: str) -> None:
     @app.post("/v1/conversations")
     async def create_conversation(request: Request) -> dict:
         body = check_fields(await read_json(request, empty_ok=True), CONVERSATION_FIELDS, "conversations")
-        items = bodies.read_items(body.get("items"), "items", system_first=True, empty_ok=True)
+        items = bodies.read_items(body.get("items"), "items", empty_ok=True)
+        answers.check_calls(pool, items, "items")
         metadata = bodies.read_metadata(body.get("metadata"))
         conv = await run_in_threadpool(pool.create, items, metadata, get_owner(request))
         note_conversation(request.state, conv.id)
@@ -233,6 +235,7 @@ def add_item_routes(app: FastAPI, pool: Pool, metrics: Metrics) -> None:
         check_query(request, {"include"})
         body = check_fields(await read_json(request), ITEMS_FIELDS, "items.create")
         items = bodies.read_items(body.get("items"), "items")
+        answers.check_calls(pool, items, "items")
         return await run_held(pool, pool.get(conv_id, get_owner(request)),
                               lambda c: shapes.item_list(c.add_items(items)))
 
@@ -275,6 +278,7 @@ def add_response_routes(app: FastAPI, pool: Pool, model_name: str) -> None:
     async def create_response(request: Request):
         req = bodies.read_response_request(await read_json(request))
         answers.check_tools(pool, req)
+        answers.check_calls(pool, req["items"], "input")
         owner = get_owner(request)
         if req["stateless"]:
             def work(listener):

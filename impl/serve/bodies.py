@@ -7,10 +7,14 @@ parameter this server does not honour (``top_p`` of 0.5, images, ...) learns
 so instead of getting an answer computed without it.
 
 An input item becomes ``{"kind", "id", "role", "text", "call_id", "name",
-"arguments"}``: ``kind`` is ``message``, ``function_call_output`` or (the
-model's own, read only where nothing is stored) ``function_call``. A chat
-message becomes ``{"role", "text", "calls", "call_id"}``. Tools become their
-definitions in the chat-template shape, as canonical JSON. Only text is read.
+"arguments"}``: ``kind`` is ``message`` (role ``user``, ``assistant``,
+``system`` or ``developer``), ``function_call`` (role ``assistant``; its
+``text`` is its arguments) or ``function_call_output`` (role ``tool``). Every
+kind is read wherever items are (a conversation's create, its items.create,
+a response's input): a client-written item is an observation
+(docs/serve.md, "Items and steps"). A chat message becomes ``{"role",
+"text", "calls", "call_id"}``. Tools become their definitions in the
+chat-template shape, as canonical JSON. Only text is read.
 """
 
 from __future__ import annotations
@@ -22,11 +26,17 @@ from collections.abc import Mapping
 from typing import Any
 
 from unsee.impl.agent.tools.native import FunctionCall
+from unsee.impl.engines.stops import MAX_STOPS
 from unsee.impl.serve.errors import bad_request
-from unsee.impl.serve.fields import CHAT_FIELDS, RESPONSE_FIELDS, check_fields
+from unsee.impl.serve.fields import CHAT_FIELDS, LOGPROBS_INCLUDE, RESPONSE_FIELDS, check_fields
 
 #: at most this many items per request, as the Conversations API allows
 MAX_ITEMS = 20
+#: at most this many input items in a response (a client's whole history, where it keeps it)
+MAX_INPUT_ITEMS = MAX_ITEMS * 10
+#: the roles a message item may have
+MESSAGE_ROLES = ("user", "assistant", "system", "developer")
+SYSTEM_ROLES = ("system", "developer")
 #: ids a client may give its items (they name sources in the store and in receipts)
 ID_PATTERN = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
 MESSAGE_FIELDS = {"type", "role", "content", "id", "status", "phase"}
@@ -36,6 +46,9 @@ CHAT_MESSAGE_FIELDS = {"role", "content", "name", "tool_calls", "tool_call_id", 
 TEXT_PART_TYPES = ("input_text", "text", "output_text")
 #: a tool's name, as OpenAI's API allows it
 TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+#: the largest output cap a request may name (the model's context refuses less: a 400
+#: ``context_length_exceeded`` where the prompt and the cap do not fit)
+MAX_OUTPUT_TOKENS = 2**24
 
 
 def read_object(body: Any, fields: set[str], where: str) -> Mapping[str, Any]:
@@ -109,54 +122,48 @@ def read_output_item(raw: Mapping, param: str) -> dict:
 
 
 def read_call_item(raw: Mapping, param: str) -> dict:
+    """A ``function_call`` item: its ``text`` is its arguments (what the store observes)."""
     read_object(raw, CALL_FIELDS, param)
     name = raw.get("name")
     if not isinstance(name, str) or not TOOL_NAME.match(name):
-        raise bad_request(f"{param}.name: a function name is 1-64 of letters, digits, _ and -", param=param)
-    return new_item("function_call", "assistant", "", read_id(raw.get("id"), f"{param}.id"),
-                    read_call_id(raw.get("call_id"), f"{param}.call_id"), name,
-                    read_arguments(raw.get("arguments"), f"{param}.arguments"))
+        raise bad_request(f"{param}.name: a function name is 1-64 of letters, digits, _ and -", param=f"{param}.name")
+    arguments = read_arguments(raw.get("arguments"), f"{param}.arguments")
+    return new_item("function_call", "assistant", arguments, read_id(raw.get("id"), f"{param}.id"),
+                    read_call_id(raw.get("call_id"), f"{param}.call_id"), name, arguments)
 
 
-def read_item(raw: Any, param: str, system_ok: bool, model_ok: bool = False) -> dict:
-    """One input item; ``model_ok``: the model's own items (assistant messages, function calls)
-    are read too (a client that keeps its history, where nothing is stored)."""
+def read_item(raw: Any, param: str) -> dict:
+    """One input item of any kind this server reads (a message of any role, a function call,
+    a function call's output)."""
     if not isinstance(raw, Mapping):
         raise bad_request(f"{param}: an item must be an object", param=param)
     kind = raw.get("type", "message")
     if kind == "function_call_output":
         return read_output_item(raw, param)
-    if kind == "function_call" and model_ok:
+    if kind == "function_call":
         return read_call_item(raw, param)
     if kind != "message":
-        why = ("the model's own: in a stored conversation this server writes them" if kind == "function_call"
-               else "not read here (message, function_call_output)")
-        raise bad_request(f"{param}.type: {kind!r} items are {why}", param=f"{param}.type")
+        raise bad_request(f"{param}.type: {kind!r} items are not read here (message, function_call, "
+                          "function_call_output)", param=f"{param}.type")
     read_object(raw, MESSAGE_FIELDS, param)
-    roles = ("user", "system", "developer") if system_ok else ("user",)
-    roles += ("assistant",) if model_ok else ()
-    if raw.get("role") not in roles:
-        why = ("assistant items are the model's own: this server writes them" if raw.get("role") == "assistant"
-               else "a system or developer message is read only as the first item of a new conversation"
-               if raw.get("role") in ("system", "developer") else f"expected one of {roles}")
-        raise bad_request(f"{param}.role: {raw.get('role')!r}: {why}", param=f"{param}.role")
+    if raw.get("role") not in MESSAGE_ROLES:
+        raise bad_request(f"{param}.role: {raw.get('role')!r}: expected one of {MESSAGE_ROLES}",
+                          param=f"{param}.role")
     return new_item("message", raw["role"], read_text(raw.get("content"), f"{param}.content"),
                     read_id(raw.get("id"), f"{param}.id"))
 
 
-def read_items(raw: Any, param: str, system_first: bool = False, empty_ok: bool = False,
-               text_ok: bool = False, model_ok: bool = False) -> list[dict]:
-    """A list of input items (``system_first``: its first may be a system
-    message; ``text_ok``: a string is one user message, as a response's input;
-    ``model_ok``: see :func:`read_item`)."""
+def read_items(raw: Any, param: str, empty_ok: bool = False, text_ok: bool = False,
+               limit: int = MAX_ITEMS) -> list[dict]:
+    """A list of at most ``limit`` input items (``text_ok``: a string is one user message, as
+    a response's input)."""
     if raw is None and empty_ok:
         return []
     if isinstance(raw, str) and text_ok:
         return [new_item("message", "user", raw)]
-    limit = MAX_ITEMS * 10 if model_ok else MAX_ITEMS  # a client's whole history
     if not isinstance(raw, list) or len(raw) > limit or (not raw and not empty_ok):
         raise bad_request(f"{param}: must be a list of 1 to {limit} items", param=param)
-    items = [read_item(r, f"{param}[{i}]", system_first and i == 0, model_ok) for i, r in enumerate(raw)]
+    items = [read_item(r, f"{param}[{i}]") for i, r in enumerate(raw)]
     ids = [i["id"] for i in items if i["id"] is not None]
     if len(set(ids)) != len(ids):
         raise bad_request(f"{param}: duplicate item id", param=param)
@@ -185,11 +192,41 @@ def read_number(body: Mapping, name: str, kind: type, low: float, high: float) -
     return kind(value)
 
 
+def read_stop(raw: Any) -> tuple[str, ...]:
+    """``stop``: a string or a list of up to :data:`MAX_STOPS` non-empty strings (null: none)."""
+    stops = [raw] if isinstance(raw, str) else raw if raw is not None else []
+    if (not isinstance(stops, list) or len(stops) > MAX_STOPS
+            or any(not isinstance(s, str) or not s for s in stops)):
+        raise bad_request(f"stop: a non-empty string or a list of up to {MAX_STOPS} of them", param="stop")
+    return tuple(dict.fromkeys(stops))
+
+
 def read_sampling(body: Mapping, max_name: str) -> dict:
-    """temperature, seed and the output-token cap (None where not given)."""
+    """A turn's decoding settings (None, or the neutral value, where not given): temperature,
+    seed, the output-token cap, top_p, the penalties (Chat Completions' fields; a Responses body
+    has none) and the stop texts. Every one is recorded with the turn (docs/serve.md, "Sampling")."""
+    top_p = read_number(body, "top_p", float, 0.0, 1.0)
     return {"temperature": read_number(body, "temperature", float, 0.0, 2.0),
             "seed": read_number(body, "seed", int, 0, 2**62),
-            "max_new_tokens": read_number(body, max_name, int, 1, 4096)}
+            "max_new_tokens": read_number(body, max_name, int, 1, MAX_OUTPUT_TOKENS),
+            "top_p": 1.0 if top_p is None else top_p,
+            "frequency_penalty": read_number(body, "frequency_penalty", float, -2.0, 2.0) or 0.0,
+            "presence_penalty": read_number(body, "presence_penalty", float, -2.0, 2.0) or 0.0,
+            "stop": read_stop(body.get("stop"))}
+
+
+def read_logprobs(body: Mapping, chat: bool) -> int | None:
+    """How many alternatives each output token's log-probability lists, or None where none are
+    asked for: Chat Completions' ``logprobs: true`` (with ``top_logprobs``, 0-20); the Responses
+    API's ``include: ["message.output_text.logprobs"]`` (with ``top_logprobs``)."""
+    top = read_number(body, "top_logprobs", int, 0, 20)
+    if chat:
+        asked = read_flag(body, "logprobs")
+        if top and not asked:
+            raise bad_request("top_logprobs: needs logprobs: true", param="top_logprobs")
+    else:
+        asked = LOGPROBS_INCLUDE in (body.get("include") or ())
+    return (top or 0) if asked else None
 
 
 def read_flag(body: Mapping, name: str, default: bool = False) -> bool:
@@ -346,14 +383,14 @@ def read_response_request(body: Any) -> dict:
     if not store and continued:
         raise bad_request("store: false with a conversation: a stored conversation's every turn is stored (its "
                           "forget needs the log)", param="store")
-    items = read_items(body.get("input"), "input", system_first=not continued, empty_ok=True, text_ok=True,
-                       model_ok=not continued)
-    stateless = not store or any(i["role"] == "assistant" for i in items)
+    items = read_items(body.get("input"), "input", empty_ok=True, text_ok=True, limit=MAX_INPUT_ITEMS)
+    # a client's own history (the model's items in it) without a conversation: nothing stored
+    stateless = not store or (not continued and any(i["role"] == "assistant" for i in items))
     return {"model": body.get("model"), "conversation": conversation, "previous_response_id": previous,
             "items": items, "stateless": stateless, "instructions": read_instructions(body),
             "stream": read_flag(body, "stream"), "metadata": read_metadata(body.get("metadata")),
             **read_tooling(body, nested=False), **read_sampling(body, "max_output_tokens"),
-            **read_text_options(body.get("text"))}
+            **read_text_options(body.get("text")), "logprobs": read_logprobs(body, chat=False)}
 
 
 def read_text_options(raw: Any) -> dict:
@@ -413,14 +450,16 @@ def read_chat_request(body: Any) -> dict:
     if not isinstance(messages, list) or not messages:
         raise bad_request("messages: must be a non-empty list", param="messages")
     out = [read_chat_message(m, f"messages[{i}]") for i, m in enumerate(messages)]
-    if out[-1]["role"] not in ("user", "tool"):
-        raise bad_request("messages: the last message must be the user's (or tool results)", param="messages")
-    if any(m["role"] in ("system", "developer") for m in out[1:]):
-        raise bad_request("messages: a system message is read only first", param="messages")
+    # system and developer messages anywhere (one per system-prompt part, as Pydantic AI sends them)
+    last = next((m for m in reversed(out) if m["role"] not in SYSTEM_ROLES), None)
+    if last is None or last["role"] not in ("user", "tool"):
+        raise bad_request("messages: the last message other than system ones must be the user's (or tool "
+                          "results)", param="messages")
     if body.get("max_tokens") is not None and body.get("max_completion_tokens") is not None:
         raise bad_request("give max_tokens or max_completion_tokens, not both", param="max_tokens")
     cap = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
     options = body.get("stream_options") or {}
     return {"model": body.get("model"), "messages": out, "stream": read_flag(body, "stream"),
             "include_usage": bool(options.get("include_usage")), **read_tooling(body, nested=True),
-            **read_sampling(body, cap), "format": read_format(body.get("response_format"), "response_format", True)}
+            **read_sampling(body, cap), "format": read_format(body.get("response_format"), "response_format", True),
+            "logprobs": read_logprobs(body, chat=True)}

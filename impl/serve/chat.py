@@ -5,8 +5,10 @@ client's own history with the model's items in it).
 Each request runs a throwaway runtime (:class:`ClientToolRuntime`): the
 system block (its system text and tools), then every earlier message as one
 block (one prefill chunk each; a run of tool results is one block, as a
-conversation's tool step is), then the last user message, or the last run
-of tool results, as a step whose answer is the completion. The prefills run
+conversation's tool step is; a system message after the first is the
+template's system message), then the last user message, or the last run
+of tool results, with the system messages after it, as a step whose answer
+is the completion. The prefills run
 inside the engine's prefix cache (B5'), whose sources are the lineages of the
 owner's last :attr:`ChatCache.size` completions: a block whose chunk history
 and tokens equal a cached lineage's is served from that lineage's KV, which
@@ -23,12 +25,14 @@ import contextlib
 
 from unsee import Item, Settings, Step
 from unsee.impl.agent.provenance import RuntimeBlock
-from unsee.impl.agent.tools.client import ClientToolRuntime, Config
+from unsee.impl.agent.tools.client import ClientToolRuntime, Config, get_context_length
 from unsee.impl.agent.tools.native import FunctionCall
+from unsee.impl.agent.tools.observed import Role
 from unsee.impl.engines.protocol import PrefixCache
+from unsee.impl.serve.bodies import SYSTEM_ROLES
 from unsee.impl.serve.conversation import get_answer_items
 from unsee.impl.serve.errors import bad_request
-from unsee.impl.serve.turns import get_context_length
+from unsee.impl.serve.turns import add_logprobs
 from unsee.impl.util.ids import ANSWER, compute_block_id
 
 STEP = "chat"
@@ -67,16 +71,21 @@ def check_messages(messages: list[dict], tools_ok: bool) -> None:
             calls = m["call_ids"]
 
 
-def split_last(messages: list[dict]) -> tuple[list[dict], Step]:
-    """The history, and the last user message or run of tool results as the completion's step."""
-    if messages[-1]["role"] == "user":
-        return messages[:-1], Step(STEP, "user", (Item("last", messages[-1]["text"]),))
-    n = len(messages)
+def split_last(messages: list[dict]) -> tuple[list[dict], Step, dict[str, Role]]:
+    """The history, and the completion's step: the last user message or run of tool results,
+    then the system messages after it (with their roles: :mod:`~unsee.impl.agent.tools.observed`)."""
+    end = len(messages)
+    while end and messages[end - 1]["role"] in SYSTEM_ROLES:
+        end -= 1
+    trailing = [Item(f"system{i}", m["text"]) for i, m in enumerate(messages[end:])]
+    roles = {item.source: (m["role"],) for item, m in zip(trailing, messages[end:])}
+    if messages[end - 1]["role"] == "user":
+        return messages[:end - 1], Step(STEP, "user", (Item("last", messages[end - 1]["text"]), *trailing)), roles
+    n = end
     while n and messages[n - 1]["role"] == "tool":
         n -= 1
-    results = messages[n:]
-    return messages[:n], Step(STEP, "tool", tuple(Item(f"result{i}", m["text"]) for i, m in enumerate(results)),
-                              "tool")
+    results = tuple(Item(f"result{i}", m["text"]) for i, m in enumerate(messages[n:end]))
+    return messages[:n], Step(STEP, "tool", results + tuple(trailing), "tool"), roles
 
 
 def group_history(messages: list[dict]) -> list[list[dict]]:
@@ -102,6 +111,8 @@ def render_group(runtime: ClientToolRuntime, last: RuntimeBlock, group: list[dic
         content = runtime.call_format.render_turn(first["text"], first["calls"]) if first["calls"] else first["text"]
         # an instruction: the assistant text already carries its closing
         return "instruction", renderer.render_after(last, encode, "assistant", content)
+    if first["role"] in SYSTEM_ROLES:  # a system message after the first: the template's (else a user turn)
+        return "user", renderer.render_after(last, encode, "system", first["text"])
     return "user", renderer.render_after(last, encode, "user", first["text"])
 
 
@@ -133,10 +144,13 @@ class ChatCache:
             if old in self.engine.budget.lineages:
                 self.engine.drop(old)
 
-    def complete(self, messages: list[dict], settings: Settings, config: Config, listener=None) -> dict:
+    def complete(self, messages: list[dict], settings: Settings, config: Config, listener=None,
+                 explicit: bool = True, logprobs: int | None = None) -> dict:
         """The answer to ``messages`` (the system message, if any, already in ``config``) under
-        ``config``: its items, finish reason and usage. The caller holds the engine lock."""
-        _, step = split_last(messages)
+        ``config`` (its decoding settings over the session's ``settings``): its items (with the
+        tokens' log-probabilities where ``logprobs`` asks), finish reason and usage. ``explicit``:
+        the request named its output cap (it must fit the context). The caller holds the engine lock."""
+        _, step, roles = split_last(messages)
         before = self.engine.counters.snapshot()
         # an engine without a prefix cache recomputes the prefix: the same tokens, more work
         cache = (self.engine.prefix_cache(self.get_sources()) if isinstance(self.engine, PrefixCache)
@@ -144,13 +158,14 @@ class ChatCache:
         with cache:
             runtime = ClientToolRuntime.start(self.engine, config.system, settings, config=config)
             try:
-                self.observe_history(runtime, messages, config)
+                self.observe_history(runtime, messages, config, explicit)
                 if listener is not None:
                     listener.start()  # every check passed: the stream may open
-                runtime.client.expect(config)
+                    listener.stops = config.sampling.stop
+                runtime.client.expect(config, roles=roles)
                 if listener is not None:
                     listener.prepare(runtime.get_opening(config), runtime.get_openings(config))
-                runtime.listener = listener
+                runtime.listener, runtime.logprobs = listener, logprobs
                 runtime.step(step)
             except BaseException:
                 self.engine.drop(runtime.lineage)
@@ -159,32 +174,40 @@ class ChatCache:
         block = runtime.graph[compute_block_id(STEP, ANSWER)]
         self.keep(runtime.lineage)
         items = get_answer_items(runtime, STEP)
+        if logprobs is not None:
+            items = add_logprobs(self.engine.lm, items, runtime.decisions)
         if listener is not None:
             listener.answer(items)
         output_tokens = len(self.engine.lm.encode(block.text))
-        finished = bool(block.tokens) and block.tokens[-1] in set(self.engine.lm.eos_ids)
+        finished = runtime.is_finished(STEP)  # an end of turn, or a stop text
         calls = [i for i in items if i["type"] == "function_call"]
+        message = next((i for i in items if i["type"] == "message"), None)
         return {"items": items, "finish_reason": "tool_calls" if calls else "stop" if finished else "length",
+                "logprobs": message["content"][0]["logprobs"] if message and logprobs is not None else None,
                 "complete": finished, "prompt_tokens": block.token_span[0], "output_tokens": output_tokens,
                 # the prompt's tokens served from the cache (the runtime's canonical
                 # re-prefill of a generated turn may be served too: not a prompt token)
                 "cached_tokens": min(spent.reused_tokens, block.token_span[0])}
 
-    def observe_history(self, runtime: ClientToolRuntime, messages: list[dict], config: Config) -> None:
+    def observe_history(self, runtime: ClientToolRuntime, messages: list[dict], config: Config,
+                        explicit: bool = True) -> None:
         """Prefill the history's blocks, refusing first (400 ``context_length_exceeded``) where the
-        prompt and the output cap would pass the model's context."""
-        history, _ = split_last(messages)
+        prompt leaves no room for output, or for all of the output cap where the request named it
+        (``explicit``; a default cap is cut to what the context has left)."""
+        history, step, roles = split_last(messages)
         blocks = render_history(runtime, group_history(history))
-        last = blocks[-1] if blocks else runtime.graph[runtime.context[0]]
-        _, observed = render_group(runtime, last, group_history(messages[len(history):])[0])
+        # the step's block opens as after any block but a model turn: the history has none
+        observed = runtime.get_observation(step, roles)
         header = runtime.renderer.render_header(runtime.get_opening(config))
         encode = self.engine.lm.encode
         prompt = (len(runtime.graph[runtime.context[0]].tokens) + sum(len(b.tokens) for b in blocks)
                   + len(encode(observed)) + len(encode(header)))
         limit = get_context_length(self.engine.lm)
-        if limit is not None and prompt + runtime.settings.max_new_tokens > limit:
-            raise bad_request(f"messages: the prompt is {prompt} tokens and the output cap "
-                              f"{runtime.settings.max_new_tokens}; the model's context holds {limit}",
-                              param="messages", code="context_length_exceeded")
+        cap = config.sampling.get_settings(runtime.settings).max_new_tokens
+        if limit is not None and (prompt >= limit or (explicit and prompt + cap > limit)):
+            raise bad_request(f"messages: the prompt is {prompt} tokens" + (f" and the output cap {cap}" if explicit
+                                                                            else "")
+                              + f"; the model's context holds {limit}", param="messages",
+                              code="context_length_exceeded")
         for block in blocks:
             runtime.append_block(block.id, block.type, block.text, parents=(), sources=frozenset())

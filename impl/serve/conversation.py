@@ -1,9 +1,12 @@
 """One conversation: a session store (``session.db``, the runtime's every
 step and forget committed atomically) and a sidecar (``conversation.json``:
 its id, owner, metadata, system prompt, the items added but not yet answered,
-the recorded inputs a forget's replay has not yet replayed, the call ids of
-tool outputs, its responses' ids, and the ids a DELETE removed, which no new
-item takes again).
+the recorded inputs a forget's replay has not yet replayed (``held``; where
+it stopped at a call, ``held_outputs``, the outputs it matched for that
+turn's calls, and ``held_extra``, the other items of that turn's tool step,
+which follow the client's outputs), the call ids of tool outputs and of a
+client's calls, its responses' ids, and the ids a DELETE removed, which no
+new item takes again).
 
 The store is created by the conversation's first response, which fixes the
 sampling settings a replay must reuse. Items added before a response wait in
@@ -33,6 +36,7 @@ from pathlib import Path
 
 from unsee import PersistentSession
 from unsee.impl.agent.tools.client import ClientToolRuntime
+from unsee.impl.agent.tools.observed import DEFAULT_ROLES, get_role
 from unsee.impl.serve import shapes
 from unsee.impl.serve.errors import bad_request, not_found
 from unsee.impl.util.ids import ANSWER, compute_block_id
@@ -66,14 +70,26 @@ def get_answer_ids(key: str, n_calls: int) -> tuple[str, list[tuple[str, str]]]:
     return f"msg_{key}", [(f"fc_{key[:24]}_{i}", f"call_{key[:24]}_{i}") for i in range(n_calls)]
 
 
-def compute_item_id(item: dict, turn: int, position: int) -> str:
+def get_item_key(item: dict) -> list:
+    """What an item the client named none is named by: its kind, role, tool name and text."""
+    return [item["kind"], item["role"], item["name"] if item["kind"] == "function_call" else None, item["text"]]
+
+
+def compute_item_id(item: dict, turn: int, occurrence: int) -> str:
     """The server's id for an item the client named none: a hash of the turn it is observed in,
-    its place there and its content, so two conversations given the same items in the same turns
-    name them alike (the twin of a forget: same digest, same items). Not of a tool output's
-    call id: a replay reuses an output for the same call made anew, whose id is new."""
-    key = json.dumps([turn, position, item["kind"], item["text"]])
-    prefix = "fco_" if item["kind"] == "function_call_output" else "msg_"
+    its content (:func:`get_item_key`) and how many items alike came before it in that turn,
+    so two conversations given the same items in the same turns name them alike, and an item
+    keeps its name where another of its turn is deleted (the twin of a forget, which never had
+    that one: same digest, same items). Not of a tool output's call id: a replay reuses an
+    output for the same call made anew, whose id is new."""
+    key = json.dumps([turn, occurrence, *get_item_key(item)])
+    prefix = {"function_call_output": "fco_", "function_call": "fc_"}.get(item["kind"], "msg_")
     return prefix + hashlib.sha256(key.encode()).hexdigest()[:24]
+
+
+def get_item_role(item: dict) -> str:
+    """An input item's role, as a step records it (:data:`~unsee.impl.agent.tools.observed.ROLES`)."""
+    return item["kind"] if item["kind"] in ("function_call", "function_call_output") else item["role"]
 
 
 def get_prompt(runtime, step_id: str) -> list[int]:
@@ -90,7 +106,10 @@ def get_answer_items(runtime, step_id: str) -> list[dict]:
     """The items of the model's answer to ``step_id``: its text (a message, where it has text or no
     call) and its function calls."""
     block = runtime.graph[compute_block_id(step_id, ANSWER)]
-    complete = bool(block.tokens) and block.tokens[-1] in set(runtime.engine.lm.eos_ids)
+    if isinstance(runtime, ClientToolRuntime):  # an end of turn, or a stop text
+        complete = runtime.is_finished(step_id)
+    else:
+        complete = bool(block.tokens) and block.tokens[-1] in set(runtime.engine.lm.eos_ids)
     text, calls = (runtime.get_turn(step_id)[:2] if isinstance(runtime, ClientToolRuntime) else (block.text, ()))
     message_id, call_ids = get_answer_ids(compute_answer_key(step_id, get_prompt(runtime, step_id)), len(calls))
     out = [shapes.output_message(message_id, text, complete)] if text or not calls else []
@@ -110,7 +129,7 @@ class Conversation:
 
     def __init__(self, root: Path, record: dict):
         self.root = root
-        self.record = {"owner": "", "held": [], "held_outputs": [], "retired": [], **record}
+        self.record = {"owner": "", "held": [], "held_outputs": [], "held_extra": [], "retired": [], **record}
         self.lock = threading.Lock()  # one request at a time (the pool takes it)
         self.session: PersistentSession | None = None
         self.last_used = time.monotonic()
@@ -138,7 +157,7 @@ class Conversation:
                owner: str = "") -> Conversation:
         record = {"id": conv_id, "created_at": int(time.time()), "metadata": metadata, "system": system,
                   "owner": owner, "pending": [], "tools": {}, "responses": [], "held": [], "held_outputs": [],
-                  "retired": []}
+                  "held_extra": [], "retired": []}
         record["pending"] = cls.assign_ids(record, items, used=set())
         root.mkdir(parents=True)
         write_json_atomic(root / SIDECAR, record)
@@ -160,11 +179,12 @@ class Conversation:
         removed (``used``: the store's; ``retired``: the sidecar's, a waiting item deleted, the
         outputs a replay dropped)."""
         taken = used | {p["id"] for p in record["pending"]} | get_held_ids(record) | set(record.get("retired", ()))
+        before = [get_item_key(p) for p in record["pending"]]  # the items of this turn so far
         out = []
-        for position, item in enumerate(items, start=len(record["pending"])):
+        for item in items:
             item_id = item["id"]
             if item_id is None:
-                base = item_id = compute_item_id(item, turn, position)
+                base = item_id = compute_item_id(item, turn, before.count(get_item_key(item)))
                 for n in itertools.count(2):
                     if item_id not in taken:
                         break
@@ -173,6 +193,7 @@ class Conversation:
                 raise bad_request(f"item id {item_id!r} is already used in conversation {record['id']} (an id "
                                   "is never reused, a deleted item's included)", param="id")
             taken.add(item_id)
+            before.append(get_item_key(item))
             out.append({**item, "id": item_id})
         return out
 
@@ -219,18 +240,20 @@ class Conversation:
     # --- items -----------------------------------------------------------------
 
     def get_step_items(self, step, previous: str | None) -> list[dict]:
-        """A step's input items (a tool output with the call id of the call it answers)."""
+        """A step's input items, each in its role (a tool output with the call id of the call it
+        answers, a client's call with the call id it gave)."""
         runtime = self.runtime
-        if step.kind != "tool":
-            return [shapes.input_item(i.source, i.text, "user", None) for i in step.items]
-        calls = get_call_ids(runtime, previous) if isinstance(runtime, ClientToolRuntime) else []
-        bound = runtime.client.bound if isinstance(runtime, ClientToolRuntime) else {}
+        clients = isinstance(runtime, ClientToolRuntime)
+        roles = runtime.client.roles if clients else {}
+        bound = runtime.client.bound if clients else {}
+        calls = get_call_ids(runtime, previous) if clients and step.kind == "tool" else []
         out = []
         for item in step.items:
+            role = get_role(roles, step, item)
             i = bound.get(item.source)
             call_id = calls[i] if i is not None and i < len(calls) else self.record["tools"].get(
                 item.source, {}).get("call_id")
-            out.append(shapes.input_item(item.source, item.text, "tool", call_id))
+            out.append(shapes.observed_item(item.source, role[0], item.text, call_id, role[1] if role[1:] else None))
         return out
 
     def get_items(self) -> list[dict]:
@@ -271,19 +294,24 @@ class Conversation:
 
 
 def get_held_ids(record: dict) -> set[str]:
-    return ({o["id"] for o in record["held_outputs"]}
+    return ({o["id"] for o in record["held_outputs"]} | {e["id"] for e in record["held_extra"]}
             | {i["id"] for g in record["held"] for i in g["items"]})
 
 
 def get_waiting_items(record: dict) -> list[dict]:
     """The items that wait for a response, in the order they will be observed."""
-    held = [shapes.input_item(o["id"], o["text"], "tool", o["call_id"]) for o in record["held_outputs"]]
+    held = [shapes.observed_item(o["id"], "function_call_output", o["text"], o["call_id"])
+            for o in record["held_outputs"]]
+    held += [shapes.observed_item(e["id"], get_item_role(e), e["text"], e["call_id"], e["name"])
+             for e in record["held_extra"]]
     for group in record["held"]:
-        held += [shapes.input_item(i["id"], i["text"], "tool" if group["kind"] == "tool" else "user", i["call_id"])
-                 for i in group["items"]]
-    return held + [shapes.input_item(p["id"], p["text"], "tool" if p["kind"] == "function_call_output" else "user",
-                                     p["call_id"]) for p in record["pending"]]
+        for i in group["items"]:
+            role = i.get("role") or [DEFAULT_ROLES[group["kind"]]]
+            held.append(shapes.observed_item(i["id"], role[0], i["text"], i["call_id"], i["name"]))
+    return held + [shapes.observed_item(p["id"], get_item_role(p), p["text"], p["call_id"], p["name"])
+                   for p in record["pending"]]
 
 
 __all__ = ["SIDECAR", "STORE", "Conversation", "compute_answer_key", "compute_item_id", "get_answer_ids",
-           "get_answer_items", "get_call_ids", "get_held_ids", "get_prompt", "get_waiting_items", "write_json_atomic"]
+           "get_answer_items", "get_call_ids", "get_held_ids", "get_item_key", "get_item_role", "get_prompt",
+           "get_waiting_items", "write_json_atomic"]

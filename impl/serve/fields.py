@@ -52,8 +52,11 @@ def _object_of(keys: Mapping[str, Callable[[Any], bool]]) -> Callable[[Any], boo
     return check
 
 
-#: what ``include`` may name: output the server never produces, so asking for it changes nothing
-INCLUDABLE = ("reasoning.encrypted_content",)
+#: what ``include`` names to have each output text's log-probabilities returned (with ``top_logprobs``)
+LOGPROBS_INCLUDE = "message.output_text.logprobs"
+#: what ``include`` may name: the log-probabilities, and output the server never produces (asking
+#: for it changes nothing)
+INCLUDABLE = (LOGPROBS_INCLUDE, "reasoning.encrypted_content")
 
 
 def _include(value: Any) -> bool:
@@ -78,8 +81,10 @@ class Field:
 
 RESPONSE_FIELDS = (
     Field("model", ACCEPTED, "the server runs one model (`GET /v1/models`), whatever the name", _string),
-    Field("input", HONOURED, "a string (one user message) or up to 20 items: messages, `function_call_output` "
-                             "(and, without a stored conversation, `function_call` and assistant messages)"),
+    Field("input", HONOURED, "a string (one user message) or up to 200 items: messages (user, assistant, system, "
+                             "developer), `function_call`, `function_call_output`; in a conversation each is an "
+                             "observation of the next step (docs/serve.md, 'Items and steps'); without one, an "
+                             "input with the model's items is the client's own history, stored nowhere"),
     Field("instructions", HONOURED, "the system text of this response; one that differs from the conversation's "
                                     "current system text re-renders the context under it"),
     Field("conversation", HONOURED, "the conversation this response continues (an id or `{\"id\"}`)"),
@@ -97,14 +102,21 @@ RESPONSE_FIELDS = (
                                    "`none` (the tools rendered, the call marker masked), `required` or one "
                                    "function (the turn opens with the template's call, held to the grammar)"),
     Field("parallel_tool_calls", HONOURED, "false keeps a turn's first call only"),
-    Field("temperature", HONOURED, "fixed by a conversation's first response (a forget replays with it)"),
-    Field("seed", HONOURED, "fixed by a conversation's first response"),
-    Field("max_output_tokens", HONOURED, "fixed by a conversation's first response"),
-    Field("top_p", ACCEPTED, "1 only: decoding is greedy, or a seeded race over the whole distribution",
-          _one_of(1, 1.0)),
+    Field("temperature", HONOURED, "per request, recorded with its turn: a forget's replay decodes the turn with "
+                                   "it (default 0: greedy)"),
+    Field("seed", HONOURED, "per request, recorded with its turn (the seeded race's; no effect at temperature 0)"),
+    Field("max_output_tokens", HONOURED, "per request, recorded with its turn; without it, `--max-output-tokens`, "
+                                         "else the rest of the context; one the context cannot hold after the "
+                                         "prompt is a 400 `context_length_exceeded`"),
+    Field("top_p", HONOURED, "per request, recorded with its turn: the seeded race runs over the nucleus (no "
+                             "effect at temperature 0)"),
+    Field("stop", HONOURED, "not in OpenAI's Responses API, sent by clients that share Chat Completions' "
+                            "parameters: up to 4 texts, recorded with the turn; the turn ends once its text holds "
+                            "one, returned without it"),
     Field("metadata", HONOURED, "returned on the response (up to 16 string pairs)"),
-    Field("include", ACCEPTED, "`[]` or `reasoning.encrypted_content`: the model writes no reasoning items; "
-                               "other values (log probabilities, search results) are refused", _include),
+    Field("include", HONOURED, "`message.output_text.logprobs` returns each output token's log-probability; "
+                               "`reasoning.encrypted_content` is accepted with no effect (the model writes no "
+                               "reasoning items); other values (search results, images) are refused", _include),
     Field("user", ACCEPTED, "no abuse monitoring here", _string),
     Field("safety_identifier", ACCEPTED, "no abuse monitoring here", _string),
     Field("prompt_cache_key", ACCEPTED, "a conversation keeps its own KV; the chat prefix cache is partitioned by "
@@ -118,7 +130,8 @@ RESPONSE_FIELDS = (
     Field("reasoning", ACCEPTED, "the model writes no separate reasoning", _REASONING),
     Field("service_tier", ACCEPTED, "one tier", _one_of("auto", "default")),
     Field("background", REFUSED, "a response runs while its request is open", _absent),
-    Field("top_logprobs", REFUSED, "log probabilities are not returned", _absent),
+    Field("top_logprobs", HONOURED, "0-20 alternatives per output token, with `include: "
+                                    "[\"message.output_text.logprobs\"]` (not recorded: not state)"),
     Field("prompt", REFUSED, "no stored prompt templates", _absent),
     Field("context_management", REFUSED, "the server does not compact a conversation on its own", _absent),
     Field("max_tool_calls", REFUSED, "no hosted tools run here", _absent),
@@ -126,7 +139,9 @@ RESPONSE_FIELDS = (
 
 CHAT_FIELDS = (
     Field("model", ACCEPTED, "the server runs one model, whatever the name", _string),
-    Field("messages", HONOURED, "system (first only), user, assistant (text and `tool_calls`), tool"),
+    Field("messages", HONOURED, "system and developer anywhere (the first one, leading, is the system prompt; each "
+                                "other one the template's system message), user, assistant (text and "
+                                "`tool_calls`), tool"),
     Field("tools", HONOURED, "function tools, in the model's own chat template, their arguments decoded under "
                              "their schemas (see responses)"),
     Field("tool_choice", HONOURED, "`auto`, `none`, `required` or one function"),
@@ -137,12 +152,13 @@ CHAT_FIELDS = (
           _object_of({"include_usage": _flag, "include_obfuscation": _flag})),
     Field("temperature", HONOURED, "per request (chat completions are stateless)"),
     Field("seed", HONOURED, "per request"),
-    Field("max_tokens", HONOURED, "the output cap (or `max_completion_tokens`, not both)"),
+    Field("max_tokens", HONOURED, "the output cap (or `max_completion_tokens`, not both); without either, "
+                                  "`--max-output-tokens`, else the rest of the context"),
     Field("max_completion_tokens", HONOURED, "the output cap"),
     Field("n", ACCEPTED, "1 only: one choice per request", _one_of(1)),
-    Field("top_p", ACCEPTED, "1 only (see responses)", _one_of(1, 1.0)),
-    Field("frequency_penalty", ACCEPTED, "0 only: penalties would change the decoding rule", _one_of(0, 0.0)),
-    Field("presence_penalty", ACCEPTED, "0 only", _one_of(0, 0.0)),
+    Field("top_p", HONOURED, "the seeded race runs over the nucleus (no effect at temperature 0)"),
+    Field("frequency_penalty", HONOURED, "subtracted from a token's logit once per time the completion wrote it"),
+    Field("presence_penalty", HONOURED, "subtracted once from the logit of a token the completion wrote"),
     Field("response_format", HONOURED, "`text`, `json_schema` or `json_object`, decoded under the schema's "
                                        "grammar (see responses' `text`)"),
     Field("store", ACCEPTED, "false or null: completions are not stored", _one_of(False)),
@@ -156,22 +172,25 @@ CHAT_FIELDS = (
     Field("verbosity", ACCEPTED, "`medium` only", _one_of("medium")),
     Field("service_tier", ACCEPTED, "one tier", _one_of("auto", "default")),
     Field("modalities", ACCEPTED, "text only", lambda v: v is None or v == ["text"]),
-    Field("stop", REFUSED, "stop sequences are not built (the turn ends at the model's end of turn)", _absent),
-    Field("logprobs", REFUSED, "log probabilities are not returned", _absent),
-    Field("top_logprobs", REFUSED, "log probabilities are not returned", _absent),
+    Field("stop", HONOURED, "up to 4 texts (smolagents and LiteLLM send it on every request): the completion "
+                            "ends once its text holds one, returned without it (`finish_reason` `stop`)"),
+    Field("logprobs", HONOURED, "each output token's log-probability (after penalties, before temperature)"),
+    Field("top_logprobs", HONOURED, "0-20 alternatives per token, with `logprobs: true`"),
     Field("audio", REFUSED, "text only", _absent),
     Field("prediction", REFUSED, "no predicted outputs", _absent),
     Field("web_search_options", REFUSED, "no hosted tools", lambda v: v is None),
 )
 
 CONVERSATION_FIELDS = (
-    Field("items", HONOURED, "up to 20 items; a first `system` or `developer` message is the system prompt"),
+    Field("items", HONOURED, "up to 20 items of any kind (messages of any role, `function_call`, "
+                             "`function_call_output`); a first `system` or `developer` message is the system "
+                             "prompt, the others wait for the next response"),
     Field("metadata", HONOURED, "up to 16 string pairs"),
 )
 
 ITEMS_FIELDS = (
-    Field("items", HONOURED, "up to 20 items (user messages, `function_call_output`), waiting for the next "
-                             "response"),
+    Field("items", HONOURED, "up to 20 items of any kind (messages of any role, `function_call`, "
+                             "`function_call_output`), waiting for the next response"),
     Field("include", ACCEPTED, "nothing extra to include", _include),
 )
 
@@ -207,5 +226,6 @@ def render_fields_table() -> str:
     return "\n".join(rows) + "\n"
 
 
-__all__ = ["ACCEPTED", "CHAT_FIELDS", "CONVERSATION_FIELDS", "HONOURED", "INCLUDABLE", "ITEMS_FIELDS", "REFUSED",
+__all__ = ["ACCEPTED", "CHAT_FIELDS", "CONVERSATION_FIELDS", "HONOURED", "INCLUDABLE", "ITEMS_FIELDS", "LOGPROBS_INCLUDE",
+           "REFUSED",
            "RESPONSE_FIELDS", "ROUTES", "Field", "check_fields", "render_fields_table"]

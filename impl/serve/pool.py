@@ -38,6 +38,7 @@ from pathlib import Path
 
 from unsee import Settings
 from unsee.impl.agent.render import get_renderer
+from unsee.impl.agent.tools.client import get_context_length
 from unsee.impl.agent.tools.native import get_call_format
 from unsee.impl.serve.chat import ChatCache
 from unsee.impl.serve.conversation import SIDECAR, Conversation
@@ -45,14 +46,23 @@ from unsee.impl.serve.engine_lock import SLICE_S, EngineLock
 from unsee.impl.serve.errors import ApiError, busy, not_found
 
 DELETING = ".deleting"
-DEFAULTS = Settings(max_new_tokens=64)
+#: the output cap of an engine whose context length is unknown, where no default is given
+FALLBACK_CAP = 4096
+
+
+def get_default_settings(engine, max_output_tokens: int | None = None) -> Settings:
+    """The server's defaults: greedy, seed 0, and the output cap ``max_output_tokens``, else the
+    model's whole context (a turn's cap is then the rest of the context after its prompt, as
+    llama.cpp's and vLLM's servers do). A conversation's session records them when it is created;
+    a request's own settings are recorded with its turn (docs/serve.md, "Sampling")."""
+    return Settings(max_new_tokens=max_output_tokens or get_context_length(engine.lm) or FALLBACK_CAP)
 
 
 class Pool:
     """The server's conversations and the engine they share."""
 
     def __init__(self, engine, root: str | Path, kv_budget: int | None = None, busy_wait: float = 5.0,
-                 system: str = "You are a helpful assistant.", defaults: Settings = DEFAULTS,
+                 system: str = "You are a helpful assistant.", defaults: Settings | None = None,
                  slice_s: float = SLICE_S):
         self.engine = engine
         renderer = get_renderer(engine.lm)
@@ -64,7 +74,7 @@ class Pool:
         self.kv_budget = kv_budget
         self.busy_wait = busy_wait
         self.system = system
-        self.defaults = defaults
+        self.defaults = defaults or get_default_settings(engine)
         self._engine_lock = EngineLock(slice_s)  # taken by hold() (and close(), at shutdown)
         if hasattr(engine, "between_forwards"):  # an engine whose turns decode forward by forward
             engine.between_forwards = self._engine_lock.share

@@ -18,6 +18,20 @@ def input_item(item_id: str, text: str, kind: str, call_id: str | None) -> dict:
             "content": [{"type": "input_text", "text": text}]}
 
 
+def observed_item(item_id: str, role: str, text: str, call_id: str | None = None, name: str | None = None) -> dict:
+    """An item a client wrote, as the API lists it by its role (``user``, ``assistant``,
+    ``system``, ``developer``, ``function_call``: ``text`` is its arguments, or
+    ``function_call_output``)."""
+    if role == "function_call_output":
+        return input_item(item_id, text, "tool", call_id)
+    if role == "function_call":
+        return function_call(item_id, call_id or item_id, name or "function", text)
+    if role == "assistant":
+        return output_message(item_id, text, True)
+    return {"id": item_id, "type": "message", "role": role, "status": "completed",
+            "content": [{"type": "input_text", "text": text}]}
+
+
 def output_message(item_id: str, text: str, complete: bool) -> dict:
     return {"id": item_id, "type": "message", "role": "assistant",
             "status": "completed" if complete else "incomplete",
@@ -60,8 +74,10 @@ def response(response_id: str, model: str, status: str, output: list[dict], *, c
            "model": model, "output": [public_item(i) for i in output], "error": None,
            "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
            "instructions": req["instructions"], "metadata": req["metadata"], "parallel_tool_calls": req["parallel"],
-           "temperature": settings.temperature if settings else None, "top_p": 1.0,
-           "max_output_tokens": settings.max_new_tokens if settings else None, "tool_choice": choice,
+           "temperature": settings.temperature if settings else None, "top_p": req.get("top_p", 1.0),
+           "top_logprobs": req.get("logprobs") or 0,
+           # the cap the request named (null: the server's default, at most the rest of the context)
+           "max_output_tokens": req.get("max_new_tokens"), "tool_choice": choice,
            "tools": tools, "conversation": {"id": conversation_id} if conversation_id else None,
            "previous_response_id": previous_response_id, "store": not req["stateless"], "usage": usage,
            "text": {"format": req.get("format_echo") or {"type": "text"}}, "truncation": "disabled"}
@@ -96,10 +112,10 @@ def text_delta(item_id: str, output_index: int, delta: str) -> dict:
 
 def message_done(item: dict, output_index: int) -> list[dict]:
     """The events that close a streamed output message, its text whole."""
-    text = item["content"][0]["text"]
+    text, logprobs = item["content"][0]["text"], item["content"][0].get("logprobs", [])
     where = {"item_id": item["id"], "output_index": output_index, "content_index": 0}
-    part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
-    return [{"type": "response.output_text.done", **where, "text": text, "logprobs": []},
+    part = {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs}
+    return [{"type": "response.output_text.done", **where, "text": text, "logprobs": logprobs},
             {"type": "response.content_part.done", **where, "part": part},
             {"type": "response.output_item.done", "output_index": output_index, "item": item}]
 
@@ -130,15 +146,20 @@ def tool_call(call_id: str, name: str, arguments: str) -> dict:
     return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
 
 
-def chat_completion(completion_id: str, model: str, message: dict, finish: str, usage_: dict) -> dict:
+def chat_completion(completion_id: str, model: str, message: dict, finish: str, usage_: dict,
+                    logprobs: dict | None = None) -> dict:
     return {"id": completion_id, "object": "chat.completion", "created": int(time.time()), "model": model,
-            "choices": [{"index": 0, "message": message, "finish_reason": finish, "logprobs": None}],
+            "choices": [{"index": 0, "message": message, "finish_reason": finish, "logprobs": logprobs}],
             "usage": usage_}
 
 
-def chat_chunk(completion_id: str, model: str, delta: dict, finish: str | None = None) -> dict:
+def chat_chunk(completion_id: str, model: str, delta: dict, finish: str | None = None,
+               logprobs: dict | None = None) -> dict:
+    choice = {"index": 0, "delta": delta, "finish_reason": finish}
+    if logprobs is not None:  # a stream's log-probabilities come whole, with its last chunk
+        choice["logprobs"] = logprobs
     return {"id": completion_id, "object": "chat.completion.chunk", "created": int(time.time()), "model": model,
-            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+            "choices": [choice]}
 
 
 def usage_chunk(completion_id: str, model: str, usage_: dict) -> dict:

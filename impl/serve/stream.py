@@ -29,6 +29,7 @@ from typing import Any
 from starlette.concurrency import run_in_threadpool
 
 from unsee.impl.agent.tools.native import CallFormat, split_stream_text
+from unsee.impl.engines.stops import get_sendable
 from unsee.impl.serve import shapes
 from unsee.impl.serve.conversation import compute_answer_key, get_answer_ids
 from unsee.impl.serve.errors import ApiError, server_error
@@ -46,6 +47,7 @@ class TurnStream:
         self.lm, self.call_format, self.emit = lm, call_format, emit
         self.eos = set(lm.eos_ids)
         self.forced = False  # the turn opens with a call: its text is not streamed
+        self.stops: tuple[str, ...] = ()  # the turn's stop texts: neither they nor a start of one is sent
         self.openings: tuple[str, ...] = ()  # where a call may open in the turn (native.OPENINGS)
         self.sent = ""
         #: what the start report carries, made from what the work knows then (a response's stub)
@@ -69,7 +71,7 @@ class TurnStream:
         if self.forced:
             return
         text = self.lm.decode([i for i in ids if i not in self.eos])
-        visible, _ = split_stream_text(self.call_format, text, self.openings)
+        visible, _ = split_stream_text(self.call_format, get_sendable(text, self.stops), self.openings)
         if len(visible) > len(self.sent) and visible.startswith(self.sent):
             self.emit(("delta", visible[len(self.sent):]))
             self.sent = visible
@@ -155,7 +157,7 @@ class ChatEvents:
             return self.close_answer(report[1], report[2])
         if kind == "end":
             out = report[1]
-            chunks = [shapes.chat_chunk(self.id, self.model, {}, out["finish_reason"])]
+            chunks = [shapes.chat_chunk(self.id, self.model, {}, out["finish_reason"], out.get("logprobs"))]
             return chunks + ([shapes.usage_chunk(self.id, self.model, out["usage"])] if self.include_usage else [])
         if kind == "error":
             return [report[1].to_json()]

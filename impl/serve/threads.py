@@ -15,7 +15,7 @@ stream of its own, and the server decodes their next tokens in one forward (the 
 lock's ``gather``; impl/engines/llamacpp/rows.py). A batch of next tokens in streams of
 their own gives each conversation the bits of its own one-thread step (docs/bench.md), so
 slots, unlike threads, are not recorded in the store. Each slot reserves ``n_ctx`` cells of
-KV (Qwen2.5 1.5B: 28 KiB a token, 112 MiB a slot).
+KV (Qwen2.5 1.5B: 28 KiB a token, 112 MiB a slot of 4096; `unsee serve --ctx-size` sets n_ctx).
 """
 
 from __future__ import annotations

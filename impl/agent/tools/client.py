@@ -4,7 +4,10 @@ format, and whose replay reuses a recorded tool output only where the
 replayed model makes the same call (issue 38; docs/serve.md).
 
 A step of a :class:`ClientToolRuntime` is a ``user`` step (messages) or a
-``tool`` step (the outputs of the calls the model's last turn made). Each
+``tool`` step (the outputs of the calls the model's last turn made, first);
+either may hold items of other roles a client writes (assistant messages,
+its own calls, system messages: :mod:`.observed`), each recorded with its
+role and rendered in it. Each
 step runs under a :class:`Config`: the system text, the tool definitions,
 the tool choice. The config is recorded per step (the :class:`ClientTools`
 extension), so a forget's replay runs every step as it ran:
@@ -37,12 +40,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
-import json
+import functools
+import math
 import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 import attrs
+import torch
 
 from unsee.impl.agent.checkpoints import Checkpoint
 from unsee.impl.agent.episode import Settings, Step
@@ -50,10 +54,13 @@ from unsee.impl.agent.extensions import Extension
 from unsee.impl.agent.forget import Progress
 from unsee.impl.agent.provenance import RuntimeBlock
 from unsee.impl.agent.runtime import AgentRuntime
+from unsee.impl.agent.tools.config import Config, Sampling, get_context_length
 from unsee.impl.agent.tools.grammars import get_constraints
 from unsee.impl.agent.tools.native import OPENINGS, CallFormat, FunctionCall, get_call_format, parse_turn
-from unsee.impl.engines.decoding import Rule
+from unsee.impl.agent.tools.observed import Role, get_call, get_runs, get_tool_label, has_roles
+from unsee.impl.engines.decoding import PLAIN, Rule
 from unsee.impl.engines.protocol import Engine, ForwardHooks
+from unsee.impl.engines.stops import StopTexts, cut_at_stop, find_stop
 from unsee.impl.util.ids import ANSWER, SYSTEM, compute_block_id
 
 #: The name the extension is recorded under (the session record's ``extra``).
@@ -65,50 +72,6 @@ _STEP_ID = re.compile(r"^turn_\d+$")
 def get_step_id(t: int) -> str:
     """The id of the step after ``t`` observed ones: steps are numbered by position."""
     return f"turn_{t + 1}"
-
-
-@attrs.frozen
-class Config:
-    """What one step runs under: the system text, the tools' definitions (each as canonical JSON
-    in the chat-template shape ``{"type": "function", "function": {...}}``), the tool choice
-    (``auto``, ``none``: the tools rendered, no call written, ``required``, or ``function``: the
-    tool ``function``), whether a turn may make several calls, and the response format (its
-    canonical JSON: ``json_schema`` or ``json_object``; None: text). The grammar a turn is
-    decoded under is a function of these (impl/agent/tools/grammars.py), so a replay that
-    runs the step under its recorded config decides its tokens as the twin does."""
-
-    system: str
-    tools: tuple[str, ...] = ()
-    choice: str = "auto"
-    function: str | None = None
-    parallel: bool = True
-    format: str | None = None
-
-    def get_definitions(self) -> list[dict]:
-        return [json.loads(t) for t in self.tools]
-
-    def get_names(self) -> set[str]:
-        """The tools a turn may call (none under ``tool_choice: none``)."""
-        return set() if self.choice == "none" else {d["function"]["name"] for d in self.get_definitions()}
-
-    def get_format(self) -> dict | None:
-        return None if self.format is None else json.loads(self.format)
-
-    def get_record(self) -> dict:
-        """The config as stored; a field added since stores were first written is left out at its
-        default, so an older step's record (and its key, in the state digest) stays as it was."""
-        record = {**attrs.asdict(self), "tools": list(self.tools)}
-        if self.format is None:
-            del record["format"]
-        return record
-
-    @classmethod
-    def from_record(cls, record: Mapping) -> Config:
-        return cls(record["system"], tuple(record["tools"]), record["choice"], record["function"],
-                   record["parallel"], record.get("format"))
-
-    def get_key(self) -> str:
-        return hashlib.sha256(json.dumps(self.get_record(), sort_keys=True).encode()).hexdigest()[:32]
 
 
 @attrs.define
@@ -139,33 +102,43 @@ class Prepared:
 
 
 class ClientTools:
-    """The runtime's record of each step's :class:`Config` and of which call each tool output
-    answers (an :class:`~unsee.impl.agent.extensions.Extension`); in a replay, also what the
-    original run recorded and the calls its outputs answered (by signature)."""
+    """The runtime's record of each step's :class:`Config`, of which call each tool output
+    answers and of the role of each item not of its step kind's role (:mod:`.observed`; an
+    :class:`~unsee.impl.agent.extensions.Extension`); in a replay, also what the original run
+    recorded and the calls its outputs answered (by signature)."""
 
     name = CLIENT
 
     def __init__(self, initial: Config, configs: Mapping[str, Config] | None = None,
-                 bound: Mapping[str, int] | None = None):
+                 bound: Mapping[str, int] | None = None, roles: Mapping[str, Role] | None = None):
         self.initial = initial
         self.configs: dict[str, Config] = dict(configs or {})
         self.bound: dict[str, int] = dict(bound or {})  # output source id -> index of the call it answers
-        self.upcoming: tuple[Config, Mapping[str, int]] | None = None  # the next step's, set before it
+        self.roles: dict[str, Role] = {k: tuple(v) for k, v in (roles or {}).items()}  # source id -> its role
+        # the next step's config, bindings and roles, set before it
+        self.upcoming: tuple[Config, Mapping[str, int], Mapping[str, Role]] | None = None
         self.recorded: dict[str, Config] = {}  # a replay's: the original steps' configs
+        self.recorded_roles: dict[str, Role] = {}  # a replay's: the original items' roles
         self.signatures: dict[str, tuple[str, str]] = {}  # a replay's: each output's call, as the original made it
         self.outcome = Outcome()
         self.last_outcome = Outcome()
 
-    def expect(self, config: Config, bound: Mapping[str, int] | None = None) -> None:
-        """The next step runs under ``config``, its outputs answering the calls ``bound`` names."""
-        self.upcoming = (config, dict(bound or {}))
+    def expect(self, config: Config, bound: Mapping[str, int] | None = None,
+               roles: Mapping[str, Role] | None = None) -> None:
+        """The next step runs under ``config``, its outputs answering the calls ``bound`` names,
+        its items of other roles than its kind's in ``roles``."""
+        self.upcoming = (config, dict(bound or {}), dict(roles or {}))
 
     def take(self, step: Step, current: Config) -> Config:
-        """Record the step's config and bindings (the upcoming ones; else ``current``, binding nothing)."""
-        config, bound = self.upcoming or (current, {})
+        """Record the step's config, bindings and roles (the upcoming ones; else ``current``,
+        binding nothing; a replay's roles are the recorded ones, by source id)."""
+        config, bound, roles = self.upcoming or (current, {}, {})
         self.upcoming = None
+        sources = {x.source for x in step.items}
         self.configs[step.id] = config
-        self.bound.update({source: i for source, i in bound.items() if source in {x.source for x in step.items}})
+        self.bound.update({source: i for source, i in bound.items() if source in sources})
+        given = {**{s: r for s, r in self.recorded_roles.items() if s in sources}, **roles}
+        self.roles.update({s: tuple(r) for s, r in given.items() if s in sources})
         return config
 
     # --- the Extension protocol ------------------------------------------------
@@ -182,8 +155,10 @@ class ClientTools:
         kept = {s.id for s in runtime.steps[:checkpoint.boundary if checkpoint else 0]}
         sources = {i.source for s in runtime.steps if s.id in kept for i in s.items}
         other = ClientTools(self.initial, {k: v for k, v in self.configs.items() if k in kept},
-                            {k: v for k, v in self.bound.items() if k in sources})
+                            {k: v for k, v in self.bound.items() if k in sources},
+                            {k: v for k, v in self.roles.items() if k in sources})
         other.recorded = dict(self.configs)
+        other.recorded_roles = dict(self.roles)
         other.signatures = get_signatures(runtime)
         return other
 
@@ -192,6 +167,7 @@ class ClientTools:
 
     def adopt(self, other: ClientTools) -> None:
         self.configs, self.bound, self.last_outcome = dict(other.configs), dict(other.bound), other.outcome
+        self.roles = dict(other.roles)
 
     def get_report_fields(self) -> dict:
         return {CLIENT: self.last_outcome.get_record()}
@@ -203,23 +179,32 @@ class ClientTools:
         return assumptions | {"A3": {"holds": True, "why": why}}
 
     def get_state_fields(self) -> dict:
-        return {CLIENT: {"configs": {k: v.get_key() for k, v in sorted(self.configs.items())},
-                         "bound": dict(sorted(self.bound.items()))}}
+        """The state's client fields (``roles`` only where a step recorded one: an older
+        session's digest is unchanged)."""
+        fields = {"configs": {k: v.get_key() for k, v in sorted(self.configs.items())},
+                  "bound": dict(sorted(self.bound.items()))}
+        if self.roles:
+            fields["roles"] = {k: list(v) for k, v in sorted(self.roles.items())}
+        return {CLIENT: fields}
 
     def get_record(self) -> dict:
         unique = list({c.get_key(): c for c in [self.initial, *self.configs.values()]}.values())
         keys = [c.get_key() for c in unique]
-        return {"initial": keys.index(self.initial.get_key()), "configs": [c.get_record() for c in unique],
-                "by_step": {k: keys.index(v.get_key()) for k, v in self.configs.items()}, "bound": dict(self.bound)}
+        record = {"initial": keys.index(self.initial.get_key()), "configs": [c.get_record() for c in unique],
+                  "by_step": {k: keys.index(v.get_key()) for k, v in self.configs.items()},
+                  "bound": dict(self.bound)}
+        if self.roles:
+            record["roles"] = {k: list(v) for k, v in self.roles.items()}
+        return record
 
     @classmethod
     def from_record(cls, record: dict) -> ClientTools:
         configs = [Config.from_record(c) for c in record["configs"]]
         return cls(configs[record["initial"]], {k: configs[i] for k, i in record["by_step"].items()},
-                   record["bound"])
+                   record["bound"], record.get("roles"))
 
     def fork(self) -> ClientTools:
-        return ClientTools(self.initial, self.configs, self.bound)
+        return ClientTools(self.initial, self.configs, self.bound, self.roles)
 
 
 class ClientToolRuntime(AgentRuntime):
@@ -238,6 +223,11 @@ class ClientToolRuntime(AgentRuntime):
         self.client: ClientTools = client
         self.call_format: CallFormat | None = get_call_format(self.renderer.segments, self.renderer.has_native_calls())
         self.listener = None
+        #: how many alternatives a turn's log-probabilities list (None: none collected); set by
+        #: the server around a request's step, never in a replay (log-probabilities are not state)
+        self.logprobs: int | None = None
+        #: the last decoded turn's log-probabilities, by position in the turn (get_turn_settings)
+        self.decisions: dict[int, tuple[int, float, tuple[tuple[int, float], ...]]] = {}
 
     def get_config(self, step_id: str | None = None) -> Config:
         """The config ``step_id`` ran under; without one, the last step's (the initial before any)."""
@@ -250,21 +240,6 @@ class ClientToolRuntime(AgentRuntime):
         config = config or self.get_config()
         return self.renderer.render_first(config.system, config.get_definitions(), self.engine.lm.encode,
                                           self.engine.lm.name)
-
-    def get_turn_rule(self, header: Sequence[int]) -> tuple[Settings, Rule | None]:
-        """A user or tool step's answer is decoded under its config's grammar (the call it must
-        write, the calls it may write, its response format: :func:`get_constraints`); other
-        turns as the base runtime decodes them."""
-        settings, rule = super().get_turn_rule(header)
-        if not self.t or self.steps[-1].kind not in ("user", "tool"):
-            return settings, rule
-        config = self.get_config()
-        constraints = get_constraints(self.engine.lm, self.call_format, config.get_definitions(), config.choice,
-                                      config.function, config.parallel, config.get_format())
-        if not constraints:
-            return settings, rule
-        rule = rule or Rule()
-        return settings, dataclasses.replace(rule, constraints=rule.constraints + constraints)
 
     def get_openings(self, config: Config) -> tuple[str, ...]:
         """Where a call may open in a turn under ``config``: nowhere without tools to call; only
@@ -283,6 +258,46 @@ class ClientToolRuntime(AgentRuntime):
             return self.renderer.get_plan_opening(config.function)
         return ""
 
+    # --- decoding -------------------------------------------------------------------
+
+    def get_turn_settings(self, config: Config) -> tuple[Settings, Rule]:
+        """The settings and decoding rule of a turn under ``config``: the session's settings with
+        the step's own temperature, seed and cap (:class:`Sampling`), the cap cut to what the
+        context has left after the prompt (the turn's header is prefilled when this is asked);
+        a rule with the step's nucleus, penalties and stop texts, and, where the server asked
+        for log-probabilities (:attr:`logprobs`) outside a replay, a hook that collects them in
+        :attr:`decisions`. A runtime that adds constraints of its own (a grammar) adds them to
+        this rule's."""
+        sampling = config.sampling
+        settings = sampling.get_settings(self.settings)
+        limit = get_context_length(self.engine.lm)
+        if limit is not None:
+            left = limit - len(self.engine.tokens(self.lineage))
+            settings = attrs.evolve(settings, max_new_tokens=max(1, min(settings.max_new_tokens, left)))
+        stops = (StopTexts(self.engine.lm.decode, sampling.stop, self.engine.lm.eos_ids),) if sampling.stop else ()
+        self.decisions = {}
+        hook = None
+        if self.logprobs is not None and not self.replaying:
+            hook = functools.partial(collect_decision, self.decisions, self.logprobs)
+        rule = Rule(top_p=sampling.top_p, frequency_penalty=sampling.frequency_penalty,
+                    presence_penalty=sampling.presence_penalty, constraints=stops, on_decision=hook)
+        return settings, PLAIN if rule == PLAIN else rule  # the plain rule's fast paths (vLLM's greedy requests)
+
+    def get_turn_rule(self, header: Sequence[int]) -> tuple[Settings, Rule | None]:
+        """A user or tool step's answer is decoded under its config: its settings, nucleus,
+        penalties and stop texts (:meth:`get_turn_settings`) and its grammar (the call it must
+        write, the calls it may write, its response format: :func:`get_constraints`); other
+        turns as the base runtime decodes them."""
+        if not self.t or self.steps[-1].kind not in ("user", "tool"):
+            return super().get_turn_rule(header)
+        config = self.get_config()
+        settings, rule = self.get_turn_settings(config)
+        constraints = get_constraints(self.engine.lm, self.call_format, config.get_definitions(), config.choice,
+                                      config.function, config.parallel, config.get_format())
+        if not constraints:
+            return settings, rule
+        return settings, dataclasses.replace(rule, constraints=rule.constraints + constraints)
+
     # --- the transition ----------------------------------------------------------
 
     def _observe(self, step: Step) -> str:
@@ -300,26 +315,49 @@ class ClientToolRuntime(AgentRuntime):
                           parents=tuple(self.context), sources=self.get_resident_sources() | own)
         return self.get_opening(config)
 
-    def get_observation(self, step: Step) -> str:
+    def get_observation(self, step: Step, roles: Mapping[str, Role] | None = None) -> str:
         """The block a step's observation is prefilled as, after the live context: tool outputs
         in the template's tool role, one segment each (a model turn's calls answered), else the
-        base runtime's rendering."""
+        base runtime's rendering; a step with items of other roles (``roles``, default the
+        recorded ones) as its runs of messages, each in its role (:mod:`.observed`)."""
+        roles = self.client.roles if roles is None else roles
+        if has_roles(roles, step):
+            runs = [self.render_run(step, run, items) for run, items in get_runs(roles, step)]
+            return "".join(self.render_block(*run) if n == 0 else self.renderer.render_message(*run)
+                           for n, run in enumerate(runs))
         if step.kind == "tool" and self.call_format is not None:
             text = "".join(self.renderer.get_call_result(step.tool or "", "", i.text)[1] for i in step.items)
             return self.render_block("tool", text)
         return self.render_block(*self.renderer.get_message(step))
 
-    def get_turn_length(self, step: Step, config: Config) -> int:
-        """The tokens the context holds once ``step`` is observed under ``config`` and its turn's
-        header prefilled: what a turn needs before its output (a request is refused past the
-        model's context before any write)."""
+    def render_run(self, step: Step, run: str, items: list) -> tuple[str, str]:
+        """``(role, text)`` of one run of a step's items (:func:`~.observed.get_runs`), as the
+        step would render it were it the run's alone: outputs as a tool step's, messages as a
+        user step's; assistant messages then calls as the template writes a turn with calls."""
+        if run == "tool":
+            if self.call_format is not None:
+                return "tool", "".join(self.renderer.get_call_result("", "", i.text)[1] for i, _ in items)
+            return self.renderer.get_message(Step(step.id, "tool", tuple(i for i, _ in items),
+                                                  get_tool_label(step, items)))
+        if run == "assistant":
+            text = "\n".join(i.text for i, role in items if role[0] == "assistant")
+            calls = [get_call(i, role) for i, role in items if role[0] == "function_call"]
+            if calls and self.call_format is None:
+                raise ValueError(f"step {step.id!r}: function_call items need a template with a call format")
+            return "assistant", self.call_format.render_turn(text, calls) if calls else text
+        return run, "\n".join(i.text for i, _ in items)
+
+    def get_turn_length(self, step: Step, config: Config, roles: Mapping[str, Role] | None = None) -> int:
+        """The tokens the context holds once ``step`` is observed under ``config`` (its items'
+        ``roles``) and its turn's header prefilled: what a turn needs before its output (a
+        request is refused past the model's context before any write)."""
         encode = self.engine.lm.encode
         first = encode(self.render_first(config))
         base = len(first)
         if self.context:
             base += len(self.engine.tokens(self.lineage)) - len(self.graph[self.context[0]].tokens)
         header = encode(self.renderer.render_header(self.get_opening(config)))
-        return base + len(encode(self.get_observation(step))) + len(header)
+        return base + len(encode(self.get_observation(step, roles))) + len(header)
 
     def _rerender(self, step: Step, first: str) -> None:
         """The context under a new system block (a new lineage): the block, then a copy of every
@@ -365,9 +403,18 @@ class ClientToolRuntime(AgentRuntime):
         config = self.get_config(step_id)
         block = self.graph[compute_block_id(step_id, ANSWER)]
         opening = self.get_opening(config)
-        text, calls, ok = parse_turn(self.call_format, opening + block.text if opening else block.text,
-                                     config.get_names(), self.get_openings(config))
+        said = cut_at_stop(block.text, config.sampling.stop)  # the stop text is not returned
+        text, calls, ok = parse_turn(self.call_format, opening + said if opening else said, config.get_names(),
+                                     self.get_openings(config))
         return text, calls if config.parallel else calls[:1], ok
+
+    def is_finished(self, step_id: str) -> bool:
+        """Whether the answer to ``step_id`` ended on its own (an end of turn, or a stop text of
+        its config) rather than at its output cap."""
+        block = self.graph[compute_block_id(step_id, ANSWER)]
+        if block.tokens and block.tokens[-1] in set(self.engine.lm.eos_ids):
+            return True
+        return find_stop(block.text, self.get_config(step_id).sampling.stop) is not None
 
     def get_pending_calls(self) -> tuple[FunctionCall, ...]:
         """The calls the last turn made (a client answers them with the next step)."""
@@ -403,6 +450,17 @@ class ClientToolRuntime(AgentRuntime):
                 self.step(prepared.step)
             if progress:
                 progress(i, len(steps))
+
+
+def collect_decision(decisions: dict, n: int, position: int, token: int, scores: torch.Tensor) -> None:
+    """Record a turn's decision at ``position`` (the last call for a position wins: a fallback
+    decides it again): the chosen token's log-probability under ``scores`` (the logits after
+    penalties and masks, before temperature) and the ``n`` most likely tokens'."""
+    logprobs = torch.log_softmax(scores.to(torch.float32), dim=-1)
+    top = torch.topk(logprobs, min(n, logprobs.shape[-1])) if n else None
+    alternatives = () if top is None else tuple(
+        (int(i), float(v)) for v, i in zip(top.values, top.indices) if math.isfinite(float(v)))
+    decisions[position] = (int(token), float(logprobs[token]), alternatives)
 
 
 def get_signatures(runtime: ClientToolRuntime) -> dict[str, tuple[str, str]]:
@@ -443,5 +501,5 @@ def prepare_step(runtime: ClientToolRuntime, step: Step, signatures: Mapping[str
     return Prepared(attrs.evolve(step, id=renumbered, items=tuple(kept)), action, bound, tuple(dropped))
 
 
-__all__ = ["CHOICES", "CLIENT", "ClientToolRuntime", "ClientTools", "Config", "Outcome", "Prepared", "get_signatures",
-           "get_step_id", "prepare_step"]
+__all__ = ["CHOICES", "CLIENT", "ClientToolRuntime", "ClientTools", "Config", "Outcome", "Prepared", "Sampling",
+           "collect_decision", "get_context_length", "get_signatures", "get_step_id", "prepare_step"]

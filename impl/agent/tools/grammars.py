@@ -115,8 +115,11 @@ class Grammars:
         ])
 
     def get_calls(self, kind: str, parallel: bool) -> str:
-        """The rest of a turn once a call of ``kind`` began: that call, then more where allowed."""
-        return f"{kind} (WS? {kind})*" if parallel else kind
+        """The rest of a turn once a call of ``kind`` began: that call, then more where allowed, then
+        blanks if the model writes them. Without the trailing blanks a newline after a call would
+        commit the turn to another call (qwen2.5-1.5b writes one, and then wrote blanks to its
+        output cap instead of ending its turn)."""
+        return f"{kind} (WS? {kind})* WS?" if parallel else f"{kind} WS?"
 
     # --- the grammars ------------------------------------------------------------
 
@@ -128,7 +131,8 @@ class Grammars:
         texts = {"fenced_json": rb"```json", "fenced_xml": rb"```xml", "function_tag": rb"<function=",
                  "bare_json": rb"\A\s*\{"}
         others = [Trigger(f"start: {{PREFIX}} {'WS? ' if kind == 'bare_json' else ''}{self.get_calls(kind, parallel)}"
-                          f"\n{rules}", pattern=pattern) for kind, pattern in texts.items()]
+                          f"\n{rules}", pattern=pattern, opener=b"{" if kind == "bare_json" else None)
+                  for kind, pattern in texts.items()]
         return (marker, *others)
 
     def get_required(self, tools: Sequence[Tool], parallel: bool) -> str:
@@ -138,12 +142,12 @@ class Grammars:
         first = " | ".join(f"{get_literal(t.name + between)} WS? {self.get_json(t.parameters)} WS? "
                            f"{get_literal('}')} WS? {self.get_tag(self.close_id, self.close_tag)}" for t in tools)
         rest = " (WS? marker_call)*" if parallel else ""
-        return f"start: first{rest}\nfirst: {first}\n{self.get_rules(tools)}"
+        return f"start: first{rest} WS?\nfirst: {first}\n{self.get_rules(tools)}"
 
     def get_function(self, tool: Tool) -> str:
         """One function: after the call's opening (up to the arguments), the arguments and the closing."""
         return (f"start: WS? {self.get_json(tool.parameters)} WS? {get_literal('}')} WS? "
-                f"{self.get_tag(self.close_id, self.close_tag)}\n{WS}")
+                f"{self.get_tag(self.close_id, self.close_tag)} WS?\n{WS}")
 
 
 def get_schema(lm, schema: Mapping, checked: dict[str, bool] | None = None) -> Mapping:

@@ -77,6 +77,8 @@ class LoadedModel(TokenizerMethods):
     source: str = ""  # file or folder the weights came from
     attn: str = attention.OURS  # the attention implementation (hf/attention.py)
     info: dict = field(default_factory=dict)  # load timing, cache hit, versions
+    #: the context a server gives a conversation (``--ctx-size``; None: the model's positions)
+    n_ctx: int | None = None
 
 
 # ----------------------------------------------------------------- settings
@@ -312,10 +314,12 @@ def load_model(
     dtype: str = "float32",
     cache_dir: str | os.PathLike | None = None,
     attn: str | None = None,
+    n_ctx: int | None = None,
 ) -> LoadedModel:
     """Load a model by name or path; see the module docstring for names.
     ``attn`` names the attention implementation (hf/attention.py; None: the
-    device's default, DEFAULT_ATTN there).
+    device's default, DEFAULT_ATTN there). ``n_ctx``: the context a server
+    gives a conversation, at most the model's positions (None: all of them).
 
     Raises ValueError naming the bad argument for an unknown name, a missing
     path, an unsupported dtype, attention or an unavailable device, before any
@@ -348,4 +352,12 @@ def load_model(
         source=str(source.path) if source.path is not None else "",
         attn=attn,
         info=info,
+        n_ctx=check_context(n_ctx, getattr(model.config, "max_position_embeddings", None), source.name),
     )
+
+
+def check_context(n_ctx: int | None, trained: int | None, name: str) -> int | None:
+    """``n_ctx``, refused (ValueError naming both numbers) past the model's ``trained`` length."""
+    if n_ctx is not None and (n_ctx < 1 or (trained and n_ctx > trained)):
+        raise ValueError(f"a context of {n_ctx} tokens: model {name} holds 1 to {trained} (its trained length)")
+    return n_ctx

@@ -55,6 +55,10 @@ KERNELS_ENV = "UNSEE_LLAMA_KERNELS"
 KERNELS = {"exact": True, "repacked": False}
 #: the loader's default slot count (:attr:`LlamaCppModel.slots`), where ``slots`` is not given
 SLOTS_ENV = "UNSEE_LLAMA_SLOTS"
+#: the context of a load that names none and gives no memory to size it by (impl/cli/serve.py does)
+DEFAULT_CONTEXT = 4096
+#: a context sized by memory is a multiple of this many tokens
+CONTEXT_STEP = 256
 
 
 def get_exact_kernels(exact_kernels: bool | None = None) -> bool:
@@ -136,6 +140,8 @@ class LlamaCppModel:
     exact_kernels: bool = True
     #: the sliding window of the model's windowed layers, in tokens (0: none; two KV caches otherwise)
     n_swa: int = 0
+    #: the context length the model was trained on (llama.cpp's ``n_ctx_train``; 0: not said)
+    n_ctx_train: int = 0
     _tokenizer: object = None  # a ByteTokenizer (tiny GGUF), or None: llama.cpp's own vocabulary
     _model: object = None
     _vocab: object = None
@@ -282,7 +288,7 @@ def get_eos_ids(lc, vocab, n_vocab: int) -> tuple[int, ...]:
 def load_llamacpp(name_or_path: str | os.PathLike = "smollm2", threads: int | None = None, n_ctx: int | None = None,
                   flash_attn: bool = True, cache_dir: str | os.PathLike | None = None,
                   exact_kernels: bool | None = None, batch_threads: int | None = None,
-                  slots: int | None = None) -> LlamaCppModel:
+                  slots: int | None = None, ctx_memory: int | None = None) -> LlamaCppModel:
     """Load a GGUF into llama.cpp: ``'smollm2'`` (the embedded SmolLM2 file),
     ``'tiny'`` or ``'tiny-<family>'`` (a tiny random GGUF, byte tokenizer), or
     a ``*.gguf`` path (:func:`resolve_gguf`).
@@ -290,7 +296,10 @@ def load_llamacpp(name_or_path: str | os.PathLike = "smollm2", threads: int | No
     ``threads`` defaults to $UNSEE_LLAMA_THREADS or 1 (the KV may depend on
     it: docs/engines.md); ``batch_threads``, the threads of forwards of several tokens
     (prefill, verification), to $UNSEE_LLAMA_BATCH_THREADS or ``threads``; ``n_ctx``
-    (the longest lineage) to 4096; ``slots``, the lineages the context holds at once (each
+    (the longest lineage), at most the model's trained length (more is a ValueError naming
+    both), to what ``ctx_memory`` bytes of KV hold for every slot
+    (:func:`compute_default_context`) where given, else to 4096 (or the trained length, if
+    less); ``slots``, the lineages the context holds at once (each
     its own stream of ``n_ctx`` cells), to $UNSEE_LLAMA_SLOTS or 1 (always 1 for a model
     with sliding-window layers).
 
@@ -307,7 +316,6 @@ def load_llamacpp(name_or_path: str | os.PathLike = "smollm2", threads: int | No
     path, name, tokenizer = resolve_gguf(os.fspath(name_or_path), cache_dir)
     threads = get_count("threads", threads, "UNSEE_LLAMA_THREADS", 1)
     batch_threads = get_count("batch_threads", batch_threads, "UNSEE_LLAMA_BATCH_THREADS", threads)
-    n_ctx = int(n_ctx or 4096)
     mparams = lc.llama_model_default_params()
     mparams.n_gpu_layers = 0
     mparams.use_extra_bufts = not exact_kernels
@@ -318,6 +326,7 @@ def load_llamacpp(name_or_path: str | os.PathLike = "smollm2", threads: int | No
     vocab = lc.llama_model_get_vocab(model)
     n_vocab = lc.llama_vocab_n_tokens(vocab)
     eos = (tokenizer.eos_token_id,) if tokenizer is not None else get_eos_ids(lc, vocab, n_vocab)
+    n_swa, slots, trained, n_ctx = get_layout(lc, model, n_ctx, slots, ctx_memory, name)
     lm = LlamaCppModel(name=name, source=str(path), eos_ids=eos, vocab_size=n_vocab,
                        n_layer=lc.llama_model_n_layer(model), n_ctx=n_ctx, threads=threads, flash_attn=flash_attn,
                        determinism_statement=_determinism_text(threads, flash_attn, exact_kernels, batch_threads),
@@ -326,14 +335,56 @@ def load_llamacpp(name_or_path: str | os.PathLike = "smollm2", threads: int | No
                              TILED_MM_ENV: os.environ.get(TILED_MM_ENV, "")},
                        exact_kernels=exact_kernels)
     lm._tokenizer, lm._model, lm._vocab = tokenizer, model, vocab
-    lm.n_swa = max(0, int(lc.llama_model_n_swa(model)))
-    # a sliding-window model reads its window rows through a second sequence sharing the cells
-    # (LlamaRows.read_swa_rows), which a stream per sequence does not allow
-    lm.slots = 1 if lm.n_swa else get_count("slots", slots, SLOTS_ENV, 1)
+    lm.n_swa, lm.slots, lm.n_ctx_train = n_swa, slots, trained
     if tokenizer is None:
         lm.chat_template, lm.special_tokens = get_chat_template(model, vocab)
     set_decode_facts(lm, cache_dir)
     return lm
+
+
+def get_layout(lc, model, n_ctx: int | None, slots: int | None, memory: int | None,
+               name: str) -> tuple[int, int, int, int]:
+    """``(n_swa, slots, n_ctx_train, n_ctx)`` of a load (:func:`load_llamacpp`); a context the
+    model was not trained for frees the model and raises (:func:`get_context`)."""
+    n_swa = max(0, int(lc.llama_model_n_swa(model)))
+    # a sliding-window model reads its window rows through a second sequence sharing the cells
+    # (LlamaRows.read_swa_rows), which a stream per sequence does not allow
+    slots = 1 if n_swa else get_count("slots", slots, SLOTS_ENV, 1)
+    trained = max(0, int(lc.llama_model_n_ctx_train(model)))
+    try:
+        return n_swa, slots, trained, get_context(lc, model, trained, n_ctx, slots, memory, name)
+    except ValueError:
+        lc.llama_model_free(model)
+        raise
+
+
+def get_kv_bytes_per_token(lc, model) -> int:
+    """What one token's KV takes in the context (f16 keys and values in every layer; the head
+    size read as the width over the heads, as most GGUFs have it)."""
+    heads = max(1, int(lc.llama_model_n_head(model)))
+    head_dim = int(lc.llama_model_n_embd(model)) // heads
+    return 2 * 2 * int(lc.llama_model_n_layer(model)) * int(lc.llama_model_n_head_kv(model)) * head_dim
+
+
+def compute_default_context(trained: int, per_token: int, slots: int, memory: int) -> int:
+    """The longest context, in steps of :data:`CONTEXT_STEP` tokens, whose KV for every slot fits
+    in ``memory`` bytes, at most ``trained`` (where known) and at least one step."""
+    fits = memory // max(1, per_token * slots) // CONTEXT_STEP * CONTEXT_STEP
+    return max(CONTEXT_STEP, min(trained, fits) if trained else fits)
+
+
+def get_context(lc, model, trained: int, n_ctx: int | None, slots: int, memory: int | None, name: str) -> int:
+    """The context of a load (:func:`load_llamacpp`'s ``n_ctx`` rule), or a ValueError naming the
+    model's trained length where ``n_ctx`` asks for more."""
+    if n_ctx is None:
+        if memory is not None:
+            return compute_default_context(trained, get_kv_bytes_per_token(lc, model), slots, memory)
+        return min(DEFAULT_CONTEXT, trained) if trained else DEFAULT_CONTEXT
+    n_ctx = int(n_ctx)
+    if n_ctx < 1 or (trained and n_ctx > trained):
+        raise ValueError(f"a context of {n_ctx} tokens: model {name} holds 1 to {trained} (its trained length, "
+                         "llama.cpp's n_ctx_train)")
+    return n_ctx
 
 
 def set_decode_facts(lm: LlamaCppModel, cache_dir: str | os.PathLike | None = None) -> None:
@@ -384,5 +435,6 @@ def get_chat_template(model, vocab) -> tuple[str | None, dict]:
     return template, tokens
 
 
-__all__ = ["INSTALL_HINT", "LlamaCppMissingError", "LlamaCppModel", "available", "get_chat_template",
+__all__ = ["CONTEXT_STEP", "DEFAULT_CONTEXT", "INSTALL_HINT", "LlamaCppMissingError", "LlamaCppModel", "available",
+           "compute_default_context", "get_chat_template", "get_context", "get_kv_bytes_per_token", "get_layout",
            "load_llamacpp"]
