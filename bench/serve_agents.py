@@ -245,11 +245,10 @@ def judge(scenario: Scenario, record: dict) -> tuple[bool, str]:
         return False, "the tool was never called" + (": the call came back as text" if written else "")
     if scenario.structured and not record.get("structured"):
         return False, "the output is not a value of the schema"
-    if scenario.twin and not (record.get("twin") or {}).get("equal"):
-        twin = record.get("twin") or {}
-        digests = twin.get("digests") or [None, None]
-        same = digests[0] is not None and digests[0] == digests[1]
-        return False, (f"after the DELETE, not its twin: digests {'equal' if same else 'differ'}, "
+    twin = record.get("twin") or {}
+    digests = twin.get("digests") or [None, "not compared"]
+    if scenario.twin and not (digests[0] == digests[1] and twin.get("items_equal")):
+        return False, (f"after the DELETE, not its twin: digests {'equal' if digests[0] == digests[1] else 'differ'}, "
                        f"items {'equal' if twin.get('items_equal') else 'differ'}")
     return True, ""
 
@@ -427,6 +426,14 @@ def get_cut(text: str, chars: int) -> str:
     return text if len(text) <= chars else text[:chars].rstrip() + " ..."
 
 
+def get_twin_words(twin: dict) -> str:
+    """How the conversation after its DELETE compares with its twin."""
+    digests = twin.get("digests") or [None, None]
+    digest = ("no digest on either (items only wait)" if digests == [None, None] else
+              "digest equal" if digests[0] == digests[1] else "digest differs")
+    return f"twin: {digest}, items {'equal' if twin.get('items_equal') else 'differ'}"
+
+
 def get_wall_cell(record: dict) -> str:
     busy = record.get("server_busy_after_s")
     return f"{record.get('wall_s', 0):.0f} s" + (f" (the server busy {busy:.0f} s more)" if busy else "")
@@ -455,7 +462,7 @@ def format_table(result: dict) -> str:
         verdict = "ok" if record.get("ok") else "timed out" if record.get("timed_out") else "failed"
         verdicts.append(verdict)
         if scenario is not None and scenario.twin and record.get("twin"):
-            verdict += f"; twin digest {'equal' if record['twin'].get('equal') else 'differs'}"
+            verdict += f"; {get_twin_words(record['twin'])}"
         lines.append("| " + " | ".join(get_cell(c) for c in (
             client, configuration, verdict, get_tool_cell(scenario, record),
             get_first_words(record.get("answer", "")), get_failure_cell(record),

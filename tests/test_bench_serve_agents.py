@@ -116,6 +116,12 @@ def test_an_exchange_belongs_to_the_scenario_that_sent_it():
     assert sa.get_wall_cell({"wall_s": 600, "server_busy_after_s": 95.2}) == "600 s (the server busy 95 s more)"
 
 
+def test_twin_words():
+    assert sa.get_twin_words({"digests": [None, None], "items_equal": True}) == (
+        "twin: no digest on either (items only wait), items equal")
+    assert sa.get_twin_words({"digests": ["d", "d"], "items_equal": True}) == "twin: digest equal, items equal"
+
+
 def test_judge():
     tool = sa.get_scenario("agents-responses")
     assert sa.judge(tool, {"answer": "Snow.", "tool_calls": ["Qaanaaq"]}) == (True, "")
@@ -142,7 +148,8 @@ def test_table_from_a_results_json(tmp_path, capsys):
          "failures": [{"method": "POST", "path": "/v1/chat/completions", "status": 400, "request": {},
                        "response": {"error": {"message": "a | b", "param": "stop"}}}], "wall_s": 3.0},
         {"scenario": "openai-auto", "ok": False, "why": "", "prompts": 10, "prompts_with_call": 7, "wall_s": 300},
-        {"scenario": "agents-session", "ok": False, "timed_out": True, "twin": {"equal": False}, "wall_s": 600},
+        {"scenario": "agents-session", "ok": False, "timed_out": True,
+         "twin": {"digests": ["a", "b"], "equal": False}, "wall_s": 600},
     ]
     result = {"label": LABEL, "wall_s": 1200, "records": records}
     table = sa.format_table(result)
@@ -156,7 +163,7 @@ def test_table_from_a_results_json(tmp_path, capsys):
     assert "| ok |" in rows[0] and "yes (1 run, 1 parsed by the server)" in rows[0]
     assert "400 on /v1/chat/completions (`stop`): a \\| b" in rows[1]
     assert "7 of 10 prompts" in rows[2]
-    assert "timed out; twin digest differs" in rows[3]
+    assert "timed out; twin: digest differs, items differ" in rows[3]
     assert lines[-1] == "1 of 4 scenarios ok; the whole run took 20.0 min."
     path = tmp_path / "results.json"
     path.write_text(json.dumps(result))
