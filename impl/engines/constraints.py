@@ -77,7 +77,7 @@ def get_llama_vocabulary(lm, vocab) -> Vocabulary:
     for token in range(lc.llama_vocab_n_tokens(vocab)):
         n = lc.llama_token_to_piece(vocab, token, buf, 4096, 0, True)
         piece = bytes(buf[:max(n, 0)])
-        attr = lc.llama_token_get_attr(vocab, token)
+        attr = lc.llama_vocab_get_attr(vocab, token)
         tag = piece.startswith(b"<") and piece.endswith(b">")
         if attr & lc.LLAMA_TOKEN_ATTR_CONTROL or (attr & lc.LLAMA_TOKEN_ATTR_USER_DEFINED and tag):
             special.add(token)
