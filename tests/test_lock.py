@@ -23,6 +23,8 @@ ROOT = Path(__file__).resolve().parents[1]
 LOCKS = {"constraints/main.txt": ("dev", "plot", "eval", "test", "langgraph"),
          "constraints/vllm.txt": ("dev", "eval", "vllm"),
          "constraints/conform.txt": ("dev", "langgraph", "agents", "adk", "mem0")}
+#: the agent clients' venvs (bench/serve_agents.py): an extra each, installed without unsee
+CLIENT_LOCKS = {"constraints/clients.txt": "clients", "constraints/llamaindex.txt": "clients-llamaindex"}
 
 
 def get_name(requirement: str) -> str:
@@ -62,7 +64,7 @@ def test_every_dependency_is_pinned(lock):
 
 def test_make_installs_through_the_lock():
     makefile = (ROOT / "Makefile").read_text()
-    installs = [line for line in makefile.splitlines() if re.search(r"\$\((PY|VLLM_PY|CONFORM_PY|PEER_PY)\) -m pip install", line)]
+    installs = [line for line in makefile.splitlines() if re.search(r"\$\((PY|VLLM_PY|CONFORM_PY|PEER_PY|CLIENTS_PY|LLAMAINDEX_PY)\) -m pip install", line)]
     assert installs
     unpinned = [line.strip() for line in installs if "$(PIP_C" not in line]
     assert not unpinned, f"installs that bypass the lock: {unpinned}"
@@ -84,10 +86,27 @@ def test_peer_lock_agrees_with_main():
     assert spec and spec.group(1) == f"llama-cpp-python[server]=={pinned['llama-cpp-python']}"
 
 
-@pytest.mark.parametrize("lock", sorted(LOCKS) + ["constraints/peer.txt"])
+@pytest.mark.parametrize("lock", sorted(LOCKS) + ["constraints/peer.txt"] + sorted(CLIENT_LOCKS))
 def test_no_pin_names_a_local_build(lock):
     """A pin such as ``torch==2.13.0+cpu`` resolves only where an index serves
     that local build; PyPI has none, so a stock machine could not install the
     lock. ``==2.13.0`` matches the local build where one is offered (PEP 440)."""
     local = sorted(f"{name}=={version}" for name, version in get_pins(ROOT / lock).items() if "+" in version)
     assert not local, f"{lock} pins local builds PyPI does not serve: {local} (make lock drops the label)"
+
+
+@pytest.mark.parametrize("lock", sorted(CLIENT_LOCKS))
+def test_client_locks_pin_their_extra(lock):
+    """The agent clients' venvs (``make serve-agents``) take one extra each, without unsee
+    (whose dependencies bring torch): the lock pins each of its requirements at the
+    extra's own version, and the Makefile installs that extra through it."""
+    extra = CLIENT_LOCKS[lock]
+    pins = get_pins(ROOT / lock)
+    optional = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    for requirement in optional[extra]:
+        name, _, version = requirement.partition("==")
+        assert version, f"the {extra} extra's {requirement!r} is not an exact pin"
+        assert pins.get(get_name(name)) == version, f"{lock} pins {get_name(name)} at {pins.get(get_name(name))}, " \
+                                                    f"the {extra} extra at {version}: run `make lock`"
+    assert "torch" not in pins and "unsee" not in pins
+    assert f"$(call get_extra,{extra})" in (ROOT / "Makefile").read_text()
