@@ -19,7 +19,6 @@ import shlex
 import statistics
 import sys
 import time
-from pathlib import Path
 
 from unsee import load_engine
 from unsee.bench import options

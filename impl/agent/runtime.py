@@ -23,6 +23,7 @@ import hashlib
 import json
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import attrs
 
@@ -57,12 +58,14 @@ from unsee.impl.agent.render import (
 )
 from unsee.impl.agent.report import ForgetReport
 from unsee.impl.agent.state import RuntimeState
-from unsee.impl.engines.decoding import Rule
 from unsee.impl.engines.lineage import rebuild
 from unsee.impl.engines.opening import open_lineage
 from unsee.impl.engines.protocol import Assist, Engine
 from unsee.impl.util import ids
 from unsee.impl.util.exclusive import Exclusive
+
+if TYPE_CHECKING:  # the decoding rule imports torch; `import unsee` and the conform CLI stay without it
+    from unsee.impl.engines.decoding import Rule
 
 SYSTEM_ID = "system"
 #: The model turn each kind of step ends with: (its block id's suffix, its block type).
@@ -393,11 +396,9 @@ class AgentRuntime:
             raise ValueError("a sampled probe needs a seed (temperature > 0 without one is not repeatable)")
         branch = self.engine.fork(self.lineage)
         try:
-            self.engine.prefill(branch, self.engine.lm.encode(self.render_block("user", question)
-                                                              + self.renderer.render_header()))
-            return self.engine.generate(branch, max_new_tokens or self.settings.max_new_tokens,
-                                        stop_ids=self.engine.lm.eos_ids, temperature=temperature,
-                                        seed=seed if temperature > 0 else None)
+            self.engine.prefill(branch, self.engine.lm.encode(self.render_block("user", question) + self.renderer.render_header()))
+            return self.engine.generate(branch, max_new_tokens or self.settings.max_new_tokens, self.engine.lm.eos_ids,
+                                        temperature, seed if temperature > 0 else None)
         finally:
             self.engine.drop(branch)
 

@@ -31,8 +31,14 @@ The map:
 ``speculation`` the draft policy: how many proposed tokens a turn's forward feeds
                (the credit rule: a turn's proposals never lose more than its opening)
 ``decoding``   the decoding rule every engine applies (greedy or the seeded
-               exponential race), the drafts' measured bounds and thresholds,
+               exponential race, under a turn's :class:`~decoding.Rule`: penalties,
+               a nucleus, constraints), the drafts' measured bounds and thresholds,
                and context lookup
+``constraints`` grammars over a turn's tokens (llguidance over the model's own
+               vocabulary): a grammar from the first token, a lazy one that starts
+               where a call opens, banned tokens
+``stops``      stop texts (OpenAI's ``stop``): a constraint that ends a turn where
+               its text holds one, reading a window of its last tokens
 ``bounds``     where a configuration's draft bound comes from (shipped, calibrated, none)
 ``catalog``    real models by name (``qwen2.5-1.5b``, ``gemma3-270m``): their PyPI wheels,
                sha256, template and shipped bounds; fetched and assembled on first use
