@@ -69,7 +69,8 @@ def get_tools(definitions: Sequence[Mapping]) -> tuple[Tool, ...]:
 
 class Grammars:
     """The grammars of one model under one call format: the marker and closing written as the
-    model writes them (one special token each, or text), and each tool's schema checked once."""
+    model writes them (one special token each, or text); each schema is checked once a process
+    (:func:`get_schema`), since a client sends the same tools with every turn."""
 
     def __init__(self, lm, fmt: CallFormat):
         self.lm = lm
@@ -78,20 +79,19 @@ class Grammars:
         self.close_tag = fmt.end.strip()
         self.open_id = get_special_id(lm, self.tag)
         self.close_id = get_special_id(lm, self.close_tag)
-        self.schemas: dict[str, str] = {}
 
     # --- pieces -----------------------------------------------------------------
 
     def get_json(self, schema: Mapping) -> str:
         """``%json`` of ``schema`` (:func:`get_schema`)."""
         # not sort_keys: llguidance writes an object's properties in the schema's order
-        return f"%json {json.dumps(get_schema(self.lm, schema, self.schemas))}"
+        return f"%json {json.dumps(get_schema(self.lm, schema))}"
 
     def get_envelope(self, tools: Sequence[Tool]) -> str:
         """The JSON object a call is written as: ``{"name": N, "arguments": A}``, A of N's schema."""
         options = [{"type": "object", "additionalProperties": False, "required": ["name", "arguments"],
                     "properties": {"name": {"const": t.name},
-                                   "arguments": get_schema(self.lm, t.parameters, self.schemas)}}
+                                   "arguments": get_schema(self.lm, t.parameters)}}
                    for t in tools]
         return self.get_json(options[0] if len(options) == 1 else {"anyOf": options})
 
@@ -150,14 +150,16 @@ class Grammars:
                 f"{self.get_tag(self.close_id, self.close_tag)} WS?\n{WS}")
 
 
-def get_schema(lm, schema: Mapping, checked: dict[str, bool] | None = None) -> Mapping:
-    """``schema`` where llguidance compiles it over ``lm``'s vocabulary, else any object;
-    ``checked`` remembers the answers (by the schema's canonical text)."""
-    checked = {} if checked is None else checked
-    text = json.dumps(schema, sort_keys=True)
-    if text not in checked:
-        checked[text] = not check_grammar(lm, f"start: %json {json.dumps(schema)}")
-    return schema if checked[text] else ANY_OBJECT
+#: whether llguidance compiles a schema (its canonical text), by model name and vocabulary size
+_COMPILES: dict[tuple[str, int, str], bool] = {}
+
+
+def get_schema(lm, schema: Mapping) -> Mapping:
+    """``schema`` where llguidance compiles it over ``lm``'s vocabulary, else any object."""
+    key = (lm.name, lm.vocab_size, json.dumps(schema, sort_keys=True))
+    if key not in _COMPILES:
+        _COMPILES[key] = not check_grammar(lm, f"start: %json {json.dumps(schema)}")
+    return schema if _COMPILES[key] else ANY_OBJECT
 
 
 def get_format_schema(response_format: Mapping) -> Mapping:
