@@ -276,7 +276,8 @@ class LazyConstraint:
     The turn's text is kept for the longest prefix asked about and extended token by token
     (a step costs the new token's bytes, not the turn's): a trigger found in a prefix is the
     first one of every extension of it (a later token cannot complete a match that starts
-    earlier, since no trigger is a part of another)."""
+    earlier, since no trigger is a part of another). Asked about a shorter prefix or another
+    path, it looks again from the start (a verification's rejected proposals; rare)."""
 
     #: bytes searched again before the new text: a trigger may straddle two tokens
     OVERLAP = 32
@@ -306,17 +307,15 @@ class LazyConstraint:
             if a != b:
                 break
             common += 1
-        if common < len(self.seen):  # another path: keep the common prefix only
+        if common < len(self.seen):  # another path: keep the common prefix only, and look again
             del self.seen[common:]
             del self.text[self.starts[common] if common < len(self.starts) else len(self.text):]
             del self.starts[common:]
-            self.found = None if self.found is None or self.found[1] >= common else self.found
-            if self.found is None:
-                return self.scan(out, 0)
+            return self.scan(out, 0, 0)  # a trigger of the longer path may not be whole in this one
         if self.found is not None:
             self.extend(out)
             return self.found
-        return self.scan(out, max(0, len(self.text) - self.OVERLAP))
+        return self.scan(out, max(0, len(self.text) - self.OVERLAP), len(self.seen))
 
     def extend(self, out: Sequence[int]) -> None:
         for token in out[len(self.seen):]:
@@ -324,10 +323,9 @@ class LazyConstraint:
             self.text += self.get_piece(token)
             self.seen.append(token)
 
-    def scan(self, out: Sequence[int], since: int) -> tuple[int, int, bytes] | None:
+    def scan(self, out: Sequence[int], since: int, first_new: int) -> tuple[int, int, bytes] | None:
         """Extend the text to ``out`` and look for the first trigger in it from byte ``since``
-        on (tokens that are triggers themselves from the first new one)."""
-        first_new = len(self.seen)
+        on (tokens that are triggers themselves from token ``first_new`` on)."""
         self.extend(out)
         text = self.text  # searched in place (re takes a bytearray): a step copies nothing
         best = None
