@@ -333,7 +333,8 @@ def test_command_path_passes_the_reference(tmp_path, capsys):
     command = [sys.executable, "-m", ADAPTERS, "reference", "--model", "tiny"]
     assert main(["conform", "--episode", str(path), "--out", str(tmp_path / "out"), "--", *command]) == 0
     assert capsys.readouterr().out.startswith("CONFORMS: 1 episode(s) checked")
-    assert not (tmp_path / "out").exists()  # nothing written when it conforms
+    # nothing written when it conforms but the run's result and badge (no counterexample)
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["badge.svg", "result.json"]
 
 
 def test_cli_rejects_redaction_and_prints_the_rerun(tmp_path, capsys):

@@ -16,10 +16,11 @@ import pytest
 from unsee.impl.cli.main import main
 from unsee.impl.conform.checks import AFTERMATH_CHECKS, CHECKS, FORGET_TWIN_DIGEST
 from unsee.impl.conform.harness import load_entry_point
+from unsee.impl.conform.suite import SUITES_DIR
 from unsee.impl.conform.vectors import check_vectors
 
 ADAPTERS = "unsee.impl.conform.adapters"
-VECTORS = Path(__file__).parent / "data" / "conform-vectors"
+VECTORS = SUITES_DIR / "1.0.0"
 ONE_STEP = {"format": "unsee.episode", "version": 2, "system": "Be brief.",
             "settings": {"max_new_tokens": 2, "temperature": 0.0, "seed": 0, "checkpoint_policy": "every_turn"},
             "steps": [{"id": "t1", "kind": "user", "text": "hi"},

@@ -17,11 +17,12 @@ from unsee.impl.cli.main import main
 from unsee.impl.conform.answers import AnswerContractError, read_result
 from unsee.impl.conform.contract import CONTRACT, CONTRACT_VERSION, FIELDS, describe_undefined_field
 from unsee.impl.conform.harness import EntryPointImplementation, search
+from unsee.impl.conform.suite import SUITES_DIR
 from unsee.impl.conform.vectors import check_vectors
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMA = ROOT / "docs" / "conformance.schema.json"
-VECTORS = Path(__file__).parent / "data" / "conform-vectors"
+VECTORS = SUITES_DIR / "1.0.0"
 #: What `unsee conform` says of an answer with ``kept`` one level too high.
 MISPLACED = ("result has a field the contract (version 2) does not define: `kept` at the top level: "
              "the contract reads `run.kept` and `forget.kept`")

@@ -119,11 +119,13 @@ def write_report_or_say_why(rows: list[dict], out: Path) -> int:
 
 
 def do_conform(args: argparse.Namespace) -> int:
-    """``unsee conform [--episodes N | --episode FILE | --replay CASE | --vectors DIR] -- CMD``:
-    0 conforms, 1 rejected, 2 bad input (raised, named)."""
-    from unsee.impl.conform.ci import get_replay_file, run_conform
+    """``unsee conform [--episodes N | --episode FILE | --replay CASE | --vectors DIR | --suite-version X]
+    [--baseline FILE [--strict]] -- CMD``: 0 conforms (or fails only as the baseline expects), 1 rejected,
+    2 bad input (raised, named). Every run writes result.json and badge.svg."""
+    from unsee.impl.conform.ci import get_replay_file, judge_run, run_conform
     from unsee.impl.conform.harness import make_implementation
     from unsee.impl.conform.report import parse_formats
+    from unsee.impl.conform.result import read_baseline
 
     if args.write_vectors:
         from unsee.impl.conform.vectors import write_vectors
@@ -132,20 +134,43 @@ def do_conform(args: argparse.Namespace) -> int:
         print(f"wrote {len(written)} vector case(s) to {args.write_vectors}")
         return Exit.OK
     reports = parse_formats(args.report) if args.report else ()
+    vectors, manifest, version = get_conform_suite(args)
+    baseline = read_baseline(Path(args.baseline), version) if args.baseline else None
     implementation = make_implementation(args.cmd, args.entry, args.timeout)
     out = Path(args.out)
     report_dir = Path(args.report_dir) if args.report_dir else (out if reports else None)
-    if args.vectors:
+    if vectors is not None:
         from unsee.impl.conform.vectors import check_vectors
 
-        run = check_vectors(implementation, Path(args.vectors), out, reports, report_dir)
+        run, mode = check_vectors(implementation, vectors, out, reports, report_dir), "vectors"
     else:
         episode = get_replay_file(args.replay) if args.replay else args.episode
         run = run_conform(implementation, out, examples=args.episodes, max_steps=args.max_steps, seed=args.seed,
                           max_failures=args.max_failures, episode=episode, reference=not args.no_reference,
                           reports=reports, report_dir=report_dir)
+        mode = "search" if episode is None else "episode"
+    verdict = judge_run(run, version, mode, report_dir or out, baseline, args.strict, vectors, manifest)
     print(run.describe())
-    return Exit.OK if run.passed else Exit.FAILED
+    print(verdict.text)
+    return Exit.OK if verdict.passed else Exit.FAILED
 
 
-__all__ = ["do_conform", "do_eval", "get_eval_config", "get_eval_methods", "write_report_or_say_why"]
+def get_conform_suite(args: argparse.Namespace) -> tuple[Path | None, dict | None, str]:
+    """The vectors to check (``--vectors DIR``, or release ``--suite-version``'s),
+    their manifest, and the suite version the run is judged by (a release
+    folder's own; the latest for a search or a folder that names none)."""
+    from unsee.impl.conform.answers import ConformanceInputError
+    from unsee.impl.conform.suite import LATEST, get_suite_dir
+    from unsee.impl.conform.vectors import read_manifest
+
+    if not args.vectors and not args.suite_version:
+        return None, None, LATEST
+    vectors = Path(args.vectors) if args.vectors else get_suite_dir(args.suite_version)
+    manifest = read_manifest(vectors)
+    named = (manifest.get("suite") or {}).get("version")
+    if args.suite_version and args.vectors and named != args.suite_version:
+        raise ConformanceInputError(f"--vectors {vectors} is suite {named}, not --suite-version {args.suite_version}")
+    return vectors, manifest, named or LATEST
+
+
+__all__ = ["do_conform", "do_eval", "get_conform_suite", "get_eval_config", "get_eval_methods", "write_report_or_say_why"]

@@ -40,11 +40,16 @@ def get_busy_errors() -> tuple[type[Exception], ...]:
 
 
 def get_usage_errors() -> tuple[type[Exception], ...]:
-    """Errors meaning bad input (exit 2); each message names the input."""
-    from unsee.impl.engines.llamacpp.engine import LlamaCppMissingError
-    from unsee.impl.engines.vllm.adapter import VllmMissingError
-
-    return (EpisodeError, UnknownSourceError, ValueError, LlamaCppMissingError, VllmMissingError)
+    """Errors meaning bad input (exit 2); each message names the input. The engines' own
+    are left out where they cannot import (``unsee conform`` runs without torch, and then no
+    engine ran to raise them): bad input there must still exit 2, not end in a traceback."""
+    errors: list[type[Exception]] = [EpisodeError, UnknownSourceError, ValueError]
+    try:
+        from unsee.impl.engines.llamacpp.engine import LlamaCppMissingError
+        from unsee.impl.engines.vllm.adapter import VllmMissingError
+    except ImportError:
+        return tuple(errors)
+    return (*errors, LlamaCppMissingError, VllmMissingError)
 
 
 def main(argv: list[str] | None = None) -> int:

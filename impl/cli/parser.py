@@ -142,6 +142,14 @@ def add_conform_parser(sub) -> None:
                          help="check the implementation against versioned test vectors (no torch needed)")
     conform.add_argument("--write-vectors", metavar="DIR", default=None,
                          help="write --episodes generated episodes with our reference's answers as test vectors")
+    conform.add_argument("--suite-version", metavar="X.Y.Z", default=None,
+                         help="check against this release of the suite (its vectors and its checks alone); "
+                              "every run writes result.json (tier, pass count) and badge.svg")
+    conform.add_argument("--baseline", metavar="FILE", default=None,
+                         help="expected failures (YAML or JSON: expected_failures: [check names]): a listed "
+                              "failure does not fail the run; a listed check that passes is reported")
+    conform.add_argument("--strict", action="store_true",
+                         help="with --baseline: a listed check that passes (or is N/A) fails the run too")
 
 
 def add_eval_parser(sub) -> None:

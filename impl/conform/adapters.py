@@ -37,6 +37,10 @@ runs as a subprocess:
                replay): conforms, ``effects once`` included.
 ``refire``     ``tools`` whose replay calls the consequential tools live:
                rejected by ``effects once`` alone.
+``span-excision``
+               cuts only the target's own KV rows out of the live cache and keeps
+               every later position and turn (reporting correct counts): rejected
+               by the attended-span checks by name (suite 1.1.0).
 ============== ================================================================
 
 ``reference`` and the three after ``vllm`` run on a session store and report
@@ -66,7 +70,7 @@ from unsee.impl.agent.render import render
 from unsee.impl.agent.runtime import AgentRuntime
 from unsee.impl.conform.contract import REFERENCE_ENGINE, make_answer
 from unsee.impl.engines.registry import make_engine
-from unsee.impl.methods.baselines import delete_memory_records, redact_source
+from unsee.impl.methods.baselines import delete_memory_records, excise_span, redact_source
 from unsee.impl.store.records import session_files
 from unsee.impl.store.session import PersistentSession
 from unsee.impl.util.ids import ANSWER, NOTE, PLAN, get_block_part, get_step_id
@@ -221,6 +225,16 @@ def _source_redaction(runtime: AgentRuntime, source: str) -> dict:
     tau = _get_tau(runtime, source)
     boundary = runtime.checkpoints.latest_before(tau).boundary
     redact_source(runtime, source, None)
+    return {"tau": tau, "boundary": boundary, "invocations": runtime.t - boundary}
+
+
+def _span_excision(runtime: AgentRuntime, source: str) -> dict:
+    # The counts a correct forget reports (as ``_source_redaction``), then the
+    # target's own KV rows cut out of the live cache: every later position's KV
+    # and every later turn stay as computed while the target was in context.
+    tau = _get_tau(runtime, source)
+    boundary = runtime.checkpoints.latest_before(tau).boundary
+    excise_span(runtime, source, None)
     return {"tau": tau, "boundary": boundary, "invocations": runtime.t - boundary}
 
 
@@ -423,6 +437,13 @@ def redaction(episode: str, forget: str | None = None, model: str = "tiny") -> d
     return _answer(episode, forget, model, "B3 source-redaction", _source_redaction)
 
 
+def span_excision(episode: str, forget: str | None = None, model: str = "tiny") -> dict:
+    """Drops only the target's KV rows (span excision, as KV quarantine and
+    span erasers do), reporting correct counts: rejected by the attended-span
+    checks by name."""
+    return _answer(episode, forget, model, "span excision (target KV rows only)", _span_excision)
+
+
 def self_consistent(episode: str, forget: str | None = None, model: str = "tiny") -> dict:
     """Algorithm 1 and B5, each keeping the same forget log: its forget equals
     its own reset, and must still be rejected (neither is the counterfactual)."""
@@ -436,7 +457,7 @@ def vllm(episode: str, forget: str | None = None, model: str = "tiny") -> dict:
 
 ADAPTERS = {"reference": reference, "memory": memory, "redaction": redaction, "self-consistent": self_consistent,
             "vllm": vllm, "checkpoint-history": checkpoint_history, "uncommitted": uncommitted, "resync": resync,
-            "tools": tools, "refire": refire}
+            "tools": tools, "refire": refire, "span-excision": span_excision}
 
 
 def main(argv: list[str] | None = None) -> int:

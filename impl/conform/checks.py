@@ -65,6 +65,9 @@ EFFECTS = "effects once (A3)"
 # --- against our runtime, when the implementation declares our engine and model
 RUN_REFERENCE = "run turns = reference"
 TWIN_REFERENCE = "counterfactual turns = reference"
+# --- the attended span (suite 1.1.0): what later turns computed while the target was in context
+ATTENDED_TURNS = "attended span: later turns = counterfactual"
+ATTENDED_STATE = "attended span: state after = counterfactual"
 #: The one "check" of an episode the implementation did not answer.
 ANSWERED = "implementation answered"
 
@@ -76,8 +79,12 @@ STATE_CHECKS = (FORGET_TWIN_TURNS, FORGET_TWIN_DIGEST, FORGET_RESET_TURNS, FORGE
                 RESET_TWIN_DIGEST)
 #: The checks for what stays behind, in report order.
 AFTERMATH_CHECKS = (RESIDUE, REOPEN, IDEMPOTENT, EFFECTS)
+#: The attended-span family: a forget that drops only the target's own tokens or
+#: KV rows keeps what later positions computed from it, and fails these by name.
+ATTENDED_CHECKS = (ATTENDED_TURNS, ATTENDED_STATE)
 #: Every check, in report order.
-CHECKS = (*COUNT_CHECKS, DIGEST_BEFORE, *STATE_CHECKS, PREFIX, *AFTERMATH_CHECKS, RUN_REFERENCE, TWIN_REFERENCE)
+CHECKS = (*COUNT_CHECKS, DIGEST_BEFORE, *STATE_CHECKS, PREFIX, *AFTERMATH_CHECKS, RUN_REFERENCE, TWIN_REFERENCE,
+          *ATTENDED_CHECKS)
 
 
 @attrs.frozen
@@ -182,6 +189,30 @@ def check_aftermath(answer: dict, counterfactual: dict, values: list[str], calls
             check_effects(run, forget, calls_tools)]
 
 
+# --- the attended span ---------------------------------------------------------------------
+
+def check_attended(run: dict, forget: dict, twin: dict, later_steps: tuple[str, ...], later: bool) -> list[Check]:
+    """The attended-span family: the turns decoded after the target's step
+    (``later_steps``, which attended to it) and the state after the forget
+    are the counterfactual's. A forget that cuts out only the target's own
+    tokens or KV rows keeps those turns and the positions computed from it.
+
+    ``later``: the episode has a step after the target's (else nothing attended
+    to it: both N/A). The turns check is N/A where the plain runs' later turns
+    equal the counterfactual's: the target changed no later token there, so
+    tokens cannot show what attended to it (the state check still applies)."""
+    if not later:
+        why = "the target enters at the last step: nothing after it attended to it"
+        return [Check(ATTENDED_TURNS, None, None, na=why), Check(ATTENDED_STATE, None, None, na=why)]
+    state = Check(ATTENDED_STATE, forget["digest_after"], twin["digest"])
+    if not later_steps:
+        return [Check(ATTENDED_TURNS, None, None, na="no model turn after the target's step"), state]
+    if all(run["turns"][s] == twin["turns"][s] for s in later_steps):
+        return [Check(ATTENDED_TURNS, None, None, na="the target changed no later token in the plain runs"), state]
+    return [Check(ATTENDED_TURNS, {s: forget["turns"][s] for s in later_steps},
+                  {s: twin["turns"][s] for s in later_steps}), state]
+
+
 # --- reading the optional fields -------------------------------------------------------------
 
 def read_aftermath(raw: dict, problem) -> None:
@@ -216,9 +247,9 @@ def read_aftermath(raw: dict, problem) -> None:
             raise problem(f"forget.{key}", f"must be an object with {digest!r} and 'turns'")
 
 
-__all__ = ["AFTERMATH_CHECKS", "ANSWERED", "BOUNDARY", "CHECKS", "COUNT_CHECKS", "DIGEST_BEFORE", "EFFECTS", "FAIL",
+__all__ = ["AFTERMATH_CHECKS", "ANSWERED", "ATTENDED_CHECKS", "ATTENDED_STATE", "ATTENDED_TURNS", "BOUNDARY", "CHECKS", "COUNT_CHECKS", "DIGEST_BEFORE", "EFFECTS", "FAIL",
            "FORGET_RESET_DIGEST", "FORGET_RESET_TURNS", "FORGET_TWIN_DIGEST", "FORGET_TWIN_TURNS", "IDEMPOTENT",
            "INVOCATIONS", "NA", "PASS", "PREFIX", "REOPEN", "RESET_INVOCATIONS", "RESET_TWIN_DIGEST",
            "RESET_TWIN_TURNS", "RESIDUE", "RUN_REFERENCE", "STATE_CHECKS", "TAU", "TWIN_REFERENCE", "TWIN_T", "Check",
-           "T", "check_aftermath", "check_effects", "check_idempotent", "check_reopen", "check_residue",
+           "T", "check_aftermath", "check_attended", "check_effects", "check_idempotent", "check_reopen", "check_residue",
            "find_needles", "get_kept_bytes", "get_needles", "read_aftermath"]

@@ -19,6 +19,14 @@ from unsee.impl.conform.harness import (
     write_failure,
 )
 from unsee.impl.conform.report import get_case_id, write_reports
+from unsee.impl.conform.result import (
+    Baseline,
+    compare_baseline,
+    describe_result,
+    get_verdict,
+    make_result,
+    write_result,
+)
 
 #: The file of a case folder that ``--replay`` reruns (what :func:`write_failure` writes).
 CASE_FILE = "counterexample.json"
@@ -105,4 +113,25 @@ def run_conform(implementation: Implementation, out: Path, *, examples: int = 10
     return run
 
 
-__all__ = ["CASE_FILE", "Run", "get_replay_file", "run_conform", "search_rounds"]
+@attrs.frozen
+class Verdict:
+    """A run judged by a suite version: its result file (tier, pass count),
+    what it says of the baseline, and whether CI passes."""
+
+    result: dict
+    passed: bool
+    text: str
+
+
+def judge_run(run: Run, version: str, mode: str, directory: Path, baseline: Baseline | None = None,
+              strict: bool = False, vectors: Path | None = None, manifest: dict | None = None) -> Verdict:
+    """The run's result by release ``version``, written with its badge to
+    ``directory``; CI passes when nothing failed beyond ``baseline``."""
+    result = make_result(run.records, run.implementation.get_options(), version, mode, vectors, manifest)
+    if baseline is not None:
+        result["baseline"] = {"file": baseline.path, **compare_baseline(result["checks"], baseline)}
+    written = write_result(directory, result)
+    return Verdict(result, get_verdict(result, baseline, strict), describe_result(result, baseline, written))
+
+
+__all__ = ["CASE_FILE", "Run", "Verdict", "get_replay_file", "judge_run", "run_conform", "search_rounds"]

@@ -87,6 +87,7 @@ from unsee.impl.conform.checks import (
     Check,
     T,
     check_aftermath,
+    check_attended,
 )
 from unsee.impl.conform.contract import REFERENCE_ENGINE, REFERENCE_MODELS
 
@@ -223,7 +224,8 @@ class Expected:
     prefix_steps: tuple[str, ...]  # those of them before tau
     values: tuple[str, ...] = ()  # the target's texts, which no kept byte may hold after the forget
     calls_tools: bool = False  # a plan step names a tool (the effects check applies)
-
+    later_steps: tuple[str, ...] = ()  # the steps after tau with a model turn (they attended to the target)
+    later: bool = False  # a step follows tau
     @classmethod
     def of(cls, episode: Episode, target: str) -> Expected:
         from unsee.spec import first_entry, get_restore_boundary
@@ -235,17 +237,19 @@ class Expected:
             values.add(episode.target.value)
         return cls(len(episode.steps), tau, get_restore_boundary(get_policy_checkpoints(episode), tau),
                    tuple(s for _, s in turns), tuple(s for t, s in turns if t < tau), tuple(sorted(values)),
-                   any(s.kind == "plan" and s.tool for s in episode.steps))
+                   any(s.kind == "plan" and s.tool for s in episode.steps), tuple(s for t, s in turns if t > tau),
+                   tau < len(episode.steps))
 
 
 # --- the checks -------------------------------------------------------------------
 
 def check_answers(expected: Expected, answer: dict, counterfactual: dict,
-                  reference: tuple[dict, dict] | None = None) -> list[Check]:
+                  reference: tuple[dict, dict] | None = None, names: Sequence[str] | None = None) -> list[Check]:
     """Every check of one episode (see the module docstring). ``answer`` is
     the forget request's result, ``counterfactual`` the plain run of the
     counterfactual episode, ``reference`` our runtime's turns for both plain
-    runs (when the implementation declares our engine and model)."""
+    runs (when the implementation declares our engine and model); ``names``
+    the checks a pinned suite version holds (default: all)."""
     run, forget, reset, twin = answer["run"], answer["forget"], answer["reset"], counterfactual["run"]
     before_tau = expected.prefix_steps
     checks = [
@@ -271,7 +275,8 @@ def check_answers(expected: Expected, answer: dict, counterfactual: dict,
     if reference is not None:
         checks += [Check(RUN_REFERENCE, run["turns"], reference[0]),
                    Check(TWIN_REFERENCE, twin["turns"], reference[1])]
-    return checks
+    checks += check_attended(run, forget, twin, expected.later_steps, expected.later)
+    return [c for c in checks if names is None or c.name in names]
 
 
 # --- one episode ----------------------------------------------------------------------

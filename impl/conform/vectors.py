@@ -40,6 +40,7 @@ from unsee.impl.conform.harness import (
     write_failure,
 )
 from unsee.impl.conform.report import get_case_id, write_reports
+from unsee.impl.conform.suite import get_release_checks, verify_digests
 
 VECTORS_FORMAT = "unsee.conformance.vectors"
 VECTORS_VERSION = 1
@@ -83,7 +84,6 @@ def write_vectors(directory: Path, count: int, max_steps: int = 3, seed: int | N
     from hypothesis import HealthCheck, Phase, given, settings
     from hypothesis import seed as use_seed
 
-    from unsee.impl.conform.adapters import reference
     from unsee.impl.conform.episodes import episode_jsons
 
     drawn: list[dict] = []
@@ -95,10 +95,16 @@ def write_vectors(directory: Path, count: int, max_steps: int = 3, seed: int | N
         drawn.append(raw)
 
     (use_seed(seed)(collect) if seed is not None else collect)()
+    return write_cases(directory, [parse_episode(raw) for raw in drawn])
+
+
+def write_cases(directory: Path, episodes: Sequence) -> list[Path]:
+    """Answer ``episodes`` with the reference (torch) and write them as the layout above."""
+    from unsee.impl.conform.adapters import reference
+
     directory.mkdir(parents=True, exist_ok=True)
     cases: list[Path] = []
-    for raw in drawn:
-        episode = parse_episode(raw)
+    for episode in episodes:
         folder = directory / get_case_id(episode)
         if folder in cases:
             continue
@@ -143,16 +149,19 @@ def read_manifest(directory: Path) -> dict:
     return manifest
 
 
-def _expected(raw: dict) -> Expected:
+def _expected(raw: dict, episode) -> Expected:
+    at = {s.id: t for t, s in enumerate(episode.steps, start=1)}  # the later steps: by position, after tau
     return Expected(raw["T"], raw["tau"], raw["boundary"], tuple(raw["turn_steps"]), tuple(raw["prefix_steps"]),
-                    tuple(raw["values"]), raw["calls_tools"])
+                    tuple(raw["values"]), raw["calls_tools"], tuple(s for s in raw["turn_steps"] if at[s] > raw["tau"]),
+                    raw["tau"] < raw["T"])
 
 
-def check_case(implementation: Implementation, folder: Path) -> Record:
-    """Ask both requests of one case and check the answers against its expected.json."""
+def check_case(implementation: Implementation, folder: Path, names: Sequence[str] | None = None) -> Record:
+    """Ask both requests of one case and check the answers against its
+    expected.json; ``names``: the checks of the suite version (default all)."""
     episode = load_episode(folder / "episode.json")
     raw = json.loads((folder / "expected.json").read_text(encoding="utf-8"))
-    expected, target = _expected(raw), episode.target.source
+    expected, target = _expected(raw, episode), episode.target.source
     answers: dict = {}
     try:
         answers["forget request"] = answer = read_result(
@@ -165,16 +174,20 @@ def check_case(implementation: Implementation, folder: Path) -> Record:
     reference = None
     if declared == {(REFERENCE_ENGINE, VECTORS_MODEL)}:
         reference = (raw["reference_turns"]["run"], raw["reference_turns"]["counterfactual"])
-    return Record(episode, tuple(check_answers(expected, answer, twin, reference)), answers=answers)
+    return Record(episode, tuple(check_answers(expected, answer, twin, reference, names)), answers=answers)
 
 
 def check_vectors(implementation: Implementation, directory: Path, out: Path, reports: Sequence[str] = (),
                   report_dir: Path | None = None) -> Run:
-    """Every case of the vectors; each failing one is written to ``out/<case>``."""
+    """Every case of the vectors; each failing one is written to ``out/<case>``.
+    A release's folder (its manifest names a suite version) is checked for its
+    case digests first and judged by that version's checks alone."""
     manifest = read_manifest(directory)
+    verify_digests(directory, manifest)
+    names = get_release_checks(manifest)
     outcomes, cases = [], []
     for name in manifest["cases"]:
-        record = check_case(implementation, directory / name)
+        record = check_case(implementation, directory / name, names)
         failed = tuple(c for c in record.checks if not c.ok)
         if record.error is None and not failed:
             outcomes.append(Outcome(implementation, 1, records=(record,)))
@@ -226,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 __all__ = ["README", "VECTORS_FORMAT", "VECTORS_MODEL", "VECTORS_VERSION", "check_case", "check_vectors",
-           "main", "read_manifest", "recorded", "write_vectors"]
+           "main", "read_manifest", "recorded", "write_cases", "write_vectors"]
 
 if __name__ == "__main__":
     sys.exit(main())
