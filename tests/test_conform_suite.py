@@ -227,6 +227,11 @@ def test_a_third_party_pins_a_release_with_a_baseline(tmp_path):
     done = run_adopter(tmp_path, command[1:])
     assert done.returncode == 0 and "now PASSING (remove them from the baseline): tau (first_entry)" in done.stdout
     assert run_adopter(tmp_path, [*command[1:], "--strict"]).returncode == 1
+    # bad input exits 2 naming it, in the same torch-free process (no traceback from the error path)
+    (tmp_path / "expected-failures.yml").write_text("expected_failures: [residue]\n")
+    done = run_adopter(tmp_path, command[1:])
+    assert done.returncode == 2 and "'residue' is no check of suite 1.1.0; did you mean 'residue (kept)'?" in \
+        done.stderr and "Traceback" not in done.stderr, done.stderr[-2000:]
 
 
 def test_the_docs_changelog_is_the_releases():
