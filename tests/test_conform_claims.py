@@ -30,7 +30,7 @@ EPISODE = parse_episode({
 
 def test_every_scored_framework_has_a_claim_and_a_result():
     assert {c.result for c in CLAIMS} <= set(RESULTS)
-    assert {c.framework for c in CLAIMS} == {"LangGraph", "OpenAI Agents SDK", "Google ADK", "mem0"}
+    assert {c.framework for c in CLAIMS} == {"LangGraph", "OpenAI Agents SDK", "Google ADK", "mem0", "Pydantic AI"}
     assert all(c.url.startswith("https://") and c.promise and c.promised for c in CLAIMS)
 
 
@@ -101,3 +101,26 @@ def test_agents_sdk_pop_item_does_what_its_docs_promise(tmp_path):
     assert popped == before[-1] and asyncio.run(session.get_items()) == before[:-1]
     session.close()
     assert asyncio.run(SQLiteSession("s", tmp_path / "s.sqlite").get_items()) == before[:-1]
+
+
+def test_pydantic_ai_history_filter_does_what_its_docs_promise():
+    """The promise: the filtered history is what the next request sends; the target's part is not in it."""
+    pytest.importorskip("pydantic_ai")
+    from pydantic_ai import Agent
+    from pydantic_ai.messages import ModelResponse, TextPart
+    from pydantic_ai.models.function import FunctionModel
+
+    from unsee.impl.conform.frameworks import pydantic_ai_history as pai
+
+    history = []
+    for step in EPISODE.steps:
+        history = pai.run_step(pai.make_agent(EPISODE), history, step)
+    assert "4417 Elm" in str(history)  # the premise
+    sent = []
+
+    def record(messages, info):
+        sent.append(str(messages))
+        return ModelResponse(parts=[TextPart("ok")])
+
+    Agent(FunctionModel(record)).run_sync("and now?", message_history=pai.forget_filter(history, EPISODE, "secret"))
+    assert sent and "4417 Elm" not in sent[0] and "where?" in sent[0]

@@ -67,6 +67,12 @@ CLAIMS = (
           "https://docs.mem0.ai/core-concepts/memory-operations/delete",
           "delete removes a memory by its id; the page lists privacy and complying with data deletion requests "
           "(GDPR) among its uses", (RESIDUE,), (BOUNDARY, FORGET_TWIN_TURNS, FORGET_TWIN_DIGEST)),
+    Claim("Pydantic AI", "pydantic_ai-filter_history-1.1.0.json", "message history filtered (a history processor)",
+          "https://pydantic.dev/docs/ai/core-concepts/message-history/",
+          "the message history is a list the user owns and passes to each run; a history processor modifies it "
+          "before each request, privacy (filtering out sensitive information) among the reasons the page gives",
+          (RESIDUE, REOPEN), (BOUNDARY, FORGET_TWIN_TURNS, FORGET_TWIN_DIGEST),
+          "the next request the model is sent carries no part of the target"),
 )
 
 KEPT, BROKEN, UNTESTED = "kept", "broken", "untested"
