@@ -277,7 +277,7 @@ lock:
 # The conformance scorecard (docs/conformance.md): every third-party framework's row, in a
 # venv of its own (Google ADK pins a google-genai that AgentDojo's, in the test venv, cannot share).
 # CI runs the LangGraph rows end to end through `make test` (tests/test_conform_frameworks.py).
-FRAMEWORKS   ?= langgraph,agents,adk,mem0,pydantic-ai
+FRAMEWORKS   ?= langgraph,agents,adk,mem0,pydantic-ai,llamaindex
 CONFORM_VENV ?= .venv-conform
 CONFORM_PY   := $(CONFORM_VENV)/bin/python
 $(CONFORM_VENV)/.installed: pyproject.toml $(CONFORM_CONSTRAINTS)

@@ -30,7 +30,8 @@ EPISODE = parse_episode({
 
 def test_every_scored_framework_has_a_claim_and_a_result():
     assert {c.result for c in CLAIMS} <= set(RESULTS)
-    assert {c.framework for c in CLAIMS} == {"LangGraph", "OpenAI Agents SDK", "Google ADK", "mem0", "Pydantic AI"}
+    assert {c.framework for c in CLAIMS} == {"LangGraph", "OpenAI Agents SDK", "Google ADK", "mem0", "Pydantic AI",
+                                                "LlamaIndex"}
     assert all(c.url.startswith("https://") and c.promise and c.promised for c in CLAIMS)
 
 
@@ -124,3 +125,17 @@ def test_pydantic_ai_history_filter_does_what_its_docs_promise():
 
     Agent(FunctionModel(record)).run_sync("and now?", message_history=pai.forget_filter(history, EPISODE, "secret"))
     assert sent and "4417 Elm" not in sent[0] and "where?" in sent[0]
+
+
+def test_llama_index_memory_set_does_what_its_docs_promise(tmp_path):
+    """The promise: set() replaces the history; get() gives the model what was set, nothing of the target."""
+    pytest.importorskip("llama_index.core")
+    from unsee.impl.conform.frameworks import llama_index_memory as li
+
+    memory = li.open_memory(tmp_path / "m.sqlite")
+    for step in EPISODE.steps:
+        li.run_step(memory, EPISODE, step)
+    assert "4417 Elm" in str(memory.get_all())  # the premise
+    li.forget_set(memory, EPISODE, "secret")
+    assert "4417 Elm" not in str(memory.get()) and "4417 Elm" not in str(li.open_memory(tmp_path / "m.sqlite").get_all())
+    assert [m.content for m in memory.get_all()][:1] == ["hi"]

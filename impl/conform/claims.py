@@ -73,6 +73,12 @@ CLAIMS = (
           "before each request, privacy (filtering out sensitive information) among the reasons the page gives",
           (RESIDUE, REOPEN), (BOUNDARY, FORGET_TWIN_TURNS, FORGET_TWIN_DIGEST),
           "the next request the model is sent carries no part of the target"),
+    Claim("LlamaIndex", "llama_index-memory_set-1.1.0.json", "Memory.set",
+          "https://developers.llamaindex.ai/python/framework/module_guides/deploying/agents/memory",
+          "the agent stores what it sees with put() and is given get(); short-term memory is a queue of chat "
+          "messages in an SQL database, which set() replaces and reset() clears", (REOPEN, RESIDUE),
+          (BOUNDARY, FORGET_TWIN_TURNS, FORGET_TWIN_DIGEST),
+          "after set(), get_all() is the list set, and get() (what the model is given) holds no part of the target"),
 )
 
 KEPT, BROKEN, UNTESTED = "kept", "broken", "untested"

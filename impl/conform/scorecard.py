@@ -39,6 +39,7 @@ ROWS = {
     "Google ADK rewind": "unsee.impl.conform.frameworks.google_adk:rewind",
     "mem0 delete": "unsee.impl.conform.frameworks.mem0_store:delete",
     "Pydantic AI history filter": "unsee.impl.conform.frameworks.pydantic_ai_history:filter_history",
+    "LlamaIndex Memory.set": "unsee.impl.conform.frameworks.llama_index_memory:set_history",
 }
 #: The columns: the checks each one sums up, by their constants (any failure
 #: fails it; all N/A is N/A).
