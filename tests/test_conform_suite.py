@@ -239,3 +239,23 @@ def test_the_docs_changelog_is_the_releases():
 
     region = re.search(r"<!-- generated: releases [^\n]*-->\n(.*?)<!-- end: releases -->", DOCS.read_text(), re.DOTALL)
     assert region and region.group(1) == render_changelog()
+
+
+def test_the_pytest_plugin_pins_a_release_with_a_baseline(tmp_path):
+    """``pytest --unsee-suite-version X --unsee-baseline FILE``: the same verdict as the command line."""
+    (tmp_path / "mypkg").mkdir()
+    (tmp_path / "mypkg" / "__init__.py").write_text("")
+    (tmp_path / "mypkg" / "unsee_adapter.py").write_text(get_docs_block("adopter-adapter"))
+    (tmp_path / "expected-failures.yml").write_text(get_docs_block("adopter-baseline"))
+
+    def pytest_run(*options: str) -> subprocess.CompletedProcess:
+        env = {"PYTHONPATH": f"{tmp_path}:" + ":".join(p for p in sys.path if p), "PATH": "/usr/bin:/bin"}
+        return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--unsee-entry",
+                               "mypkg.unsee_adapter:answer", "--unsee-suite-version", "1.1.0", *options],
+                              cwd=tmp_path, env=env, check=False, capture_output=True, text=True, timeout=300)
+
+    done = pytest_run("--unsee-baseline", "expected-failures.yml")
+    assert done.returncode == 0 and "1 passed" in done.stdout, done.stdout[-3000:]
+    # (without the baseline the same failures fail it, as the command line's run above shows)
+    done = pytest_run("--unsee-baseline", "no-such.yml")
+    assert done.returncode == 4 and "--baseline no-such.yml: cannot read it" in done.stderr, done.stderr[-2000:]
