@@ -14,4 +14,10 @@ extra (pyproject.toml).
                 service, then the later inputs again
 ``mem0_store``  mem0: ``Memory.delete`` of the target's memories (Qdrant on
                 disk, a local embedder over the tiny model's embeddings)
+``pydantic_ai_history``
+                Pydantic AI: the message history the user owns, filtered of the
+                target's prompt part (as a history processor would)
+``llama_index_memory``
+                LlamaIndex: ``Memory.set`` of the history without the target,
+                on an SQLite file
 """
