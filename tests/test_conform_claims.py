@@ -139,3 +139,23 @@ def test_llama_index_memory_set_does_what_its_docs_promise(tmp_path):
     li.forget_set(memory, EPISODE, "secret")
     assert "4417 Elm" not in str(memory.get()) and "4417 Elm" not in str(li.open_memory(tmp_path / "m.sqlite").get_all())
     assert [m.content for m in memory.get_all()][:1] == ["hi"]
+
+
+def test_agents_sdk_branch_does_what_its_docs_promise(tmp_path):
+    """The promise: a branch from a user message is an alternative path; the original stays as it was."""
+    pytest.importorskip("agents")
+    from agents import Agent
+
+    from unsee.impl.conform.frameworks import agents_sdk as sdk
+
+    agent = Agent(name="assistant", instructions=EPISODE.system, model=sdk.TinyModel(2))
+    session = sdk.open_advanced(tmp_path / "s.sqlite")
+    for step in EPISODE.steps:
+        sdk.run_step(agent, session, step)
+    before = asyncio.run(session.get_items())
+    assert sdk.forget_branch(agent, session, EPISODE, "secret") == 1
+    after = asyncio.run(session.get_items())
+    assert after[:2] == before[:2] and not sdk.holds(after, "4417 Elm")
+    asyncio.run(session.switch_to_branch("main"))
+    assert asyncio.run(session.get_items()) == before  # the original path, target included
+    session.close()

@@ -59,6 +59,12 @@ CLAIMS = (
           "pop_item removes the most recent item from the session and returns it", (REOPEN,),
           (FORGET_TWIN_TURNS, FORGET_TWIN_DIGEST, RESIDUE),
           "the item returned is the last one get_items listed, and get_items no longer lists it"),
+    Claim("OpenAI Agents SDK", "agents_sdk-branch-1.1.0.json", "AdvancedSQLiteSession.create_branch_from_turn",
+          "https://openai.github.io/openai-agents-python/sessions/advanced_sqlite_session",
+          "conversation branching: an alternative conversation path from any user message, with branches "
+          "switched and managed independently", (FORGET_TWIN_TURNS, FORGET_TWIN_DIGEST), (REOPEN, RESIDUE),
+          "the new branch holds the messages before the turn branched from and nothing of the target, and the "
+          "original branch still holds it"),
     Claim("Google ADK", "google_adk-rewind-1.1.0.json", "Runner.rewind_async",
           "https://google.github.io/adk-docs/sessions/rewind",
           "rewinding before an invocation reverts the session to its state before that request, undoing it and "

@@ -36,6 +36,7 @@ ROWS = {
     "LangGraph RemoveMessage": "unsee.impl.conform.frameworks.lang_graph:remove",
     "LangGraph time travel": "unsee.impl.conform.frameworks.lang_graph:travel",
     "OpenAI Agents SDK pop_item": "unsee.impl.conform.frameworks.agents_sdk:pop_item",
+    "OpenAI Agents SDK branch": "unsee.impl.conform.frameworks.agents_sdk:branch",
     "Google ADK rewind": "unsee.impl.conform.frameworks.google_adk:rewind",
     "mem0 delete": "unsee.impl.conform.frameworks.mem0_store:delete",
     "Pydantic AI history filter": "unsee.impl.conform.frameworks.pydantic_ai_history:filter_history",

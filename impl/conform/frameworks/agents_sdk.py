@@ -153,9 +153,73 @@ def _answer(episode_path: str, forget: str | None) -> dict:
     return out
 
 
+def forget_branch(agent: Agent, session, episode: Episode, source: str) -> int:
+    """``AdvancedSQLiteSession.create_branch_from_turn`` at the user message after the policy's
+    boundary (each step puts one user message: turn ``boundary + 1``), then the later inputs
+    again without the target on the new branch; the original branch stays (``main`` cannot be
+    deleted)."""
+    tau = get_tau(episode, source)
+    if not holds(asyncio.run(session.get_items()), get_step_text(episode.steps[tau - 1])):
+        return len(episode.steps)
+    boundary = get_policy_boundary(episode, tau)
+    branches = {b["branch_id"] for b in asyncio.run(session.list_branches())}
+    asyncio.run(session.create_branch_from_turn(boundary + 1, f"forget-{len(branches)}"))
+    for step in episode.steps[boundary:]:
+        run_step(agent, session, step, source)
+    return boundary
+
+
+def open_advanced(db: Path):
+    from agents.extensions.memory import AdvancedSQLiteSession
+
+    return AdvancedSQLiteSession(session_id="session", db_path=db, create_tables=True)
+
+
+def _branch_answer(episode_path: str, forget: str | None) -> dict:
+    episode = load_episode(episode_path)
+    agent = Agent(name="assistant", instructions=episode.system, model=TinyModel(episode.settings.max_new_tokens))
+    name = "openai-agents AdvancedSQLiteSession branch"
+    with tempfile.TemporaryDirectory(prefix="unsee-agents-") as tmp:
+        db = Path(tmp) / "session.sqlite"
+        session = open_advanced(db)
+        for step in episode.steps:
+            run_step(agent, session, step)
+        state = get_state(session, episode)
+        run = {"T": len(episode.steps), "turns": state["turns"], "digest": state["digest"], "kept": get_kept(db)}
+        if forget is None:
+            session.close()
+            return get_answer(name, run)
+        T, boundary = len(episode.steps), forget_branch(agent, session, episode, forget)
+        state = get_state(session, episode)
+        session.close()
+        out = get_answer(name, run)
+        out["forget"] = {"source": forget, "tau": get_tau(episode, forget), "boundary": boundary,
+                         "invocations": T - boundary, "digest_before": run["digest"],
+                         "digest_after": state["digest"], "turns": state["turns"], "kept": get_kept(db)}
+        session = open_advanced(db)  # reopened: whichever branch a new session object starts on
+        reopened = get_state(session, episode)
+        out["forget"]["reopened"] = {"digest": reopened["digest"], "turns": reopened["turns"]}
+        forget_branch(agent, session, episode, forget)
+        again = get_state(session, episode)
+        out["forget"]["again"] = {"digest_after": again["digest"], "turns": again["turns"]}
+        session.close()
+    reset = SQLiteSession("reset")  # the user's full reset: a new session, every input again without the target
+    for step in episode.steps:
+        run_step(agent, reset, step, forget)
+    state = get_state(reset, episode)
+    out["reset"] = {"invocations": T, "digest_before": run["digest"], "digest_after": state["digest"],
+                    "turns": state["turns"]}
+    return out
+
+
+def branch(episode: str, forget: str | None = None) -> dict:
+    """The Agents SDK's ``AdvancedSQLiteSession``, forgetting by a branch from the turn before the target."""
+    return _branch_answer(episode, forget)
+
+
 def pop_item(episode: str, forget: str | None = None) -> dict:
     """The Agents SDK, forgetting with ``SQLiteSession.pop_item`` and a re-run."""
     return _answer(episode, forget)
 
 
-__all__ = ["TinyModel", "pop_item"]
+__all__ = ["TinyModel", "branch", "forget_branch", "open_advanced", "pop_item"]
