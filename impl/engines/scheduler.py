@@ -183,6 +183,11 @@ class Scheduler:
         with self._cond:
             return len(self._waiters)
 
+    def get_queued(self) -> int:
+        """Threads waiting for the session or for a job of theirs not yet started, now."""
+        with self._cond:
+            return len(self._waiters) + len(self._jobs)
+
     def holds(self) -> bool:
         """Whether the calling thread holds the session."""
         return self._holder == threading.get_ident()
