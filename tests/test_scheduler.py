@@ -6,6 +6,7 @@ sparing each thread's lineage (no cursor shared by threads)."""
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 
@@ -53,17 +54,23 @@ class FakeRows:
 
 def make(batch_limit: int = 4, first_waits_for: int = 0) -> tuple[Scheduler, FakeRows]:
     rows = FakeRows(first_waits_for)
-    loop = Scheduler(rows.single, rows.batch if batch_limit > 1 else None, batch_limit)
+    loop = Scheduler(rows.batch if batch_limit > 1 else None, batch_limit)
     rows.scheduler = loop
     return loop, rows
 
 
-def decode(loop: Scheduler, handle: str, lin: list[int], n: int, background: bool = False) -> list[int]:
+def step(loop: Scheduler, rows: FakeRows, handle: str, lin: list[int], token: int) -> int:
+    """A decode step through the loop, as a turn submits one (batchable, the session let go of)."""
+    request = StepRequest(handle, lin, token, threading.get_ident())
+    return loop.run(rows.single, request, release=True, step=request)
+
+
+def decode(loop: Scheduler, rows: FakeRows, handle: str, lin: list[int], n: int, background: bool = False) -> list[int]:
     """A turn: ``n`` steps, each token chosen from the logits (greedy over a fake vocabulary)."""
     out, token = [], 1
     with loop.session(background):
         for _ in range(n):
-            token = loop.step(handle, lin, token) % 50
+            token = step(loop, rows, handle, lin, token) % 50
             out.append(token)
     return out
 
@@ -89,7 +96,7 @@ def run_threads(*targets) -> None:
 
 def job(thread: int, handle: str | None = None, background: bool = False) -> Job:
     if handle is None:
-        return Job(thread, background, fn=lambda: None)
+        return Job(thread, background, fn=lambda: None)  # a prefill's forward
     return Job(thread, background, step=StepRequest(handle, [], 1, thread), release=True)
 
 
@@ -122,7 +129,7 @@ def test_ready_steps_batch_one_per_lineage_up_to_the_limit_and_a_closure_runs_al
 def test_ready_decode_steps_of_three_turns_share_forwards_and_each_equals_its_serial_run():
     loop, rows = make(batch_limit=4, first_waits_for=2)
     got = {}
-    run_threads(*[lambda h=h: got.__setitem__(h, decode(loop, h, [], 6)) for h in "abc"])
+    run_threads(*[lambda h=h: got.__setitem__(h, decode(loop, rows, h, [], 6)) for h in "abc"])
     assert got == {h: serially(6) for h in "abc"}
     assert max(len(f) for f in rows.log) == 3 and loop.get_stats()["batch_sizes"].get(3, 0) >= 5
     for forward in rows.log:  # each step heard by the thread that asked for it, one step a lineage
@@ -131,10 +138,10 @@ def test_ready_decode_steps_of_three_turns_share_forwards_and_each_equals_its_se
 
 def test_without_batching_two_turns_alternate_forward_by_forward():
     loop, rows = make(batch_limit=1, first_waits_for=1)
-    run_threads(lambda: decode(loop, "a", [], 5), lambda: decode(loop, "b", [], 5))
+    run_threads(lambda: decode(loop, rows, "a", [], 5), lambda: decode(loop, rows, "b", [], 5))
     order = [f[0][0] for f in rows.log]
     assert sorted(order) == ["a"] * 5 + ["b"] * 5
-    assert all(x != y for x, y in zip(order[1:], order[2:]))  # after the first, round robin
+    assert all(x != y for x, y in itertools.pairwise(order[1:]))  # after the first, round robin
 
 
 def test_a_replay_yields_to_a_live_turn_at_its_next_forward():
@@ -146,14 +153,14 @@ def test_a_replay_yields_to_a_live_turn_at_its_next_forward():
         with loop.session(background=True):
             lin, token = [], 1
             for i in range(40):
-                token = loop.step("replay", lin, token) % 50
+                token = step(loop, rows, "replay", lin, token) % 50
                 if i == 2:
                     started.set()
             replay_out.append(len(lin))
 
     def turn():
         started.wait(10)
-        decode(loop, "turn", [], 5)
+        decode(loop, rows, "turn", [], 5)
     run_threads(replay, turn)
     handles = [[h for h, _, _ in f] for f in rows.log]
     assert all(len(f) == 1 for f in handles)  # never in one forward together
@@ -169,12 +176,12 @@ def test_an_error_in_one_request_is_its_own_and_the_loop_goes_on():
 
     def bad():
         try:
-            decode(loop, "bad", [], 3)
+            decode(loop, rows, "bad", [], 3)
         except RuntimeError as e:
             errors.append(str(e))
-    run_threads(bad, lambda: got.__setitem__("good", decode(loop, "good", [], 4)))
+    run_threads(bad, lambda: got.__setitem__("good", decode(loop, rows, "good", [], 4)))
     assert errors == ["forward failed for ['bad']"] and got == {"good": serially(4)}
-    assert decode(loop, "after", [], 2) == serially(2)
+    assert decode(loop, rows, "after", [], 2) == serially(2)
 
 
 def test_a_closure_runs_on_the_loop_for_the_thread_that_asked():
@@ -182,7 +189,7 @@ def test_a_closure_runs_on_the_loop_for_the_thread_that_asked():
     me = threading.get_ident()
     assert loop.run(lambda: (threading.get_ident() != me, get_requester() == me)) == (True, True)
     with loop.session(), loop.session():  # re-entrant
-        assert loop.holds() and loop.run(lambda: 7, release=True) == 7 and loop.holds()
+        assert loop.holds() and loop.run(max, 3, 7, release=True) == 7 and loop.holds()
     assert not loop.holds()
 
 

@@ -41,7 +41,7 @@ from unsee.impl.engines.lineage import (
     take_served_chunk,
 )
 from unsee.impl.engines.protocol import Assist
-from unsee.impl.engines.scheduler import Scheduler, get_requester
+from unsee.impl.engines.scheduler import Scheduler, StepRequest, get_requester
 from unsee.impl.engines.speculation import DraftPolicy
 from unsee.impl.engines.turn import Turn, decode_guarded, decode_reference, speculate
 from unsee.impl.util.ids import compute_lineage_handle
@@ -145,14 +145,14 @@ class TurnLineage:
         self.kv.truncate(self.handle, self.lin, n)
 
     def forward_last(self, ids: list[int]) -> torch.Tensor:
-        if len(ids) == 1:
-            return self.kv.to_torch(self.loop.step(self.handle, self.lin, ids[0]))
-        return self.kv.to_torch(self.loop.run(lambda: self.kv.forward(self.handle, self.lin, ids, False), True))
+        step = StepRequest(self.handle, self.lin, ids[0], threading.get_ident()) if len(ids) == 1 else None
+        return self.kv.to_torch(self.loop.run(self.kv.forward, self.handle, self.lin, ids, False,
+                                              release=True, step=step))
 
     def forward_all(self, ids: list[int]) -> torch.Tensor:
-        if len(ids) == 1:
-            return self.kv.to_torch(self.loop.step(self.handle, self.lin, ids[0]))[None]
-        return self.kv.to_torch(self.loop.run(lambda: self.kv.forward(self.handle, self.lin, ids, True), True))
+        if len(ids) == 1:  # a decode step (batchable), its logits as a row
+            return self.forward_last(ids)[None]
+        return self.kv.to_torch(self.loop.run(self.kv.forward, self.handle, self.lin, ids, True, release=True))
 
 
 class LineageBook:
@@ -172,7 +172,7 @@ class LineageBook:
         self.kv = kv
         #: the loop that runs every forward (``batch``: the backend's forward of several lineages'
         #: decode steps, at most ``batch_limit`` of them; impl/engines/scheduler.py)
-        self.scheduler = Scheduler(self._forward_step, batch, batch_limit)
+        self.scheduler = Scheduler(batch, batch_limit)
         # Per thread: a server interleaves requests' forwards (impl/engines/scheduler.py), and a span
         # measured in one thread (a turn, a forget) must count that thread's work and cache only.
         self._local = threading.local()
@@ -381,14 +381,6 @@ class LineageBook:
 
     # --- the steps of the verbs, each naming its lineage
 
-    def _forward(self, handle: str, lin, ids: list[int], commit: bool = False):
-        """One forward of ``ids`` on ``lin``, run by the loop; the session is let go of meanwhile
-        (the lineage is this thread's, spared by the budget: another thread's verbs may run)."""
-        return self.scheduler.run(lambda: self.kv.forward(handle, lin, ids, False, commit), release=True)
-
-    def _forward_step(self, step):
-        """A decode step alone (:class:`~unsee.impl.engines.scheduler.StepRequest`): the logits after it."""
-        return self.kv.forward(step.handle, step.lin, [step.token], False)
 
     def _prefill(self, handle: str, lin, ids: list[int], commit: bool = False) -> None:
         """One chunk ``ids`` on ``lin``: served inside :meth:`prefix_cache`
@@ -399,7 +391,9 @@ class LineageBook:
             self.counters.reused_tokens += len(ids)
         else:
             start = len(lin.tokens)
-            lin.last_logits = self._forward(handle, lin, ids, commit)
+            # the loop computes it; the session is let go of meanwhile (the lineage is this
+            # thread's, spared by the budget: another thread's verbs may run)
+            lin.last_logits = self.scheduler.run(self.kv.forward, handle, lin, ids, False, commit, release=True)
             lin.record_chunk(start)
             lin.served_last = False
             self.counters.forward_calls += 1
@@ -437,7 +431,7 @@ class LineageBook:
         if lin.tokens[start:start + len(out) - 1] != out[:-1]:
             return False
         self.kv.truncate(handle, lin, start + len(out) - 1)
-        lin.last_logits = self._forward(handle, lin, out[-1:])
+        lin.last_logits = self.scheduler.run(self.kv.forward, handle, lin, out[-1:], False, release=True)
         lin.record_chunk(start)
         lin.served_last = False
         self.counters.forward_calls += 1
@@ -479,7 +473,7 @@ class LineageBook:
         lin.decode_logits = {p: t for p, t in lin.decode_logits.items() if p <= start}
         lin.served_last = False
         self.counters.reused_tokens -= len(ids)  # it was not reused after all
-        lin.last_logits = self._forward(handle, lin, ids)
+        lin.last_logits = self.scheduler.run(self.kv.forward, handle, lin, ids, False, release=True)
         lin.chunk_ends.append(end)
         lin.changed()
         self.counters.forward_calls += 1

@@ -35,9 +35,11 @@ bits do not depend on what ran before it on the engine.
 
 from __future__ import annotations
 
+import atexit
 import collections
 import contextlib
 import threading
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -45,11 +47,24 @@ from typing import Any
 _acting = threading.local()
 #: seconds the loop waits for work before its thread ends
 IDLE_S = 0.5
+#: every scheduler whose loop may be running: their threads are ended before the interpreter's
+#: finalisation frees the models they compute on
+_LOOPS: weakref.WeakSet = weakref.WeakSet()
 
 
 def get_requester() -> int:
     """The thread a forward is computed for: inside the loop, the job's submitter; else the caller."""
     return getattr(_acting, "thread", None) or threading.get_ident()
+
+
+@dataclass(frozen=True)
+class StepRequest:
+    """A one-token forward: lineage ``handle`` (object ``lin``) extended by ``token``."""
+
+    handle: str
+    lin: Any
+    token: int
+    thread: int
 
 
 @dataclass(eq=False)
@@ -63,13 +78,14 @@ class Waiter:
 
 @dataclass(eq=False)
 class Job:
-    """Work for the loop: a closure (``fn``), or a one-token decode step (``step``: the
-    backend's payload, batched with other steps); its result or error once run."""
+    """Work for the loop: ``fn(*args)`` (a forward), which, where it is a one-token decode
+    step (``step``), the loop may instead run in a batch with other steps; its result or error."""
 
     thread: int
     background: bool
-    fn: Callable[[], Any] | None = None
-    step: Any = None
+    fn: Callable[..., Any] | None = None
+    args: tuple = ()
+    step: StepRequest | None = None
     release: bool = False  # the submitter lets go of its session while the job runs
     depth: int = 0  # the session depth it let go of (0: it held none)
     waiter: Waiter | None = None  # its place in the session's queue once run (the loop queues it)
@@ -79,7 +95,7 @@ class Job:
 
     @property
     def batchable(self) -> bool:
-        return self.fn is None
+        return self.step is not None
 
 
 @dataclass
@@ -125,24 +141,13 @@ def get_batch(jobs: Sequence[Job], limit: int) -> list[Job]:
     return batch
 
 
-@dataclass(frozen=True)
-class StepRequest:
-    """A one-token forward: lineage ``handle`` (object ``lin``) extended by ``token``."""
-
-    handle: str
-    lin: Any
-    token: int
-    thread: int
-
-
 class Scheduler:
     """The loop that owns an engine's forwards (the module docstring). ``batch``: runs a list of
-    :class:`StepRequest` as one forward and returns each one's logits (None: steps run one by
-    one through ``single``); ``batch_limit``: the most steps one forward takes."""
+    :class:`StepRequest` as one forward and returns each one's logits (None: every job runs
+    alone); ``batch_limit``: the most steps one forward takes."""
 
-    def __init__(self, single: Callable[[StepRequest], Any],
-                 batch: Callable[[list[StepRequest]], list] | None = None, batch_limit: int = 1):
-        self.single, self.batch = single, batch
+    def __init__(self, batch: Callable[[list[StepRequest]], list] | None = None, batch_limit: int = 1):
+        self.batch = batch
         self.batch_limit = batch_limit if batch is not None else 1
         self._cond = threading.Condition(threading.Lock())
         self._holder: int | None = None
@@ -152,6 +157,8 @@ class Scheduler:
         self._jobs: list[Job] = []
         self._running = False  # the loop is computing a forward: no thread may take the session now
         self._thread: threading.Thread | None = None
+        self._closing = False
+        _LOOPS.add(self)
         #: forwards run, by the steps each batched (1: a lone step or a forward of a closure)
         self.batch_sizes: collections.Counter[int] = collections.Counter()
         self.forwards = 0
@@ -194,18 +201,6 @@ class Scheduler:
 
     # --- work
 
-    def run(self, fn: Callable[[], Any], release: bool = False) -> Any:
-        """``fn()`` computed by the loop (a forward); ``release``: let go of the session while it
-        runs (a turn's forward: its lineage is its own), and take it back after."""
-        return self._submit(Job(threading.get_ident(), self._background_of_caller(), fn=fn, release=release))
-
-    def step(self, handle: str, lin: Any, token: int) -> Any:
-        """The logits after ``token`` at the end of lineage ``handle``: a decode step, batched with
-        the other threads' ready steps; the session is let go of while it waits."""
-        me = threading.get_ident()
-        return self._submit(Job(me, self._background_of_caller(), step=StepRequest(handle, lin, token, me),
-                                release=True))
-
     def get_stats(self) -> dict:
         """Forwards run, batch sizes (``{steps: forwards}``) and hand-overs, so far."""
         return {"forwards": self.forwards, "batch_sizes": dict(sorted(self.batch_sizes.items())),
@@ -216,7 +211,11 @@ class Scheduler:
     def _background_of_caller(self) -> bool:
         return self._background if self.holds() else False
 
-    def _submit(self, job: Job) -> Any:
+    def run(self, fn: Callable[..., Any], *args, release: bool = False, step: StepRequest | None = None) -> Any:
+        """``fn(*args)`` computed by the loop (a forward), for the calling thread. ``release``: let go
+        of the session while it waits (a turn's forward: its lineage is its own), taking it back
+        after; ``step``: the forward is this one-token step, which the loop may batch with others."""
+        job = Job(threading.get_ident(), self._background_of_caller(), fn, args, step, release)
         with self._cond:
             self._start()
             if job.release and self._holder == job.thread:
@@ -263,6 +262,16 @@ class Scheduler:
                 return waiter
         return self._waiters[0]
 
+    def close(self) -> None:
+        """End the loop's thread once it is idle (at exit; a later job starts another)."""
+        with self._cond:
+            self._closing, thread = True, self._thread
+            self._cond.notify_all()
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(5)
+        with self._cond:
+            self._closing = False
+
     def _start(self) -> None:
         if self._thread is None:
             self._thread = threading.Thread(target=self._loop, name="unsee-engine-loop", daemon=True)
@@ -292,7 +301,7 @@ class Scheduler:
         with self._cond:
             jobs = get_next(self._state())
             while not jobs:
-                if not self._cond.wait(IDLE_S) and not self._jobs:
+                if (not self._cond.wait(IDLE_S) and not self._jobs) or self._closing:
                     self._thread = None
                     return False
                 jobs = get_next(self._state())
@@ -314,10 +323,8 @@ class Scheduler:
         """Run ``jobs`` as one forward, each given its result or the forward's error."""
         try:
             _acting.thread = jobs[0].thread
-            if jobs[0].fn is not None:
-                jobs[0].result = jobs[0].fn()
-            elif len(jobs) == 1:
-                jobs[0].result = self.single(jobs[0].step)
+            if len(jobs) == 1:
+                jobs[0].result = jobs[0].fn(*jobs[0].args)
             else:
                 for job, out in zip(jobs, self.batch([j.step for j in jobs]), strict=True):
                     job.result = out
@@ -330,4 +337,11 @@ class Scheduler:
         self.batch_sizes[len(jobs)] += 1
 
 
-__all__ = ["IDLE_S", "Job", "LoopState", "Scheduler", "StepRequest", "Waiter", "get_batch", "get_next", "get_requester"]
+@atexit.register
+def close_loops() -> None:
+    """End every loop's thread (before the interpreter frees what they compute on)."""
+    for loop in list(_LOOPS):
+        loop.close()
+
+
+__all__ = ["IDLE_S", "Job", "LoopState", "Scheduler", "StepRequest", "Waiter", "close_loops", "get_batch", "get_next", "get_requester"]
