@@ -74,8 +74,6 @@ class LlamaRows:
         self.batch = lc.llama_batch_init(max(lm.n_ctx, self.slots), 0, 1)
         self.v_trans = not lm.flash_attn  # llama.cpp stores V transposed without flash attention
         self.held: list[tuple[str, LlamaLineage] | None] = [None] * self.slots
-        self.slot_used = [0] * self.slots  # when each slot was last made resident or used (an LRU clock)
-        self.clock = 0
         self.hooks: ForwardHookList = []
         lc.llama_memory_clear(self.mem, True)
 
@@ -224,7 +222,6 @@ class LlamaRows:
         least recently used, parked first; never one of ``keep``, the slots of a
         batch being built) if none does: ``llama_state_seq_set_data`` into an
         empty sequence puts position p in cell p, the layout a fresh run has."""
-        self.clock += 1
         slot = self.get_slot(handle)
         if slot is None:
             slot = self.pick_slot(keep)
@@ -238,14 +235,14 @@ class LlamaRows:
                 if self.lc.llama_state_seq_set_data(self.ctx, arr, len(blob), slot) != len(blob):
                     raise RuntimeError(f"llama_state_seq_set_data could not load lineage {handle!r}")
             self.held[slot] = (handle, lin)
-        self.slot_used[slot] = self.clock
         return slot
 
     def pick_slot(self, keep: Collection[int] = ()) -> int:
-        """A free slot, else the least recently used one not in ``keep``."""
+        """A free slot, else the one not in ``keep`` whose lineage the book used least recently
+        (the book's one LRU clock, ``last_used``, the one its KV budget evicts by)."""
         if None in self.held:
             return self.held.index(None)
-        return min((s for s in range(self.slots) if s not in keep), key=self.slot_used.__getitem__)
+        return min((s for s in range(self.slots) if s not in keep), key=lambda s: self.held[s][1].last_used)
 
     def clear_slot(self, slot: int) -> None:
         """Empty ``slot``: the whole memory where there is one slot (as every fact was
