@@ -11,7 +11,7 @@ what runs and runs it, as llama.cpp's server loop and vLLM v1's
   lineages, the budget, a crop, a park) on its own thread; every forward it
   needs is a :class:`Job` it hands the loop (:meth:`Scheduler.run`).
 - **Decode steps.** A turn's forwards are submitted *releasing* the session
-  (:meth:`Scheduler.step`, :meth:`Scheduler.run` with ``release``): while the
+  (:meth:`Scheduler.run` with ``release``, a one-token ``step`` batchable): while the
   loop computes it, another thread takes the session and reaches its own next
   step. So a turn is delayed by forwards of others, never by their whole turn.
 - **The decision** (:func:`get_next`, a pure function of the plain state):
