@@ -328,6 +328,11 @@ class LineageBook:
 
     # --- what the budget reads and does
 
+    def get_clock(self) -> int:
+        """The engine's LRU clock now (it moves at every use of a lineage): the one clock the KV
+        budget, llama.cpp's slots and a server's conversations are evicted by."""
+        return self._clock
+
     @property
     def resident(self) -> dict:
         """handle -> lineage object, of the resident lineages (read only)."""

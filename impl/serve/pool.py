@@ -12,7 +12,8 @@
   extends (checkpoints, the chat prefix cache); after each operation the
   pool evicts whole sessions, least recently used first and never one a
   request is using (its turn may be paused between forwards), while the
-  engine holds more than ``kv_budget`` bytes. An evicted session keeps
+  engine holds more than ``kv_budget`` bytes, by the engine's LRU clock
+  (the one its budget and llama.cpp's slots go by). An evicted session keeps
   everything in its store and is rebuilt (its digest checked) by its next
   request.
 - **Owners.** A conversation belongs to the API key that created it (its
@@ -33,7 +34,6 @@ import contextlib
 import secrets
 import shutil
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -138,13 +138,13 @@ class Pool:
         """The one way serve takes its locks: the conversation's lock (when one
         is named), then the engine's, with the session resident; on the way
         out the KV budget is enforced, never evicting ``conv``. With no
-        conversation it is the engine's lock alone (a chat completion).
+        conversation it is a session of the engine's loop alone (a chat completion).
         ``background``: work that steps aside for any response waiting (a forget's replay)."""
         with self._hold_conversation(conv), self.loop.session(background):
             if conv is not None:
                 if conv.open(self.engine):
                     self.stats["rebuilds"] += 1
-                conv.last_used = time.monotonic()
+                conv.last_used = self.engine.get_clock()  # the engine's one LRU clock
             try:
                 yield conv
             finally:
