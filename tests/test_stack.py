@@ -126,3 +126,44 @@ def test_a_forget_on_llamacpp_is_shallow(monkeypatch):
             yield
 
     check_forget_depth(engine, probe)
+
+
+#: the server's path: from the DELETE route (impl/serve/app.py) to llama.cpp's forward, in files (issue 50)
+MAX_SERVER_FILES = 12
+
+
+def get_route_frames(stack: list[traceback.FrameSummary]) -> list[traceback.FrameSummary]:
+    """The project's frames from the DELETE route's work in its worker thread (``held`` in
+    impl/serve/app.py, which ``delete_item`` hands to the thread pool) to the forward."""
+    starts = [i for i, f in enumerate(stack) if f.name == "held" and Path(f.filename).name == "app.py"]
+    return [f for f in stack[starts[0]:] if is_project(f.filename)] if starts else []
+
+
+@pytest.mark.skipif(not llamacpp.available(), reason="llama-cpp-python is not installed")
+def test_a_delete_through_the_server_reaches_the_forward_in_at_most_12_files(monkeypatch, tmp_path):
+    openai = pytest.importorskip("openai")
+    from unsee import Settings
+    from unsee.impl.serve.pool import Pool
+    from unsee.impl.serve.server import ServerThread
+
+    lc = llama_module()
+    decode, seen = lc.llama_decode, []
+
+    def recorded(*args):
+        seen.append(get_route_frames(get_path_stack()))
+        return decode(*args)
+    pool = Pool(make_engine("llamacpp-tiny"), tmp_path, defaults=Settings(max_new_tokens=4))
+    with ServerThread(pool, "tiny") as srv:
+        client = openai.OpenAI(base_url=srv.url, api_key="unused", max_retries=0)
+        conv = client.conversations.create(items=[{"type": "message", "role": "user", "content": "My code is 4417.",
+                                                   "id": "u1"}])
+        client.responses.create(model="tiny", conversation=conv.id, input="And what is the weather?")
+        with monkeypatch.context() as m:
+            m.setattr(lc, "llama_decode", recorded)
+            client.conversations.items.delete("u1", conversation_id=conv.id)
+    paths = [p for p in seen if p]
+    assert paths, "no forward ran inside the DELETE"
+    deepest = max(paths, key=lambda p: len({f.filename for f in p}))
+    files = {f.filename for f in deepest} | {str(ROOT / "impl" / "serve" / "app.py")}  # delete_item, its route
+    print(f"{len(paths)} forwards; the widest: {len(files)} files:\n{render(deepest)}")
+    assert len(files) <= MAX_SERVER_FILES, render(deepest)
