@@ -41,7 +41,7 @@ import contextlib
 import threading
 import weakref
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 _acting = threading.local()
@@ -108,7 +108,6 @@ class LoopState:
     waiters: Sequence[Waiter]
     jobs: Sequence[Job]
     batch_limit: int = 1
-    stats: dict = field(default_factory=dict)
 
 
 def get_next(state: LoopState) -> list[Job]:
