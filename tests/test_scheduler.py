@@ -21,7 +21,7 @@ class FakeRows:
 
     def __init__(self, first_waits_for: int = 0):
         self.log: list[list[tuple[str, int, int]]] = []  # forwards: [(handle, token, requester)]
-        self.first_waits_for = first_waits_for  # the first forward waits for that many threads' work
+        self.first_waits_for = first_waits_for  # the first forward waits for that many other threads' work
         self.scheduler: Scheduler | None = None
         self.lock = threading.Lock()  # a second thread in here at once is a bug the test sees
         self.fail = set()
@@ -37,7 +37,8 @@ class FakeRows:
         try:
             if not self.log and self.first_waits_for:
                 deadline = time.monotonic() + 10
-                while self.scheduler.get_queued() < self.first_waits_for and time.monotonic() < deadline:
+                while len(steps) + self.scheduler.get_queued() <= self.first_waits_for \
+                        and time.monotonic() < deadline:
                     time.sleep(0.001)
             if any(s.handle in self.fail for s in steps):
                 raise RuntimeError(f"forward failed for {sorted(s.handle for s in steps)}")
