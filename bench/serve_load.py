@@ -133,7 +133,8 @@ def run(args: argparse.Namespace) -> dict:
             "requests_per_s": len(timings) / wall, "p50_ms": 1000 * get_percentile(every, 0.5),
             "p99_ms": 1000 * get_percentile(every, 0.99), "forgets": len(by_kind.get("forget", [])),
             "latency": latency, "evictions": stats["evictions"], "rebuilds": stats["rebuilds"],
-            "handovers": stats["handovers"], "forwards": stats["forwards"], "slots": slots or 1, "decode_batches": stats["decode_batches"],
+            "handovers": stats["handovers"], "forwards": stats["forwards"],
+            "forward_s": stats["forward_s"], "slots": slots or 1, "decode_batches": stats["decode_batches"],
             "digests_differ": len(differ), "deadline_hit": any(len(logs[c]) < len(get_script(0, args.turns))
                                                                for c in convs)}
 

@@ -39,6 +39,7 @@ import atexit
 import collections
 import contextlib
 import threading
+import time
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -161,6 +162,7 @@ class Scheduler:
         #: forwards run, by the steps each batched (1: a lone step or a forward of a closure)
         self.batch_sizes: collections.Counter[int] = collections.Counter()
         self.forwards = 0
+        self.busy_s = 0.0  # seconds the loop spent computing forwards (the rest it waited for work)
         self.handovers = 0  # sessions let go while a job ran, so another thread took the engine
 
     # --- sessions
@@ -201,9 +203,10 @@ class Scheduler:
     # --- work
 
     def get_stats(self) -> dict:
-        """Forwards run, batch sizes (``{steps: forwards}``) and hand-overs, so far."""
+        """Forwards run, batch sizes (``{steps: forwards}``), seconds spent computing them and
+        hand-overs, so far."""
         return {"forwards": self.forwards, "batch_sizes": dict(sorted(self.batch_sizes.items())),
-                "handovers": self.handovers}
+                "busy_s": self.busy_s, "handovers": self.handovers}
 
     # --- inside
 
@@ -320,6 +323,7 @@ class Scheduler:
 
     def _execute(self, jobs: list[Job]) -> None:
         """Run ``jobs`` as one forward, each given its result or the forward's error."""
+        started = time.perf_counter()
         try:
             _acting.thread = jobs[0].thread
             if len(jobs) == 1:
@@ -332,6 +336,7 @@ class Scheduler:
                 job.error = e
         finally:
             _acting.thread = None
+        self.busy_s += time.perf_counter() - started
         self.forwards += 1
         self.batch_sizes[len(jobs)] += 1
 

@@ -178,12 +178,12 @@ class Pool:
                 self._waiting -= 1
 
     def get_stats(self) -> dict:
-        """Evictions, rebuilds, the engine loop's forwards, its hand-overs of the session while a
-        forward ran, and its forwards by the decode steps each batched (``{steps: forwards}``; a
-        forward of one step or of a prefill counts as 1), so far."""
+        """Evictions, rebuilds, the engine loop's forwards and the seconds it spent computing them
+        (``forward_s``), its hand-overs of the session while a forward ran, and its forwards by the
+        decode steps each batched (``{steps: forwards}``; one step or a prefill counts as 1), so far."""
         loop = self.loop.get_stats()
-        return {**self.stats, "forwards": loop["forwards"], "handovers": loop["handovers"],
-                "decode_batches": loop["batch_sizes"]}
+        return {**self.stats, "forwards": loop["forwards"], "forward_s": loop["busy_s"],
+                "handovers": loop["handovers"], "decode_batches": loop["batch_sizes"]}
 
     def get_ops_state(self) -> dict:
         """What ``/metrics`` reads at a scrape (impl/serve/metrics.py): the KV bytes held (as the last
