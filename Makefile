@@ -222,8 +222,8 @@ $(VLLM_VENV)/.installed: pyproject.toml $(VLLM_CONSTRAINTS)
 vllm: $(VLLM_VENV)/.installed
 
 # What CI runs of the vLLM engine, on its tiny model (a small budget; `make test` runs it)
-VLLM_TESTS := tests/test_vllm.py properties/prop_impl_engines.py properties/prop_engine_verbs.py \
-	properties/prop_engine_machine.py
+VLLM_TESTS := tests/test_vllm.py tests/test_serve_vllm.py properties/prop_impl_engines.py \
+	properties/prop_engine_verbs.py properties/prop_engine_machine.py
 test-vllm: $(VLLM_VENV)/.installed
 	UNSEE_ENGINE=vllm-tiny OMP_NUM_THREADS=1 $(VLLM_PY) -m pytest -q $(VLLM_TESTS)
 

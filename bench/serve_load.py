@@ -29,7 +29,6 @@ from pathlib import Path
 from unsee import Item, Settings, Step, load_engine
 from unsee.bench import options
 from unsee.impl.agent.tools.client import ClientToolRuntime
-from unsee.impl.serve.engine_lock import SLICE_S
 
 
 def get_percentile(values: list[float], q: float) -> float:
@@ -101,7 +100,7 @@ def run(args: argparse.Namespace) -> dict:
     engine = load_engine(args.model, getattr(args, "engine", None), kv_budget=args.kv_budget, slots=slots)
     settings = Settings(max_new_tokens=args.max_output_tokens)
     pool = Pool(engine, args.store or tempfile.mkdtemp(prefix="serve-load-"), kv_budget=args.kv_budget,
-                busy_wait=60, defaults=settings, slice_s=getattr(args, "slice", SLICE_S))
+                busy_wait=60, defaults=settings)
     timings, lock, logs, digests = [], threading.Lock(), {}, {}
     with ServerThread(pool, args.model) as srv:
         client = openai.OpenAI(base_url=srv.url, api_key="unused", max_retries=0, timeout=300)
@@ -134,7 +133,8 @@ def run(args: argparse.Namespace) -> dict:
             "requests_per_s": len(timings) / wall, "p50_ms": 1000 * get_percentile(every, 0.5),
             "p99_ms": 1000 * get_percentile(every, 0.99), "forgets": len(by_kind.get("forget", [])),
             "latency": latency, "evictions": stats["evictions"], "rebuilds": stats["rebuilds"],
-            "handovers": stats["handovers"], "slots": slots or 1, "decode_batches": stats["decode_batches"],
+            "handovers": stats["handovers"], "forwards": stats["forwards"],
+            "forward_s": stats["forward_s"], "slots": slots or 1, "decode_batches": stats["decode_batches"],
             "digests_differ": len(differ), "deadline_hit": any(len(logs[c]) < len(get_script(0, args.turns))
                                                                for c in convs)}
 
@@ -151,9 +151,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--deadline", type=float, default=300, metavar="SECONDS",
                         help="start no request after this many seconds (the run is bounded in count and time)")
     parser.add_argument("--store", help="the server's folder (default: a new temporary one)")
-    parser.add_argument("--slice", type=float, default=SLICE_S, metavar="SECONDS",
-                        help="how long a request holds the engine before a waiting one gets it between forwards "
-                             "(0: hand over at every forward)")
     parser.add_argument("--slots", type=int, default=None,
                         help="llama.cpp: conversations resident at once, whose decode steps share a forward "
                              "(the serial replay then runs on one slot)")

@@ -1,4 +1,4 @@
-"""An engine shared by a server's threads (issue 40; impl/serve/engine_lock.py):
+"""An engine shared by a server's threads (issues 40, 50; impl/engines/scheduler.py):
 each thread counts and hears its own forwards, its own prefix cache; a forward
 hook reads the lineage with the forward's tokens in it; and a turn's forwards
 interleaved with another lineage's give the bits of the turn run alone."""
@@ -62,14 +62,23 @@ def test_a_turn_interleaved_forward_by_forward_with_another_equals_it_alone(engi
     expected = engine.generate(alone, 6, stop_ids=())
     a = fresh(engine, "The first conversation says hello")
     b = fresh(engine, "A second one, longer, in another lineage of its own")
-    # between each of a's forwards, a forward of b's turn (what the server's lock does at slice 0)
-    engine.between_forwards = lambda: engine.prefill(b, engine.lm.encode(" and"))
-    try:
-        got = engine.generate(a, 6, stop_ids=())
-    finally:
-        engine.between_forwards = type(engine).between_forwards
-    assert got == expected and engine.digest(a) == engine.digest(alone)
-    assert len(engine.tokens(b)) > len(engine.lm.encode("A second one, longer, in another lineage of its own"))
+    b_alone = fresh(engine, "A second one, longer, in another lineage of its own")
+    b_expected = engine.generate(b_alone, 6, stop_ids=())
+    got, start = {}, threading.Barrier(2)
+
+    def turn(name, handle):
+        start.wait()
+        with engine.scheduler.session():  # the loop hands the session over at every forward
+            got[name] = engine.generate(handle, 6, stop_ids=())
+    threads = [threading.Thread(target=turn, args=(n, h)) for n, h in (("a", a), ("b", b))]
+    before = engine.scheduler.handovers
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert got == {"a": expected, "b": b_expected}
+    assert engine.digest(a) == engine.digest(alone) and engine.digest(b) == engine.digest(b_alone)
+    assert engine.scheduler.handovers - before >= 2 * 5  # each turn let go of the engine at its forwards
 
 
 def test_a_threads_prefix_cache_serves_its_own_lineages_never_another_threads(engine):

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from unsee.impl.engines.llamacpp import engine as llamacpp
-from unsee.impl.engines.llamacpp.rows import Step
+from unsee.impl.engines.scheduler import StepRequest
 
 pytestmark = pytest.mark.skipif(not llamacpp.available(), reason="llama-cpp-python is not installed")
 
@@ -102,51 +102,28 @@ def test_a_batch_of_next_tokens_equals_each_step_alone(engine_factory):
         one.prefill(a, [tok])
         alone.append((one.logits(a).numpy(), one.digest(a)))
         pairs.append(b)
-    rows = many.kv
-    for b, tok in zip(pairs, nexts):
-        lin = many.get_lineage(b)
-        rows.pending.append(Step(rows.make_resident(b, lin), lin, tok))
-    steps = list(rows.pending)
-    rows.flush()
-    assert rows.batch_sizes == {3: 1} and not rows.pending
-    for step, b, (logits, digest) in zip(steps, pairs, alone):
-        assert np.array_equal(step.logits, logits)
+    out = many.kv.forward_steps([StepRequest(b, many.get_lineage(b), tok, 0) for b, tok in zip(pairs, nexts)])
+    for got, b, (logits, digest) in zip(out, pairs, alone):
+        assert np.array_equal(got, logits)
         assert many.digest(b) == digest
 
 
-def test_a_slot_with_a_pending_step_is_never_reused(engine_factory):
-    """Every slot waiting on a step and another lineage to load: the batch runs first, and
-    each step's lineage keeps its token (it is parked with it)."""
+def test_a_batch_never_parks_one_of_its_own_lineages(engine_factory):
+    """Two slots, three lineages, a batch of the two not resident together: loading the
+    second parks the least recently used slot that is not the first's, and each lineage
+    gets its token (equal histories, equal digests)."""
     engine = make(engine_factory, 2)
-    rows = engine.kv
     handles = [engine.new_lineage() for _ in range(3)]
     for h in handles:
-        engine.prefill(h, [10, 11, 12])
-    for h in handles[:2]:
-        lin = engine.get_lineage(h)
-        rows.pending.append(Step(rows.make_resident(h, lin), lin, 13))
-    steps = list(rows.pending)
-    engine.prefill(handles[2], [14])  # no free slot: the two steps run, then one slot is parked
-    assert rows.batch_sizes == {2: 1} and all(s.logits is not None for s in steps) and not rows.pending
-    assert [engine.tokens(h) for h in handles] == [[10, 11, 12, 13]] * 2 + [[10, 11, 12, 14]]
-    assert engine.digest(handles[0]) == engine.digest(handles[1])
+        engine.prefill(h, [10, 11, 12])  # handles[0] is parked by handles[2]'s prefill
+    steps = [StepRequest(h, engine.get_lineage(h), 13, 0) for h in (handles[2], handles[0])]
+    engine.kv.forward_steps(steps)
+    assert [engine.tokens(h) for h in handles] == [[10, 11, 12, 13], [10, 11, 12], [10, 11, 12, 13]]
+    assert engine.digest(handles[0]) == engine.digest(handles[2])
+    with pytest.raises(ValueError, match="distinct lineages"):
+        engine.kv.forward_steps(steps[:1] * 2)
 
 
 def test_a_sliding_window_model_keeps_one_slot(engine_factory):
     engine = engine_factory("llamacpp-tiny-gemma2", n_ctx=256, slots=4)
     assert engine.lm.n_swa and engine.kv.slots == 1 and not engine.kv.can_batch
-
-
-def test_a_flush_leaves_the_skipped_threads_steps_pending(engine_factory):
-    engine = make(engine_factory, 2)
-    rows = engine.kv
-    a, b = engine.new_lineage(), engine.new_lineage()
-    for h in (a, b):
-        engine.prefill(h, [20, 21])
-    steps = [Step(rows.make_resident(h, engine.get_lineage(h)), engine.get_lineage(h), 22, thread=t)
-             for h, t in ((a, 1), (b, 2))]
-    rows.pending.extend(steps)
-    rows.flush(skip={2})
-    assert steps[0].logits is not None and rows.pending == [steps[1]] and engine.tokens(b) == [20, 21]
-    rows.flush()
-    assert steps[1].logits is not None and engine.tokens(b) == [20, 21, 22] and rows.batch_sizes == {1: 2}

@@ -205,11 +205,11 @@ def test_eight_concurrent_conversations_on_llamacpp_each_equal_their_serial_repl
         pytest.skip("llama-cpp-python is not installed")
     out = serve_load.run(serve_load.argparse.Namespace(
         model="tiny", engine="llamacpp", conversations=8, turns=3, workers=8, max_output_tokens=6,
-        kv_budget=65536, deadline=120, store=None, slice=0.0, slots=slots))
+        kv_budget=65536, deadline=120, store=None, slots=slots))
     assert out["engine"] == "llamacpp" and out["requests"] == 8 * 4 and not out["deadline_hit"]
     assert out["forgets"] == 8 and out["evictions"] > 0
-    # slice 0: a waiting request gets the engine at every forward, so the turns and the
-    # replays were interleaved forward by forward (each hand-over parks one lineage's rows)
+    # the loop lets another request's work run while a forward is computed, so the turns
+    # and the replays were interleaved forward by forward (each hand-over parks one lineage's rows)
     assert out["handovers"] > 0
     # several slots: decode steps of several conversations in one forward, none with one
     assert (max(out["decode_batches"], default=0) > 1) == (slots > 1)
@@ -490,16 +490,17 @@ def test_the_default_kv_budget_is_half_of_what_the_loaded_model_leaves():
         assert 0 < get_default_kv_budget() < physical // 2
 
 
-def test_llamacpp_prefills_on_every_core_and_holds_eight_slots_unless_the_environment_says_otherwise():
-    from unsee.impl.serve.threads import compute_slot_environment, compute_thread_environment, get_cores
+def test_serve_passes_its_llamacpp_flags_to_the_engine_and_holds_eight_slots_unless_told_otherwise():
+    from unsee.impl.serve.threads import get_cores, get_llamacpp_options
 
-    assert compute_thread_environment("llamacpp", {}, 16) == {"UNSEE_LLAMA_BATCH_THREADS": "16"}
-    assert compute_thread_environment("llamacpp", {"UNSEE_LLAMA_BATCH_THREADS": "3"}, 16) == {}
-    assert compute_thread_environment("llamacpp", {"UNSEE_LLAMA_THREADS": "2"}, 16) == {}  # the loader's rule
-    assert compute_thread_environment("transformers", {}, 16) == {}
-    assert compute_slot_environment("llamacpp", {}) == {"UNSEE_LLAMA_SLOTS": "8"}
-    assert compute_slot_environment("llamacpp", {"UNSEE_LLAMA_SLOTS": "1"}) == {}
-    assert compute_slot_environment("transformers", {}) == {}
+    assert get_llamacpp_options("llamacpp", None, None, None, {}) == {"slots": 8}  # threads: the loader's
+    assert get_llamacpp_options("llamacpp", None, None, None, {"UNSEE_LLAMA_SLOTS": "2"}) == {}
+    assert get_llamacpp_options("llamacpp", 2, 4, 3, {}) == {"threads": 2, "batch_threads": 4, "slots": 3}
+    assert get_llamacpp_options("transformers", None, None, None, {}) == {}
+    with pytest.raises(ValueError, match="--slots"):
+        get_llamacpp_options("transformers", None, None, 4, {})
+    with pytest.raises(ValueError, match="--threads 0"):
+        get_llamacpp_options("llamacpp", 0, None, None, {})
     assert get_cores() >= 1
 
 

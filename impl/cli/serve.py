@@ -32,6 +32,15 @@ def add_serve_parser(sub) -> None:
                             "Default: llama.cpp: the trained length, or less where the KV of every slot would "
                             "pass a quarter of the machine's memory (a multiple of 256); vLLM: 4096; "
                             "transformers: the model's positions")
+    serve.add_argument("--threads", type=int, default=None, metavar="N",
+                       help="llama.cpp: threads of a one-token forward (n_threads). Default: the loader's "
+                            "(docs/engines.md); $UNSEE_LLAMA_THREADS where set")
+    serve.add_argument("--batch-threads", type=int, default=None, metavar="N",
+                       help="llama.cpp: threads of a forward of several tokens (n_threads_batch). Default: "
+                            "the loader's; $UNSEE_LLAMA_BATCH_THREADS where set")
+    serve.add_argument("--slots", type=int, default=None, metavar="N",
+                       help="llama.cpp: conversations resident at once, their decode steps in one forward "
+                            "(default: 8, or $UNSEE_LLAMA_SLOTS)")
     serve.add_argument("--busy-wait", type=float, default=5.0, metavar="SECONDS",
                        help="how long a request waits for its busy conversation before 409")
 
@@ -58,14 +67,7 @@ def do_serve(args: argparse.Namespace) -> int:
     from unsee.impl.cli.run import build_engine
     from unsee.impl.serve.budget import get_default_kv_budget, get_physical_bytes
     from unsee.impl.serve.pool import Pool, get_default_settings
-    from unsee.impl.serve.threads import (
-        BATCH_THREADS_ENV,
-        SLOTS_ENV,
-        THREADS_ENV,
-        compute_slot_environment,
-        compute_thread_environment,
-        get_cores,
-    )
+    from unsee.impl.serve.threads import get_llamacpp_options
 
     try:
         from unsee.impl.serve.server import check_exposure, read_api_keys, run
@@ -75,21 +77,17 @@ def do_serve(args: argparse.Namespace) -> int:
 
     api_keys = read_api_keys(args.api_key_file)
     check_exposure(args.host, api_keys)  # before any model loads
-    threads = compute_thread_environment(args.engine, os.environ, get_cores())
-    if threads:  # llama.cpp: prefill on every core, decode on one (impl/serve/threads.py)
-        os.environ.update(threads)
-        print(f"unsee serve: llama.cpp prefills on {threads[BATCH_THREADS_ENV]} threads and decodes on 1 "
-              f"(${BATCH_THREADS_ENV} and ${THREADS_ENV} set others)", file=sys.stderr)
-    slots = compute_slot_environment(args.engine, os.environ)
-    os.environ.update(slots)
-    engine = build_engine(args, **get_context_options(args.engine, args.ctx_size, get_physical_bytes()))
+    llamacpp = get_llamacpp_options(args.engine, args.threads, args.batch_threads, args.slots, os.environ)
+    engine = build_engine(args, **get_context_options(args.engine, args.ctx_size, get_physical_bytes()), **llamacpp)
     print(f"unsee serve: the context holds {get_context_length(engine.lm)} tokens (--ctx-size sets another)",
           file=sys.stderr)
-    if getattr(engine, "kv", None) is not None and getattr(engine.kv, "slots", 1) > 1:
+    if args.engine == "llamacpp":
+        lm = engine.lm
         batched = ("decodes their next tokens in one forward" if engine.kv.can_batch
-                   else "does not batch their steps: decode runs on more than one thread")
-        print(f"unsee serve: llama.cpp holds {engine.kv.slots} conversations resident and {batched} "
-              f"(${SLOTS_ENV} sets another count)", file=sys.stderr)
+                   else "does not batch their steps")
+        print(f"unsee serve: llama.cpp decodes on {lm.threads} thread(s) and prefills on "
+              f"{lm.batch_threads or lm.threads} (--threads, --batch-threads); it holds {engine.kv.slots} "
+              f"conversations resident and {batched} (--slots)", file=sys.stderr)
     if args.kv_budget is None:  # the default: half of what the machine has left with the model loaded
         args.kv_budget = get_default_kv_budget()
         engine.budget.set(args.kv_budget)

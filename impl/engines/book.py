@@ -41,6 +41,7 @@ from unsee.impl.engines.lineage import (
     take_served_chunk,
 )
 from unsee.impl.engines.protocol import Assist
+from unsee.impl.engines.scheduler import Scheduler, StepRequest, get_requester
 from unsee.impl.engines.speculation import DraftPolicy
 from unsee.impl.engines.turn import Turn, decode_guarded, decode_reference, speculate
 from unsee.impl.util.ids import compute_lineage_handle
@@ -53,17 +54,15 @@ OnForward = Callable[[int, float], None]
 ForwardHookList = list[tuple[OnForward, "OnForward | None", int | None]]
 
 
-def report_forward(hooks: ForwardHookList, n_tokens: int, started: float, commit: bool) -> None:
-    """Tell the calling thread's hooks that a forward of ``n_tokens`` ended (a
+def report_forward(hooks: ForwardHookList, n_tokens: int, started: float, commit: bool,
+                   thread: int | None = None) -> None:
+    """Tell the hooks of the thread the forward was computed for (``thread``, else
+    :func:`~unsee.impl.engines.scheduler.get_requester`) that a forward of ``n_tokens`` ended (a
     backend calls it after its forward; ``commit``: the forward commits a decoded turn)."""
-    me = threading.get_ident()
-    for on_forward, on_commit, thread in list(hooks):
-        if thread is None or thread == me:
+    me = thread or get_requester()
+    for on_forward, on_commit, listener in list(hooks):
+        if listener is None or listener == me:
             (on_commit if commit and on_commit is not None else on_forward)(n_tokens, started)
-
-
-def no_pause() -> None:
-    """The engine's default ``between_forwards``: nothing to let run."""
 
 
 @runtime_checkable
@@ -121,14 +120,14 @@ class KVBackend(LineageStore, Protocol):
 class TurnLineage:
     """A lineage as a decoding turn sees it
     (:class:`unsee.impl.engines.turn.TurnLineage`): its tokens and last logits
-    (torch), a crop, and two forwards of its backend. After each forward it
-    calls ``pause``, the engine's ``between_forwards``: a server lets other
-    requests' forwards run there (impl/serve/engine_lock.py)."""
+    (torch), a crop, and two forwards of its backend, each a job of the engine's loop
+    (:class:`~unsee.impl.engines.scheduler.Scheduler`) that lets go of the session while it
+    runs: a one-token forward is a decode step, batched with other threads' ready steps."""
 
-    __slots__ = ("handle", "kv", "lin", "pause")
+    __slots__ = ("handle", "kv", "lin", "loop")
 
-    def __init__(self, kv: KVBackend, handle: str, lin: Any, pause: Callable[[], None] = no_pause):
-        self.kv, self.handle, self.lin, self.pause = kv, handle, lin, pause
+    def __init__(self, kv: KVBackend, handle: str, lin: Any, loop: Scheduler):
+        self.kv, self.handle, self.lin, self.loop = kv, handle, lin, loop
 
     @property
     def tokens(self) -> list[int]:
@@ -146,14 +145,14 @@ class TurnLineage:
         self.kv.truncate(self.handle, self.lin, n)
 
     def forward_last(self, ids: list[int]) -> torch.Tensor:
-        logits = self.kv.to_torch(self.kv.forward(self.handle, self.lin, ids, False))
-        self.pause()
-        return logits
+        step = StepRequest(self.handle, self.lin, ids[0], threading.get_ident()) if len(ids) == 1 else None
+        return self.kv.to_torch(self.loop.run(self.kv.forward, self.handle, self.lin, ids, False,
+                                              release=True, step=step))
 
     def forward_all(self, ids: list[int]) -> torch.Tensor:
-        logits = self.kv.to_torch(self.kv.forward(self.handle, self.lin, ids, True))
-        self.pause()
-        return logits
+        if len(ids) == 1:  # a decode step (batchable), its logits as a row
+            return self.forward_last(ids)[None]
+        return self.kv.to_torch(self.loop.run(self.kv.forward, self.handle, self.lin, ids, True, release=True))
 
 
 class LineageBook:
@@ -167,12 +166,14 @@ class LineageBook:
     draft_bound: float | None
     draft_policy: DraftPolicy | None
     max_forward: int | None = None
-    #: called between a turn's forwards (:class:`TurnLineage`); a server sets it to its lock's share
-    between_forwards: Callable[[], None] = staticmethod(no_pause)
 
-    def __init__(self, kv: LineageStore, kv_budget: int | None = None):
+    def __init__(self, kv: LineageStore, kv_budget: int | None = None,
+                 batch: Callable[[list], list] | None = None, batch_limit: int = 1):
         self.kv = kv
-        # Per thread: a server interleaves requests' forwards (impl/serve/engine_lock.py), and a span
+        #: the loop that runs every forward (``batch``: the backend's forward of several lineages'
+        #: decode steps, at most ``batch_limit`` of them; impl/engines/scheduler.py)
+        self.scheduler = Scheduler(batch, batch_limit)
+        # Per thread: a server interleaves requests' forwards (impl/engines/scheduler.py), and a span
         # measured in one thread (a turn, a forget) must count that thread's work and cache only.
         self._local = threading.local()
         self._lineages: dict = {}
@@ -280,7 +281,7 @@ class LineageBook:
         stops = set(self.lm.eos_ids if stop_ids is None else (int(s) for s in stop_ids))
         start, header_logits = len(lin.tokens), lin.last_logits
         lin.decode_logits[start] = header_logits  # what a prefix cache needs to serve this position
-        turn = Turn(TurnLineage(self.kv, lineage, lin, self.between_forwards), self.counters, start,
+        turn = Turn(TurnLineage(self.kv, lineage, lin, self.scheduler), self.counters, start,
                     self.kv.to_torch(header_logits), max_new_tokens, stops, temperature, seed, self.draft_bound,
                     max_forward=self.max_forward, policy=self.draft_policy, rule=rule or PLAIN)
         try:
@@ -326,6 +327,11 @@ class LineageBook:
             self.kv.hooks.remove(entry)
 
     # --- what the budget reads and does
+
+    def get_clock(self) -> int:
+        """The engine's LRU clock now (it moves at every use of a lineage): the one clock the KV
+        budget, llama.cpp's slots and a server's conversations are evicted by."""
+        return self._clock
 
     @property
     def resident(self) -> dict:
@@ -380,6 +386,7 @@ class LineageBook:
 
     # --- the steps of the verbs, each naming its lineage
 
+
     def _prefill(self, handle: str, lin, ids: list[int], commit: bool = False) -> None:
         """One chunk ``ids`` on ``lin``: served inside :meth:`prefix_cache`
         where a cached lineage has it, else one forward (``commit``: the one
@@ -389,7 +396,9 @@ class LineageBook:
             self.counters.reused_tokens += len(ids)
         else:
             start = len(lin.tokens)
-            lin.last_logits = self.kv.forward(handle, lin, ids, False, commit)
+            # the loop computes it; the session is let go of meanwhile (the lineage is this
+            # thread's, spared by the budget: another thread's verbs may run)
+            lin.last_logits = self.scheduler.run(self.kv.forward, handle, lin, ids, False, commit, release=True)
             lin.record_chunk(start)
             lin.served_last = False
             self.counters.forward_calls += 1
@@ -427,7 +436,7 @@ class LineageBook:
         if lin.tokens[start:start + len(out) - 1] != out[:-1]:
             return False
         self.kv.truncate(handle, lin, start + len(out) - 1)
-        lin.last_logits = self.kv.forward(handle, lin, out[-1:], False)
+        lin.last_logits = self.scheduler.run(self.kv.forward, handle, lin, out[-1:], False, release=True)
         lin.record_chunk(start)
         lin.served_last = False
         self.counters.forward_calls += 1
@@ -469,7 +478,7 @@ class LineageBook:
         lin.decode_logits = {p: t for p, t in lin.decode_logits.items() if p <= start}
         lin.served_last = False
         self.counters.reused_tokens -= len(ids)  # it was not reused after all
-        lin.last_logits = self.kv.forward(handle, lin, ids, False)
+        lin.last_logits = self.scheduler.run(self.kv.forward, handle, lin, ids, False, release=True)
         lin.chunk_ends.append(end)
         lin.changed()
         self.counters.forward_calls += 1

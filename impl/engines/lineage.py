@@ -7,6 +7,7 @@ engine's verbs. The verbs themselves are :class:`unsee.impl.engines.book.Lineage
 from __future__ import annotations
 
 import operator
+import threading
 import weakref
 from collections.abc import Container, Iterable, Sequence
 from dataclasses import dataclass, fields
@@ -162,15 +163,16 @@ class Budget:
     handles it evicted, and the eviction rule (:func:`get_evictions`) over
     the storages the engine's :class:`~unsee.impl.engines.book.LineageBook` reports.
 
-    Besides the pins it spares the lineage the last prefill, generate or
-    new_lineage named (:meth:`spare`): its caller is still working on it, and
-    the verb's own enforcement must not take it away."""
+    Besides the pins it spares, for each thread, the lineage its last prefill,
+    generate or new_lineage named (:meth:`spare`): its caller is still working
+    on it, and no verb's enforcement (its own, or another thread's while the
+    engine's loop runs its forward) must take it away."""
 
     def __init__(self, book, limit: int | None = None):
         self._book = book
         self._pins: weakref.WeakSet[LineagePin] = weakref.WeakSet()
         self._evicted: set[str] = set()
-        self._spared: str | None = None
+        self._spared: dict[int, str] = {}  # thread -> the lineage it works on (no cursor shared by threads)
         self.limit: int | None = None
         self.peak_unpinned_bytes = 0  # the most unpinned bytes held when a verb returned
         self.evictions = 0
@@ -204,19 +206,18 @@ class Budget:
         return pin
 
     def spare(self, lineage: str) -> None:
-        """Keep ``lineage`` (the one a verb works on) until another is spared or it is released."""
-        self._spared = lineage
+        """Keep ``lineage`` (the one the calling thread's verb works on) until this thread
+        spares another or it is released."""
+        self._spared[threading.get_ident()] = lineage
 
     def released(self, lineage: str) -> None:
         """Note that ``lineage`` is gone (dropped or evicted)."""
-        if self._spared == lineage:
-            self._spared = None
+        for thread in [t for t, h in self._spared.items() if h == lineage]:
+            del self._spared[thread]
 
     def live_lineages(self) -> set[str]:
-        """The pinned lineages and the spared one: never evicted."""
-        live = {p.lineage for p in list(self._pins)}
-        if self._spared is not None:
-            live.add(self._spared)
+        """The pinned lineages and every thread's spared one: never evicted."""
+        live = {p.lineage for p in list(self._pins)} | set(self._spared.values())
         return live & set(self._book.resident)
 
     def set(self, limit: int | None) -> None:

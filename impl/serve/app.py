@@ -267,7 +267,7 @@ def add_item_routes(app: FastAPI, pool: Pool, metrics: Metrics) -> None:
             public = {k: [shapes.public_item(i) for i in out[k]] for k in ("rewritten", "pending_calls", "unreplayed")}
             return {**shapes.conversation(conv.record), "deleted_item_id": item_id, "mode": "exact", **out, **public,
                     "digest": conv.digest()}
-        # background: the replay steps aside for any response waiting (impl/serve/engine_lock.py)
+        # background: the replay steps aside for any response waiting (impl/engines/scheduler.py)
         return await run_held(pool, pool.get(conv_id, get_owner(request)), work, background=True)
 
 

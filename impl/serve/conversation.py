@@ -132,7 +132,7 @@ class Conversation:
         self.record = {"owner": "", "held": [], "held_outputs": [], "held_extra": [], "retired": [], **record}
         self.lock = threading.Lock()  # one request at a time (the pool takes it)
         self.session: PersistentSession | None = None
-        self.last_used = time.monotonic()
+        self.last_used = 0  # the engine's LRU clock when a request last held it (Pool.hold)
 
     @property
     def id(self) -> str:

@@ -2,16 +2,18 @@
 
 - **Locks.** A request holds its conversation's lock for its whole run
   (requests on one conversation are serialised; one that waits longer than
-  ``busy_wait`` seconds is refused with 409 and Retry-After), and the engine
-  lock (:class:`~unsee.impl.serve.engine_lock.EngineLock`) around its model
-  work, which it shares between forwards: requests on other conversations
-  wait for a slice of it, not for a whole turn or replay. Both are taken one
-  way, :meth:`Pool.hold`, which enforces the budget as it lets go.
+  ``busy_wait`` seconds is refused with 409 and Retry-After), and a session of
+  the engine's loop (:class:`~unsee.impl.engines.scheduler.Scheduler`) around
+  its model work: the loop runs every forward, and lets another request's work
+  run while one's forward is computed, so requests on other conversations wait
+  for a forward, not for a whole turn or replay. Both are taken one way,
+  :meth:`Pool.hold`, which enforces the budget as it lets go.
 - **The KV budget.** The engine bounds the bytes of lineages no runtime
   extends (checkpoints, the chat prefix cache); after each operation the
   pool evicts whole sessions, least recently used first and never one a
   request is using (its turn may be paused between forwards), while the
-  engine holds more than ``kv_budget`` bytes. An evicted session keeps
+  engine holds more than ``kv_budget`` bytes, by the engine's LRU clock
+  (the one its budget and llama.cpp's slots go by). An evicted session keeps
   everything in its store and is rebuilt (its digest checked) by its next
   request.
 - **Owners.** A conversation belongs to the API key that created it (its
@@ -32,7 +34,6 @@ import contextlib
 import secrets
 import shutil
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -42,7 +43,6 @@ from unsee.impl.agent.tools.client import get_context_length
 from unsee.impl.agent.tools.native import get_call_format
 from unsee.impl.serve.chat import ChatCache
 from unsee.impl.serve.conversation import SIDECAR, Conversation
-from unsee.impl.serve.engine_lock import SLICE_S, EngineLock
 from unsee.impl.serve.errors import ApiError, busy, not_found
 
 DELETING = ".deleting"
@@ -62,8 +62,7 @@ class Pool:
     """The server's conversations and the engine they share."""
 
     def __init__(self, engine, root: str | Path, kv_budget: int | None = None, busy_wait: float = 5.0,
-                 system: str = "You are a helpful assistant.", defaults: Settings | None = None,
-                 slice_s: float = SLICE_S):
+                 system: str = "You are a helpful assistant.", defaults: Settings | None = None):
         self.engine = engine
         renderer = get_renderer(engine.lm)
         #: the model's call format, where its template writes calls this server parses (else tools are a 400)
@@ -75,16 +74,11 @@ class Pool:
         self.busy_wait = busy_wait
         self.system = system
         self.defaults = defaults or get_default_settings(engine)
-        self._engine_lock = EngineLock(slice_s)  # taken by hold() (and close(), at shutdown)
-        if hasattr(engine, "between_forwards"):  # an engine whose turns decode forward by forward
-            engine.between_forwards = self._engine_lock.share
-        self._rows = getattr(engine, "kv", None)
-        if getattr(self._rows, "can_batch", False):  # llama.cpp with several slots: one forward, many decode steps
-            self._rows.gather = self._engine_lock.gather
+        self.loop = engine.scheduler  # the engine's loop: hold() takes a session of it (and close(), at shutdown)
         self.index_lock = threading.Lock()
         self.stats = {"evictions": 0, "rebuilds": 0}
-        #: the KV bytes the engine held when the last hold let go (what /metrics reports: read under the
-        #: engine lock, so a scrape never walks the engine's lineages while a request changes them)
+        #: the KV bytes the engine held when the last hold let go (what /metrics reports: read in the
+        #: loop's session, so a scrape never walks the engine's lineages while a request changes them)
         self.held_bytes = 0
         self._waiting = 0  # requests waiting for a conversation another request holds (under index_lock)
         self.conversations: dict[str, Conversation] = {}
@@ -144,13 +138,13 @@ class Pool:
         """The one way serve takes its locks: the conversation's lock (when one
         is named), then the engine's, with the session resident; on the way
         out the KV budget is enforced, never evicting ``conv``. With no
-        conversation it is the engine's lock alone (a chat completion).
+        conversation it is a session of the engine's loop alone (a chat completion).
         ``background``: work that steps aside for any response waiting (a forget's replay)."""
-        with self._hold_conversation(conv), self._engine_lock.held(background):
+        with self._hold_conversation(conv), self.loop.session(background):
             if conv is not None:
                 if conv.open(self.engine):
                     self.stats["rebuilds"] += 1
-                conv.last_used = time.monotonic()
+                conv.last_used = self.engine.get_clock()  # the engine's one LRU clock
             try:
                 yield conv
             finally:
@@ -184,10 +178,12 @@ class Pool:
                 self._waiting -= 1
 
     def get_stats(self) -> dict:
-        """Evictions, rebuilds, the engine lock's hand-overs between forwards and the batched decode
-        forwards by size (``{steps: forwards}``; empty where the engine does not batch), so far."""
-        sizes = dict(sorted(getattr(self._rows, "batch_sizes", {}).items()))
-        return {**self.stats, "handovers": self._engine_lock.handovers, "decode_batches": sizes}
+        """Evictions, rebuilds, the engine loop's forwards and the seconds it spent computing them
+        (``forward_s``), its hand-overs of the session while a forward ran, and its forwards by the
+        decode steps each batched (``{steps: forwards}``; one step or a prefill counts as 1), so far."""
+        loop = self.loop.get_stats()
+        return {**self.stats, "forwards": loop["forwards"], "forward_s": loop["busy_s"],
+                "handovers": loop["handovers"], "decode_batches": loop["batch_sizes"]}
 
     def get_ops_state(self) -> dict:
         """What ``/metrics`` reads at a scrape (impl/serve/metrics.py): the KV bytes held (as the last
@@ -198,7 +194,7 @@ class Pool:
             waiting = self._waiting
         return {"held_bytes": self.held_bytes, "conversations": len(conversations),
                 "resident": sum(c.session is not None for c in conversations),
-                "waiting_engine": self._engine_lock.get_waiting(), "waiting_conversation": waiting,
+                "waiting_engine": self.loop.get_waiting(), "waiting_conversation": waiting,
                 "evictions": self.stats["evictions"], "rebuilds": self.stats["rebuilds"]}
 
     # --- the budget ------------------------------------------------------------
@@ -208,7 +204,7 @@ class Pool:
 
     def _enforce_budget(self, keep: Conversation | None = None) -> None:
         """Evict resident sessions, least recently used first, until the engine
-        holds at most the budget (under the engine lock: :meth:`hold` calls it).
+        holds at most the budget (in the loop's session: :meth:`hold` calls it).
         A conversation whose lock a request holds is not evicted: its turn may
         be paused between forwards, its runtime in use."""
         if self.kv_budget is None:
@@ -251,6 +247,6 @@ class Pool:
             self.responses[response_id] = conv.id
 
     def close(self) -> None:
-        with self._engine_lock.held():
+        with self.loop.session():
             for conv in list(self.conversations.values()):
                 conv.evict()

@@ -92,7 +92,8 @@ class LlamaCppEngine(LineageBook):
 
     def __init__(self, lm: LlamaCppModel, kv_budget: int | None = None):
         self.lm = lm
-        super().__init__(LlamaRows(lm))
+        rows = LlamaRows(lm)
+        super().__init__(rows, batch=rows.forward_steps if rows.can_batch else None, batch_limit=rows.batch_limit)
         #: 0.0 where this file's decode == prefill bitwise for forwards of up to
         #: lm.max_forward tokens (measured: facts.py), else None (drafts off);
         #: decode_is_prefill stays False: longer forwards take other kernels

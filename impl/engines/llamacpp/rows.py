@@ -4,18 +4,15 @@ from and the prefill chunks that built it (:class:`LlamaLineage`);
 :class:`LlamaRows` is what the lineage book (:mod:`unsee.impl.engines.book`)
 asks of them: one context holds the resident lineages, one per slot (one slot
 unless the model says more), the others are parked on the host as rows (the
-engine's module docstring has the mapping); with several slots a server decodes
-their next tokens in one forward (:class:`Step`, :meth:`LlamaRows.flush`)."""
+engine's module docstring has the mapping); with several slots the engine's loop
+decodes their next tokens in one forward (:meth:`LlamaRows.forward_steps`)."""
 
 from __future__ import annotations
 
-import collections
 import ctypes
 import hashlib
-import threading
 import time
-from collections.abc import Callable, Collection
-from dataclasses import dataclass, field
+from collections.abc import Collection, Sequence
 
 import numpy as np
 import torch
@@ -25,6 +22,7 @@ from unsee.impl.engines.lineage import ChunkedLineage
 from unsee.impl.engines.llamacpp.facts import forward, forward_steps
 from unsee.impl.engines.llamacpp.model import LlamaCppModel, llama_module
 from unsee.impl.engines.llamacpp.state import KVState, SeqKV
+from unsee.impl.engines.scheduler import StepRequest
 
 
 class LlamaLineage(ChunkedLineage):
@@ -46,29 +44,6 @@ class LlamaLineage(ChunkedLineage):
         return out
 
 
-@dataclass(eq=False)
-class Step:
-    """A one-token decode forward waiting for a batch (:meth:`LlamaRows.flush`): the
-    slot it decodes on, its lineage and the token; its logits, or the error, once run."""
-
-    slot: int
-    lin: LlamaLineage  # extended by the batch itself: a slot may be parked before the step's thread resumes
-    token: int
-    logits: np.ndarray | None = None
-    error: BaseException | None = None
-    thread: int = field(default_factory=threading.get_ident)  # whose step it is (a flush may leave some out)
-
-    @property
-    def done(self) -> bool:
-        return self.logits is not None or self.error is not None
-
-
-#: ``gather(done, flush)``: a server's rendezvous for a pending step (impl/serve/engine_lock.py):
-#: it returns once ``done()``, having run ``flush(skip)`` (the batch, less the steps of the
-#: threads in ``skip``) itself or let another thread run it
-Gather = Callable[[Callable[[], bool], Callable[[Collection[int]], None]], None]
-
-
 class LlamaRows:
     """One llama.cpp context as the book's :class:`~unsee.impl.engines.book.KVBackend`.
 
@@ -82,11 +57,10 @@ class LlamaRows:
     was measured. With more, each sequence has a stream of its own (``kv_unified``
     off), so its first cell is its position 0 as in a context of its own
     (docs/bench.md, "many sequences in one forward": unified cells move a prefill),
-    and a server can decode several lineages' next tokens in one forward: a
-    one-token forward then becomes a :class:`Step` that ``gather`` (set by the
-    server) batches with other threads' (:meth:`flush`). One thread's batch of next
-    tokens in split cells gives each sequence the bits of its own step
-    (docs/bench.md; tests/test_llamacpp_slots.py checks the verbs)."""
+    and the engine's loop decodes several lineages' next tokens in one forward
+    (:meth:`forward_steps`). A batch of next tokens in split cells gives each
+    sequence the bits of its own step (docs/bench.md; tests/test_llamacpp_slots.py
+    checks the verbs). It computes when asked, and holds no thread."""
 
     def __init__(self, lm: LlamaCppModel):
         lc = llama_module()
@@ -100,13 +74,7 @@ class LlamaRows:
         self.batch = lc.llama_batch_init(max(lm.n_ctx, self.slots), 0, 1)
         self.v_trans = not lm.flash_attn  # llama.cpp stores V transposed without flash attention
         self.held: list[tuple[str, LlamaLineage] | None] = [None] * self.slots
-        self.slot_used = [0] * self.slots  # when each slot was last made resident or used (an LRU clock)
-        self.clock = 0
         self.hooks: ForwardHookList = []
-        #: steps waiting for the next batch; ``gather`` None: a one-token forward runs alone
-        self.pending: list[Step] = []
-        self.gather: Gather | None = None
-        self.batch_sizes: collections.Counter[int] = collections.Counter()  # steps per batched forward
         lc.llama_memory_clear(self.mem, True)
 
     def __del__(self):
@@ -118,11 +86,16 @@ class LlamaRows:
 
     @property
     def can_batch(self) -> bool:
-        """Whether one-token forwards may share a forward (:meth:`flush`): several slots,
+        """Whether one-token forwards may share a forward (:meth:`forward_steps`): several slots,
         and decode on one thread. A batch is a forward of several rows, which llama.cpp
         computes on ``batch_threads``; that equals one-thread steps (docs/bench.md), while
         a step alone on more threads splits its keys among them and would not."""
         return self.slots > 1 and self.lm.threads == 1
+
+    @property
+    def batch_limit(self) -> int:
+        """The most decode steps one forward takes (:meth:`forward_steps`): the slots where it batches."""
+        return self.slots if self.can_batch else 1
 
     # --- the book's backend
 
@@ -145,76 +118,47 @@ class LlamaRows:
         return lin.storages()
 
     def free(self, handle: str) -> None:
-        """Empty the slot that holds ``handle``, if one does (running the pending batch
-        first if a step of it waits there)."""
+        """Empty the slot that holds ``handle``, if one does."""
         slot = self.get_slot(handle)
-        if slot is None:
-            return
-        if any(step.slot == slot for step in self.pending):
-            self.flush()
-        self.clear_slot(slot)
+        if slot is not None:
+            self.clear_slot(slot)
 
     def forward(self, handle: str, lin: LlamaLineage, ids: list[int], all_logits: bool,
                 commit: bool = False) -> np.ndarray:
         """One llama_decode of ``ids`` after ``lin``'s tokens, appending them:
-        the logits after the last token, or after each (n, vocab). A one-token
-        forward under a server's ``gather`` is a :class:`Step` of a batch."""
+        the logits after the last token, or after each (n, vocab)."""
         slot = self.make_resident(handle, lin)
         start = len(lin.tokens)
         if start + len(ids) > self.lm.n_ctx:
             raise ValueError(f"{start} + {len(ids)} tokens exceed n_ctx={self.lm.n_ctx}")
         started = time.perf_counter()
-        if len(ids) == 1 and self.gather is not None:
-            logits = self.step(slot, lin, ids[0])
-            logits = logits[None] if all_logits else logits
-        else:
-            logits = forward(self.lc, self.ctx, self.batch, ids, start, all_logits, self.lm.vocab_size, seq=slot)
-            lin.tokens.extend(ids)
-            lin.kv = None
+        logits = forward(self.lc, self.ctx, self.batch, ids, start, all_logits, self.lm.vocab_size, seq=slot)
+        lin.tokens.extend(ids)
+        lin.kv = None
         # after the tokens are the lineage's: a streaming listener reads them from it
         report_forward(self.hooks, len(ids), started, commit)
         return logits
 
-    def step(self, slot: int, lin: LlamaLineage, token: int) -> np.ndarray:
-        """The logits after ``token`` at the end of ``lin`` (resident in ``slot``), decoded in
-        a batch with whatever other threads' steps ``gather`` collects."""
-        step = Step(slot, lin, token)
-        self.pending.append(step)
-        try:
-            self.gather(lambda: step.done, self.flush)
-        finally:
-            if step in self.pending:  # interrupted before its batch ran
-                self.pending.remove(step)
-        if step.error is not None:
-            raise step.error
-        return step.logits
-
-    def flush(self, skip: Collection[int] = ()) -> None:
-        """Run the pending steps as one forward (one step: the plain forward), each
-        lineage extended by its token and given its logits, or every step the error.
-        The steps of the threads in ``skip`` stay pending (a response's batch leaves a
-        forget's replay out, so that the replay never slows it)."""
-        steps = [s for s in self.pending if s.thread not in skip]
-        self.pending = [s for s in self.pending if s.thread in skip]
-        if not steps:
-            return
-        try:
-            if len(steps) == 1:
-                s = steps[0]
-                out = [forward(self.lc, self.ctx, self.batch, [s.token], len(s.lin.tokens), False,
-                               self.lm.vocab_size, seq=s.slot)]
-            else:
-                out = forward_steps(self.lc, self.ctx, self.batch, [(s.slot, len(s.lin.tokens), s.token) for s in steps],
-                                    self.lm.vocab_size)
-        except BaseException as e:  # noqa: BLE001 (each step's own thread raises it)
-            for s in steps:
-                s.error = e
-            return
-        self.batch_sizes[len(steps)] += 1
-        for s, logits in zip(steps, out):
+    def forward_steps(self, steps: Sequence[StepRequest]) -> list[np.ndarray]:
+        """Several lineages' next tokens (at most :attr:`batch_limit`, one each) in one forward,
+        each in its own slot: each lineage extended by its token; the logits after each. Each
+        step is reported to its own thread's hooks."""
+        if len(steps) > self.batch_limit or len({s.handle for s in steps}) < len(steps):
+            raise ValueError(f"forward_steps: {len(steps)} steps; expected distinct lineages, "
+                             f"at most {self.batch_limit}")
+        slots: list[int] = []
+        for s in steps:
+            slots.append(self.make_resident(s.handle, s.lin, keep=slots))
+            if len(s.lin.tokens) + 1 > self.lm.n_ctx:
+                raise ValueError(f"{len(s.lin.tokens)} + 1 tokens exceed n_ctx={self.lm.n_ctx}")
+        started = time.perf_counter()
+        out = forward_steps(self.lc, self.ctx, self.batch,
+                            [(slot, len(s.lin.tokens), s.token) for slot, s in zip(slots, steps)], self.lm.vocab_size)
+        for s in steps:
             s.lin.tokens.append(s.token)
             s.lin.kv = None
-            s.logits = logits
+            report_forward(self.hooks, 1, started, False, thread=s.thread)
+        return out
 
     def truncate(self, handle: str, lin: LlamaLineage, n: int) -> None:
         """Keep the first ``n`` tokens: ``llama_memory_seq_rm`` on the lineage's
@@ -273,15 +217,14 @@ class LlamaRows:
                 raise RuntimeError(f"lineage {handle!r} has neither rows nor residency")  # a bug, never input
         return lin.kv
 
-    def make_resident(self, handle: str, lin: LlamaLineage) -> int:
+    def make_resident(self, handle: str, lin: LlamaLineage, keep: Collection[int] = ()) -> int:
         """The slot holding ``lin``, loading it first into an emptied slot (the
-        least recently used, parked first; never one a pending step decodes on)
-        if none does: ``llama_state_seq_set_data`` into an empty sequence puts
-        position p in cell p, the layout a fresh run has."""
-        self.clock += 1
+        least recently used, parked first; never one of ``keep``, the slots of a
+        batch being built) if none does: ``llama_state_seq_set_data`` into an
+        empty sequence puts position p in cell p, the layout a fresh run has."""
         slot = self.get_slot(handle)
         if slot is None:
-            slot = self.pick_slot()
+            slot = self.pick_slot(keep)
             if self.held[slot] is not None:
                 self.park(*self.held[slot])
             self.clear_slot(slot)
@@ -292,19 +235,14 @@ class LlamaRows:
                 if self.lc.llama_state_seq_set_data(self.ctx, arr, len(blob), slot) != len(blob):
                     raise RuntimeError(f"llama_state_seq_set_data could not load lineage {handle!r}")
             self.held[slot] = (handle, lin)
-        self.slot_used[slot] = self.clock
         return slot
 
-    def pick_slot(self) -> int:
-        """A free slot, else the least recently used one no pending step decodes on
-        (running the pending batch first when every slot has one)."""
+    def pick_slot(self, keep: Collection[int] = ()) -> int:
+        """A free slot, else the one not in ``keep`` whose lineage the book used least recently
+        (the book's one LRU clock, ``last_used``, the one its KV budget evicts by)."""
         if None in self.held:
             return self.held.index(None)
-        busy = {step.slot for step in self.pending}
-        if len(busy) == self.slots:
-            self.flush()
-            busy = set()
-        return min((s for s in range(self.slots) if s not in busy), key=self.slot_used.__getitem__)
+        return min((s for s in range(self.slots) if s not in keep), key=lambda s: self.held[s][1].last_used)
 
     def clear_slot(self, slot: int) -> None:
         """Empty ``slot``: the whole memory where there is one slot (as every fact was
@@ -357,4 +295,4 @@ class LlamaRows:
         return SeqKV.concat(parts)
 
 
-__all__ = ["Gather", "LlamaLineage", "LlamaRows", "Step"]
+__all__ = ["LlamaLineage", "LlamaRows"]
