@@ -36,6 +36,8 @@ ROOT = Path(unsee.__file__).resolve().parents[1]
 PACKAGE_DIRS = tuple(ROOT / d for d in ("unsee", "spec", "impl", "properties", "proofs", "bench"))
 EPISODE = ROOT / "examples" / "secret_in_tool_result.json"
 MAX_FRAMES = 12
+#: issue 39's bar, not met since issue 50's loop (see below): held by an xfail that fails when it is met again
+ISSUE_39_FRAMES = 10
 MAX_FILES = 12
 #: Measured when the bar was met (issue 39): forget -> run -> step -> _answer
 #: on the agent side, then generate, the turn procedure, its decode loop, the
@@ -43,7 +45,8 @@ MAX_FILES = 12
 #: verified while decoding after a draft), 9 on llama.cpp, across 5 and 4 files.
 #: Issue 50's loop adds two frames, the submission (Scheduler.run) and the loop's run of the
 #: job (Scheduler._execute): 12 frames on transformers, 11 on llama.cpp, across 6 and 5 files
-#: (the 10-frame bar of issue 39 is no longer met, by those two frames; the files bar is).
+#: (the 10-frame bar of issue 39 is no longer met, by those two frames; the files bar is). MAX_FRAMES
+#: holds today's depth against further growth; :func:`test_issue_39_frame_bar` reports the old bar as unmet.
 
 
 def get_path_stack() -> list[traceback.FrameSummary]:
@@ -95,9 +98,8 @@ def check_forget_depth(engine, install_probe) -> tuple[int, int]:
     return len(deepest), len(files)
 
 
-def test_a_forget_on_transformers_is_shallow():
-    engine = make_engine("tiny")
-
+def get_transformers_probe(engine):
+    """A probe that records inside the tiny transformers model's forward."""
     @contextlib.contextmanager
     def probe(record):
         handle = engine.lm.model.register_forward_pre_hook(lambda module, args: record())
@@ -106,7 +108,19 @@ def test_a_forget_on_transformers_is_shallow():
         finally:
             handle.remove()
 
-    check_forget_depth(engine, probe)
+    return probe
+
+
+def test_a_forget_on_transformers_is_shallow():
+    engine = make_engine("tiny")
+    check_forget_depth(engine, get_transformers_probe(engine))
+
+
+@pytest.mark.xfail(strict=True, reason="issue 50's loop adds two frames: 12 on transformers against issue 39's 10")
+def test_issue_39_frame_bar():
+    engine = make_engine("tiny")
+    frames, _ = check_forget_depth(engine, get_transformers_probe(engine))
+    assert frames <= ISSUE_39_FRAMES
 
 
 @pytest.mark.skipif(not llamacpp.available(), reason="llama-cpp-python is not installed")
