@@ -298,7 +298,8 @@ class AgentRuntime:
         canonically. Source ids propagate: the turn inherits every source resident in context."""
         header = tuple(self.engine.lm.encode(self.renderer.render_header(header_suffix)))
         start = len(self.engine.tokens(self.lineage))
-        self.engine.prefill(self.lineage, list(header))
+        if header:  # Mistral's templates have none: [/INST] closes the user turn
+            self.engine.prefill(self.lineage, list(header))
         draft = self._drafts.get(block_id) if self._drafts is not None else None
         if draft is not None and draft.trusted:
             self._drafts = self._drafts.with_turn(TurnCost.from_trusted(block_id, draft))

@@ -118,6 +118,7 @@ def compile_template(template: str, special_tokens: Mapping[str, str]) -> Render
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
     env.filters["tojson"] = lambda value, **kw: json.dumps(value, ensure_ascii=False, **kw)
     env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = strftime_now
     try:
         compiled = env.from_string(template)
     except jinja2.TemplateError as exc:
@@ -134,6 +135,16 @@ def compile_template(template: str, special_tokens: Mapping[str, str]) -> Render
         except Exception as exc:  # noqa: BLE001 (a template's own error on a conversation it does not accept)
             raise TemplateError(f"the chat template failed on the probe conversation: {exc}") from None
     return render
+
+
+def strftime_now(format: str) -> str:
+    """The current local time in ``format``, as transformers and llama.cpp's renderers define it for
+    templates that date their system prompt (Llama 3.2, Mistral-Small 3.x). A conversation's system
+    block is rendered when it starts; a step rendered on another day re-renders the context under
+    the new block (as a changed system prompt does), and a twin started that day renders the same."""
+    import datetime
+
+    return datetime.datetime.now().strftime(format)
 
 
 def is_system_first(render: Render) -> bool:
@@ -374,4 +385,4 @@ __all__ = ["PROBE_ARGUMENTS", "PROBE_ASSISTANTS", "PROBE_MEMORY", "PROBE_SYSTEM"
            "PROBE_TOOL_RESULT", "PROBE_USERS", "TOOL_CALL_MAPPED", "TOOL_CALL_NATIVE", "TOOL_DEFINITIONS_NATIVE", "TOOL_DEFINITIONS_NONE", "TOOL_ROLE_MAPPED",
            "TOOL_ROLE_NATIVE", "Render", "Segment", "Segments", "TemplateError", "build_segments", "check_append_only",
            "compile_template", "get_call_arguments", "get_probe", "get_renderings", "get_tool_segments", "has_tool_definitions",
-           "is_system_first", "render_first_with_tools"]
+           "is_system_first", "render_first_with_tools", "strftime_now"]

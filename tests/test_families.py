@@ -1,0 +1,155 @@
+"""Each model family's call format (issue 51): the family is read from its real chat template
+(tests/data/templates, from llama.cpp's test templates), a turn's calls written in the family's
+format parse back, ``required``'s grammar lets exactly the family's call through, and through the
+server a tiny model under that template calls a tool (forced by the grammar), takes the result,
+and a DELETE of an earlier message equals its twin."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from unsee import Settings
+from unsee.impl.agent.render import get_renderer
+from unsee.impl.agent.tools.families import BY_NAME, get_family, get_tool_format
+from unsee.impl.agent.tools.grammars import get_constraints
+from unsee.impl.agent.tools.native import FunctionCall, parse_turn
+from unsee.impl.engines.registry import make_engine
+
+pytest.importorskip("llguidance")
+
+TEMPLATES = Path(__file__).with_name("data") / "templates"
+#: family -> (template file, the tiny tokenizer's three special tokens: BOS, EOS, one more)
+CASES = {
+    "hermes": ("Qwen-Qwen2.5-7B-Instruct", ("<|endoftext|>", "<|im_end|>", "<|im_start|>")),
+    "llama3_json": ("meta-llama-Llama-3.2-3B-Instruct", ("<|begin_of_text|>", "<|eot_id|>", "<|start_header_id|>")),
+    "mistral": ("unsloth-mistral-Devstral-Small-2507", ("<s>", "</s>", "[TOOL_CALLS]")),
+    "mistral_list": ("mistralai-Mistral-Nemo-Instruct-2407", ("<s>", "</s>", "[TOOL_CALLS]")),
+    "granite": ("ibm-granite-granite-3.3-2B-Instruct", ("<|end_of_text|>", "<|end_of_text|>", "<|tool_call|>")),
+    "qwen3_coder": ("Qwen3-Coder", ("<|endoftext|>", "<|im_end|>", "<|im_start|>")),
+    "generic": ("google-gemma-2-2b-it", ("<bos>", "<end_of_turn>", "<start_of_turn>")),
+}
+#: what each template file's text is detected as
+DETECTED = {"HuggingFaceTB-SmolLM3-3B": "generic", "Mistral-Small-3.2-24B-Instruct-2506": "mistral",
+            "NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use": "hermes",
+            "NousResearch-Hermes-3-Llama-3.1-8B-tool_use": "hermes", "Qwen-QwQ-32B": "hermes",
+            "Qwen-Qwen2.5-7B-Instruct": "hermes", "Qwen-Qwen3-0.6B": "hermes", "Qwen3-Coder": "qwen3_coder",
+            "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B": "generic", "google-gemma-2-2b-it": "generic",
+            "ibm-granite-granite-3.3-2B-Instruct": "granite", "meta-llama-Llama-3.1-8B-Instruct": "llama3_json",
+            "meta-llama-Llama-3.2-3B-Instruct": "llama3_json", "microsoft-Phi-3.5-mini-instruct": "generic",
+            "mistralai-Mistral-Nemo-Instruct-2407": "mistral_list",
+            "unsloth-mistral-Devstral-Small-2507": "mistral"}
+WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}, "unit": {"enum": ["c", "f"]}},
+    "required": ["city", "unit"], "additionalProperties": False}}}
+TIME = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}}
+CALLS = (FunctionCall("get_weather", '{"city": "Oslo", "unit": "c"}'), FunctionCall("get_time", "{}"))
+NAMES = {"get_weather", "get_time"}
+
+
+def load_render_helpers():
+    spec = importlib.util.spec_from_file_location("test_render_helpers", Path(__file__).with_name("test_render.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def family_model(lm, family: str):
+    """The tiny model under the family's real template (its byte tokenizer: three specials)."""
+    name, (bos, eos, other) = CASES[family]
+    specials = tuple(dict.fromkeys((bos, eos, other)))
+    specials += tuple(f"<|unused{i}|>" for i in range(3 - len(specials)))
+    return load_render_helpers().with_template(lm, (TEMPLATES / f"{name}.jinja").read_text(), specials, bos, eos)
+
+
+@pytest.mark.parametrize("name", sorted(DETECTED))
+def test_each_real_template_is_read_as_its_family(name):
+    assert get_family((TEMPLATES / f"{name}.jinja").read_text()).name == DETECTED[name]
+
+
+@pytest.mark.parametrize("family", sorted(BY_NAME))
+def test_a_turn_s_calls_in_the_family_s_format_parse_back(family):
+    fmt = BY_NAME[family].call
+    for calls in (CALLS[:1], CALLS):
+        assert parse_turn(fmt, fmt.render_calls(calls), NAMES) == ("", calls, True), fmt.render_calls(calls)
+        text = fmt.render_turn("Let me look.", calls)
+        # a bare object or list is a call only where it opens the turn (vLLM's llama3_json and pythonic parsers)
+        expected = ("Let me look.", calls, True) if fmt.marker and fmt.shape != "pythonic" and fmt.opening.startswith(fmt.marker) \
+            else (text, (), True)
+        assert parse_turn(fmt, text, NAMES) == expected, text
+    assert parse_turn(fmt, fmt.render_calls(CALLS[:1]), {"get_time"})[1] == ()  # an unknown tool is no call
+
+
+@pytest.mark.parametrize("family", sorted(CASES))
+def test_required_lets_the_family_s_call_through_and_nothing_else(lm, family):
+    model = family_model(lm, family)
+    renderer = get_renderer(model)
+    fmt = get_tool_format(renderer, model.chat_template)
+    assert fmt.family == family
+    (grammar,) = get_constraints(model, fmt, [WEATHER, TIME], "required", None, True, None)
+    written = fmt.render_calls(CALLS[:1])[len(fmt.opening):]
+    ids = model.encode(written)
+    for k in range(len(ids)):
+        allowed = grammar.get_allowed(ids[:k])
+        assert allowed is None or bool(allowed[ids[k]]), (family, model.decode(ids[:k]))
+    assert bool(grammar.get_allowed(ids)[model.eos_ids[0]])
+    bad = model.encode("get_weather" + fmt.between + '{"city": 7')
+    assert any(not bool(grammar.get_allowed(bad[:k])[bad[k]]) for k in range(len(bad)))
+
+
+def user(item_id: str, text: str) -> dict:
+    return {"type": "message", "role": "user", "content": text, "id": item_id}
+
+
+@pytest.mark.parametrize("family", sorted(CASES))
+def test_through_the_server_a_forced_call_parses_and_a_forget_equals_its_twin(lm, family, tmp_path):
+    """The round trip of issue 51's CI: the template renders the tools, the model writes its call
+    (held to the family's grammar), the API returns a function_call, the client's output is
+    rendered back, and a DELETE of an earlier message equals the twin that never had it."""
+    pytest.importorskip("fastapi")
+    openai = pytest.importorskip("openai")
+    from unsee.impl.serve.pool import Pool
+    from unsee.impl.serve.server import ServerThread
+
+    model = family_model(lm, family)
+    tool = {"type": "function", "name": "get_weather", "strict": True, "parameters": {
+        "type": "object", "properties": {"unit": {"enum": ["c", "f"]}}, "required": ["unit"],
+        "additionalProperties": False}}
+
+    def run(client, conv_id: str, first: list[dict]) -> list:
+        replies = [client.responses.create(model="tiny", conversation=conv_id, input=first, max_output_tokens=8)]
+        replies.append(client.responses.create(model="tiny", conversation=conv_id, input="Weather in Oslo?",
+                                               tools=[tool], tool_choice="required", parallel_tool_calls=False,
+                                               max_output_tokens=120))
+        calls = [o for o in replies[-1].output if o.type == "function_call"]
+        outputs = [{"type": "function_call_output", "call_id": c.call_id, "output": "Sunny."} for c in calls]
+        replies.append(client.responses.create(model="tiny", conversation=conv_id, input=outputs, tools=[tool],
+                                               tool_choice="none", max_output_tokens=8))
+        return replies
+
+    with ServerThread(Pool(make_engine(model), tmp_path, defaults=Settings(max_new_tokens=8)), "tiny") as srv:
+        client = openai.OpenAI(base_url=srv.url, api_key="unused", max_retries=0)
+        conv = client.conversations.create()
+        replies = run(client, conv.id, [user("s1", "My locker code is 5-1-9."), user("q1", "Hello.")])
+        calls = [o for o in replies[1].output if o.type == "function_call"]
+        assert len(calls) == 1 and calls[0].name == "get_weather", replies[1].output
+        assert json.loads(calls[0].arguments)["unit"] in ("c", "f")
+        gone = client.conversations.items.delete("s1", conversation_id=conv.id).model_extra
+        assert "s1" in gone["removed"] and gone["status"] != "pending", gone
+        twin = client.conversations.create()
+        run(client, twin.id, [user("q1", "Hello.")])
+        digests = [client.conversations.retrieve(c).model_extra["unsee"]["digest"] for c in (conv.id, twin.id)]
+        assert digests[0] == digests[1]
+
+
+def test_a_tool_format_named_by_the_server_overrides_the_template_s(lm):
+    model = family_model(lm, "generic")
+    renderer = get_renderer(model)
+    assert get_tool_format(renderer, model.chat_template, "pythonic").family == "pythonic"
+    with pytest.raises(ValueError, match="--tool-format 'nope'"):
+        get_tool_format(renderer, model.chat_template, "nope")
+    assert dataclasses.is_dataclass(model)
