@@ -23,8 +23,11 @@ from unsee.impl.engines.registry import make_engine
 pytest.importorskip("llguidance")
 
 TEMPLATES = Path(__file__).with_name("data") / "templates"
-#: family -> (template file, the tiny tokenizer's three special tokens: BOS, EOS, one more)
+#: case -> (template file, the tiny tokenizer's three special tokens: BOS, EOS, one more); a case is
+#: its family's name (the reasoning ones: the family, then the model)
 CASES = {
+    "hermes/qwen3": ("Qwen-Qwen3-0.6B", ("<|endoftext|>", "<|im_end|>", "<|im_start|>")),
+    "generic/phi3.5": ("microsoft-Phi-3.5-mini-instruct", ("<|endoftext|>", "<|end|>", "<|assistant|>")),
     "hermes": ("Qwen-Qwen2.5-7B-Instruct", ("<|endoftext|>", "<|im_end|>", "<|im_start|>")),
     "llama3_json": ("meta-llama-Llama-3.2-3B-Instruct", ("<|begin_of_text|>", "<|eot_id|>", "<|start_header_id|>")),
     "mistral": ("unsloth-mistral-Devstral-Small-2507", ("<s>", "</s>", "[TOOL_CALLS]")),
@@ -58,9 +61,9 @@ def load_render_helpers():
     return module
 
 
-def family_model(lm, family: str):
-    """The tiny model under the family's real template (its byte tokenizer: three specials)."""
-    name, (bos, eos, other) = CASES[family]
+def family_model(lm, case: str):
+    """The tiny model under the case's real template (its byte tokenizer: three specials)."""
+    name, (bos, eos, other) = CASES[case]
     specials = tuple(dict.fromkeys((bos, eos, other)))
     specials += tuple(f"<|unused{i}|>" for i in range(3 - len(specials)))
     return load_render_helpers().with_template(lm, (TEMPLATES / f"{name}.jinja").read_text(), specials, bos, eos)
@@ -84,12 +87,13 @@ def test_a_turn_s_calls_in_the_family_s_format_parse_back(family):
     assert parse_turn(fmt, fmt.render_calls(CALLS[:1]), {"get_time"})[1] == ()  # an unknown tool is no call
 
 
-@pytest.mark.parametrize("family", sorted(CASES))
-def test_required_lets_the_family_s_call_through_and_nothing_else(lm, family):
-    model = family_model(lm, family)
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_required_lets_the_family_s_call_through_and_nothing_else(lm, case):
+    model = family_model(lm, case)
     renderer = get_renderer(model)
     fmt = get_tool_format(renderer, model.chat_template)
-    assert fmt.family == family
+    assert fmt.family == case.split("/")[0]
+    family = case
     (grammar,) = get_constraints(model, fmt, [WEATHER, TIME], "required", None, True, None)
     written = fmt.render_calls(CALLS[:1])[len(fmt.opening):]
     ids = model.encode(written)
@@ -105,8 +109,8 @@ def user(item_id: str, text: str) -> dict:
     return {"type": "message", "role": "user", "content": text, "id": item_id}
 
 
-@pytest.mark.parametrize("family", sorted(CASES))
-def test_through_the_server_a_forced_call_parses_and_a_forget_equals_its_twin(lm, family, tmp_path):
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_through_the_server_a_forced_call_parses_and_a_forget_equals_its_twin(lm, case, tmp_path):
     """The round trip of issue 51's CI: the template renders the tools, the model writes its call
     (held to the family's grammar), the API returns a function_call, the client's output is
     rendered back, and a DELETE of an earlier message equals the twin that never had it."""
@@ -115,7 +119,7 @@ def test_through_the_server_a_forced_call_parses_and_a_forget_equals_its_twin(lm
     from unsee.impl.serve.pool import Pool
     from unsee.impl.serve.server import ServerThread
 
-    model = family_model(lm, family)
+    model = family_model(lm, case)
     tool = {"type": "function", "name": "get_weather", "strict": True, "parameters": {
         "type": "object", "properties": {"unit": {"enum": ["c", "f"]}}, "required": ["unit"],
         "additionalProperties": False}}
@@ -153,3 +157,44 @@ def test_a_tool_format_named_by_the_server_overrides_the_template_s(lm):
     with pytest.raises(ValueError, match="--tool-format 'nope'"):
         get_tool_format(renderer, model.chat_template, "nope")
     assert dataclasses.is_dataclass(model)
+
+
+@pytest.mark.parametrize("name", ["Qwen-Qwen3-0.6B", "Qwen-QwQ-32B", "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B",
+                                  "microsoft-Phi-3.5-mini-instruct", "NousResearch-Hermes-3-Llama-3.1-8B-tool_use",
+                                  "Mistral-Small-3.2-24B-Instruct-2506"])
+def test_templates_that_rewrite_history_or_need_helpers_are_served(lm, name):
+    """Issue 51's refusals: reasoning templates (earlier turns rewritten) are served with the model's
+    turns kept as it wrote them; Hermes' tool_use template and Mistral-Small's strftime_now render."""
+    from unsee.impl.agent.templates import HISTORY_KEPT, HISTORY_TEMPLATE
+
+    model = load_render_helpers().with_template(lm, (TEMPLATES / f"{name}.jinja").read_text(),
+                                                ("<|endoftext|>", "<|end|>", "<|assistant|>"), "<|endoftext|>",
+                                                "<|end|>")
+    roles = dict(get_renderer(model).segments.roles)
+    rewrites = name.split("-")[0] in ("Qwen", "deepseek", "microsoft")
+    assert roles["earlier model turns"] == (HISTORY_KEPT if rewrites else HISTORY_TEMPLATE)
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("<think>\nWeigh it.\n</think>\n\nIt is 4.", ("Weigh it.", "It is 4.")),
+    ("Weigh it.</think>It is 4.", ("Weigh it.", "It is 4.")),  # the generation prompt opened the block
+    ("It is 4.", ("", "It is 4.")),
+    ("I write <think> tags.</think> here", ("", "I write <think> tags.</think> here")),
+])
+def test_a_turn_s_reasoning_is_split_from_its_answer(text, expected):
+    from unsee.impl.agent.tools.native import split_reasoning
+
+    assert split_reasoning(text) == expected
+
+
+def test_a_reasoning_block_opens_the_answer_s_items_and_the_chat_message():
+    from unsee.impl.serve import shapes
+    from unsee.impl.serve.turns import add_reasoning
+
+    class Runtime:
+        def get_reasoning(self, step_id):
+            return "Weigh it."
+
+    items = add_reasoning(Runtime(), "turn_1", [shapes.output_message("msg_abc", "It is 4.", True)])
+    assert [i["type"] for i in items] == ["reasoning", "message"] and items[0]["id"] == "rs_abc"
+    assert shapes.chat_message("It is 4.", [], "Weigh it.")["reasoning_content"] == "Weigh it."

@@ -58,7 +58,7 @@ from unsee.impl.agent.runtime import AgentRuntime
 from unsee.impl.agent.tools.config import Config, Sampling, get_context_length
 from unsee.impl.agent.tools.families import describe_tools, get_tool_format
 from unsee.impl.agent.tools.grammars import get_constraints
-from unsee.impl.agent.tools.native import OPENINGS, CallFormat, FunctionCall, parse_turn
+from unsee.impl.agent.tools.native import OPENINGS, CallFormat, FunctionCall, parse_turn, split_reasoning
 from unsee.impl.agent.tools.observed import Role, get_call, get_runs, get_tool_label, has_roles
 from unsee.impl.engines.decoding import PLAIN, Rule
 from unsee.impl.engines.protocol import Engine, ForwardHooks
@@ -407,10 +407,15 @@ class ClientToolRuntime(AgentRuntime):
         config = self.get_config(step_id)
         block = self.graph[compute_block_id(step_id, ANSWER)]
         opening = self.get_opening(config)
-        said = cut_at_stop(block.text, config.sampling.stop)  # the stop text is not returned
+        said = split_reasoning(cut_at_stop(block.text, config.sampling.stop))[1]  # the stop text is not returned
         text, calls, ok = parse_turn(self.call_format, opening + said if opening else said, config.get_names(),
                                      self.get_openings(config))
         return text, calls if config.parallel else calls[:1], ok
+
+    def get_reasoning(self, step_id: str) -> str:
+        """The reasoning the model's answer to ``step_id`` opened with (its ``<think>`` block), or ""."""
+        block = self.graph[compute_block_id(step_id, ANSWER)]
+        return split_reasoning(cut_at_stop(block.text, self.get_config(step_id).sampling.stop))[0]
 
     def is_finished(self, step_id: str) -> bool:
         """Whether the answer to ``step_id`` ended on its own (an end of turn, or a stop text of

@@ -135,6 +135,20 @@ _BARE = re.compile(r"\s*\{")
 _FUNCTION = re.compile(r"<function=([A-Za-z0-9_.:-]{1,64})>")
 
 
+THINK, END_THINK = "<think>", "</think>"
+
+
+def split_reasoning(text: str) -> tuple[str, str]:
+    """``(reasoning, rest)`` of a model's turn: the ``<think>`` block a reasoning model opens its turn
+    with (its opening may be the generation prompt's, so a turn may hold only the closing), and what
+    follows it; ``("", text)`` where the turn has none. A ``<think>`` later in the turn is text."""
+    stripped = text.lstrip()
+    if END_THINK not in text or (THINK in text and not stripped.startswith(THINK)):
+        return "", text
+    reasoning, rest = stripped.split(END_THINK, 1)
+    return reasoning.removeprefix(THINK).strip(), rest.lstrip()
+
+
 def get_marker_at(fmt: CallFormat, text: str) -> int:
     """Where the template's own marker first opens a call in ``text`` (-1: nowhere). A format whose
     marker is no text of its own (Llama 3's bare object, the pythonic list's bracket) opens only at
@@ -296,5 +310,5 @@ def split_stream_text(fmt: CallFormat | None, text: str,
     return text.rstrip().rstrip("\ufffd").rstrip(), False
 
 
-__all__ = ["OPENINGS", "CallFormat", "FunctionCall", "canonical_json", "get_call_format", "get_openings_at",
-           "parse_turn", "read_call", "read_envelope", "read_opening", "split_stream_text"]
+__all__ = ["END_THINK", "OPENINGS", "THINK", "CallFormat", "FunctionCall", "canonical_json", "get_call_format", "get_openings_at",
+           "parse_turn", "read_call", "read_envelope", "read_opening", "split_reasoning", "split_stream_text"]
