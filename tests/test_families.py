@@ -6,7 +6,6 @@ and a DELETE of an earlier message equals its twin."""
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
 import json
 from pathlib import Path
@@ -156,7 +155,6 @@ def test_a_tool_format_named_by_the_server_overrides_the_template_s(lm):
     assert get_tool_format(renderer, model.chat_template, "pythonic").family == "pythonic"
     with pytest.raises(ValueError, match="--tool-format 'nope'"):
         get_tool_format(renderer, model.chat_template, "nope")
-    assert dataclasses.is_dataclass(model)
 
 
 @pytest.mark.parametrize("name", ["Qwen-Qwen3-0.6B", "Qwen-QwQ-32B", "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B",
@@ -198,3 +196,19 @@ def test_a_reasoning_block_opens_the_answer_s_items_and_the_chat_message():
     items = add_reasoning(Runtime(), "turn_1", [shapes.output_message("msg_abc", "It is 4.", True)])
     assert [i["type"] for i in items] == ["reasoning", "message"] and items[0]["id"] == "rs_abc"
     assert shapes.chat_message("It is 4.", [], "Weigh it.")["reasoning_content"] == "Weigh it."
+
+
+def test_serve_s_flags_name_the_table_s_formats_and_set_the_model_s_template(lm, tmp_path):
+    from unsee.impl.cli.serve import TOOL_FORMATS, apply_model_overrides
+
+    assert set(TOOL_FORMATS) == set(BY_NAME)
+    model = family_model(lm, "generic")
+    path = tmp_path / "t.jinja"
+    path.write_text((TEMPLATES / "Qwen-Qwen2.5-7B-Instruct.jinja").read_text())
+    apply_model_overrides(model, str(path), "hermes")
+    assert model.chat_template == path.read_text() and model.tool_format == "hermes"
+    assert get_tool_format(get_renderer(model), model.chat_template, model.tool_format).family == "hermes"
+    with pytest.raises(ValueError, match="--tool-format 'xml'"):
+        apply_model_overrides(model, None, "xml")
+    with pytest.raises(ValueError, match="--chat-template .*missing.jinja"):
+        apply_model_overrides(model, str(tmp_path / "missing.jinja"), None)

@@ -50,6 +50,8 @@ class TurnStream:
         self.stops: tuple[str, ...] = ()  # the turn's stop texts: neither they nor a start of one is sent
         self.openings: tuple[str, ...] = ()  # where a call may open in the turn (native.OPENINGS)
         self.sent = ""
+        #: whether the turn's generation prompt opens a reasoning block (the DeepSeek-R1 distills')
+        self.thinking = False
         #: what the start report carries, made from what the work knows then (a response's stub)
         self.describe: Callable[[Any], Any] = lambda info: info
 
@@ -71,7 +73,7 @@ class TurnStream:
         if self.forced:
             return
         text = self.lm.decode([i for i in ids if i not in self.eos])
-        if text.lstrip().startswith(THINK) and END_THINK not in text:
+        if (self.thinking or text.lstrip().startswith(THINK)) and END_THINK not in text:
             return  # a reasoning block: sent as its own item at the turn's end, never as text
         text = split_reasoning(text)[1]
         visible, _ = split_stream_text(self.call_format, get_sendable(text, self.stops), self.openings)

@@ -28,6 +28,7 @@ from unsee.impl.agent.tools.client import (
     get_step_id,
     prepare_step,
 )
+from unsee.impl.agent.tools.native import THINK
 from unsee.impl.agent.tools.observed import Role, compute_roles
 from unsee.impl.serve import shapes
 from unsee.impl.serve.conversation import (
@@ -153,6 +154,7 @@ def run_step(conv: Conversation, engine, step: Step, config: Config, bound: dict
     if listener is not None:
         listener.prepare(runtime.get_opening(config), runtime.get_openings(config))
         listener.stops = config.sampling.stop
+        listener.thinking = runtime.renderer.render_header().rstrip().endswith(THINK)
         runtime.listener = listener
     runtime.logprobs = logprobs
     try:
