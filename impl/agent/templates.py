@@ -40,7 +40,6 @@ PROBE_ASSISTANTS = ("<think>Probe reasoning one.</think>Probe answer one.",
                     "<think>Probe reasoning two.</think>Probe answer two.")
 #: the probe's model turns without reasoning, for a template that rewrites earlier turns (impl/agent/history.py)
 PROBE_ANSWERS = tuple(a.split("</think>")[1] for a in PROBE_ASSISTANTS)
-HISTORY_TEMPLATE = "as the template renders them (it rewrites none)"
 HISTORY_KEPT = ("kept as the model wrote them, reasoning included: the template would rewrite them "
                 "(docs/templates.md, 'Templates that rewrite history')")
 PROBE_MEMORY = "Probe memory block."
@@ -256,7 +255,7 @@ def build_segments(render: Render, encode: Callable[[str], list[int]], eos_ids: 
              ("tool result", TOOL_ROLE_NATIVE if tool_result is not None else TOOL_ROLE_MAPPED),
              ("tool definitions", TOOL_DEFINITIONS_NATIVE if definitions else TOOL_DEFINITIONS_NONE),
              ("consecutive turns of one role", "one segment each, never merged"),
-             ("earlier model turns", HISTORY_KEPT if kept else HISTORY_TEMPLATE))
+             *((("earlier model turns", HISTORY_KEPT),) if kept else ()))
     return Segments(first, user, system, header, closing, after_eos, roles, tool_call, tool_result, definitions,
                     arguments)
 
@@ -403,7 +402,7 @@ def _msg(role: str, content: str) -> dict[str, str]:
     return {"role": role, "content": content}
 
 
-__all__ = ["HISTORY_KEPT", "HISTORY_TEMPLATE", "PROBE_ANSWERS", "PROBE_ARGUMENTS", "PROBE_ASSISTANTS", "PROBE_MEMORY", "PROBE_SYSTEM", "PROBE_TOOL_DEFINITION", "PROBE_TOOL_NAME",
+__all__ = ["HISTORY_KEPT", "PROBE_ANSWERS", "PROBE_ARGUMENTS", "PROBE_ASSISTANTS", "PROBE_MEMORY", "PROBE_SYSTEM", "PROBE_TOOL_DEFINITION", "PROBE_TOOL_NAME",
            "PROBE_TOOL_RESULT", "PROBE_USERS", "TOOL_CALL_MAPPED", "TOOL_CALL_NATIVE", "TOOL_DEFINITIONS_NATIVE", "TOOL_DEFINITIONS_NONE", "TOOL_ROLE_MAPPED",
            "TOOL_ROLE_NATIVE", "Render", "Segment", "Segments", "TemplateError", "build_segments", "check_append_only",
            "compile_template", "get_call_arguments", "get_probe", "get_renderings", "get_tool_segments", "has_tool_definitions",
