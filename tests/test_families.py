@@ -212,3 +212,18 @@ def test_serve_s_flags_name_the_table_s_formats_and_set_the_model_s_template(lm,
         apply_model_overrides(model, None, "xml")
     with pytest.raises(ValueError, match="--chat-template .*missing.jinja"):
         apply_model_overrides(model, str(tmp_path / "missing.jinja"), None)
+
+
+def test_a_stream_holds_a_reasoning_block_back_and_sends_the_answer_after_it(lm):
+    from unsee.impl.serve.stream import TurnStream
+
+    sent = []
+    stream = TurnStream(lm, BY_NAME["generic"].call, sent.append)
+    for text in ("<think>Weigh", "<think>Weigh it.</think>", "<think>Weigh it.</think>It is 4."):
+        stream.tokens(lm.encode(text))
+    assert sent == [("delta", "It is 4.")]
+    sent.clear()
+    stream.sent, stream.thinking = "", True  # the generation prompt opened the block (R1 distills)
+    for text in ("Weigh", "Weigh it.</think>It is"):
+        stream.tokens(lm.encode(text))
+    assert sent == [("delta", "It is")]
