@@ -21,7 +21,7 @@ from transformers import PreTrainedTokenizerFast
 from unsee.impl.agent.episode import EpisodeError, Settings, episode_to_json, parse_episode
 from unsee.impl.agent.render import CHATML, TemplateError, get_renderer, render
 from unsee.impl.agent.runtime import AgentRuntime, run_episode
-from unsee.impl.agent.templates import TOOL_ROLE_MAPPED, TOOL_ROLE_NATIVE
+from unsee.impl.agent.templates import HISTORY_KEPT, TOOL_ROLE_MAPPED, TOOL_ROLE_NATIVE
 from unsee.impl.engines.files import ByteTokenizer
 from unsee.impl.engines.registry import make_engine
 from unsee.properties.differential import compare_forget_with_reset
@@ -53,7 +53,8 @@ CHATML_TEMPLATE = (
 #: Not append-only: an earlier assistant turn's text is dropped once a later turn follows.
 DROPS_EARLIER_TURNS = CHATML_TEMPLATE.replace(
     "m['content'] + '<|im_end|>", "(m['content'] if m['role'] != 'assistant' or loop.last else '') + '<|im_end|>")
-#: Not append-only: earlier reasoning blocks are dropped (as some reasoning models' templates do).
+#: Not append-only: earlier reasoning blocks are dropped (as some reasoning models' templates do); served
+#: with the model's turns kept as written (impl/agent/history.py).
 DROPS_EARLIER_REASONING = CHATML_TEMPLATE.replace(
     "m['content'] + '<|im_end|>",
     "(m['content'] if m['role'] != 'assistant' or loop.last else m['content'].split('</think>')[-1]) + '<|im_end|>")
@@ -157,8 +158,18 @@ def test_closing_after_a_model_turn_depends_on_how_it_ended(gemma):
     assert CHATML.get_turn_closing([5, 258]) == ""
 
 
-@pytest.mark.parametrize("template,rewritten", [(DROPS_EARLIER_TURNS, "turn 3 (assistant)"),
-                                                (DROPS_EARLIER_REASONING, "turn 3 (assistant)")])
+def test_a_template_that_drops_earlier_reasoning_is_served_keeping_the_model_s_turns(lm):
+    """Issue 51: a reasoning template is served, each model turn kept as the model wrote it (its
+    reasoning included) where the template would drop it; a forget equals its reset."""
+    model = with_template(lm, DROPS_EARLIER_REASONING, ByteTokenizer.SPECIALS, "<|im_start|>", "<|im_end|>")
+    renderer = get_renderer(model)
+    assert dict(renderer.segments.roles)["earlier model turns"] == HISTORY_KEPT
+    assert renderer.segments.header == "<|im_start|>assistant\n" and renderer.segments.closing == "<|im_end|>\n"
+    report = compare_forget_with_reset(make_engine(model), episode())  # raises on any disagreement
+    assert report.extra.rendering["roles"]["earlier model turns"] == HISTORY_KEPT
+
+
+@pytest.mark.parametrize("template,rewritten", [(DROPS_EARLIER_TURNS, "turn 3 (assistant)")])
 def test_non_append_only_template_is_refused_before_any_work(lm, template, rewritten):
     model = with_template(lm, template, ByteTokenizer.SPECIALS, "<|im_start|>", "<|im_end|>")
     model = dataclasses.replace(model, name="tiny-rewriting")

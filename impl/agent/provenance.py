@@ -58,7 +58,8 @@ class RuntimeBlock:
             return [list(self.tokens)] if self.tokens else []
         out, start = [], 0
         for n in self.chunks:
-            out.append(list(self.tokens[start:start + n]))
+            if n:  # an empty header (Mistral's templates) was no prefill
+                out.append(list(self.tokens[start:start + n]))
             start += n
         return out
 

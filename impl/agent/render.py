@@ -257,7 +257,9 @@ def compute_renderer(lm: ModelInfo, text: str, template: str | None) -> Renderer
     own = render_fn if segments.tool_definitions else None  # kept only where it renders tool definitions
     if template is None and is_chatml(segments):
         if segments.tool_result is None and not segments.tool_definitions:
-            return attrs.evolve(CHATML, source="the tokenizer's template, recognised as ChatML")
+            kept = tuple(r for r in segments.roles if r[0] == "earlier model turns")  # a rewriting template's note
+            return attrs.evolve(CHATML, source="the tokenizer's template, recognised as ChatML",
+                                segments=attrs.evolve(CHATML_SEGMENTS, roles=_CHATML_ROLES + kept))
         # ChatML's tokens, with the template's own tool format
         return attrs.evolve(CHATML, source="the tokenizer's template, recognised as ChatML with its own tool format",
                             template=own, segments=attrs.evolve(

@@ -294,11 +294,11 @@ class AgentRuntime:
         return SUMMARY_OPENING if step.kind == "compact" else ""
 
     def _answer(self, block_id: str, type_: str, header_suffix: str = "") -> RuntimeBlock:
-        """A model turn: prefill the assistant header, decode (under :meth:`get_turn_rule`), commit
-        canonically. Source ids propagate: the turn inherits every source resident in context."""
+        """A model turn: its header prefilled (Mistral's has none), decoded, committed; it inherits all resident sources."""
         header = tuple(self.engine.lm.encode(self.renderer.render_header(header_suffix)))
         start = len(self.engine.tokens(self.lineage))
-        self.engine.prefill(self.lineage, list(header))
+        if header:
+            self.engine.prefill(self.lineage, list(header))
         draft = self._drafts.get(block_id) if self._drafts is not None else None
         if draft is not None and draft.trusted:
             self._drafts = self._drafts.with_turn(TurnCost.from_trusted(block_id, draft))

@@ -28,6 +28,8 @@ from collections.abc import Callable, Mapping, Sequence
 
 import attrs
 
+from unsee.impl.agent.history import get_kept_renderings, get_without_trailer
+
 #: The probe conversation's contents: plain words no template rewrites, each
 #: unique, so a turn's content can be found in its rendered segment. The
 #: assistant turns carry a reasoning block, which templates that drop earlier
@@ -36,6 +38,10 @@ PROBE_SYSTEM = "Probe system prompt alpha."
 PROBE_USERS = ("Probe user turn one.", "Probe user turn two.", "Probe user turn three.")
 PROBE_ASSISTANTS = ("<think>Probe reasoning one.</think>Probe answer one.",
                     "<think>Probe reasoning two.</think>Probe answer two.")
+#: the probe's model turns without reasoning, for a template that rewrites earlier turns (impl/agent/history.py)
+PROBE_ANSWERS = tuple(a.split("</think>")[1] for a in PROBE_ASSISTANTS)
+HISTORY_KEPT = ("kept as the model wrote them, reasoning included: the template would rewrite them "
+                "(docs/templates.md, 'Templates that rewrite history')")
 PROBE_MEMORY = "Probe memory block."
 #: The probe's tool exchange: a call of a tool of this name (no arguments), then its result.
 PROBE_TOOL_NAME = "probe_tool_name"
@@ -118,6 +124,7 @@ def compile_template(template: str, special_tokens: Mapping[str, str]) -> Render
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
     env.filters["tojson"] = lambda value, **kw: json.dumps(value, ensure_ascii=False, **kw)
     env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = strftime_now
     try:
         compiled = env.from_string(template)
     except jinja2.TemplateError as exc:
@@ -127,13 +134,30 @@ def compile_template(template: str, special_tokens: Mapping[str, str]) -> Render
     def render(messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = False,
                tools: Sequence[Mapping] | None = None) -> str:
         try:
-            return compiled.render(messages=list(messages), add_generation_prompt=add_generation_prompt,
-                                   tools=list(tools) if tools else None, **tokens)
+            try:
+                return compiled.render(messages=list(messages), add_generation_prompt=add_generation_prompt,
+                                       tools=list(tools) if tools else None, **tokens)
+            except TypeError:
+                if tools:
+                    raise
+                # a template written for tools only (Hermes 2 Pro / 3's `tool_use`) iterates them unchecked
+                return compiled.render(messages=list(messages), add_generation_prompt=add_generation_prompt,
+                                       tools=[], **tokens)
         except TemplateError:
             raise
         except Exception as exc:  # noqa: BLE001 (a template's own error on a conversation it does not accept)
             raise TemplateError(f"the chat template failed on the probe conversation: {exc}") from None
     return render
+
+
+def strftime_now(format: str) -> str:
+    """The current local time in ``format``, as transformers and llama.cpp's renderers define it for
+    templates that date their system prompt (Llama 3.2, Mistral-Small 3.x). A conversation's system
+    block is rendered when it starts; a step rendered on another day re-renders the context under
+    the new block (as a changed system prompt does), and a twin started that day renders the same."""
+    import datetime
+
+    return datetime.datetime.now().strftime(format)
 
 
 def is_system_first(render: Render) -> bool:
@@ -148,10 +172,10 @@ def is_system_first(render: Render) -> bool:
     return PROBE_SYSTEM in alone and more.startswith(alone)
 
 
-def get_probe(system_first: bool) -> list[dict[str, str]]:
+def get_probe(system_first: bool, answers: Sequence[str] = PROBE_ASSISTANTS) -> list[dict[str, str]]:
     """The probe conversation: [system,] user, assistant, user, assistant, user."""
     turns = [_msg("system", PROBE_SYSTEM)] if system_first else []
-    for user, assistant in zip(PROBE_USERS, PROBE_ASSISTANTS):
+    for user, assistant in zip(PROBE_USERS, answers):
         turns += [_msg("user", user), _msg("assistant", assistant)]
     return turns + [_msg("user", PROBE_USERS[-1])]
 
@@ -204,16 +228,22 @@ def build_segments(render: Render, encode: Callable[[str], list[int]], eos_ids: 
     checked append-only (see the module docstring); :class:`TemplateError`
     where it is not, or where a turn's content is not rendered verbatim."""
     system_first = is_system_first(render)
-    probe = get_probe(system_first)
+    probe, kept = get_probe(system_first), False
     renderings = get_renderings(render, probe)
-    check_append_only(renderings, encode, model)
+    try:
+        check_append_only(renderings, encode, model)
+    except TemplateError as strict:  # a template that rewrites earlier turns: served as the runtime keeps them
+        probe, kept = get_probe(system_first, PROBE_ANSWERS), True
+        renderings = get_kept_renderings(get_without_trailer(render, probe, encode), probe, strict)
+        check_append_only(renderings, encode, model)
     texts = dict(renderings)
+    answers = [m["content"] for m in probe if m["role"] == "assistant"]
     n = 1 if system_first else 0  # turns before the first user turn
     first = split_turn(texts, f"turn 1 ({probe[0]['role']})", "start", probe[0]["content"], model)
     user = split_turn(texts, f"turn {n + 3} (user)", f"turn {n + 2} (assistant)", PROBE_USERS[1], model)
     header = get_delta(texts, f"header {n + 2}", f"turn {n + 1} (user)")
-    closing = split_turn(texts, f"turn {n + 2} (assistant)", f"header {n + 2}", PROBE_ASSISTANTS[0], model).after
-    check_same_turns(texts, n, user, header, closing, model)
+    closing = split_turn(texts, f"turn {n + 2} (assistant)", f"header {n + 2}", answers[0], model).after
+    check_same_turns(texts, n, user, header, closing, model, answers[1])
     system = get_mid_system(render, encode, probe[:n + 2])
     after_eos = get_after_eos(closing, encode, eos_ids)
     tool_call, tool_result = get_tool_segments(render, encode, probe[:n + 2], model)
@@ -224,7 +254,8 @@ def build_segments(render: Render, encode: Callable[[str], list[int]], eos_ids: 
              ("tool call (a plan)", TOOL_CALL_NATIVE if arguments is not None else TOOL_CALL_MAPPED),
              ("tool result", TOOL_ROLE_NATIVE if tool_result is not None else TOOL_ROLE_MAPPED),
              ("tool definitions", TOOL_DEFINITIONS_NATIVE if definitions else TOOL_DEFINITIONS_NONE),
-             ("consecutive turns of one role", "one segment each, never merged"))
+             ("consecutive turns of one role", "one segment each, never merged"),
+             *((("earlier model turns", HISTORY_KEPT),) if kept else ()))
     return Segments(first, user, system, header, closing, after_eos, roles, tool_call, tool_result, definitions,
                     arguments)
 
@@ -327,10 +358,11 @@ def get_delta(texts: Mapping[str, str], label: str, before: str) -> str:
     return texts[label][len(texts[before]):]
 
 
-def check_same_turns(texts: Mapping[str, str], n: int, user: Segment, header: str, closing: str, model: str) -> None:
-    """The second assistant turn and the third user turn render as the first
+def check_same_turns(texts: Mapping[str, str], n: int, user: Segment, header: str, closing: str, model: str,
+                     answer: str = PROBE_ASSISTANTS[1]) -> None:
+    """The second assistant turn (``answer``) and the third user turn render as the first
     ones did (segments are per role, not per position)."""
-    expected = {f"turn {n + 4} (assistant)": header + PROBE_ASSISTANTS[1] + closing,
+    expected = {f"turn {n + 4} (assistant)": header + answer + closing,
                 f"turn {n + 5} (user)": user.fill(PROBE_USERS[2])}
     previous = {f"turn {n + 4} (assistant)": f"turn {n + 3} (user)", f"turn {n + 5} (user)": f"turn {n + 4} (assistant)"}
     for label, text in expected.items():
@@ -370,8 +402,8 @@ def _msg(role: str, content: str) -> dict[str, str]:
     return {"role": role, "content": content}
 
 
-__all__ = ["PROBE_ARGUMENTS", "PROBE_ASSISTANTS", "PROBE_MEMORY", "PROBE_SYSTEM", "PROBE_TOOL_DEFINITION", "PROBE_TOOL_NAME",
+__all__ = ["HISTORY_KEPT", "PROBE_ANSWERS", "PROBE_ARGUMENTS", "PROBE_ASSISTANTS", "PROBE_MEMORY", "PROBE_SYSTEM", "PROBE_TOOL_DEFINITION", "PROBE_TOOL_NAME",
            "PROBE_TOOL_RESULT", "PROBE_USERS", "TOOL_CALL_MAPPED", "TOOL_CALL_NATIVE", "TOOL_DEFINITIONS_NATIVE", "TOOL_DEFINITIONS_NONE", "TOOL_ROLE_MAPPED",
            "TOOL_ROLE_NATIVE", "Render", "Segment", "Segments", "TemplateError", "build_segments", "check_append_only",
            "compile_template", "get_call_arguments", "get_probe", "get_renderings", "get_tool_segments", "has_tool_definitions",
-           "is_system_first", "render_first_with_tools"]
+           "is_system_first", "render_first_with_tools", "strftime_now"]

@@ -43,6 +43,36 @@ def add_serve_parser(sub) -> None:
                             "(default: 8, or $UNSEE_LLAMA_SLOTS)")
     serve.add_argument("--busy-wait", type=float, default=5.0, metavar="SECONDS",
                        help="how long a request waits for its busy conversation before 409")
+    serve.add_argument("--chat-template", metavar="FILE", default=None,
+                       help="a Jinja chat template to render with instead of the model's own (docs/templates.md); "
+                            "for Hermes 2 Pro / 3, their `tool_use` template")
+    serve.add_argument("--tool-format", metavar="NAME", default=None,
+                       help="the call format the model writes, instead of the one read from its template "
+                            "(docs/serve.md, 'Model families'): " + ", ".join(TOOL_FORMATS))
+
+
+#: the names --tool-format takes (impl/agent/tools/families.py's table)
+TOOL_FORMATS = ("hermes", "llama3_json", "pythonic", "mistral", "mistral_list", "qwen3_coder", "granite", "generic")
+
+
+def apply_model_overrides(lm, chat_template: str | None, tool_format: str | None) -> None:
+    """``--chat-template``'s text (a file's) becomes the model's template, as a catalogue entry's does
+    (transformers: its tokenizer's), and ``--tool-format`` its call format; a name the table does
+    not know, or a file that cannot be read, is an error before the server starts."""
+    if tool_format is not None and tool_format not in TOOL_FORMATS:
+        raise ValueError(f"--tool-format {tool_format!r}: expected one of {', '.join(TOOL_FORMATS)}")
+    if chat_template is not None:
+        try:
+            with open(chat_template, encoding="utf-8") as f:
+                text = f.read()
+        except OSError as exc:
+            raise ValueError(f"--chat-template {chat_template}: {exc.strerror}") from None
+        tokenizer = getattr(lm, "tokenizer", None)
+        if tokenizer is not None and hasattr(tokenizer, "chat_template"):
+            tokenizer.chat_template = text
+        else:
+            lm.chat_template = text
+    lm.tool_format = tool_format
 
 
 #: the share of the machine's memory llama.cpp's slots may reserve for a default context
@@ -79,6 +109,7 @@ def do_serve(args: argparse.Namespace) -> int:
     check_exposure(args.host, api_keys)  # before any model loads
     llamacpp = get_llamacpp_options(args.engine, args.threads, args.batch_threads, args.slots, os.environ)
     engine = build_engine(args, **get_context_options(args.engine, args.ctx_size, get_physical_bytes()), **llamacpp)
+    apply_model_overrides(engine.lm, args.chat_template, args.tool_format)
     print(f"unsee serve: the context holds {get_context_length(engine.lm)} tokens (--ctx-size sets another)",
           file=sys.stderr)
     if args.engine == "llamacpp":

@@ -176,7 +176,8 @@ def complete_chat(pool: Pool, model: str, req: dict, owner: str, completion_id: 
              "total_tokens": out["prompt_tokens"] + out["output_tokens"],
              "prompt_tokens_details": {"cached_tokens": out["cached_tokens"]}}
     logprobs = None if out["logprobs"] is None else {"content": out["logprobs"], "refusal": None}
-    completion = shapes.chat_completion(completion_id, model, shapes.chat_message(text, calls),
+    reasoning = next((i["content"][0]["text"] for i in out["items"] if i["type"] == "reasoning"), None)
+    completion = shapes.chat_completion(completion_id, model, shapes.chat_message(text, calls, reasoning),
                                         out["finish_reason"], usage, logprobs)
     return {"completion": completion, "finish_reason": out["finish_reason"], "usage": usage, "logprobs": logprobs}
 

@@ -115,8 +115,8 @@ RESPONSE_FIELDS = (
                             "one, returned without it"),
     Field("metadata", HONOURED, "returned on the response (up to 16 string pairs)"),
     Field("include", HONOURED, "`message.output_text.logprobs` returns each output token's log-probability; "
-                               "`reasoning.encrypted_content` is accepted with no effect (the model writes no "
-                               "reasoning items); other values (search results, images) are refused", _include),
+                               "`reasoning.encrypted_content` is accepted with no effect (a reasoning item carries its "
+                               "text, never encrypted); other values (search results, images) are refused", _include),
     Field("user", ACCEPTED, "no abuse monitoring here", _string),
     Field("safety_identifier", ACCEPTED, "no abuse monitoring here", _string),
     Field("prompt_cache_key", ACCEPTED, "a conversation keeps its own KV; the chat prefix cache is partitioned by "
@@ -127,7 +127,8 @@ RESPONSE_FIELDS = (
           _one_of("disabled")),
     Field("text", HONOURED, "`format`: `text`, `json_schema` (strict or not: the answer is decoded under the "
                             "schema's grammar, so it always parses) or `json_object`; `verbosity`: `medium` only"),
-    Field("reasoning", ACCEPTED, "the model writes no separate reasoning", _REASONING),
+    Field("reasoning", ACCEPTED, "a reasoning model's `<think>` block comes back as a reasoning item; "
+                               "its effort is the model's own", _REASONING),
     Field("service_tier", ACCEPTED, "one tier", _one_of("auto", "default")),
     Field("background", REFUSED, "a response runs while its request is open", _absent),
     Field("top_logprobs", HONOURED, "0-20 alternatives per output token, with `include: "
@@ -167,7 +168,8 @@ CHAT_FIELDS = (
     Field("safety_identifier", ACCEPTED, "no abuse monitoring here", _string),
     Field("prompt_cache_key", ACCEPTED, "the prefix cache is partitioned by API key", _string),
     Field("prompt_cache_retention", ACCEPTED, "KV is kept under `--kv-budget`", _string),
-    Field("reasoning_effort", ACCEPTED, "the model writes no separate reasoning",
+    Field("reasoning_effort", ACCEPTED, "a `<think>` block comes back as `reasoning_content`; its "
+                                     "effort is the model's own",
           _one_of("none", "minimal", "low", "medium", "high", "xhigh")),
     Field("verbosity", ACCEPTED, "`medium` only", _one_of("medium")),
     Field("service_tier", ACCEPTED, "one tier", _one_of("auto", "default")),

@@ -39,8 +39,7 @@ from pathlib import Path
 
 from unsee import Settings
 from unsee.impl.agent.render import get_renderer
-from unsee.impl.agent.tools.client import get_context_length
-from unsee.impl.agent.tools.native import get_call_format
+from unsee.impl.agent.tools.client import get_context_length, get_model_tool_format
 from unsee.impl.serve.chat import ChatCache
 from unsee.impl.serve.conversation import SIDECAR, Conversation
 from unsee.impl.serve.errors import ApiError, busy, not_found
@@ -65,9 +64,9 @@ class Pool:
                  system: str = "You are a helpful assistant.", defaults: Settings | None = None):
         self.engine = engine
         renderer = get_renderer(engine.lm)
-        #: the model's call format, where its template writes calls this server parses (else tools are a 400)
-        self.call_format = get_call_format(renderer.segments, renderer.has_native_calls())
-        self.tools_ok = self.call_format is not None
+        #: the model's call format: its family's (impl/agent/tools/families.py), or the generic one
+        self.call_format = get_model_tool_format(renderer, engine.lm, None)
+        self.tools_ok = True
         self.chats: dict[str, ChatCache] = {}
         self.root = Path(root)
         self.kv_budget = kv_budget

@@ -38,6 +38,12 @@ def output_message(item_id: str, text: str, complete: bool) -> dict:
             "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]}
 
 
+def reasoning(item_id: str, text: str) -> dict:
+    """A Responses reasoning item: the model's ``<think>`` block, as its content's text."""
+    return {"id": item_id, "type": "reasoning", "summary": [], "status": "completed",
+            "content": [{"type": "reasoning_text", "text": text}]}
+
+
 def function_call(item_id: str, call_id: str, name: str, arguments: str) -> dict:
     return {"id": item_id, "type": "function_call", "call_id": call_id, "name": name, "arguments": arguments,
             "status": "completed"}
@@ -131,12 +137,23 @@ def call_events(item: dict, output_index: int) -> list[dict]:
             {"type": "response.output_item.done", "output_index": output_index, "item": item}]
 
 
+def reasoning_events(item: dict, output_index: int) -> list[dict]:
+    """The events of a reasoning item, sent whole at the turn's end: added, its text done, done."""
+    return [{"type": "response.output_item.added", "output_index": output_index,
+             "item": {**item, "content": [], "status": "in_progress"}},
+            {"type": "response.reasoning_text.done", "item_id": item["id"], "output_index": output_index,
+             "content_index": 0, "text": item["content"][0]["text"]},
+            {"type": "response.output_item.done", "output_index": output_index, "item": item}]
+
+
 def numbered(events: list[dict], start: int) -> list[dict]:
     return [{**e, "sequence_number": start + i} for i, e in enumerate(events)]
 
 
-def chat_message(text: str | None, calls: list[dict]) -> dict:
+def chat_message(text: str | None, calls: list[dict], reasoning_text: str | None = None) -> dict:
     message = {"role": "assistant", "content": text, "refusal": None}
+    if reasoning_text:  # vLLM's and llama.cpp's field for a reasoning model's <think> block
+        message["reasoning_content"] = reasoning_text
     if calls:
         message["tool_calls"] = calls
     return message

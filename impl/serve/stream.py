@@ -28,7 +28,7 @@ from typing import Any
 
 from starlette.concurrency import run_in_threadpool
 
-from unsee.impl.agent.tools.native import CallFormat, split_stream_text
+from unsee.impl.agent.tools.native import END_THINK, THINK, CallFormat, split_reasoning, split_stream_text
 from unsee.impl.engines.stops import get_sendable
 from unsee.impl.serve import shapes
 from unsee.impl.serve.conversation import compute_answer_key, get_answer_ids
@@ -50,6 +50,8 @@ class TurnStream:
         self.stops: tuple[str, ...] = ()  # the turn's stop texts: neither they nor a start of one is sent
         self.openings: tuple[str, ...] = ()  # where a call may open in the turn (native.OPENINGS)
         self.sent = ""
+        #: whether the turn's generation prompt opens a reasoning block (the DeepSeek-R1 distills')
+        self.thinking = False
         #: what the start report carries, made from what the work knows then (a response's stub)
         self.describe: Callable[[Any], Any] = lambda info: info
 
@@ -71,6 +73,9 @@ class TurnStream:
         if self.forced:
             return
         text = self.lm.decode([i for i in ids if i not in self.eos])
+        if (self.thinking or text.lstrip().startswith(THINK)) and END_THINK not in text:
+            return  # a reasoning block: sent as its own item at the turn's end, never as text
+        text = split_reasoning(text)[1]
         visible, _ = split_stream_text(self.call_format, get_sendable(text, self.stops), self.openings)
         if len(visible) > len(self.sent) and visible.startswith(self.sent):
             self.emit(("delta", visible[len(self.sent):]))
@@ -125,7 +130,9 @@ class ResponseEvents:
         """The rest of a turn's text and its calls, each item closed."""
         events: list[dict] = []
         for item in items:
-            if item["type"] == "message":
+            if item["type"] == "reasoning":
+                events += shapes.reasoning_events(item, self.index)
+            elif item["type"] == "message":
                 if self.open is None:
                     events += self.open_message(item["id"])
                 text = item["content"][0]["text"]
@@ -166,7 +173,9 @@ class ChatEvents:
     def close_answer(self, items: list[dict], sent: str) -> list[dict]:
         chunks = []
         for item in items:
-            if item["type"] == "message":
+            if item["type"] == "reasoning":
+                chunks.append(shapes.chat_chunk(self.id, self.model, {"reasoning_content": item["content"][0]["text"]}))
+            elif item["type"] == "message":
                 text = item["content"][0]["text"]
                 if text.startswith(sent) and text[len(sent):]:
                     chunks.append(shapes.chat_chunk(self.id, self.model, {"content": text[len(sent):]}))

@@ -28,7 +28,9 @@ from unsee.impl.agent.tools.client import (
     get_step_id,
     prepare_step,
 )
+from unsee.impl.agent.tools.native import THINK
 from unsee.impl.agent.tools.observed import Role, compute_roles
+from unsee.impl.serve import shapes
 from unsee.impl.serve.conversation import (
     Conversation,
     get_answer_items,
@@ -152,6 +154,7 @@ def run_step(conv: Conversation, engine, step: Step, config: Config, bound: dict
     if listener is not None:
         listener.prepare(runtime.get_opening(config), runtime.get_openings(config))
         listener.stops = config.sampling.stop
+        listener.thinking = runtime.renderer.render_header().rstrip().endswith(THINK)
         runtime.listener = listener
     runtime.logprobs = logprobs
     try:
@@ -163,12 +166,21 @@ def run_step(conv: Conversation, engine, step: Step, config: Config, bound: dict
         raise
     finally:
         runtime.listener, runtime.logprobs = None, None
-    items = get_answer_items(conv.runtime, step.id)
+    items = add_reasoning(conv.runtime, step.id, get_answer_items(conv.runtime, step.id))
     if logprobs is not None:
         items = add_logprobs(engine.lm, items, runtime.decisions)
     if listener is not None:
         listener.answer(items)
     return items
+
+
+def add_reasoning(runtime, step_id: str, items: list[dict]) -> list[dict]:
+    """``items`` opened by a reasoning item where the answer opened with a ``<think>`` block (its id
+    the answer message's or first call's, ``rs_`` for its prefix)."""
+    text = runtime.get_reasoning(step_id)
+    if not text or not items:
+        return items
+    return [shapes.reasoning("rs_" + items[0]["id"].split("_", 1)[-1], text), *items]
 
 
 def add_logprobs(lm, items: list[dict], decisions: dict) -> list[dict]:

@@ -53,10 +53,12 @@ from unsee.impl.agent.episode import Settings, Step
 from unsee.impl.agent.extensions import Extension
 from unsee.impl.agent.forget import Progress
 from unsee.impl.agent.provenance import RuntimeBlock
+from unsee.impl.agent.render import TEMPLATE_NAMES
 from unsee.impl.agent.runtime import AgentRuntime
 from unsee.impl.agent.tools.config import Config, Sampling, get_context_length
+from unsee.impl.agent.tools.families import describe_tools, get_tool_format
 from unsee.impl.agent.tools.grammars import get_constraints
-from unsee.impl.agent.tools.native import OPENINGS, CallFormat, FunctionCall, get_call_format, parse_turn
+from unsee.impl.agent.tools.native import OPENINGS, CallFormat, FunctionCall, parse_turn, split_reasoning
 from unsee.impl.agent.tools.observed import Role, get_call, get_runs, get_tool_label, has_roles
 from unsee.impl.engines.decoding import PLAIN, Rule
 from unsee.impl.engines.protocol import Engine, ForwardHooks
@@ -221,7 +223,7 @@ class ClientToolRuntime(AgentRuntime):
         if not isinstance(client, ClientTools):
             raise TypeError(f"a ClientToolRuntime needs a ClientTools extension; got {self.extensions}")
         self.client: ClientTools = client
-        self.call_format: CallFormat | None = get_call_format(self.renderer.segments, self.renderer.has_native_calls())
+        self.call_format: CallFormat = get_model_tool_format(self.renderer, engine.lm, settings.template)
         self.listener = None
         #: how many alternatives a turn's log-probabilities list (None: none collected); set by
         #: the server around a request's step, never in a replay (log-probabilities are not state)
@@ -238,8 +240,12 @@ class ClientToolRuntime(AgentRuntime):
     def render_first(self, config: Config | None = None) -> str:
         """The system block of ``config`` (default: the current one): its system text and tools."""
         config = config or self.get_config()
-        return self.renderer.render_first(config.system, config.get_definitions(), self.engine.lm.encode,
-                                          self.engine.lm.name)
+        tools = config.get_definitions()
+        if tools and not (self.renderer.segments.tool_definitions and self.renderer.template is not None):
+            # a template with no tools format of its own: the tools described in the system prompt
+            described = describe_tools(self.call_format, tools)
+            return self.renderer.render_first(f"{config.system}\n\n{described}" if config.system else described)
+        return self.renderer.render_first(config.system, tools, self.engine.lm.encode, self.engine.lm.name)
 
     def get_openings(self, config: Config) -> tuple[str, ...]:
         """Where a call may open in a turn under ``config``: nowhere without tools to call; only
@@ -252,10 +258,10 @@ class ClientToolRuntime(AgentRuntime):
     def get_opening(self, config: Config) -> str:
         """What a turn under ``config`` opens with after the assistant header: a call, where the
         tool choice requires one (up to the name; with one function, up to its arguments)."""
-        if config.choice == "required" and self.call_format is not None:
+        if config.choice == "required":
             return self.call_format.opening
         if config.choice == "function" and config.function:
-            return self.renderer.get_plan_opening(config.function)
+            return self.call_format.opening + config.function + self.call_format.between.rstrip()
         return ""
 
     # --- decoding -------------------------------------------------------------------
@@ -325,7 +331,7 @@ class ClientToolRuntime(AgentRuntime):
             runs = [self.render_run(step, run, items) for run, items in get_runs(roles, step)]
             return "".join(self.render_block(*run) if n == 0 else self.renderer.render_message(*run)
                            for n, run in enumerate(runs))
-        if step.kind == "tool" and self.call_format is not None:
+        if step.kind == "tool" and self.renderer.has_native_calls():
             text = "".join(self.renderer.get_call_result(step.tool or "", "", i.text)[1] for i in step.items)
             return self.render_block("tool", text)
         return self.render_block(*self.renderer.get_message(step))
@@ -335,15 +341,13 @@ class ClientToolRuntime(AgentRuntime):
         step would render it were it the run's alone: outputs as a tool step's, messages as a
         user step's; assistant messages then calls as the template writes a turn with calls."""
         if run == "tool":
-            if self.call_format is not None:
+            if self.renderer.has_native_calls():
                 return "tool", "".join(self.renderer.get_call_result("", "", i.text)[1] for i, _ in items)
             return self.renderer.get_message(Step(step.id, "tool", tuple(i for i, _ in items),
                                                   get_tool_label(step, items)))
         if run == "assistant":
             text = "\n".join(i.text for i, role in items if role[0] == "assistant")
             calls = [get_call(i, role) for i, role in items if role[0] == "function_call"]
-            if calls and self.call_format is None:
-                raise ValueError(f"step {step.id!r}: function_call items need a template with a call format")
             return "assistant", self.call_format.render_turn(text, calls) if calls else text
         return run, "\n".join(i.text for i, _ in items)
 
@@ -403,10 +407,15 @@ class ClientToolRuntime(AgentRuntime):
         config = self.get_config(step_id)
         block = self.graph[compute_block_id(step_id, ANSWER)]
         opening = self.get_opening(config)
-        said = cut_at_stop(block.text, config.sampling.stop)  # the stop text is not returned
+        said = split_reasoning(cut_at_stop(block.text, config.sampling.stop))[1]  # the stop text is not returned
         text, calls, ok = parse_turn(self.call_format, opening + said if opening else said, config.get_names(),
                                      self.get_openings(config))
         return text, calls if config.parallel else calls[:1], ok
+
+    def get_reasoning(self, step_id: str) -> str:
+        """The reasoning the model's answer to ``step_id`` opened with (its ``<think>`` block), or ""."""
+        block = self.graph[compute_block_id(step_id, ANSWER)]
+        return split_reasoning(cut_at_stop(block.text, self.get_config(step_id).sampling.stop))[0]
 
     def is_finished(self, step_id: str) -> bool:
         """Whether the answer to ``step_id`` ended on its own (an end of turn, or a stop text of
@@ -450,6 +459,14 @@ class ClientToolRuntime(AgentRuntime):
                 self.step(prepared.step)
             if progress:
                 progress(i, len(steps))
+
+
+def get_model_tool_format(renderer, lm, template: str | None) -> CallFormat:
+    """The call format of ``lm`` under the episode's template override (:func:`get_tool_format`):
+    the family of the Jinja template rendered, ``lm.tool_format`` (``--tool-format``) where set."""
+    text = template if template not in (None, *TEMPLATE_NAMES) else \
+        getattr(lm, "chat_template", None) if template != "chatml" else None
+    return get_tool_format(renderer, text, getattr(lm, "tool_format", None))
 
 
 def collect_decision(decisions: dict, n: int, position: int, token: int, scores: torch.Tensor) -> None:
@@ -501,5 +518,19 @@ def prepare_step(runtime: ClientToolRuntime, step: Step, signatures: Mapping[str
     return Prepared(attrs.evolve(step, id=renumbered, items=tuple(kept)), action, bound, tuple(dropped))
 
 
-__all__ = ["CHOICES", "CLIENT", "ClientToolRuntime", "ClientTools", "Config", "Outcome", "Prepared", "Sampling",
-           "collect_decision", "get_context_length", "get_signatures", "get_step_id", "prepare_step"]
+__all__ = [
+    "CHOICES",
+    "CLIENT",
+    "ClientToolRuntime",
+    "ClientTools",
+    "Config",
+    "Outcome",
+    "Prepared",
+    "Sampling",
+    "collect_decision",
+    "get_context_length",
+    "get_model_tool_format",
+    "get_signatures",
+    "get_step_id",
+    "prepare_step",
+]

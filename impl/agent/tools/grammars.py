@@ -77,8 +77,10 @@ class Grammars:
         self.fmt = fmt
         self.tag = fmt.marker.strip()
         self.close_tag = fmt.end.strip()
-        self.open_id = get_special_id(lm, self.tag)
-        self.close_id = get_special_id(lm, self.close_tag)
+        # a bracket or a bare object is no marker of its own: never one token to mask or match by id
+        own = fmt.shape != "pythonic"
+        self.open_id = get_special_id(lm, self.tag) if self.tag and own else None
+        self.close_id = get_special_id(lm, self.close_tag) if self.close_tag and own else None
 
     # --- pieces -----------------------------------------------------------------
 
@@ -87,31 +89,79 @@ class Grammars:
         # not sort_keys: llguidance writes an object's properties in the schema's order
         return f"%json {json.dumps(get_schema(self.lm, schema))}"
 
-    def get_envelope(self, tools: Sequence[Tool]) -> str:
-        """The JSON object a call is written as: ``{"name": N, "arguments": A}``, A of N's schema."""
-        options = [{"type": "object", "additionalProperties": False, "required": ["name", "arguments"],
-                    "properties": {"name": {"const": t.name},
-                                   "arguments": get_schema(self.lm, t.parameters)}}
+    def get_envelope(self, tools: Sequence[Tool], key: str = "arguments") -> str:
+        """The JSON object a call is written as: ``{"name": N, KEY: A}``, A of N's schema."""
+        options = [{"type": "object", "additionalProperties": False, "required": ["name", key],
+                    "properties": {"name": {"const": t.name}, key: get_schema(self.lm, t.parameters)}}
                    for t in tools]
         return self.get_json(options[0] if len(options) == 1 else {"anyOf": options})
 
     def get_tag(self, token: int | None, text: str) -> str:
-        """A marker as a rule item: its special token by id, or its text."""
-        return f"<[{token}]>" if token is not None else get_literal(text)
+        """A marker as a rule item: its special token by id, or its text (nothing where it has none)."""
+        return f"<[{token}]>" if token is not None else get_literal(text) if text else ""
+
+    def get_xml_arguments(self, tool: Tool) -> str:
+        """Qwen3-Coder's parameters of ``tool``: each property of its schema in order (a required one
+        always, another optional), ``<parameter=K>``, a value (one of an enum's strings, else free
+        text without ``<``) and the closing; any parameters where the schema names no properties."""
+        properties = tool.parameters.get("properties") or {}
+        if not properties:
+            return '("<parameter=" /[A-Za-z0-9_]+/ ">\\n" XML_VALUE)*'
+        required = set(tool.parameters.get("required") or ())
+        items = []
+        for name, schema in properties.items():
+            enum = schema.get("enum") if isinstance(schema, Mapping) else None
+            value = "XML_VALUE"
+            if enum and all(isinstance(v, str) for v in enum):
+                value = "(" + " | ".join(get_literal(f"{v}\n</parameter>\n") for v in enum) + ")"
+            item = f"{get_literal(f'<parameter={name}>' + chr(10))} {value}"
+            items.append(item if name in required else f"({item})?")
+        return " ".join(items)
+
+    def get_arguments(self, tool: Tool) -> str:
+        """A call's arguments of ``tool`` in the format's shape, up to the call's own closing."""
+        if self.fmt.shape == "xml":
+            return f"WS? {self.get_xml_arguments(tool)} {get_literal('</function>')}"
+        if self.fmt.shape == "pythonic":
+            return f"(py_kwarg (\",\" WS? py_kwarg)*)? {get_literal(')')}"
+        json_ = f"WS? {self.get_json(tool.parameters)}"
+        return json_ if self.fmt.shape == "name_args" else f"{json_} WS? {get_literal('}')}"
+
+    def get_call(self, tool: Tool) -> str:
+        """One call of ``tool`` after the format's opening: its name, what goes between, its arguments."""
+        return f"{get_literal(tool.name + self.fmt.between.rstrip())} {self.get_arguments(tool)}"
+
+    def get_native(self, tools: Sequence[Tool]) -> str:
+        """``marker_call``: the calls one marker opens, in the format's shape, with its closing."""
+        tag, close = self.get_tag(self.open_id, self.tag), self.get_tag(self.close_id, self.close_tag)
+        if self.fmt.shape == "envelope":
+            return f"{tag} WS? envelope WS? {close}"
+        rest = self.fmt.opening[len(self.fmt.marker):]  # what follows the marker up to the name
+        one = f"{tag} {get_literal(rest) if rest.strip() else 'WS?'} any_call"
+        if self.fmt.shape == "list":
+            return f'{tag} WS? "[" WS? envelope (WS? "," WS? envelope)* WS? "]"'
+        if self.fmt.shape == "pythonic":
+            return '"[" WS? any_call (WS? "," WS? any_call)* WS? "]"'
+        return f"{one} WS? {close}" if self.fmt.shape == "xml" else one
 
     def get_rules(self, tools: Sequence[Tool]) -> str:
         """The rules every call grammar shares: a call in the template's format, in fences, as a tag."""
         functions = " | ".join(f"{get_literal(f'<function={t.name}>')} WS? {self.get_json(t.parameters)} WS? "
                                f"{get_literal('</function>')}" for t in tools)
+        any_call = " | ".join(f"({self.get_call(t)})" for t in tools)
         return "\n".join([
             WS,
-            f"envelope: {self.get_envelope(tools)}",
-            f"marker_call: {self.get_tag(self.open_id, self.tag)} WS? envelope WS? "
-            f"{self.get_tag(self.close_id, self.close_tag)}",
-            f'fenced_json: {get_literal("```json")} WS? envelope WS? {get_literal("```")}',
+            # a value and its closing as one lexeme: a value's own newline never competes with the closing's
+            'XML_VALUE: /[^<]*\\n<\\/parameter>\\n/',
+            'py_kwarg: /[A-Za-z_][A-Za-z0-9_]*/ "=" %json {}',
+            f"any_call: {any_call}",
+            f"envelope: {self.get_envelope(tools, self.fmt.key)}",
+            f"marker_call: {self.get_native(tools)}",
+            f'fenced_json: {get_literal("```json")} WS? json_envelope WS? {get_literal("```")}',
+            f"json_envelope: {self.get_envelope(tools)}",
             f'fenced_xml: {get_literal("```xml")} WS? marker_call WS? {get_literal("```")}',
             f"function_tag: {functions}",
-            "bare_json: envelope",
+            "bare_json: json_envelope",
         ])
 
     def get_calls(self, kind: str, parallel: bool) -> str:
@@ -124,30 +174,50 @@ class Grammars:
     # --- the grammars ------------------------------------------------------------
 
     def get_triggers(self, tools: Sequence[Tool], parallel: bool) -> tuple[Trigger, ...]:
-        """The lazy grammar of ``auto``: one trigger per opening (native.OPENINGS)."""
+        """The lazy grammar of ``auto``: one trigger per opening (native.OPENINGS); the template's
+        marker only where it has one (a bare object or list opens the turn instead)."""
         rules = self.get_rules(tools)
-        marker = Trigger(f"start: {{PREFIX}} {self.get_calls('marker_call', parallel)}\n{rules}",
-                         token=self.open_id, pattern=None if self.open_id is not None else self.tag.encode())
+        marker = ()
+        if self.fmt.shape == "pythonic":
+            marker = (Trigger(f"start: {{PREFIX}} WS? {self.get_calls('marker_call', parallel)}\n{rules}",
+                              pattern=rb"\A\s*\[", opener=b"["),)
+        elif self.tag:
+            marker = (Trigger(f"start: {{PREFIX}} {self.get_calls('marker_call', parallel)}\n{rules}",
+                              token=self.open_id, pattern=None if self.open_id is not None else self.tag.encode()),)
         texts = {"fenced_json": rb"```json", "fenced_xml": rb"```xml", "function_tag": rb"<function=",
                  "bare_json": rb"\A\s*\{"}
         others = [Trigger(f"start: {{PREFIX}} {'WS? ' if kind == 'bare_json' else ''}{self.get_calls(kind, parallel)}"
                           f"\n{rules}", pattern=pattern, opener=b"{" if kind == "bare_json" else None)
-                  for kind, pattern in texts.items()]
-        return (marker, *others)
+                  for kind, pattern in texts.items() if kind != "bare_json" or self.fmt.key == "arguments"
+                  or self.fmt.shape != "envelope"]
+        if self.fmt.shape == "envelope" and self.fmt.key != "arguments":  # Llama 3's bare object names `parameters`
+            others.append(Trigger(f"start: {{PREFIX}} WS? {self.get_calls('envelope', parallel)}\n{rules}",
+                                  pattern=rb"\A\s*\{", opener=b"{"))
+        return (*marker, *others)
 
     def get_required(self, tools: Sequence[Tool], parallel: bool) -> str:
         """``required``: after the call's opening (up to the name), a tool's name, arguments, the
         closing; then more calls in the template's format where allowed."""
-        between = self.fmt.between.rstrip()
-        first = " | ".join(f"{get_literal(t.name + between)} WS? {self.get_json(t.parameters)} WS? "
-                           f"{get_literal('}')} WS? {self.get_tag(self.close_id, self.close_tag)}" for t in tools)
+        return f"start: first WS?\nfirst: {self.get_first(tools, parallel)}\n{self.get_rules(tools)}"
+
+    def get_first(self, tools: Sequence[Tool], parallel: bool) -> str:
+        """The rest of a ``required`` turn after the format's opening."""
+        close = self.get_tag(self.close_id, self.close_tag)
+        calls = " | ".join(f"({self.get_call(t)})" for t in tools)
+        if self.fmt.shape == "list":
+            more = ' (WS? "," WS? envelope)*' if parallel else ""
+            return f'({calls}){more} WS? "]"'
+        if self.fmt.shape == "pythonic":
+            more = ' (WS? "," WS? any_call)*' if parallel else ""
+            return f'({calls}){more} WS? "]"'
         rest = " (WS? marker_call)*" if parallel else ""
-        return f"start: first{rest} WS?\nfirst: {first}\n{self.get_rules(tools)}"
+        return f"({calls}) WS? {close}{rest}"
 
     def get_function(self, tool: Tool) -> str:
         """One function: after the call's opening (up to the arguments), the arguments and the closing."""
-        return (f"start: WS? {self.get_json(tool.parameters)} WS? {get_literal('}')} WS? "
-                f"{self.get_tag(self.close_id, self.close_tag)} WS?\n{WS}")
+        close = self.get_tag(self.close_id, self.close_tag)
+        end = {"list": ' WS? "]"', "pythonic": ' WS? "]"'}.get(self.fmt.shape, f" WS? {close}")
+        return f"start: WS? {self.get_arguments(tool)}{end} WS?\n{self.get_rules([tool])}"
 
 
 #: whether llguidance compiles a schema (its canonical text), by model name and vocabulary size

@@ -29,6 +29,17 @@ from collections.abc import Collection, Sequence
 
 import attrs
 
+from unsee.impl.agent.tools.call_shapes import (
+    dump,
+    get_envelope_call,
+    read_list,
+    read_name_args,
+    read_pythonic,
+    read_xml,
+    render_pythonic,
+    render_xml,
+)
+
 _SPACE = re.compile(r"\s*")
 
 
@@ -62,14 +73,33 @@ class CallFormat:
     after: str
     end: str
     separator: str = "\n"
+    #: how the call's text is laid out (:data:`~unsee.impl.agent.tools.call_shapes.SHAPES`) and the
+    #: key its JSON object names the arguments by (``envelope`` and ``list``)
+    shape: str = "envelope"
+    key: str = "arguments"
+    #: the family's name (the tool-format table's, :mod:`unsee.impl.agent.tools.families`)
+    family: str = "hermes"
 
     def render(self, call: FunctionCall) -> str:
+        if self.shape == "xml":
+            return f"{self.marker}{render_xml(call.name, call.arguments)}\n{self.end}"
+        if self.shape == "pythonic":
+            return render_pythonic([(call.name, call.arguments)])
         return f"{self.opening}{call.name}{self.between}{call.arguments}{self.after}"
+
+    def render_calls(self, calls: Sequence[FunctionCall]) -> str:
+        """The calls of one turn as the family writes them (one list for the list shapes)."""
+        if self.shape == "pythonic":
+            return render_pythonic([(c.name, c.arguments) for c in calls]) if calls else ""
+        if self.shape == "list" and calls:
+            listed = ", ".join(f'{{"name": {dump(c.name)}, "{self.key}": {c.arguments}}}' for c in calls)
+            return f"{self.marker}[{listed}]"
+        return self.separator.join(self.render(c) for c in calls)
 
     def render_turn(self, text: str, calls: Sequence[FunctionCall]) -> str:
         """A turn's content with ``text`` then ``calls``, as the template lays out an assistant
         message with tool calls (content, a newline, the calls one a line)."""
-        rendered = self.separator.join(self.render(c) for c in calls)
+        rendered = self.render_calls(calls)
         return f"{text}\n{rendered}" if text and rendered else text or rendered
 
 
@@ -105,11 +135,37 @@ _BARE = re.compile(r"\s*\{")
 _FUNCTION = re.compile(r"<function=([A-Za-z0-9_.:-]{1,64})>")
 
 
+THINK, END_THINK = "<think>", "</think>"
+
+
+def split_reasoning(text: str) -> tuple[str, str]:
+    """``(reasoning, rest)`` of a model's turn: the ``<think>`` block a reasoning model opens its turn
+    with (its opening may be the generation prompt's, so a turn may hold only the closing), and what
+    follows it; ``("", text)`` where the turn has none. A ``<think>`` later in the turn is text."""
+    stripped = text.lstrip()
+    if END_THINK not in text or (THINK in text and not stripped.startswith(THINK)):
+        return "", text
+    reasoning, rest = stripped.split(END_THINK, 1)
+    return reasoning.removeprefix(THINK).strip(), rest.lstrip()
+
+
+def get_marker_at(fmt: CallFormat, text: str) -> int:
+    """Where the template's own marker first opens a call in ``text`` (-1: nowhere). A format whose
+    marker is no text of its own (Llama 3's bare object, the pythonic list's bracket) opens only at
+    the turn's start."""
+    tag = fmt.marker.strip()
+    if fmt.shape == "pythonic":
+        return len(text) - len(text.lstrip()) if text.lstrip().startswith("[") else -1
+    return text.find(tag) if tag else -1
+
+
 def get_openings_at(fmt: CallFormat, text: str, openings: Collection[str]) -> list[tuple[int, str]]:
     """Each opening of ``openings`` found in ``text``, as (where it starts, which), earliest first."""
     found = []
-    starts = {"marker": fmt.marker.strip(), "fenced_json": FENCED_JSON, "fenced_xml": FENCED_XML,
-              "function_tag": FUNCTION_TAG}
+    starts = {"fenced_json": FENCED_JSON, "fenced_xml": FENCED_XML, "function_tag": FUNCTION_TAG}
+    marker = get_marker_at(fmt, text)
+    if "marker" in openings and marker >= 0:
+        found.append((marker, "marker"))
     for kind, token in starts.items():
         at = text.find(token)
         if kind in openings and at >= 0:
@@ -132,21 +188,21 @@ def parse_turn(fmt: CallFormat | None, text: str, names: Collection[str],
     start = found[0][0]
     calls, pos = [], start
     while pos < len(text):
-        call = None
+        read = None
         for kind in openings:
-            call = read_opening(kind, fmt, text, pos, names)
-            if call is not None:
+            read = read_opening(kind, fmt, text, pos, names)
+            if read is not None:
                 break
-        if call is None:
+        if read is None:
             return text.strip(), (), False
-        calls.append(call[0])
-        pos = _SPACE.match(text, call[1]).end()
+        calls.extend(read[0])
+        pos = _SPACE.match(text, read[1]).end()
     return text[:start].strip(), tuple(calls), True
 
 
 def read_opening(kind: str, fmt: CallFormat, text: str, pos: int, names: Collection[str]
-                 ) -> tuple[FunctionCall, int] | None:
-    """The call of opening ``kind`` written at ``pos`` and where it ends, or None."""
+                 ) -> tuple[tuple[FunctionCall, ...], int] | None:
+    """The calls of opening ``kind`` written at ``pos`` and where they end, or None."""
     if kind == "marker":
         return read_call(fmt, text, pos, names)
     if kind == "fenced_json" and text.startswith(FENCED_JSON, pos):
@@ -162,14 +218,15 @@ def read_opening(kind: str, fmt: CallFormat, text: str, pos: int, names: Collect
         found = read_object(text, m.end())
         if found is None:
             return None
-        return read_closing((FunctionCall(m.group(1), json.dumps(found[0], ensure_ascii=False)), found[1]), text,
+        return read_closing(((FunctionCall(m.group(1), json.dumps(found[0], ensure_ascii=False)),), found[1]), text,
                             "</function>")
     if kind == "bare_json" and text.startswith("{", pos) and not text[:pos].strip():
         return read_envelope(text, pos, names)
     return None
 
 
-def read_closing(found: tuple[FunctionCall, int], text: str, closing: str) -> tuple[FunctionCall, int] | None:
+def read_closing(found: tuple[tuple[FunctionCall, ...], int], text: str, closing: str
+                 ) -> tuple[tuple[FunctionCall, ...], int] | None:
     """A call read up to ``found[1]``, then ``closing`` (which the turn's end may leave out)."""
     call, at = found
     at = _SPACE.match(text, at).end()
@@ -187,46 +244,52 @@ def read_object(text: str, pos: int) -> tuple[dict, int] | None:
     return (value, at) if isinstance(value, dict) else None
 
 
-def read_envelope(text: str, pos: int, names: Collection[str]) -> tuple[FunctionCall, int] | None:
+def read_envelope(text: str, pos: int, names: Collection[str]) -> tuple[tuple[FunctionCall, ...], int] | None:
     """A call's JSON object ``{"name": N, "arguments": A}`` at ``pos`` (``parameters`` is read
     as ``arguments``, as some models write it; A may be a JSON string of the object)."""
     found = read_object(text, pos)
     if found is None:
         return None
-    envelope, at = found
-    keys = set(envelope)
-    if keys not in ({"name", "arguments"}, {"name", "parameters"}):
-        return None
-    name, arguments = envelope["name"], envelope.get("arguments", envelope.get("parameters"))
-    if isinstance(arguments, str):  # some models write the arguments as a JSON string
-        try:
-            arguments = json.loads(arguments)
-        except ValueError:
-            return None
-    if not isinstance(name, str) or name not in names or not isinstance(arguments, dict):
-        return None
+    call = get_envelope_call(found[0], names)
     # the arguments as the template writes them (its `tojson`): a client that sends them back
     # gets the tokens the model wrote, where it wrote them the same way
-    return FunctionCall(name, json.dumps(arguments, ensure_ascii=False)), at
+    return None if call is None else ((FunctionCall(*call),), found[1])
 
 
 def read_call(fmt: CallFormat, text: str, pos: int, names: Collection[str],
-              closed: bool = False) -> tuple[FunctionCall, int] | None:
-    """The call written at ``pos`` in the template's own format (its marker, the JSON object,
-    its closing) and where it ends, or None where none parses there. The turn's end may leave
-    the last call's closing out, unless ``closed`` (inside a fence)."""
+              closed: bool = False) -> tuple[tuple[FunctionCall, ...], int] | None:
+    """The calls written at ``pos`` in the template's own format (its marker, the call in the
+    format's shape, its closing) and where they end, or None where none parses there. The turn's
+    end may leave the last call's closing out, unless ``closed`` (inside a fence)."""
     tag = fmt.marker.strip()
-    if not text.startswith(tag, pos):
+    if fmt.shape != "envelope":
+        found = read_shape(fmt, text, pos, names)
+        return None if found is None else (tuple(FunctionCall(*c) for c in found[0]), found[1])
+    if text.startswith(tag, pos):
+        pos += len(tag)
+    elif fmt.opening.startswith(tag):  # a marker that is optional (Llama 3's `<|python_tag|>`) may be left out
         return None
-    found = read_envelope(text, pos + len(tag), names)
+    found = read_envelope(text, pos, names)
     if found is None:
         return None
-    call, at = found
+    calls, at = found
     end = fmt.end.strip()
     at = _SPACE.match(text, at).end()
     if at == len(text) and not closed:  # the turn ended after the object: a last call's closing may be left out
-        return call, at
-    return (call, at + len(end)) if text.startswith(end, at) else None
+        return calls, at
+    return (calls, at + len(end)) if text.startswith(end, at) else None
+
+
+def read_shape(fmt: CallFormat, text: str, pos: int, names: Collection[str]):
+    """The calls at ``pos`` of a format of another shape than the envelope (:mod:`.call_shapes`)."""
+    tag = fmt.marker.strip()
+    if fmt.shape == "name_args":
+        return read_name_args(text, pos, tag, fmt.between.strip(), names)
+    if fmt.shape == "list":
+        return read_list(text, pos, tag, names)
+    if fmt.shape == "xml":
+        return read_xml(text, pos, tag, fmt.end.strip(), names)
+    return read_pythonic(text, pos, names)
 
 
 def split_stream_text(fmt: CallFormat | None, text: str,
@@ -247,5 +310,5 @@ def split_stream_text(fmt: CallFormat | None, text: str,
     return text.rstrip().rstrip("\ufffd").rstrip(), False
 
 
-__all__ = ["OPENINGS", "CallFormat", "FunctionCall", "canonical_json", "get_call_format", "get_openings_at",
-           "parse_turn", "read_call", "read_envelope", "read_opening", "split_stream_text"]
+__all__ = ["END_THINK", "OPENINGS", "THINK", "CallFormat", "FunctionCall", "canonical_json", "get_call_format", "get_openings_at",
+           "parse_turn", "read_call", "read_envelope", "read_opening", "split_reasoning", "split_stream_text"]
