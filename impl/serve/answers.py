@@ -25,21 +25,6 @@ from unsee.impl.serve.pool import Pool
 from unsee.impl.util.ids import ANSWER, SYSTEM, compute_block_id
 
 
-def check_tools(pool: Pool, req: dict) -> None:
-    if req["tools"] and not pool.tools_ok:
-        raise bad_request(f"tools: the chat template of model {pool.engine.lm.name} has no tool-call format this "
-                          "server parses (docs/serve.md, 'Tools')", param="tools")
-
-
-def check_calls(pool: Pool, items: list[dict], param: str) -> None:
-    """A client's ``function_call`` items are rendered in the template's call format: a model
-    without one cannot take them."""
-    found = next((n for n, i in enumerate(items) if i["kind"] == "function_call"), None)
-    if found is not None and not pool.tools_ok:
-        raise bad_request(f"{param}[{found}]: function_call items need a model whose chat template has a tool-call "
-                          f"format this server parses; {pool.engine.lm.name}'s has none", param=f"{param}[{found}]")
-
-
 def get_target(pool: Pool, req: dict, owner: str) -> tuple[Conversation | None, str | None]:
     """The conversation a response continues and the response id it names (None, None: a new one)."""
     if req["conversation"]:
@@ -142,7 +127,7 @@ def split_system(pool: Pool, messages: list[dict], instructions: str | None) -> 
 def complete(pool: Pool, req: dict, messages: list[dict], owner: str, listener=None) -> dict:
     """A stateless completion of ``messages`` (the chat route's and a stateless response's)."""
     system, messages = split_system(pool, messages, req.get("instructions"))
-    check_messages(messages, pool.tools_ok)
+    check_messages(messages)
     sampling = turns.get_sampling(req, pool.defaults, pool.defaults)
     config = Config(system, req["tools"], req["choice"], req["function"], req["parallel"], req.get("format"), sampling)
     with pool.hold():  # the engine's lock alone: a completion has no conversation
@@ -182,6 +167,6 @@ def complete_chat(pool: Pool, model: str, req: dict, owner: str, completion_id: 
     return {"completion": completion, "finish_reason": out["finish_reason"], "usage": usage, "logprobs": logprobs}
 
 
-__all__ = ["check_calls", "check_tools", "complete", "complete_chat", "get_kept_tokens", "get_settings", "get_status",
+__all__ = ["complete", "complete_chat", "get_kept_tokens", "get_settings", "get_status",
            "get_target", "get_usage",
            "respond", "respond_new", "respond_stateless", "split_system"]

@@ -202,7 +202,6 @@ def add_conversation_routes(app: FastAPI, pool: Pool, model_name: str) -> None:
     async def create_conversation(request: Request) -> dict:
         body = check_fields(await read_json(request, empty_ok=True), CONVERSATION_FIELDS, "conversations")
         items = bodies.read_items(body.get("items"), "items", empty_ok=True)
-        answers.check_calls(pool, items, "items")
         metadata = bodies.read_metadata(body.get("metadata"))
         conv = await run_in_threadpool(pool.create, items, metadata, get_owner(request))
         note_conversation(request.state, conv.id)
@@ -235,7 +234,6 @@ def add_item_routes(app: FastAPI, pool: Pool, metrics: Metrics) -> None:
         check_query(request, {"include"})
         body = check_fields(await read_json(request), ITEMS_FIELDS, "items.create")
         items = bodies.read_items(body.get("items"), "items")
-        answers.check_calls(pool, items, "items")
         return await run_held(pool, pool.get(conv_id, get_owner(request)),
                               lambda c: shapes.item_list(c.add_items(items)))
 
@@ -277,8 +275,6 @@ def add_response_routes(app: FastAPI, pool: Pool, model_name: str) -> None:
     @app.post("/v1/responses")
     async def create_response(request: Request):
         req = bodies.read_response_request(await read_json(request))
-        answers.check_tools(pool, req)
-        answers.check_calls(pool, req["items"], "input")
         owner = get_owner(request)
         if req["stateless"]:
             def work(listener):
@@ -309,7 +305,6 @@ def add_chat_routes(app: FastAPI, pool: Pool, model_name: str) -> None:
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
         req = bodies.read_chat_request(await read_json(request))
-        answers.check_tools(pool, req)
         owner, completion_id = get_owner(request), "chatcmpl-" + secrets.token_hex(16)
 
         def work(listener):

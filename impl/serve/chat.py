@@ -56,14 +56,10 @@ def get_messages(items: list[dict]) -> list[dict]:
     return out
 
 
-def check_messages(messages: list[dict], tools_ok: bool) -> None:
-    """Every tool message answers a call of the assistant message before its run; calls and
-    results need a model whose template has a call format."""
+def check_messages(messages: list[dict]) -> None:
+    """Every tool message answers a call of the assistant message before its run."""
     calls: tuple[str, ...] = ()
     for i, m in enumerate(messages):
-        if (m["calls"] or m["role"] == "tool") and not tools_ok:
-            raise bad_request(f"messages[{i}]: tool calls and results need a model whose chat template has a "
-                              "tool-call format this server parses", param=f"messages[{i}]")
         if m["role"] == "tool" and m["call_id"] not in calls:
             raise bad_request(f"messages[{i}].tool_call_id: {m['call_id']!r} names no call of the assistant "
                               "message before it", param=f"messages[{i}].tool_call_id")

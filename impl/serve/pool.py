@@ -66,7 +66,6 @@ class Pool:
         renderer = get_renderer(engine.lm)
         #: the model's call format: its family's (impl/agent/tools/families.py), or the generic one
         self.call_format = get_model_tool_format(renderer, engine.lm, None)
-        self.tools_ok = True
         self.chats: dict[str, ChatCache] = {}
         self.root = Path(root)
         self.kv_budget = kv_budget
