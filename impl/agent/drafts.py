@@ -74,6 +74,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import statistics
 import time
 from collections.abc import Iterable, Mapping, Sequence
 
@@ -336,29 +337,34 @@ def get_totals(turns: Sequence[TurnCost]) -> dict:
 def time_forwards(engine, drafts: Drafts | None, timings: list) -> contextlib.AbstractContextManager:
     """Around a replayed turn under a draft policy: append each of ``engine``'s forwards as
     (tokens, seconds, commit) to ``timings``, which the policy settles its drafts by
-    (:meth:`Drafts.with_turn`); nothing where no policy drafts (or it has stopped)."""
+    (:meth:`Drafts.with_turn`); nothing where no policy drafts (or it has stopped). A forward's
+    seconds are its wall time, or the process's CPU time since the last forward where that is
+    less: a shared machine's other work stretches the one, never the other."""
     if drafts is None or drafts.policy is None or drafts.stopped is not None:
         return contextlib.nullcontext()
+    last = [time.process_time()]
 
     def timed(commit: bool):
-        return lambda n, started: timings.append((n, time.perf_counter() - started, commit))
+        def on_forward(n: int, started: float) -> None:
+            wall, cpu, last[0] = time.perf_counter() - started, time.process_time() - last[0], time.process_time()
+            timings.append((n, min(wall, cpu), commit))
+        return on_forward
     return engine.hook_forwards(timed(False), timed(True))
 
 
 def get_measured_costs(policy: DraftPolicy, turns: Sequence[TurnCost]) -> dict[int, float]:
     """A forward's cost in decode steps by size, as this replay's own forwards measured it: the
-    fastest forward of each size over the fastest one-token forward (minima, so that another
-    process's bursts do not count; the commits' re-prefills left out); sizes it has not run are
-    the policy's table's (:meth:`DraftPolicy.get_cost`)."""
-    fastest: dict[int, float] = {}
+    median forward of each size over the median one-token forward (the commits' re-prefills
+    left out); sizes it has not run are the policy's table's (:meth:`DraftPolicy.get_cost`)."""
+    seconds: dict[int, list[float]] = {}
     for turn in turns:
-        for n, seconds, commit in turn.timings:
+        for n, spent, commit in turn.timings:
             if not commit:
-                fastest[n] = min(seconds, fastest.get(n, seconds))
-    step = fastest.get(1)
-    if not step or step <= 0:
+                seconds.setdefault(n, []).append(spent)
+    step = statistics.median(seconds[1]) if 1 in seconds else 0.0
+    if step <= 0:
         return {}
-    return {n: t / step for n, t in fastest.items() if n >= 2}
+    return {n: statistics.median(t) / step for n, t in seconds.items() if n >= 2}
 
 
 def compute_turn_saving(policy: DraftPolicy, turn: TurnCost, costs: Mapping[int, float]) -> float:
