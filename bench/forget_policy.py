@@ -15,7 +15,9 @@ time, tokens prefilled and decoded, forwards and tokens fed to the model; every 
 call is recorded (its forwards' sizes and CPU time), so the forget's turns can be set
 against the same turns without drafts. ``--methods`` may add ``replay-whole``: B7 with the
 engine's draft policy removed, each forward feeding all it can (the whole draft, guesses of
-up to eight tokens): the verification before the policy, less its probes' spent steps.
+up to eight tokens): the verification before the policy, less its probes' spent steps; and
+``replay-drafts``: B7 with drafts forced on where the model's cost table says they cannot pay
+(the replay's own stop kept; ``make drafts-bench``, bench/drafts_models.py).
 
 Writes ``rows.jsonl`` (one row per episode; a rerun resumes), ``summary.json`` and
 ``forget_policy.md``. ``--docs docs/bench.md`` rewrites that page's generated region from
