@@ -34,7 +34,7 @@ PIP_C_LLAMAINDEX = $(if $(LLAMAINDEX_CONSTRAINTS),-c $(LLAMAINDEX_CONSTRAINTS))
 # take an extra without unsee itself (whose dependencies bring torch)
 get_extra = $(shell $(PYTHON) -c 'import shlex, tomllib; print(shlex.join(tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["$(1)"]))')
 
-.PHONY: demo test lint nightly flake bench paper install clean gpu gpu-wheels vllm test-vllm lock serve serve-peer serve-agents scorecard eval-qwen crossmodel
+.PHONY: demo test lint nightly flake bench paper install clean gpu gpu-wheels vllm test-vllm lock serve serve-peer serve-agents scorecard eval-qwen crossmodel drafts-bench
 
 $(VENV)/.installed: pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
@@ -177,6 +177,16 @@ crossmodel: $(VENV)/.test-installed $(VENV)/.llamacpp-installed
 	$(PY) -m unsee.impl.cli.main eval --suite $(EVAL_SUITES) --episodes $(CROSS_N) --model gemma3-270m --engine llamacpp --workers $(EVAL_WORKERS) --out out/eval-gemma3
 	$(PY) -m unsee.impl.eval.archive restore $(EVAL_ARCHIVE) out/eval-qwen
 	$(PY) -m unsee.impl.eval.crossmodel out/eval-smollm2-llamacpp out/eval-qwen out/eval-gemma3 --write out/crossmodel.md
+
+# The draft policy over several models (issue 54, docs/drafts.md "The policy on several
+# models"): per model, B7 under the default policy, without drafts and with drafts forced on,
+# DRAFTS_N episodes per suite (4 suites), one thread, in one process a model; then the table.
+DRAFTS_N ?= 5
+DRAFTS_MODELS ?= qwen2.5-1.5b gemma3-270m smollm2
+drafts-bench: $(VENV)/.test-installed $(VENV)/.llamacpp-installed
+	for m in $(DRAFTS_MODELS); do OMP_NUM_THREADS=1 $(PY) -m unsee.bench.forget_policy --model $$m --engine llamacpp \
+	  --episodes $(DRAFTS_N) --methods replay,replay-decode,replay-drafts --out out/drafts-bench/$$m || exit 1; done
+	$(PY) -m unsee.bench.drafts_models $(addprefix out/drafts-bench/,$(DRAFTS_MODELS)) --docs docs/drafts.md
 
 # The paper's efficiency tables (docs/bench.md).
 paper: $(VENV)/.installed

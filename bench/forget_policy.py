@@ -15,7 +15,9 @@ time, tokens prefilled and decoded, forwards and tokens fed to the model; every 
 call is recorded (its forwards' sizes and CPU time), so the forget's turns can be set
 against the same turns without drafts. ``--methods`` may add ``replay-whole``: B7 with the
 engine's draft policy removed, each forward feeding all it can (the whole draft, guesses of
-up to eight tokens): the verification before the policy, less its probes' spent steps.
+up to eight tokens): the verification before the policy, less its probes' spent steps; and
+``replay-drafts``: B7 with drafts forced on where the model's cost table says they cannot pay
+(the replay's own stop kept; ``make drafts-bench``, bench/drafts_models.py).
 
 Writes ``rows.jsonl`` (one row per episode; a rerun resumes), ``summary.json`` and
 ``forget_policy.md``. ``--docs docs/bench.md`` rewrites that page's generated region from
@@ -37,6 +39,8 @@ import sys
 import time
 from pathlib import Path
 
+import attrs
+
 from unsee.bench import options
 from unsee.impl.agent.runtime import AgentRuntime
 from unsee.impl.cli.demo import get_model_episode
@@ -53,7 +57,7 @@ from unsee.impl.util.build import get_build
 #: B7 with drafts, without, B5' and B5; ``replay-whole`` (B7, every forward feeding all it can) on request
 METHODS = ("replay", "replay-decode", "reset-prefix-cache", "reset")
 NAMES = {"replay": "B7 with drafts", "replay-decode": "B7 without drafts", "reset-prefix-cache": "B5'",
-         "reset": "B5", "replay-whole": "B7, whole drafts"}
+         "reset": "B5", "replay-whole": "B7, whole drafts", "replay-drafts": "B7, drafts forced on"}
 #: the generated region of docs/bench.md this bench's summary fills, the committed summary it
 #: is rendered from, and the command that rewrites it (tests/test_docs.py checks the region)
 REGION = "forget-policy"
@@ -89,10 +93,12 @@ def time_method(engine, base, method: str, case, keep: dict | None = None) -> di
     policy = engine.draft_policy
     if method == "replay-whole":
         engine.draft_policy = None
+    elif method == "replay-drafts" and policy is not None:  # drafts wherever the measured costs say or not
+        engine.draft_policy = attrs.evolve(policy, pays=True)
     try:
         with record_turns(engine) as (turns, fed):
             started, cpu = time.perf_counter(), time.thread_time()
-            runtime, result = run_any(base, "replay" if method == "replay-whole" else method, case)
+            runtime, result = run_any(base, "replay" if method in ("replay-whole", "replay-drafts") else method, case)
             cpu, wall = time.thread_time() - cpu, time.perf_counter() - started
     finally:
         engine.draft_policy = policy
@@ -100,6 +106,8 @@ def time_method(engine, base, method: str, case, keep: dict | None = None) -> di
            "decoded": result.decoded_tokens, "recomputed": result.recomputed_tokens, "forwards": len(fed),
            "fed": sum(fed), "digest": result.digest, "turns": turns}
     drafts = result.report.drafts.to_json() if result.report else {}
+    if drafts:
+        row["drafts_account"] = {k: drafts.get(k) for k in ("mode", "why", "stopped")}
     if drafts.get("mode") == "verify":
         row["drafts"] = {"totals": drafts.get("totals"), "policy": drafts.get("policy"),
                          "turns": drafts.get("turns")}
@@ -146,8 +154,10 @@ def run_case(engine, case, methods: tuple[str, ...], index: int) -> dict:
     for method in order:
         row["order"].append(method)
         row["methods"][method] = time_method(engine, base, method, case)
-    reset = row["methods"].get("reset", {}).get("digest")
-    row["equal_digests"] = {m: r["digest"] == reset for m, r in row["methods"].items()}
+    # against the full reset where it ran, else against the forget without drafts (itself checked
+    # against the reset by the properties)
+    reference = (row["methods"].get("reset") or row["methods"]["replay-decode"])["digest"]
+    row["equal_digests"] = {m: r["digest"] == reference for m, r in row["methods"].items()}
     return row
 
 
@@ -368,7 +378,11 @@ def run(args, argv: list[str]) -> dict:
             sink.write(json.dumps(row) + "\n")
         print(f"{case.suite}/{case.id}: " + ", ".join(f"{m} {r['cpu_s']:.1f} s" for m, r in row["methods"].items()),
               file=sys.stderr, flush=True)
-    summary = compute_summary(rows, get_label(engine, rows, argv))
+    label = get_label(engine, rows, argv)
+    (out / "label.json").write_text(json.dumps(label, indent=1))
+    if not set(METHODS) <= set(args.methods.split(",")):  # the per-model bench (bench/drafts_models.py)
+        return {"label": label}
+    summary = compute_summary(rows, label)
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     (out / "forget_policy.md").write_text(render_summary(summary))
     return summary
@@ -428,6 +442,8 @@ def main(argv: list[str] | None = None) -> None:
         summary = merge(args.merge, Path(args.out))
     else:
         summary = json.loads(Path(args.summary).read_text()) if args.summary else run(args, argv)
+    if "groups" not in summary:
+        return
     if args.docs:
         write_docs(summary, Path(args.docs))
     print(render_summary(summary))

@@ -100,7 +100,7 @@ def test_facts_are_measured_once_then_read_from_the_cache(tmp_path, monkeypatch)
         raise AssertionError("measured again despite the cache")
 
     monkeypatch.setattr(facts, "measure_decode_facts", refuse)
-    monkeypatch.setattr(cost, "measure_per_token", refuse)
+    monkeypatch.setattr(cost, "measure_costs", refuse)
     again = load_engine("llamacpp-tiny", threads=1, n_ctx=256)
     assert again.draft_bound == first.draft_bound and again.lm.draft_bound_source == first.lm.draft_bound_source
     assert again.draft_policy == first.draft_policy and again.draft_policy.per_token > 0

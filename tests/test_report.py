@@ -46,8 +46,8 @@ def test_an_oracle_and_an_off_account_write_only_what_they_have():
 
 def test_no_replay_writes_mode_and_why_only():
     assert_same(DraftsAccount.none().to_json(), {"mode": "off", "why": "no replay of model turns from drafts"})
-    assert tuple(DRAFTS_ACCOUNT_KEYS) == ("mode", "bound", "lookup", "labelled_steps", "why", "bound_source",
-                                          "policy", "cpu_isa", "totals", "turns")
+    assert tuple(DRAFTS_ACCOUNT_KEYS) == ("mode", "bound", "lookup", "labelled_steps", "why", "stopped",
+                                          "bound_source", "policy", "cpu_isa", "totals", "turns")
 
 
 def test_report_extra_keeps_the_order_it_was_written_in():

@@ -72,7 +72,10 @@ exact by construction. ``python -m unsee.bench.discrepancy`` re-measures.
 
 from __future__ import annotations
 
+import contextlib
 import re
+import statistics
+import time
 from collections.abc import Iterable, Mapping, Sequence
 
 import attrs
@@ -106,6 +109,9 @@ class TurnCost:
     trusted: bool = False
     generated: int = 0  # tokens the turn committed (its canonical chunk)
     quotes: bool = False  # the draft quoted a forgotten item (probes are estimated apart)
+    #: the turn's forwards as they ran, (tokens, seconds, commit): recorded under a draft
+    #: policy, which reads them to settle what the drafts saved (:func:`compute_balance`)
+    timings: tuple[tuple[int, float, bool], ...] = attrs.field(default=(), converter=tuple)
 
     accepted = property(lambda self: self.spent.draft_accepted_tokens)
     rejected = property(lambda self: self.spent.draft_rejected_tokens)
@@ -124,11 +130,12 @@ class TurnCost:
     forwards = property(lambda self: self.spent.forward_calls)
 
     @classmethod
-    def from_spent(cls, block: str, draft: Draft | None, spent: Counters, generated: int) -> TurnCost:
+    def from_spent(cls, block: str, draft: Draft | None, spent: Counters, generated: int,
+                   timings: Iterable[tuple[int, float, bool]] = ()) -> TurnCost:
         """A decoded turn's cost from the engine's counters over it (``spent``: a
-        :class:`~unsee.impl.engines.counts.Counters` difference)."""
+        :class:`~unsee.impl.engines.counts.Counters` difference) and its forwards' ``timings``."""
         return cls(block, len(draft.tokens) if draft else 0, spent, generated=generated,
-                   quotes=draft is not None and draft.quotes)
+                   quotes=draft is not None and draft.quotes, timings=timings)
 
     @classmethod
     def from_trusted(cls, block: str, draft: Draft) -> TurnCost:
@@ -231,17 +238,32 @@ class Drafts:
     lookup: bool = True
     policy: DraftPolicy | None = None
     turns: tuple[TurnCost, ...] = attrs.field(default=(), converter=tuple)
+    #: why drafting stopped for the rest of this replay (None: it has not; :meth:`with_turn`)
+    stopped: str | None = None
 
     def get(self, block_id: str) -> Draft | None:
         return self.drafts.get(block_id)
 
     def with_turn(self, cost: TurnCost) -> Drafts:
-        """These drafts after one more replayed turn, which cost ``cost``."""
-        return attrs.evolve(self, turns=(*self.turns, cost))
+        """These drafts after one more replayed turn, which cost ``cost``. Under a policy, drafting
+        stops for the rest of the replay once its drafts have lost, over its turns so far and at
+        the costs its own forwards measured (:func:`compute_balance`), more than a turn's opening
+        may: the cost table said they could pay, and this replay says otherwise."""
+        turns = (*self.turns, cost)
+        stopped = self.stopped
+        if stopped is None and self.policy is not None and cost.timings:
+            balance = compute_balance(self.policy, turns)
+            if balance < -self.policy.opening - 1e-9:
+                stopped = (f"stopped after turn {cost.block}: drafts had lost {-balance:.2f} decode steps over "
+                           f"{len(turns)} turn(s), more than a turn's opening ({self.policy.opening:.2f}), at the "
+                           "costs this forget's own forwards measured; the rest decoded without them")
+        return attrs.evolve(self, turns=turns, stopped=stopped)
 
     def get_assist(self, draft: Draft | None) -> Assist:
         """What the next model turn's ``generate`` may verify: its draft, and
-        whether to probe it first and to guess from the context."""
+        whether to probe it first and to guess from the context (nothing once stopped)."""
+        if self.stopped is not None:
+            return Assist()
         return Assist(draft=draft.tokens if draft is not None else None,
                       probe=draft is not None and self.should_probe(draft), lookup=self.should_lookup())
 
@@ -312,6 +334,57 @@ def get_totals(turns: Sequence[TurnCost]) -> dict:
     return totals
 
 
+def time_forwards(engine, drafts: Drafts | None, timings: list) -> contextlib.AbstractContextManager:
+    """Around a replayed turn under a draft policy: append each of ``engine``'s forwards as
+    (tokens, seconds, commit) to ``timings``, which the policy settles its drafts by
+    (:meth:`Drafts.with_turn`); nothing where no policy drafts (or it has stopped). A forward's
+    seconds are its wall time, or the process's CPU time since the last forward where that is
+    less: a shared machine's other work stretches the one, never the other."""
+    if drafts is None or drafts.policy is None or drafts.stopped is not None:
+        return contextlib.nullcontext()
+    last = [time.process_time()]
+
+    def timed(commit: bool):
+        def on_forward(n: int, started: float) -> None:
+            wall, cpu, last[0] = time.perf_counter() - started, time.process_time() - last[0], time.process_time()
+            timings.append((n, min(wall, cpu), commit))
+        return on_forward
+    return engine.hook_forwards(timed(False), timed(True))
+
+
+def get_measured_costs(policy: DraftPolicy, turns: Sequence[TurnCost]) -> dict[int, float]:
+    """A forward's cost in decode steps by size, as this replay's own forwards measured it: the
+    median forward of each size over the median one-token forward (the commits' re-prefills
+    left out); sizes it has not run are the policy's table's (:meth:`DraftPolicy.get_cost`)."""
+    seconds: dict[int, list[float]] = {}
+    for turn in turns:
+        for n, spent, commit in turn.timings:
+            if not commit:
+                seconds.setdefault(n, []).append(spent)
+    step = statistics.median(seconds[1]) if 1 in seconds else 0.0
+    if step <= 0:
+        return {}
+    return {n: statistics.median(t) / step for n, t in seconds.items() if n >= 2}
+
+
+def compute_turn_saving(policy: DraftPolicy, turn: TurnCost, costs: Mapping[int, float]) -> float:
+    """What a turn's drafts saved, in decode steps (negative: lost): decoding its ``generated``
+    tokens takes one forward a token but the last, and a forward to commit it (feeding its last
+    token, or re-prefilling it whole, which both paths do alike and is left out of both); its own
+    forwards cost what ``costs`` (else the policy's table) says."""
+    refed = any(commit for _, _, commit in turn.timings)
+    decoding = max(turn.generated - 1, 0) + (0 if refed else 1)
+    spent = sum(costs.get(n) or policy.get_cost(n) for n, _, commit in turn.timings if not commit)
+    return decoding - spent
+
+
+def compute_balance(policy: DraftPolicy, turns: Sequence[TurnCost]) -> float:
+    """What a replay's drafts have saved so far, in decode steps, over its turns that recorded
+    their forwards, at the costs its own forwards measured (:func:`get_measured_costs`)."""
+    costs = get_measured_costs(policy, turns)
+    return sum(compute_turn_saving(policy, t, costs) for t in turns if t.timings)
+
+
 @attrs.frozen
 class DraftsAccount:
     """The forget report's account of how a replay used drafts (``ForgetReport.drafts``):
@@ -330,6 +403,7 @@ class DraftsAccount:
     policy: DraftPolicy | None = None  # the engine's draft policy, where drafts sized their forwards by it
     cpu_isa: str | None = None  # the instruction set the bound was applied on (``get_cpu_isa``)
     turns: tuple[TurnCost, ...] | None = None  # the replayed model turns (None: no drafts replayed)
+    stopped: str | None = None  # why the replay stopped drafting partway (``Drafts.with_turn``)
 
     @classmethod
     def none(cls) -> DraftsAccount:
@@ -340,9 +414,10 @@ class DraftsAccount:
         """This account with the plan's facts: where the bound came from, the draft policy and the CPU."""
         return attrs.evolve(self, bound_source=bound_source, policy=policy, cpu_isa=cpu_isa)
 
-    def with_turns(self, turns: Iterable[TurnCost]) -> DraftsAccount:
-        """This account once the replay's model turns have cost ``turns``."""
-        return attrs.evolve(self, turns=tuple(turns))
+    def with_turns(self, turns: Iterable[TurnCost], stopped: str | None = None) -> DraftsAccount:
+        """This account once the replay's model turns have cost ``turns`` (``stopped``: why it
+        stopped drafting partway, if it did)."""
+        return attrs.evolve(self, turns=tuple(turns), stopped=stopped)
 
     @property
     def totals(self) -> dict | None:
@@ -355,7 +430,7 @@ class DraftsAccount:
         other field only where it is set."""
         fields = {"mode": self.mode, "bound": self.bound, "lookup": self.lookup,
                   "labelled_steps": None if self.labelled_steps is None else list(self.labelled_steps),
-                  "why": self.why, "bound_source": self.bound_source,
+                  "why": self.why, "stopped": self.stopped, "bound_source": self.bound_source,
                   "policy": None if self.policy is None else self.policy.to_json(), "cpu_isa": self.cpu_isa,
                   "totals": self.totals, "turns": None if self.turns is None else [t.to_json() for t in self.turns]}
         # a chosen account names its bound, source and CPU even where they are None (none measured)
@@ -364,7 +439,7 @@ class DraftsAccount:
 
 
 #: The keys of the report's drafts account (:meth:`DraftsAccount.to_json`), in order.
-DRAFTS_ACCOUNT_KEYS = ("mode", "bound", "lookup", "labelled_steps", "why", "bound_source", "policy", "cpu_isa",
+DRAFTS_ACCOUNT_KEYS = ("mode", "bound", "lookup", "labelled_steps", "why", "stopped", "bound_source", "policy", "cpu_isa",
                        "totals", "turns")
 
 
@@ -396,6 +471,10 @@ def choose_drafts(lm, bound: float | None, blocks: Sequence, steps: Sequence, bo
         return None, DraftsAccount("off", f"no prefill-versus-decode bound measured for {lm.name} on "
                                           f"{lm.device} {lm.dtype}: every turn re-decoded (`unsee calibrate` "
                                           "measures one)")
+    if policy is not None and not policy.pays and not wanted:
+        return None, DraftsAccount("off", f"drafts cannot pay on {lm.name} here ({policy.source}): "
+                                          f"{policy.why}; every turn decoded (forget(..., drafts=True) drafts "
+                                          "anyway)", bound)
     pending = set(pending)
     forgotten = [i.text for s in steps for i in s.items if i.source in pending]
     return Drafts.from_blocks(blocks, bound, forgotten=forgotten, lookup=lookup, policy=policy), DraftsAccount(

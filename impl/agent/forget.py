@@ -148,7 +148,7 @@ def get_replayed(runtime: Runtime, base: RuntimeState, plan: ReplayPlan, replay:
     on ``restored``, has re-enacted the sanitized suffix): the twin's state as
     a value, with the replay's drafts and costs, which the runtime adopts or
     drops (refused if the runtime has moved from ``base`` meanwhile)."""
-    account = plan.drafts_account if replay.drafts is None else plan.drafts_account.with_turns(replay.drafts.turns)
+    account = plan.drafts_account if replay.drafts is None else plan.drafts_account.with_turns(replay.drafts.turns, replay.drafts.stopped)
     checkpoint = plan.checkpoint
     forgotten = Forgotten(method, tuple(source_ids), plan.tau, checkpoint, plan.closure,
                           replay.transitions - base.transitions, drafts=account,

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 import attrs
 
 from unsee.impl.agent.checkpoints import Checkpoint, CheckpointStore, is_checkpoint_due
-from unsee.impl.agent.drafts import Drafts, TurnCost
+from unsee.impl.agent.drafts import Drafts, TurnCost, time_forwards
 from unsee.impl.agent.episode import STEP_KINDS, Episode, Settings, Step
 from unsee.impl.agent.extensions import Extension
 from unsee.impl.agent.forget import (
@@ -311,12 +311,12 @@ class AgentRuntime:
             assist = self._drafts.get_assist(draft) if self._drafts is not None else Assist()
             settings, rule = self.get_turn_rule(header)
             seed = self._seed(settings.seed) if settings.temperature > 0 else None
-            with self._watch_turn(block_id):
+            with self._watch_turn(block_id), time_forwards(self.engine, self._drafts, timings := []):
                 generated = self.engine.generate(self.lineage, settings.max_new_tokens, self.engine.lm.eos_ids,
                                                  settings.temperature, seed, assist, rule)
             if self._drafts is not None:  # with drafts, every turn's cost is logged
                 spent = self.engine.counters.snapshot() - before
-                self._drafts = self._drafts.with_turn(TurnCost.from_spent(block_id, draft, spent, len(generated)))
+                self._drafts = self._drafts.with_turn(TurnCost.from_spent(block_id, draft, spent, len(generated), timings))
         body = [i for i in generated if i not in self.engine.lm.eos_ids]
         text = self.engine.lm.decode(body).strip()
         tokens = header + tuple(generated)

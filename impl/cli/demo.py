@@ -109,10 +109,13 @@ def run_demo(model: str = FALLBACK_MODEL, device: str = "cpu", dtype: str = "flo
             say(f"   {block.id:<12} {block.text[:90]!r}")
     say("\n2. A detector flags the tool result; forget request: "
         f"forget({target.source!r}). Each method starts from the same contaminated state:")
-    rows, runtimes = run_methods(base, episode)
+    rows, runtimes = run_methods(base, episode, say)
     reset = next(r for r in rows if r["method"] == "reset")
     replay = next(r for r in rows if r["method"] == "replay")
+    started = time.perf_counter()
     floor = compute_floor(engine, base, runtimes["reset"], replay["report"]["boundary"])
+    say(f"   the compute floor (what the forget must recompute at least), measured: "
+        f"{time.perf_counter() - started:.1f} s")
     del runtimes
     engine.budget.enforce()  # the methods' runtimes are gone: release their lineages
     summary = {"model": lm.name, "backend": backend, "device": lm.device, "dtype": lm.dtype,
@@ -163,17 +166,20 @@ def load_demo_model(model: str, backend: str, device: str, dtype: str, attn: str
     return lm
 
 
-def run_methods(base: AgentRuntime, episode: Episode) -> tuple[list[dict], dict]:
+def run_methods(base: AgentRuntime, episode: Episode,
+                say: Callable[[str], None] = lambda _: None) -> tuple[list[dict], dict]:
     """Each of :data:`DEMO_METHODS` on a fork of ``base``, audited: its row, and the
-    runtimes by method (the floor reads the reset's). States with one KV digest are
-    asked the probes once (the same KV decodes the same answers: A1)."""
+    runtimes by method (the floor reads the reset's); ``say`` gets a line as each ends. States
+    with one KV digest are asked the probes once (the same KV decodes the same answers: A1)."""
     target = episode.target
     probes = get_probes(task=episode.probes[0], cue="The party will be held at", names=DEMO_PROBES)
     rows, runtimes, asked = [], {}, {}
     for method in DEMO_METHODS:
+        started = time.perf_counter()
         runtime, result = apply_method(base, method, target.source, target.value)
         runtimes[method] = runtime
         audit = get_audit(runtime, result.digest, target.value, probes, asked)
+        say(f"   {PAPER_NAMES[method]}: done, and its state and answers audited ({time.perf_counter() - started:.1f} s)")
         rows.append({"method": method, "paper_name": PAPER_NAMES[method], "leaked": audit.leaked,
                      "state_leaks": [w for w, _ in audit.state_leaks],
                      "probe_leaks": [w for w, _ in audit.probe_leaks],

@@ -390,7 +390,7 @@ def get_context(lc, model, trained: int, n_ctx: int | None, slots: int, memory: 
 def set_decode_facts(lm: LlamaCppModel, cache_dir: str | os.PathLike | None = None) -> None:
     """Give ``lm`` its measured decode facts (:mod:`unsee.impl.engines.llamacpp.facts`):
     the longest forward equal to decoding, the drafts' bound that allows, and where it came from."""
-    from unsee.impl.engines.llamacpp.cost import COST_PREFIX, get_per_token
+    from unsee.impl.engines.llamacpp.cost import COST_PREFIX, get_draft_policy
     from unsee.impl.engines.llamacpp.facts import get_decode_facts, is_cached
 
     started, cached = time.perf_counter(), is_cached(lm, cache_dir)
@@ -400,9 +400,7 @@ def set_decode_facts(lm: LlamaCppModel, cache_dir: str | os.PathLike | None = No
     lm.draft_bound_source = facts.describe(lm)
     if lm.draft_bound is not None:
         cached = cached and is_cached(lm, cache_dir, COST_PREFIX)
-        per_token = get_per_token(lm, llama_module(), cache_dir)
-        lm.draft_policy = DraftPolicy.from_cost(per_token, f"measured at load: a forward of n tokens costs about "
-                                                           f"1 + {per_token:g} (n - 1) decode steps")
+        lm.draft_policy = get_draft_policy(lm, llama_module(), cache_dir)
     if not cached:  # a first load of this file and setting: what the demo says it spent, once
         lm.info["measured_at_load_s"] = time.perf_counter() - started
 
