@@ -87,7 +87,7 @@ class LlamaCppEngine(LineageBook):
     #: what equal digests mean (protocol.Determinism.digest), and the support matrix's words (engines/support.py)
     DIGEST = "kv"
     SUPPORT: ClassVar[dict[str, str]] = {"drafts": "yes where decode == prefill is measured at load (bound 0, forwards capped)",
-               "kv_budget": "yes: parked lineages' rows, LRU", "store": "yes (records threads, flash attention, n_ctx, kernels)",
+               "kv_budget": "yes: parked lineages' rows, LRU", "store": "yes (records flash attention, n_ctx, kernels; threads only where the bits depend on them)",
                "receipts": "yes"}
 
     def __init__(self, lm: LlamaCppModel, kv_budget: int | None = None):
@@ -102,7 +102,8 @@ class LlamaCppEngine(LineageBook):
         self.draft_policy = lm.draft_policy
         self.determinism = Determinism(same_chunking_repeats=True, crop_continue_is_fresh=True,
                                        chunk_invariant=False, decode_is_prefill=False,
-                                       thread_invariant=False, statement=lm.determinism_statement, digest=self.DIGEST)
+                                       thread_invariant=lm.thread_invariant, statement=lm.determinism_statement,
+                                       digest=self.DIGEST)
         self.budget.set(kv_budget)
 
     @property
