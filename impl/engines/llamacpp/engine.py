@@ -87,7 +87,7 @@ class LlamaCppEngine(LineageBook):
     #: what equal digests mean (protocol.Determinism.digest), and the support matrix's words (engines/support.py)
     DIGEST = "kv"
     SUPPORT: ClassVar[dict[str, str]] = {"drafts": "yes where decode == prefill is measured at load (bound 0, forwards capped)",
-               "kv_budget": "yes: parked lineages' rows, LRU", "store": "yes (records flash attention, n_ctx, kernels; threads only where the bits depend on them)",
+               "kv_budget": "yes: parked lineages' rows, LRU", "store": "yes (records threads, flash attention, n_ctx, kernels)",
                "receipts": "yes"}
 
     def __init__(self, lm: LlamaCppModel, kv_budget: int | None = None):

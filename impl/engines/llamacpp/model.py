@@ -360,14 +360,21 @@ def load_llamacpp(name_or_path: str | os.PathLike = "smollm2", threads: int | No
     lm.n_swa, lm.slots, lm.n_ctx_train = n_swa, slots, trained
     if tokenizer is None:
         lm.chat_template, lm.special_tokens = get_chat_template(model, vocab)
+    set_decode_threads(lm, chosen, cache_dir)
+    return lm
+
+
+def set_decode_threads(lm: LlamaCppModel, chosen: bool, cache_dir: str | os.PathLike | None = None) -> None:
+    """Measure ``lm``'s decode facts (:func:`set_decode_facts`); where the thread count is the
+    default (not ``chosen``) and a padded step is not one thread's step on this file (its
+    two-token forward differs from decoding: ``max_forward`` < 2), decode on one thread instead
+    (prefill stays on every core), measured again; then whether its bits are thread-invariant."""
     set_decode_facts(lm, cache_dir)
     if lm.threads > 1 and lm.max_forward < 2 and not chosen:
-        # a padded step is not one thread's step on this file: decode on one, prefill on every core
         lm.threads = 1
-        lm.determinism_statement = _determinism_text(1, flash_attn, exact_kernels, batch_threads)
+        lm.determinism_statement = _determinism_text(1, lm.flash_attn, lm.exact_kernels, lm.batch_threads)
         set_decode_facts(lm, cache_dir)
     lm.thread_invariant = lm.threads == 1 or lm.max_forward >= 2
-    return lm
 
 
 def get_layout(lc, model, n_ctx: int | None, slots: int | None, memory: int | None,
