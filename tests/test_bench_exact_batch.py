@@ -85,3 +85,14 @@ def test_the_threads_part_and_the_tables(lm, capsys, tmp_path):
     table = capsys.readouterr().out
     assert "| split | 1 | mixed (chunk 4) | 2 |" in table
     assert [r["case"] for r in json.loads(out.read_text())["batch"]] == ["equal", "staggered", "mixed"]
+
+
+def test_the_pad_cost_times_both_kinds_of_step(tmp_path):
+    from unsee.bench import llamacpp_pad_cost
+
+    out = tmp_path / "cost.json"
+    assert llamacpp_pad_cost.main(["--model", "tiny", "--context", "20", "--steps", "2", "--threads", "1",
+                                   "--out", str(out)]) == 0
+    (row,) = json.loads(out.read_text())
+    assert row["threads"] == 1 and row["flash_attn"] and set(row) >= {"lone", "padded"}
+    assert all(row[k]["wall_min"] <= row[k]["wall_p50"] and row[k]["cpu_p50"] >= 0 for k in ("lone", "padded"))
