@@ -37,7 +37,7 @@ def time_steps(lm, lc, threads: int, flash: bool, context: int, steps: int) -> d
         forward(lc, ctx, batch, tokens[:context], 0, False, lm.vocab_size)
         times: dict[str, list[tuple[float, float]]] = {"lone": [], "padded": []}
         for _ in range(steps):
-            for kind in times:
+            for kind, spent in times.items():
                 cpu, wall = time.process_time(), time.perf_counter()
                 if kind == "padded":
                     forward_padded(lc, ctx, batch, tokens[context], context, lm.vocab_size)
@@ -46,7 +46,7 @@ def time_steps(lm, lc, threads: int, flash: bool, context: int, steps: int) -> d
                     batch.seq_id[0][0], batch.logits[0], batch.n_tokens = 0, 1, 1
                     if lc.llama_decode(ctx, batch) != 0:
                         raise RuntimeError(f"llama_decode failed at position {context}")
-                times[kind].append((time.perf_counter() - wall, time.process_time() - cpu))
+                spent.append((time.perf_counter() - wall, time.process_time() - cpu))
                 lc.llama_memory_seq_rm(lc.llama_get_memory(ctx), 0, context, -1)
         return {kind: {"cpu_p50": statistics.median(c for _, c in v), "wall_p50": statistics.median(w for w, _ in v),
                        "wall_min": min(w for w, _ in v)} for kind, v in times.items()}
