@@ -96,7 +96,7 @@ $(PEER_VENV)/.installed: $(PEER_CONSTRAINTS)
 # source that llama-cpp-python $(LLAMA_SERVER_VERSION) vendors (its sdist, from PyPI),
 # with the flags our llama-cpp-python build has (GGML_NATIVE=OFF: AVX2, FMA, F16C; no
 # AVX-512) and nothing that reaches the network (no curl, no OpenSSL, no prebuilt web UI).
-# About 25 minutes on 2 cores shared with other work (docs/serve.md); the build time and
+# 55 minutes on 2 cores shared with other work (load 8 to 15: docs/serve.md); the build time and
 # flags are written beside the binary (build.txt).
 LLAMA_SERVER_VERSION ?= 0.3.36
 LLAMA_SERVER_DIR ?= out/llama-server
