@@ -519,8 +519,10 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     label = get_label(args, argv)
     # loaded here first: the decode facts of these settings are measured (once) before any server times
-    engine = load_engine(args.model, "llamacpp", **({} if args.defaults else
-                                                    {"threads": args.threads, "batch_threads": args.batch_threads}))
+    # (a run without unsee uses it for the tokens only: one thread, whose facts are measured soonest)
+    threads = ({"threads": 1} if not {"unsee", "unsee-chat"} & set(args.systems) else {}) if args.defaults else \
+        {"threads": args.threads, "batch_threads": args.batch_threads}
+    engine = load_engine(args.model, "llamacpp", **threads)
     label["gguf"] = Path(engine.lm.source).name
     with tempfile.TemporaryDirectory(prefix="serve-peer-") as tmp:
         work = Path(tmp)

@@ -223,6 +223,19 @@ def format_scaling(results: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def merge_results(results: list[dict]) -> dict:
+    """Runs of one workload, one system each (run one after another, as the bench runs its
+    servers), as one result: every row, the floor of the run that measured one, the first
+    run's label with every run's command and the highest load average, the goals recomputed."""
+    rows = [r for result in results for r in result["rows"]]
+    floor = next((r["floor"] for r in results if r.get("floor")), None)
+    label = {**results[0]["label"], "command": " and ".join(f"`{r['label']['command']}`" for r in results).strip("`"),
+             "load_average": max(r["label"]["load_average"] for r in results),
+             "load_average_end": max(r["label"].get("load_average_end", 0) for r in results)}
+    workload = argparse.Namespace(**results[0]["summary"]["workload"])
+    return {"label": label, "summary": summarise(rows, floor, workload), "floor": floor, "rows": rows}
+
+
 def main(argv: list[str] | None = None) -> int:
     """Print a run's markdown again from its serve-peer.json (``--gguf``: the file's name, for a run
     recorded before the label named it), or (``--scaling``) the scaling table of several runs' folders."""
@@ -233,13 +246,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("json", nargs="+", help="a serve-peer.json, or with --scaling the runs' folders or files")
     parser.add_argument("--gguf", help="the GGUF's file name, where the run's label lacks it")
     parser.add_argument("--scaling", action="store_true", help="the scaling table of runs at several thread counts")
+    parser.add_argument("--merge", action="store_true", help="runs of one workload, a system each, as one table")
     args = parser.parse_args(argv)
     paths = [Path(p) / "serve-peer.json" if Path(p).is_dir() else Path(p) for p in args.json]
     results = [read_result(json.loads(p.read_text())) for p in paths]
     if args.scaling:
         print(format_scaling(results), end="")
         return 0
-    result = results[0]
+    result = merge_results(results) if args.merge else results[0]
     if args.gguf and "gguf" not in result["label"]:
         result["label"]["gguf"] = args.gguf
     print(format_markdown(result), end="")

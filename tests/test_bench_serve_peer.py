@@ -129,3 +129,19 @@ def test_a_missing_llama_server_names_the_make_target(tmp_path):
 
     with pytest.raises(FileNotFoundError, match="make llama-server"):
         start_llama_server(str(tmp_path / "none"), tmp_path / "m.gguf", "m", None, None, 4096, 8, tmp_path)
+
+
+def test_runs_of_one_system_each_merge_into_one_table():
+    from unsee.bench.serve_peer_table import merge_results
+
+    def run(system: str, seconds: float, load: float) -> dict:
+        rows = make_rows(system, seconds, 10)
+        label = {"build": "abc1234", "cpu": "c", "cores": 2, "load_average": load, "threads": None, "model": "m",
+                 "command": f"python -m unsee.bench.serve_peer --systems {system}"}
+        return {"label": label, "summary": summarise(rows, None, WORKLOAD), "floor": None, "rows": rows}
+
+    merged = merge_results([run("llama-server", 2.0, 3.0), run("unsee", 1.0, 5.0)])
+    assert set(merged["summary"]["systems"]) == {"llama-server", "unsee"} and merged["label"]["load_average"] == 5.0
+    by_name = {g["goal"]: g for g in merged["summary"]["goals"]}
+    assert by_name["1 conversation: output tokens/s vs llama-server"]["value"] == 2.0
+    assert "--systems llama-server` and `python" in format_markdown(merged)
