@@ -34,7 +34,7 @@ PIP_C_LLAMAINDEX = $(if $(LLAMAINDEX_CONSTRAINTS),-c $(LLAMAINDEX_CONSTRAINTS))
 # take an extra without unsee itself (whose dependencies bring torch)
 get_extra = $(shell $(PYTHON) -c 'import shlex, tomllib; print(shlex.join(tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["$(1)"]))')
 
-.PHONY: demo test lint nightly flake bench paper install clean gpu gpu-wheels vllm test-vllm lock serve serve-peer serve-agents scorecard eval-qwen crossmodel drafts-bench
+.PHONY: demo test lint nightly flake bench paper install clean gpu gpu-wheels vllm test-vllm lock serve serve-peer serve-peer-scaling llama-server serve-agents scorecard eval-qwen crossmodel drafts-bench
 
 $(VENV)/.installed: pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
@@ -92,8 +92,48 @@ $(PEER_VENV)/.installed: $(PEER_CONSTRAINTS)
 	CMAKE_ARGS="-DGGML_NATIVE=OFF" $(PEER_PY) -m pip install -q $(PIP_C_PEER) '$(PEER_SPEC)'
 	touch $@
 
-serve-peer: $(VENV)/.serve-installed $(VENV)/.llamacpp-installed $(PEER_VENV)/.installed
-	$(PY) -m unsee.bench.serve_peer --model qwen2.5-1.5b --peer-python $(PEER_PY) --out out/serve-peer $(PEER_ARGS)
+# llama.cpp's own `llama-server` (issue 50, item 4), built with cmake from the llama.cpp
+# source that llama-cpp-python $(LLAMA_SERVER_VERSION) vendors (its sdist, from PyPI),
+# with the flags our llama-cpp-python build has (GGML_NATIVE=OFF: AVX2, FMA, F16C; no
+# AVX-512) and nothing that reaches the network (no curl, no OpenSSL, no prebuilt web UI).
+# 55 minutes on 2 cores shared with other work (load 8 to 15: docs/serve.md); the build time and
+# flags are written beside the binary (build.txt).
+LLAMA_SERVER_VERSION ?= 0.3.36
+LLAMA_SERVER_DIR ?= out/llama-server
+LLAMA_SERVER_SRC := $(LLAMA_SERVER_DIR)/llama_cpp_python-$(LLAMA_SERVER_VERSION)/vendor/llama.cpp
+LLAMA_SERVER := $(LLAMA_SERVER_DIR)/build/bin/llama-server
+LLAMA_SERVER_FLAGS ?= -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=OFF -DBUILD_SHARED_LIBS=OFF \
+	-DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+	-DLLAMA_BUILD_APP=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF
+$(LLAMA_SERVER): $(VENV)/.installed
+	mkdir -p $(LLAMA_SERVER_DIR)
+	$(PY) -m pip download -q --no-binary :all: --no-deps 'llama-cpp-python==$(LLAMA_SERVER_VERSION)' -d $(LLAMA_SERVER_DIR)
+	tar xzf $(LLAMA_SERVER_DIR)/llama_cpp_python-$(LLAMA_SERVER_VERSION).tar.gz -C $(LLAMA_SERVER_DIR)
+	start=$$(date +%s); \
+	cmake -S $(LLAMA_SERVER_SRC) -B $(LLAMA_SERVER_DIR)/build $(LLAMA_SERVER_FLAGS) && \
+	cmake --build $(LLAMA_SERVER_DIR)/build --target llama-server -j $$(nproc) && \
+	printf 'llama-server from llama-cpp-python %s vendored llama.cpp, built in %s s on %s cores, flags: %s\n' \
+		'$(LLAMA_SERVER_VERSION)' "$$(( $$(date +%s) - start ))" "$$(nproc)" '$(LLAMA_SERVER_FLAGS)' \
+		| tee $(LLAMA_SERVER_DIR)/build.txt
+
+llama-server: $(LLAMA_SERVER)
+
+# PEER_ARGS: e.g. --threads 2 --concurrency 1,4,8, --defaults (each server with its own thread
+# defaults), --systems llama-server,unsee
+serve-peer: $(VENV)/.serve-installed $(VENV)/.llamacpp-installed $(PEER_VENV)/.installed $(LLAMA_SERVER)
+	$(PY) -m unsee.bench.serve_peer --model qwen2.5-1.5b --peer-python $(PEER_PY) --llama-server $(LLAMA_SERVER) \
+		--out out/serve-peer $(PEER_ARGS)
+
+# The peer bench's scaling run: each server at 1 and at 2 threads (decode and prefill), one
+# conversation and 8, then tokens/s against the cores (bench/serve_peer_table.py's scaling table)
+serve-peer-scaling: $(VENV)/.serve-installed $(VENV)/.llamacpp-installed $(PEER_VENV)/.installed $(LLAMA_SERVER)
+	for t in 1 2; do \
+		$(PY) -m unsee.bench.serve_peer --model qwen2.5-1.5b --peer-python $(PEER_PY) --llama-server $(LLAMA_SERVER) \
+			--threads $$t --concurrency 1,8 --phases load --systems llama-server,peer,unsee \
+			--out out/serve-peer-scaling/threads-$$t $(PEER_ARGS) || exit 1; \
+	done
+	$(PY) -m unsee.bench.serve_peer_table --scaling out/serve-peer-scaling/threads-1 out/serve-peer-scaling/threads-2 \
+		| tee out/serve-peer-scaling/scaling.md
 
 # The agent frameworks through `unsee serve` (bench/serve_agents.py, docs/serve.md "Agents";
 # issue 49): each client with its own defaults against `unsee serve --engine llamacpp --model

@@ -84,6 +84,7 @@ class Context:
     vocab: int
     n_layer: int
     v_trans: bool
+    padded: bool = False  # one-token steps fed as two rows (facts.forward_padded), as the engine feeds them
     cpu: list[float] = field(default_factory=list)  # CPU seconds of each llama_decode, in order
     wall: list[float] = field(default_factory=list)
 
@@ -97,17 +98,33 @@ class Context:
 
 
 def open_context(lm, n_ctx: int, n_seq: int = 1, threads: int = 1, threads_batch: int | None = None,
-                 unified: bool = True) -> Context:
+                 unified: bool = True, padded: bool = False, flash_attn: bool | None = None) -> Context:
     """A context as the engine makes one (``n_seq`` sequences sharing the cells
     when above 1, or each in a stream of its own of ``n_ctx`` cells when not
     ``unified``), computing on ``threads`` (one-token batches) and
-    ``threads_batch`` (longer ones) threads."""
+    ``threads_batch`` (longer ones) threads; ``padded``: its one-token steps fed as two rows
+    (the engine's way on several decode threads); ``flash_attn``: the model's unless given."""
     from unsee.impl.engines.llamacpp.model import llama_module
 
     lc = llama_module()
-    ctx = lm.new_context(n_ctx if unified else n_ctx * n_seq, n_seq=n_seq, unified=unified)
+    flash = lm.flash_attn if flash_attn is None else flash_attn
+    ctx = lm.new_context(n_ctx if unified else n_ctx * n_seq, n_seq=n_seq, unified=unified, flash_attn=flash)
     lc.llama_set_n_threads(ctx, threads, threads_batch or threads)
-    return Context(lc, ctx, lc.llama_batch_init(n_ctx, 0, 1), lm.vocab_size, lm.n_layer, not lm.flash_attn)
+    return Context(lc, ctx, lc.llama_batch_init(n_ctx, 0, 1), lm.vocab_size, lm.n_layer, not flash, padded)
+
+
+def step(c: Context, pos: int, token: int) -> np.ndarray:
+    """One decode step of sequence 0: its logits (1, vocab), fed as the engine feeds it
+    (:func:`~unsee.impl.engines.llamacpp.facts.forward_padded` where ``c.padded``)."""
+    if not c.padded:
+        return decode(c, {0: (pos, [token])})[0]
+    from unsee.impl.engines.llamacpp.facts import forward_padded
+
+    cpu, wall = time.process_time(), time.perf_counter()
+    logits = forward_padded(c.lc, c.ctx, c.batch, token, pos, c.vocab)
+    c.cpu.append(time.process_time() - cpu)
+    c.wall.append(time.perf_counter() - wall)
+    return logits[None]
 
 
 def decode(c: Context, feeds: dict[int, tuple[int, Sequence[int]]], last_only: bool = False) -> dict[int, np.ndarray]:
@@ -317,41 +334,46 @@ def run_batch_part(lm, sequences: Sequence[int], threads: Sequence[int], chunks:
 # ------------------------------------------------------------------ threads
 
 
-def run_size(c: Context, prompt: int, size: int, steps: int) -> tuple[list[np.ndarray], KVState]:
+def run_size(c: Context, prompt: int, size: int, steps: int) -> tuple[list[np.ndarray], KVState, float]:
     """After the context's prompt (its first ``prompt`` positions, kept): a
-    chunk of ``size``, then ``steps`` decode steps; every logit fed and the KV.
+    chunk of ``size`` (a decode step where 1), then ``steps`` decode steps; every
+    logit fed, the KV and the decode steps' median wall seconds.
     The KV is cropped back to the prompt first (crop + continue is a fresh run: docs/engines.md)."""
     c.lc.llama_memory_seq_rm(c.mem, 0, prompt, -1)
-    out = [decode(c, {0: (prompt, make_tokens(size, c.vocab, 20 + size))})[0]]
+    chunk = make_tokens(size, c.vocab, 20 + size)
+    out = [decode(c, {0: (prompt, chunk)})[0] if size > 1 else step(c, prompt, chunk[0])]
     for i, tok in enumerate(make_tokens(steps, c.vocab, 30)):
-        out.append(decode(c, {0: (prompt + size + i, [tok])})[0])
-    return out, read_kv(c, 0)
+        out.append(step(c, prompt + size + i, tok))
+    return out, read_kv(c, 0), statistics.median(c.wall[-steps:]) if steps else 0.0
 
 
 def run_threads_part(lm, prompts: Sequence[int], sizes: Sequence[int], steps: int,
-                     settings: Sequence[tuple[int, int]], progress) -> list[dict]:
-    """For each prompt length, one context per thread setting with the prompt
-    prefilled (one forward) on it; each chunk size then runs on every
-    context and is compared with the first setting's."""
+                     settings: Sequence[tuple[int, int, bool]], progress, flash_attn: bool | None = None) -> list[dict]:
+    """For each prompt length, one context per thread setting (``(n_threads,
+    n_threads_batch, padded)``) with the prompt prefilled (one forward) on it; each chunk
+    size then runs on every context and is compared with the first setting's."""
     rows = []
     for prompt in prompts:
-        contexts = [open_context(lm, prompt + max(sizes) + steps + 8, 1, *setting) for setting in settings]
+        contexts = [open_context(lm, prompt + max(sizes) + steps + 8, 1, n, b, padded=p, flash_attn=flash_attn)
+                    for n, b, p in settings]
         try:
             prompt_logits = [decode(c, {0: (0, make_tokens(prompt, lm.vocab_size, 10))}, last_only=True)[0]
                              if prompt else None for c in contexts]
             for size in sizes:
-                base_logits, base_kv = run_size(contexts[0], prompt, size, steps)
+                base_logits, base_kv, base_wall = run_size(contexts[0], prompt, size, steps)
                 for setting, c, first_logits in zip(settings[1:], contexts[1:], prompt_logits[1:]):
-                    logits, kv = run_size(c, prompt, size, steps)
+                    logits, kv, wall = run_size(c, prompt, size, steps)
                     if prompt:
                         logits, base = [first_logits, *logits], [prompt_logits[0], *base_logits]
                     else:
                         base = base_logits
                     diff = get_max_diff(logits, base)
                     first = get_first_kv_diff(kv, base_kv)
-                    rows.append({"prompt": prompt, "size": size, "steps": steps, "base": list(settings[0]),
-                                 "threads": list(setting), "max_abs_logit_diff": diff, "logits_equal": diff == 0.0,
-                                 "kv_equal": first is None, "first_kv_diff": first})
+                    rows.append({"prompt": prompt, "size": size, "steps": steps, "base": format_setting(settings[0]),
+                                 "threads": format_setting(setting), "max_abs_logit_diff": diff,
+                                 "logits_equal": diff == 0.0, "kv_equal": first is None, "first_kv_diff": first,
+                                 "flash_attn": lm.flash_attn if flash_attn is None else flash_attn,
+                                 "base_step_wall_s": base_wall, "step_wall_s": wall})
                     progress(rows[-1])
         finally:
             for c in contexts:
@@ -388,12 +410,14 @@ def format_batch(rows: list[dict]) -> list[str]:
 
 
 def format_threads(rows: list[dict]) -> list[str]:
-    lines = ["| prompt | chunk | then decode steps | threads (n:batch) vs | max abs logit diff | KV rows equal |",
-             "|---:|---:|---:|---|---:|---|"]
+    lines = ["| flash attention | prompt | chunk | then decode steps | threads (n:batch, p: padded) vs | "
+             "max abs logit diff | KV rows equal | decode step wall: this / reference, s |",
+             "|---|---:|---:|---:|---|---:|---|---|"]
     for r in rows:
         kv = "yes" if r["kv_equal"] else f"no (first at {r['first_kv_diff']})"
-        lines.append(f"| {r['prompt']} | {r['size']} | {r['steps']} | {r['threads'][0]}:{r['threads'][1]} vs "
-                     f"{r['base'][0]}:{r['base'][1]} | {r['max_abs_logit_diff']:.3g} | {kv} |")
+        lines.append(f"| {'on' if r.get('flash_attn', True) else 'off'} | {r['prompt']} | {r['size']} | {r['steps']} | "
+                     f"{r['threads']} vs {r['base']} | {r['max_abs_logit_diff']:.3g} | {kv} | "
+                     f"{r.get('step_wall_s', 0):.4f} / {r.get('base_step_wall_s', 0):.4f} |")
     return lines
 
 
@@ -405,9 +429,15 @@ def show(row: dict) -> None:
     print(json.dumps(row), flush=True)
 
 
-def parse_setting(text: str) -> tuple[int, int]:
-    n, _, b = text.partition(":")
-    return int(n), int(b or n)
+def parse_setting(text: str) -> tuple[int, int, bool]:
+    """``n:b`` (n_threads, n_threads_batch), ``p`` after it: one-token steps padded to two rows."""
+    padded = text.endswith("p")
+    n, _, b = text.removesuffix("p").partition(":")
+    return int(n), int(b or n), padded
+
+
+def format_setting(setting: tuple[int, int, bool]) -> str:
+    return f"{setting[0]}:{setting[1]}{'p' if setting[2] else ''}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -426,7 +456,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="what each further history adds in the staggered case")
     parser.add_argument("--chunks", default=",".join(map(str, CHUNKS)), help="the mixed case's prefill chunks")
     parser.add_argument("--threads", default="1:1,2:2,1:2,2:1",
-                        help="n_threads:n_threads_batch settings of the threads part, the first the reference")
+                        help="n_threads:n_threads_batch settings of the threads part, the first the reference; "
+                             "a trailing p feeds one-token steps as two rows (the engine's padded step)")
+    parser.add_argument("--flash", choices=("on", "off", "both"), default="on",
+                        help="the threads part's flash attention (both: a run with each)")
     parser.add_argument("--prompts", default=",".join(map(str, PROMPTS)))
     parser.add_argument("--sizes", default=",".join(map(str, SIZES)), help="the threads part's chunk sizes")
     parser.add_argument("--steps", type=int, default=STEPS)
@@ -446,7 +479,10 @@ def main(argv: list[str] | None = None) -> int:
                                       args.reference_threads)
     if args.part in ("threads", "all"):
         settings = [parse_setting(s) for s in args.threads.split(",")]
-        out["threads"] = run_threads_part(lm, ints(args.prompts), ints(args.sizes), args.steps, settings, show)
+        flashes = {"on": (True,), "off": (False,), "both": (True, False)}[args.flash]
+        out["threads"] = [row for flash in flashes
+                          for row in run_threads_part(lm, ints(args.prompts), ints(args.sizes), args.steps, settings,
+                                                      show, flash)]
     print()
     if "batch" in out:
         print("\n".join(format_batch(out["batch"])) + "\n")

@@ -1,9 +1,17 @@
-"""``unsee serve`` against llama-cpp-python's own OpenAI server on the same
-GGUF and threads (issue 40, item 1; docs/serve.md, "Against llama_cpp.server").
+"""``unsee serve`` against llama-cpp-python's own OpenAI server and llama.cpp's own
+``llama-server`` on the same GGUF and threads (issue 40, item 1; issue 50, item 4;
+docs/serve.md, "Against llama_cpp.server" and "Against llama-server").
 
-    make serve-peer                    # from a fresh clone: both venvs, then this bench
+    make serve-peer                    # from a fresh clone: both venvs, llama-server, then this bench
     python -m unsee.bench.serve_peer --peer-python .venv-peer/bin/python \\
-        [--model qwen2.5-1.5b] [--threads 1] [--concurrency 1,4,8] [--turns 3] [--max-tokens 32]
+        --llama-server out/llama-server/build/bin/llama-server \\
+        [--model qwen2.5-1.5b] [--threads 1 | --defaults] [--concurrency 1,4,8] [--turns 3] [--max-tokens 32]
+
+``llama-server`` (``make llama-server`` builds it from the llama.cpp source llama-cpp-python
+vendors) runs with ``--parallel`` slots (default 8, each of ``--n-ctx`` cells), flash
+attention on and ``-t``/``-tb`` at the same threads. ``--defaults``: every server with its
+own thread defaults instead (no thread option, no ``UNSEE_LLAMA_THREADS``): what a user
+who starts each as its README says gets.
 
 Both servers run as the user would start them, each in a process of its own
 on loopback: ``python -m llama_cpp.server`` (its ``server`` extra, in the
@@ -63,7 +71,9 @@ from pathlib import Path
 from unsee.bench import options
 
 SYSTEM = "You are a helpful assistant."
-SYSTEMS = ("peer", "unsee-chat", "unsee")
+SYSTEMS = ("peer", "llama-server", "unsee-chat", "unsee")
+#: the systems that hold no conversation: the client resends the history every turn
+RESENDING = ("peer", "llama-server")
 TOPICS = ("a bicycle", "a lighthouse", "the moon", "a library", "bread", "a river", "a violin", "a glacier",
           "a compass", "a beehive", "a volcano", "a telescope")
 SECRET = ("secret", "My locker code is 4417, keep it in mind.")
@@ -130,25 +140,48 @@ class Server:
                 self.process.wait()
 
 
-def start_peer(python: str, gguf: Path, name: str, threads: int, batch_threads: int, n_ctx: int,
+def start_peer(python: str, gguf: Path, name: str, threads: int | None, batch_threads: int | None, n_ctx: int,
                logs: Path) -> Server:
+    """llama_cpp.server; ``threads`` None: its own thread defaults."""
     port = get_free_port()
     command = [python, "-m", "llama_cpp.server", "--model", str(gguf), "--model_alias", name,
-               "--host", "127.0.0.1", "--port", str(port), "--n_threads", str(threads),
-               "--n_threads_batch", str(batch_threads), "--n_ctx", str(n_ctx), "--flash_attn", "true",
+               "--host", "127.0.0.1", "--port", str(port), "--n_ctx", str(n_ctx), "--flash_attn", "true",
                "--logits_all", "false", "--interrupt_requests", "false", "--verbose", "false"]
+    if threads is not None:
+        command += ["--n_threads", str(threads), "--n_threads_batch", str(batch_threads)]
     log = logs / "peer.log"
     with open(log, "w") as out:
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
     return Server("llama_cpp.server", process, f"http://127.0.0.1:{port}/v1", log)
 
 
-def start_unsee(model: str, threads: int, batch_threads: int, max_tokens: int, store: Path, logs: Path) -> Server:
+def start_llama_server(binary: str, gguf: Path, name: str, threads: int | None, batch_threads: int | None,
+                       n_ctx: int, parallel: int, logs: Path) -> Server:
+    """llama.cpp's ``llama-server``, ``parallel`` slots of ``n_ctx`` cells each; ``threads``
+    None: its own thread defaults."""
+    if not Path(binary).is_file():
+        raise FileNotFoundError(f"--llama-server {binary}: no such file (`make llama-server` builds it)")
+    port = get_free_port()
+    command = [binary, "--model", str(gguf), "--alias", name, "--host", "127.0.0.1", "--port", str(port),
+               "--ctx-size", str(n_ctx * parallel), "--parallel", str(parallel), "--flash-attn", "on"]
+    if threads is not None:
+        command += ["--threads", str(threads), "--threads-batch", str(batch_threads)]
+    log = logs / "llama-server.log"
+    with open(log, "w") as out:
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+    return Server("llama-server", process, f"http://127.0.0.1:{port}/v1", log)
+
+
+def start_unsee(model: str, threads: int | None, batch_threads: int | None, max_tokens: int, store: Path,
+                logs: Path) -> Server:
+    """unsee serve; ``threads`` None: its own thread defaults."""
     port = get_free_port()
     command = [sys.executable, "-m", "unsee.impl.cli", "serve", "--engine", "llamacpp", "--model", model,
                "--store", str(store), "--port", str(port), "--max-output-tokens", str(max_tokens),
                "--busy-wait", "3600"]
-    env = {**os.environ, "UNSEE_LLAMA_THREADS": str(threads), "UNSEE_LLAMA_BATCH_THREADS": str(batch_threads)}
+    env = {k: v for k, v in os.environ.items() if k not in ("UNSEE_LLAMA_THREADS", "UNSEE_LLAMA_BATCH_THREADS")}
+    if threads is not None:
+        env |= {"UNSEE_LLAMA_THREADS": str(threads), "UNSEE_LLAMA_BATCH_THREADS": str(batch_threads)}
     log = logs / "unsee.log"
     with open(log, "w") as out:
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
@@ -352,7 +385,7 @@ def run_system(system: str, server: Server, args: argparse.Namespace, document: 
     if "history" in args.phases:
         say_phase(system, f"history ({args.history_tokens} tokens)")
         rows += run_history(b, system, document)
-    if "delete" in args.phases and system in ("unsee", "peer"):
+    if "delete" in args.phases and system in ("unsee", *RESENDING):
         say_phase(system, "delete")
         rows += run_delete_unsee(b, store, keep) if system == "unsee" else run_delete_peer(b)
     return [{**r, "system": system} for r in rows]
@@ -365,7 +398,8 @@ def say_phase(system: str, phase: str) -> None:
 
 
 #: the systems as a progress line names them
-LABELS_SHORT = {"peer": "llama_cpp.server", "unsee-chat": "unsee chat", "unsee": "unsee responses"}
+LABELS_SHORT = {"peer": "llama_cpp.server", "llama-server": "llama-server", "unsee-chat": "unsee chat",
+                "unsee": "unsee responses"}
 
 
 # -------------------------------------------------------------- the floor
@@ -402,8 +436,9 @@ def get_label(args: argparse.Namespace, argv: list[str]) -> dict:
                                cwd=Path(__file__).resolve().parent, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         build = "not recorded"
-    return {"build": build, "cpu": get_cpu_name(), "cores": os.cpu_count(), "threads": args.threads,
-            "batch_threads": args.batch_threads,
+    return {"build": build, "cpu": get_cpu_name(), "cores": os.cpu_count(),
+            "threads": None if args.defaults else args.threads,
+            "batch_threads": None if args.defaults else args.batch_threads, "parallel": args.parallel,
             "model": args.model, "command": "python -m unsee.bench.serve_peer " + " ".join(argv),
             "load_average": os.getloadavg()[0]}
 
@@ -415,17 +450,21 @@ def run_servers(args: argparse.Namespace, engine, work: Path) -> list[dict]:
     document = get_document(args.history_tokens, lambda text: len(engine.lm.encode(text)))
     rows, keep = [], work / "before-delete"
     keep.mkdir()
-    if "peer" in args.systems:
-        peer = start_peer(args.peer_python, gguf, args.model, args.threads, args.batch_threads, args.n_ctx, work)
+    threads, batch = (None, None) if args.defaults else (args.threads, args.batch_threads)
+    peers = {"peer": lambda: start_peer(args.peer_python, gguf, args.model, threads, batch, args.n_ctx, work),
+             "llama-server": lambda: start_llama_server(args.llama_server, gguf, args.model, threads, batch,
+                                                        args.n_ctx, args.parallel, work)}
+    for system in (s for s in RESENDING if s in args.systems):
+        peer = peers[system]()
         try:
             peer.wait_ready(args.start_timeout)
-            rows += run_system("peer", peer, args, document, None, keep)
+            rows += run_system(system, peer, args, document, None, keep)
         finally:
             peer.stop()
     unsee_systems = [s for s in ("unsee-chat", "unsee") if s in args.systems]
     if unsee_systems:
         store = work / "store"
-        server = start_unsee(args.model, args.threads, args.batch_threads, args.max_tokens, store, work)
+        server = start_unsee(args.model, threads, batch, args.max_tokens, store, work)
         try:
             server.wait_ready(args.start_timeout)
             for system in unsee_systems:
@@ -440,7 +479,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     options.add_model(parser)  # its GGUF serves both servers: the measurements' own is qwen2.5-1.5b
     parser.add_argument("--peer-python", default=".venv-peer/bin/python",
                         help="the interpreter with llama-cpp-python[server] (make serve-peer builds it)")
-    parser.add_argument("--threads", type=int, default=1, help="threads of both servers")
+    parser.add_argument("--llama-server", default="out/llama-server/build/bin/llama-server",
+                        help="llama.cpp's server binary (make llama-server builds it)")
+    parser.add_argument("--parallel", type=int, default=8, help="llama-server's slots (--parallel)")
+    parser.add_argument("--threads", type=int, default=1, help="threads of every server")
+    parser.add_argument("--defaults", action="store_true",
+                        help="every server with its own thread defaults (--threads and --batch-threads unused)")
     parser.add_argument("--batch-threads", type=int, default=None,
                         help="threads of both servers' forwards of several tokens (prefill; llama.cpp's "
                              "n_threads_batch, unsee's UNSEE_LLAMA_BATCH_THREADS); default --threads")
@@ -475,7 +519,10 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     label = get_label(args, argv)
     # loaded here first: the decode facts of these settings are measured (once) before any server times
-    engine = load_engine(args.model, "llamacpp", threads=args.threads, batch_threads=args.batch_threads)
+    # (a run without unsee uses it for the tokens only: one thread, whose facts are measured soonest)
+    threads = ({"threads": 1} if not {"unsee", "unsee-chat"} & set(args.systems) else {}) if args.defaults else \
+        {"threads": args.threads, "batch_threads": args.batch_threads}
+    engine = load_engine(args.model, "llamacpp", **threads)
     label["gguf"] = Path(engine.lm.source).name
     with tempfile.TemporaryDirectory(prefix="serve-peer-") as tmp:
         work = Path(tmp)
@@ -485,7 +532,7 @@ def main(argv: list[str] | None = None) -> int:
                 r["output_tokens"] = r.get("output_tokens", 0) + len(engine.lm.encode(text))
         floor = measure_floor(engine, work / "before-delete", rows) if any(
             r.get("step") == "delete" for r in rows) else None
-        for log in ("peer.log", "unsee.log"):
+        for log in ("peer.log", "llama-server.log", "unsee.log"):
             if (work / log).exists():
                 shutil.copy(work / log, out / log)
     label["load_average_end"] = os.getloadavg()[0]

@@ -1,12 +1,16 @@
 """The peer benchmark's figures (bench/serve_peer.py): per system, from its
-records, and issue 40's goals, each with the measured ratio, as markdown."""
+records, and the goals (issue 50's against llama-server where it ran, else issue
+40's against llama_cpp.server), each with the measured ratio, as markdown; and the
+scaling table of runs at several thread counts (``--scaling``)."""
 
 from __future__ import annotations
 
 import argparse
 
-LABELS = {"peer": "llama_cpp.server (chat, history resent)", "unsee-chat": "unsee chat (history resent)",
-          "unsee": "unsee responses (conversation)"}
+LABELS = {"peer": "llama_cpp.server (chat, history resent)", "llama-server": "llama-server (chat, history resent)",
+          "unsee-chat": "unsee chat (history resent)", "unsee": "unsee responses (conversation)"}
+#: per reference server: its name in a goal, the issue, and the bar of the most concurrent level
+REFERENCES = {"llama-server": ("llama-server", 50, 1.0), "peer": ("llama_cpp.server", 40, 2.0)}
 
 
 def get_percentile(values: list[float], q: float) -> float | None:
@@ -55,32 +59,36 @@ def get_ratio(a: float | None, b: float | None) -> float | None:
 
 
 def compute_goals(systems: dict) -> list[dict]:
-    """Issue 40's goals, each with its measured figure (None where not measured in this run)."""
-    peer, ours = systems.get("peer"), systems.get("unsee")
+    """The goals against the reference server (llama-server where it ran: issue 50's; else
+    llama_cpp.server: issue 40's), each with its measured figure (None where not measured)."""
+    reference = next((r for r in REFERENCES if r in systems), "peer")
+    name, issue, concurrent_bar = REFERENCES[reference]
+    peer, ours = systems.get(reference), systems.get("unsee")
     goals = []
 
     def add(goal: str, value: float | None, bar: float, at_least: bool, detail: str = "") -> None:
         met = None if value is None else (value >= bar if at_least else value <= bar)
-        goals.append({"goal": goal, "value": value, "bar": bar, "met": met, "detail": detail})
+        goals.append({"goal": goal, "value": value, "bar": bar, "met": met, "detail": detail, "issue": issue})
 
     def level(system: dict | None, n: int, key: str) -> float | None:
         return (system or {}).get("levels", {}).get(n, {}).get(key)
 
     per_token = get_ratio(level(peer, 1, "cpu_per_token_s"), level(ours, 1, "cpu_per_token_s"))
-    add("1 conversation: output tokens/s vs llama_cpp.server",
+    add(f"1 conversation: output tokens/s vs {name}",
         get_ratio(level(ours, 1, "tokens_per_s"), level(peer, 1, "tokens_per_s")), 0.95, True,
         f"output tokens per server CPU second: {_fmt(per_token)}x")
-    add("1 conversation: time to first token vs llama_cpp.server",
+    add(f"1 conversation: time to first token vs {name}",
         get_ratio(level(ours, 1, "ttft_p50_s"), level(peer, 1, "ttft_p50_s")), 1.1, False)
-    theirs, mine = (peer or {}).get("history", {}), (ours or {}).get("history", {})
-    after = get_ratio(mine.get("after another"), theirs.get("after another"))
-    add("follow-up turn at the history: latency vs llama_cpp.server's (history resent, warm)",
-        get_ratio(mine.get("warm"), theirs.get("warm")), 0.5, False,
-        f"after another conversation's turn: {_fmt(after)}x")
+    if reference == "peer":
+        theirs, mine = (peer or {}).get("history", {}), (ours or {}).get("history", {})
+        after = get_ratio(mine.get("after another"), theirs.get("after another"))
+        add(f"follow-up turn at the history: latency vs {name}'s (history resent, warm)",
+            get_ratio(mine.get("warm"), theirs.get("warm")), 0.5, False,
+            f"after another conversation's turn: {_fmt(after)}x")
     top = max(set((peer or {}).get("levels", {})) & set((ours or {}).get("levels", {})), default=None)
-    add(f"{top or 'the most'} concurrent conversations: aggregate tokens/s vs llama_cpp.server",
-        get_ratio(ours["levels"][top]["tokens_per_s"], peer["levels"][top]["tokens_per_s"]) if top else None, 2.0,
-        True, "digests against serial replays: not part of this bench (item 4's test)")
+    add(f"{top or 'the most'} concurrent conversations: aggregate tokens/s vs {name}",
+        get_ratio(ours["levels"][top]["tokens_per_s"], peer["levels"][top]["tokens_per_s"]) if top else None,
+        concurrent_bar, True, "digests against serial replays: not part of this bench (the scheduler's test)")
     delete = (ours or {}).get("delete", {})
     add("DELETE vs the compute floor of its forget, by CPU seconds", delete.get("x_floor_cpu"), 1.15, False,
         f"by wall: {_fmt(delete.get('x_floor'))}x")
@@ -139,6 +147,13 @@ def get_table_rows(systems: dict, workload: dict) -> list[tuple[str, list[str]]]
     return rows
 
 
+def get_threads_note(label: dict) -> str:
+    """The servers' threads: a count each, or each server's own defaults."""
+    if label.get("threads") is None:
+        return "each server with its own thread defaults (llama-server and llama_cpp.server as they start, unsee on every core)"
+    return f"{label['threads']} thread(s) each{get_batch_note(label)}"
+
+
 def get_batch_note(label: dict) -> str:
     """The prefill threads, where they differ from the decode threads."""
     batch = label.get("batch_threads")
@@ -155,8 +170,9 @@ def get_label_line(label: dict, workload: dict) -> str:
             f"{workload['max_tokens']} tokens, greedy, streamed · attention llama.cpp's own kernels (unsee: exact; "
             f"llama_cpp.server: its default, repacked), flash attention on · dtype {quant} weights, f16 KV · "
             f"CPU {label['cpu']}, {label['cores']} cores (load average {label['load_average']:.1f} at the start, "
-            f"{label.get('load_average_end', 0):.1f} at the end), {label['threads']} thread(s) each"
-            f"{get_batch_note(label)} · command `{label['command']}`")
+            f"{label.get('load_average_end', 0):.1f} at the end), {get_threads_note(label)}"
+            f"{'; llama-server --parallel ' + str(label['parallel']) if label.get('parallel') else ''}"
+            f" · command `{label['command']}`")
 
 
 def format_markdown(result: dict) -> str:
@@ -165,7 +181,8 @@ def format_markdown(result: dict) -> str:
     lines = [get_label_line(label, workload), "",
              "| | " + " | ".join(LABELS[s] for s in systems) + " |", "|---|" + "---:|" * len(systems)]
     lines += [f"| {metric} | " + " | ".join(cells) + " |" for metric, cells in get_table_rows(systems, workload)]
-    lines += ["", "| goal (issue 40) | measured | bar | met |", "|---|---:|---:|---|"]
+    issue = summary["goals"][0].get("issue", 40) if summary["goals"] else 40
+    lines += ["", f"| goal (issue {issue}) | measured | bar | met |", "|---|---:|---:|---|"]
     for g in summary["goals"]:
         met = "not measured" if g["met"] is None else ("yes" if g["met"] else "**no**")
         detail = f" ({g['detail']})" if g["detail"] else ""
@@ -188,17 +205,55 @@ def read_result(result: dict) -> dict:
     return result
 
 
+def format_scaling(results: list[dict]) -> str:
+    """Runs at several thread counts (``--threads``, one run each): per system and level, output
+    tokens/s at each count and the growth from the fewest threads to the most."""
+    results = sorted(results, key=lambda r: r["label"]["threads"] or 0)
+    counts = [r["label"]["threads"] for r in results]
+    systems = [s for s in LABELS if any(s in r["summary"]["systems"] for r in results)]
+    levels = sorted({lv for r in results for s in r["summary"]["systems"].values() for lv in s.get("levels", {})})
+    lines = ["| system | conversations | " + " | ".join(f"{t} thread(s): tokens/s" for t in counts)
+             + f" | {counts[-1]} / {counts[0]} threads |", "|---|---:|" + "---:|" * (len(counts) + 1)]
+    for system in systems:
+        for lv in levels:
+            values = [r["summary"]["systems"].get(system, {}).get("levels", {}).get(lv, {}).get("tokens_per_s")
+                      for r in results]
+            lines.append(f"| {LABELS[system]} | {lv} | " + " | ".join(_fmt(v) for v in values)
+                         + f" | {_fmt(get_ratio(values[-1], values[0]), 'x')} |")
+    return "\n".join(lines) + "\n"
+
+
+def merge_results(results: list[dict]) -> dict:
+    """Runs of one workload, one system each (run one after another, as the bench runs its
+    servers), as one result: every row, the floor of the run that measured one, the first
+    run's label with every run's command and the highest load average, the goals recomputed."""
+    rows = [r for result in results for r in result["rows"]]
+    floor = next((r["floor"] for r in results if r.get("floor")), None)
+    label = {**results[0]["label"], "command": " and ".join(f"`{r['label']['command']}`" for r in results).strip("`"),
+             "load_average": max(r["label"]["load_average"] for r in results),
+             "load_average_end": max(r["label"].get("load_average_end", 0) for r in results)}
+    workload = argparse.Namespace(**results[0]["summary"]["workload"])
+    return {"label": label, "summary": summarise(rows, floor, workload), "floor": floor, "rows": rows}
+
+
 def main(argv: list[str] | None = None) -> int:
     """Print a run's markdown again from its serve-peer.json (``--gguf``: the file's name, for a run
-    recorded before the label named it)."""
+    recorded before the label named it), or (``--scaling``) the scaling table of several runs' folders."""
     import json
     from pathlib import Path
 
     parser = argparse.ArgumentParser(prog="python -m unsee.bench.serve_peer_table", description=main.__doc__)
-    parser.add_argument("json", help="a serve-peer.json")
+    parser.add_argument("json", nargs="+", help="a serve-peer.json, or with --scaling the runs' folders or files")
     parser.add_argument("--gguf", help="the GGUF's file name, where the run's label lacks it")
+    parser.add_argument("--scaling", action="store_true", help="the scaling table of runs at several thread counts")
+    parser.add_argument("--merge", action="store_true", help="runs of one workload, a system each, as one table")
     args = parser.parse_args(argv)
-    result = read_result(json.loads(Path(args.json).read_text()))
+    paths = [Path(p) / "serve-peer.json" if Path(p).is_dir() else Path(p) for p in args.json]
+    results = [read_result(json.loads(p.read_text())) for p in paths]
+    if args.scaling:
+        print(format_scaling(results), end="")
+        return 0
+    result = merge_results(results) if args.merge else results[0]
     if args.gguf and "gguf" not in result["label"]:
         result["label"]["gguf"] = args.gguf
     print(format_markdown(result), end="")

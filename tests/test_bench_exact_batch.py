@@ -71,9 +71,11 @@ def test_a_prefilled_history_is_reloaded_for_the_next_reference(lm):
 
 
 def test_the_threads_part_and_the_tables(lm, capsys, tmp_path):
-    rows = bench.run_threads_part(lm, [0, 9], [1, 3], 2, [(1, 1), (2, 2), (1, 2)], lambda row: None)
-    assert [(r["prompt"], r["size"], tuple(r["threads"])) for r in rows] == [
-        (p, s, t) for p in (0, 9) for s in (1, 3) for t in ((2, 2), (1, 2))]
+    settings = [bench.parse_setting(t) for t in ("1:1", "2:2p", "1:2")]
+    assert settings == [(1, 1, False), (2, 2, True), (1, 2, False)]
+    rows = bench.run_threads_part(lm, [0, 9], [1, 3], 2, settings, lambda row: None)
+    assert [(r["prompt"], r["size"], r["threads"]) for r in rows] == [
+        (p, s, t) for p in (0, 9) for s in (1, 3) for t in ("2:2p", "1:2")]
     assert all(r["kv_equal"] == (r["first_kv_diff"] is None) for r in rows)
     assert len(bench.format_threads(rows)) == 2 + len(rows)
     out = tmp_path / "exact.json"
@@ -83,3 +85,14 @@ def test_the_threads_part_and_the_tables(lm, capsys, tmp_path):
     table = capsys.readouterr().out
     assert "| split | 1 | mixed (chunk 4) | 2 |" in table
     assert [r["case"] for r in json.loads(out.read_text())["batch"]] == ["equal", "staggered", "mixed"]
+
+
+def test_the_pad_cost_times_both_kinds_of_step(tmp_path):
+    from unsee.bench import llamacpp_pad_cost
+
+    out = tmp_path / "cost.json"
+    assert llamacpp_pad_cost.main(["--model", "tiny", "--context", "20", "--steps", "2", "--threads", "1",
+                                   "--out", str(out)]) == 0
+    (row,) = json.loads(out.read_text())
+    assert row["threads"] == 1 and row["flash_attn"] and set(row) >= {"lone", "padded"}
+    assert all(row[k]["wall_min"] <= row[k]["wall_p50"] and row[k]["cpu_p50"] >= 0 for k in ("lone", "padded"))

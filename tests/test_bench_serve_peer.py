@@ -95,3 +95,53 @@ def test_the_unsee_side_runs_against_a_server(tmp_path, one_thread):
     steps = {r["step"] for r in rows if r["system"] == "unsee" and r["phase"] == "delete"}
     assert steps == {"delete", "other alone", "other during delete"}
     assert "unsee responses (conversation)" in (out / "serve-peer.md").read_text()
+
+
+def test_llama_server_is_the_reference_where_it_ran():
+    """With llama-server in the run the goals are issue 50's against it (8 conversations: >= 1.0x)."""
+    rows = make_rows("peer", 2.0, 10) + make_rows("llama-server", 1.0, 10) + make_rows("unsee", 1.0, 10)
+    summary = summarise(rows, None, WORKLOAD)
+    by_name = {g["goal"]: g for g in summary["goals"]}
+    concurrent = by_name["8 concurrent conversations: aggregate tokens/s vs llama-server"]
+    assert concurrent["value"] == 1.0 and concurrent["bar"] == 1.0 and concurrent["met"] and concurrent["issue"] == 50
+    assert by_name["1 conversation: output tokens/s vs llama-server"]["value"] == 1.0
+    assert not any("llama_cpp.server" in g["goal"] for g in summary["goals"])
+    label = {"build": "abc1234", "cpu": "c", "cores": 2, "load_average": 1.0, "threads": None, "model": "m",
+             "parallel": 8, "command": "python -m unsee.bench.serve_peer --defaults"}
+    markdown = format_markdown({"label": label, "summary": summary, "floor": None})
+    assert "| goal (issue 50) |" in markdown and "each server with its own thread defaults" in markdown
+    assert "llama-server (chat, history resent)" in markdown and FIGURE_LABEL.match(markdown.splitlines()[0])
+
+
+def test_the_scaling_table_gives_each_systems_growth():
+    from unsee.bench.serve_peer_table import format_scaling
+
+    runs = [{"label": {"threads": t}, "summary": summarise(make_rows("llama-server", 2.0 / t, 10)
+                                                           + make_rows("unsee", 2.0 / t ** 0.5, 10), None, WORKLOAD)}
+            for t in (2, 1)]
+    table = format_scaling(runs)
+    assert "| llama-server (chat, history resent) | 1 | 5.00 | 10.00 | 2.00x |" in table
+    assert "| unsee responses (conversation) | 8 | 5.00 | 7.07 | 1.41x |" in table
+
+
+def test_a_missing_llama_server_names_the_make_target(tmp_path):
+    from unsee.bench.serve_peer import start_llama_server
+
+    with pytest.raises(FileNotFoundError, match="make llama-server"):
+        start_llama_server(str(tmp_path / "none"), tmp_path / "m.gguf", "m", None, None, 4096, 8, tmp_path)
+
+
+def test_runs_of_one_system_each_merge_into_one_table():
+    from unsee.bench.serve_peer_table import merge_results
+
+    def run(system: str, seconds: float, load: float) -> dict:
+        rows = make_rows(system, seconds, 10)
+        label = {"build": "abc1234", "cpu": "c", "cores": 2, "load_average": load, "threads": None, "model": "m",
+                 "command": f"python -m unsee.bench.serve_peer --systems {system}"}
+        return {"label": label, "summary": summarise(rows, None, WORKLOAD), "floor": None, "rows": rows}
+
+    merged = merge_results([run("llama-server", 2.0, 3.0), run("unsee", 1.0, 5.0)])
+    assert set(merged["summary"]["systems"]) == {"llama-server", "unsee"} and merged["label"]["load_average"] == 5.0
+    by_name = {g["goal"]: g for g in merged["summary"]["goals"]}
+    assert by_name["1 conversation: output tokens/s vs llama-server"]["value"] == 2.0
+    assert "--systems llama-server` and `python" in format_markdown(merged)

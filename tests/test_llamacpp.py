@@ -225,8 +225,10 @@ def test_a_conflicting_engine_is_refused_and_changes_nothing(stored, capsys):
 
 @needs_llamacpp
 def test_store_records_the_options_the_bits_depend_on(engine, tmp_path):
-    """threads (and batch threads), flash attention, n_ctx and the kernels are recorded,
-    and the engine the store rebuilds has them, whatever this process's defaults."""
+    """flash attention, n_ctx and the kernels are recorded, and the engine the store rebuilds
+    has them, whatever this process's defaults; the thread counts are not (a thread-invariant
+    model's bits are one thread's: docs/bench.md, "Decode on every core"), and a store that
+    recorded them, as every store did before, opens on its recorded counts."""
     from unsee.impl.agent.runtime import AgentRuntime
     from unsee.impl.store.backend import load_stored_engine
     from unsee.impl.store.session import PersistentSession
@@ -239,12 +241,13 @@ def test_store_records_the_options_the_bits_depend_on(engine, tmp_path):
         meta = store.get_meta()
         rebuilt = load_stored_engine(meta)
         assert store.load(rebuilt).digest() == runtime.digest()
-    assert meta["backend"] == "llamacpp" and meta["model_ref"] == "tiny"
-    assert json.loads(meta["engine_options"]) == {"threads": engine.lm.threads, "n_ctx": 256,
-                                                  "flash_attn": engine.lm.flash_attn, "exact_kernels": True,
-                                                  "batch_threads": engine.lm.batch_threads}
+        old = {**meta, "engine_options": json.dumps({**json.loads(meta["engine_options"]), "threads": 1,
+                                                     "batch_threads": 2})}
+        assert (load_stored_engine(old).lm.threads, load_stored_engine(old).lm.batch_threads) == (1, 2)
+    assert meta["backend"] == "llamacpp" and meta["model_ref"] == "tiny" and engine.lm.thread_invariant
+    assert json.loads(meta["engine_options"]) == {"n_ctx": 256, "flash_attn": engine.lm.flash_attn,
+                                                  "exact_kernels": True}
     assert (rebuilt.lm.n_ctx, rebuilt.lm.flash_attn, rebuilt.lm.exact_kernels) == (256, engine.lm.flash_attn, True)
-    assert rebuilt.lm.batch_threads == engine.lm.batch_threads
 
 
 @needs_llamacpp

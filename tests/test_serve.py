@@ -491,10 +491,13 @@ def test_the_default_kv_budget_is_half_of_what_the_loaded_model_leaves():
 
 
 def test_serve_passes_its_llamacpp_flags_to_the_engine_and_holds_eight_slots_unless_told_otherwise():
-    from unsee.impl.serve.threads import get_cores, get_llamacpp_options
+    from unsee.impl.engines.llamacpp.model import get_cores
+    from unsee.impl.serve.threads import get_llamacpp_options
 
-    assert get_llamacpp_options("llamacpp", None, None, None, {}) == {"slots": 8}  # threads: the loader's
-    assert get_llamacpp_options("llamacpp", None, None, None, {"UNSEE_LLAMA_SLOTS": "2"}) == {}
+    every = get_cores()  # prefill on every core; decode threads: the loader's
+    assert get_llamacpp_options("llamacpp", None, None, None, {}) == {"slots": 8, "batch_threads": every}
+    assert get_llamacpp_options("llamacpp", None, None, None, {"UNSEE_LLAMA_SLOTS": "2"}) == {"batch_threads": every}
+    assert get_llamacpp_options("llamacpp", None, None, None, {"UNSEE_LLAMA_BATCH_THREADS": "1"}) == {"slots": 8}
     assert get_llamacpp_options("llamacpp", 2, 4, 3, {}) == {"threads": 2, "batch_threads": 4, "slots": 3}
     assert get_llamacpp_options("transformers", None, None, None, {}) == {}
     with pytest.raises(ValueError, match="--slots"):

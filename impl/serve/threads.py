@@ -1,9 +1,11 @@
 """The llama.cpp options ``unsee serve`` passes its engine's constructor: the user's
 ``--threads``, ``--batch-threads`` and ``--slots``, and the server's slots where none is given.
 
-Threads: where the user names none, the loader decides (:func:`~unsee.impl.engines.llamacpp.model.load_llamacpp`'s
-defaults, and the ``UNSEE_LLAMA_THREADS`` / ``UNSEE_LLAMA_BATCH_THREADS`` a user set): the server
-writes no environment. docs/bench.md ("Threads") has what the counts change.
+Threads: decode as the loader decides where the user names none
+(:func:`~unsee.impl.engines.llamacpp.model.load_llamacpp`: one thread, or ``UNSEE_LLAMA_THREADS``), and
+prefill on every core unless ``--batch-threads`` or ``UNSEE_LLAMA_BATCH_THREADS`` names a count: a
+forward of several tokens has the same bits on any thread count (docs/bench.md, "Threads"). The
+server writes no environment.
 
 Slots: the engine's context holds :data:`DEFAULT_SLOTS` conversations at once, each in a
 stream of its own, and the engine's loop decodes their next tokens in one forward
@@ -15,28 +17,21 @@ KV (Qwen2.5 1.5B: 28 KiB a token, 112 MiB a slot of 4096; `unsee serve --ctx-siz
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 
-from unsee.impl.engines.llamacpp.model import SLOTS_ENV
+from unsee.impl.engines.llamacpp.model import SLOTS_ENV, get_cores
 
 #: conversations the server's llama.cpp context holds at once (their decode steps batched)
 DEFAULT_SLOTS = 8
-
-
-def get_cores() -> int:
-    """The cores this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # no affinity on this OS
-        return os.cpu_count() or 1
+BATCH_THREADS_ENV = "UNSEE_LLAMA_BATCH_THREADS"
 
 
 def get_llamacpp_options(engine: str, threads: int | None, batch_threads: int | None, slots: int | None,
                          environ: Mapping[str, str]) -> dict:
     """The constructor arguments of ``engine`` from the serve flags: the counts given (each at
     least 1), and :data:`DEFAULT_SLOTS` where neither ``--slots`` nor ``$UNSEE_LLAMA_SLOTS`` names
-    a count; nothing for another engine (a flag given there is refused)."""
+    a count, and every core's prefill where neither ``--batch-threads`` nor
+    ``$UNSEE_LLAMA_BATCH_THREADS`` names one; nothing for another engine (a flag given there is refused)."""
     given = {"threads": threads, "batch_threads": batch_threads, "slots": slots}
     for name, value in given.items():
         if value is not None and value < 1:
@@ -48,7 +43,9 @@ def get_llamacpp_options(engine: str, threads: int | None, batch_threads: int | 
         return {}
     if slots is None and not environ.get(SLOTS_ENV):
         given["slots"] = DEFAULT_SLOTS
+    if batch_threads is None and not environ.get(BATCH_THREADS_ENV):
+        given["batch_threads"] = get_cores()
     return {k: v for k, v in given.items() if v is not None}
 
 
-__all__ = ["DEFAULT_SLOTS", "get_cores", "get_llamacpp_options"]
+__all__ = ["BATCH_THREADS_ENV", "DEFAULT_SLOTS", "get_llamacpp_options"]

@@ -8,9 +8,14 @@ A store's ``meta`` records, besides ``model`` (the loaded model's name) and
 ``model_ref``       what the registry loads that model from: a name (``tiny``,
                     ``smollm2``) or the path given at creation
 ``engine_options``  JSON object: the loader options the state's bits depend on
-                    (llama.cpp: ``threads``, ``flash_attn``, ``n_ctx``,
+                    (llama.cpp: ``flash_attn``, ``n_ctx``,
                     ``exact_kernels``: absent in stores written before it, which
-                    then load with the loader's default;
+                    then load with the loader's default; ``threads`` and
+                    ``batch_threads`` only where the bits depend on them, a model
+                    that is not ``thread_invariant``: a store of a thread-invariant
+                    engine reopens on the loader's default threads, every core, and
+                    one written when every store recorded them reopens on its
+                    recorded counts, as before;
                     transformers: ``attn``, the attention implementation, besides
                     ``dtype``; the device is the caller's. A transformers store
                     without ``attn`` was made with ``unsee_eager``, the only one then;
@@ -49,6 +54,8 @@ LEGACY_BACKEND = DEFAULT_BACKEND
 RECORDED_OPTIONS = {"transformers": ("attn",), "llamacpp": ("threads", "flash_attn", "n_ctx", "exact_kernels",
                                                                   "batch_threads"),
                     "vllm": ("block_size", "max_model_len", "tensor_parallel_size", "pipeline_parallel_size")}
+#: Loader options a thread-invariant model's bits do not depend on: not recorded for it.
+THREAD_OPTIONS = ("threads", "batch_threads")
 #: The attention of a transformers store that records none (written before ``--attn`` existed).
 LEGACY_ATTN = "unsee_eager"
 #: llama.cpp's model names whose loaded name differs from the name to load.
@@ -93,7 +100,8 @@ def get_engine_meta(engine: Engine) -> dict[str, str]:
     lm = engine.lm
     name = str(lm.name)
     model_ref = LOADED_NAMES.get(backend, {}).get(name, name)
-    options = {key: getattr(lm, key, None) for key in RECORDED_OPTIONS[backend]}
+    options = {key: getattr(lm, key, None) for key in RECORDED_OPTIONS[backend]
+               if key not in THREAD_OPTIONS or not getattr(lm, "thread_invariant", False)}
     return {"backend": backend, "model_ref": model_ref, "engine_options": json.dumps(options, sort_keys=True)}
 
 
@@ -140,5 +148,5 @@ def load_stored_engine(meta: dict[str, str], device: str = "cpu", kv_budget: int
 
 
 __all__ = ["LEGACY_ATTN", "LEGACY_BACKEND", "LLAMACPP_LOADED_NAMES", "LOADED_NAMES", "RECORDED_OPTIONS",
-           "VLLM_LOADED_NAMES", "StoredEngine", "check_engine_choice", "get_backend_of", "get_engine_meta",
+           "THREAD_OPTIONS", "VLLM_LOADED_NAMES", "StoredEngine", "check_engine_choice", "get_backend_of", "get_engine_meta",
            "load_stored_engine", "load_stored_model", "read_stored_engine"]

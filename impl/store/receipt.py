@@ -138,13 +138,16 @@ def environment(engine) -> dict:
 
 def llamacpp_environment(engine) -> dict:
     """What a llama.cpp engine's state digest depends on: the engine, its
-    thread count, attention kernel (flash attention or not), matmul kernels
+    thread count (with ``thread_invariant``: whether the bits are one thread's whatever the
+    count, as they are where decode steps are fed as two rows; then a count that differs is
+    no reason a digest would not reproduce), attention kernel (flash attention or not), matmul kernels
     (``exact_kernels``: the file's layout, or repacked) and context size,
     the llama-cpp-python build and the CPU. Neither torch nor transformers
     computes anything there, so neither is recorded."""
     lm = engine.lm
     return {"engine": f"{type(engine).__module__}.{type(engine).__qualname__}", "device": lm.device,
-            "dtype": lm.dtype, "threads": lm.threads, "flash_attn": lm.flash_attn, "n_ctx": lm.n_ctx,
+            "dtype": lm.dtype, "threads": lm.threads, "thread_invariant": bool(getattr(lm, "thread_invariant", False)),
+            "flash_attn": lm.flash_attn, "n_ctx": lm.n_ctx,
             "exact_kernels": lm.exact_kernels, "llama_cpp_python": lm.info.get("llama_cpp_python", "?"),
             "python": platform.python_version(), "sqlite": sqlite3.sqlite_version, **cpu_features()}
 
@@ -165,9 +168,11 @@ def vllm_environment(engine) -> dict:
 
 
 def environment_differences(recorded: Mapping[str, Any], here: Mapping[str, Any]) -> list[str]:
-    """The digest-relevant facts that differ, as ``'name: receipt X, here Y'``."""
+    """The digest-relevant facts that differ, as ``'name: receipt X, here Y'`` (the thread
+    count not, where both sides are thread-invariant)."""
+    invariant = bool(recorded.get("thread_invariant")) and bool(here.get("thread_invariant"))
     return [f"{k}: receipt {recorded.get(k)!r}, here {here.get(k)!r}" for k in DIGEST_FACTS
-            if recorded.get(k) != here.get(k)]
+            if recorded.get(k) != here.get(k) and not (invariant and k == "threads")]
 
 
 def log_hash(steps: Sequence[Mapping[str, Any]]) -> str:

@@ -103,7 +103,8 @@ class LlamaCppEngine(LineageBook):
         self.draft_policy = lm.draft_policy
         self.determinism = Determinism(same_chunking_repeats=True, crop_continue_is_fresh=True,
                                        chunk_invariant=False, decode_is_prefill=False,
-                                       thread_invariant=False, statement=lm.determinism_statement, digest=self.DIGEST)
+                                       thread_invariant=lm.thread_invariant, statement=lm.determinism_statement,
+                                       digest=self.DIGEST)
         self.budget.set(kv_budget)
 
     @property

@@ -119,8 +119,13 @@ class DecodeFacts:
 
 def forward(lc, ctx, batch, ids: list[int], start: int, all_logits: bool, vocab: int, seq: int = 0) -> np.ndarray:
     """One ``llama_decode`` of ``ids`` at positions start.. on sequence ``seq``: the
-    logits after the last token (vocab,), or after every token (n, vocab), float32 copies."""
+    logits after the last token (vocab,), or after every token (n, vocab), float32 copies.
+    A one-token forward on a context of several decode threads is fed as two rows
+    (:func:`forward_padded`), so that its bits are those of one thread."""
     n = len(ids)
+    if n == 1 and lc.llama_n_threads(ctx) > 1:
+        logits = forward_padded(lc, ctx, batch, ids[0], start, vocab, seq)
+        return logits[None] if all_logits else logits
     for i, tok in enumerate(ids):
         batch.token[i] = tok
         batch.pos[i] = start + i
@@ -135,6 +140,33 @@ def forward(lc, ctx, batch, ids: list[int], start: int, all_logits: bool, vocab:
     rows = range(n) if all_logits else (n - 1,)
     out = np.stack([np.ctypeslib.as_array(lc.llama_get_logits_ith(ctx, i), shape=(vocab,)) for i in rows])
     return out.copy() if all_logits else out[0].copy()
+
+
+def forward_padded(lc, ctx, batch, token: int, start: int, vocab: int, seq: int = 0) -> np.ndarray:
+    """A decode step on every decode thread with one thread's bits: the logits after ``token``
+    at ``start``. Flash attention splits a lone query row's keys among the threads once it
+    attends over 512 cells or more, and each thread count then sums in its own order; a
+    forward of two rows never takes that split and computes each row whole on one thread,
+    as a one-thread step does (docs/bench.md, "Decode on every core"). So the step is fed
+    with a second row, the same token at ``start + 1`` (row 0 never attends to it: it is
+    masked), whose cell is freed again at once. Where the sequence has no cell left for
+    it, the step runs on one thread instead."""
+    threads, batch_threads = lc.llama_n_threads(ctx), lc.llama_n_threads_batch(ctx)
+    if start + 2 > lc.llama_n_ctx_seq(ctx):
+        lc.llama_set_n_threads(ctx, 1, batch_threads)
+        try:
+            return forward(lc, ctx, batch, [token], start, False, vocab, seq)
+        finally:
+            lc.llama_set_n_threads(ctx, threads, batch_threads)
+    for i in range(2):
+        batch.token[i], batch.pos[i], batch.n_seq_id[i] = token, start + i, 1
+        batch.seq_id[i][0], batch.logits[i] = seq, int(i == 0)
+    batch.n_tokens = 2
+    rc = lc.llama_decode(ctx, batch)
+    lc.llama_memory_seq_rm(lc.llama_get_memory(ctx), seq, start + 1, -1)
+    if rc != 0:
+        raise RuntimeError(f"llama_decode returned {rc} for a decode step at position {start}")
+    return np.ctypeslib.as_array(lc.llama_get_logits_ith(ctx, 0), shape=(vocab,)).copy()
 
 
 def forward_steps(lc, ctx, batch, steps: list[tuple[int, int, int]], vocab: int) -> list[np.ndarray]:
@@ -303,5 +335,5 @@ def write_cache(path: Path, data: dict) -> None:
     os.replace(tmp, path)
 
 
-__all__ = ["DecodeFacts", "compute_equal_limit", "forward", "forward_steps", "get_cache_path", "get_decode_facts", "is_cached",
+__all__ = ["DecodeFacts", "compute_equal_limit", "forward", "forward_padded", "forward_steps", "get_cache_path", "get_decode_facts", "is_cached",
            "measure_decode_facts", "read_state"]

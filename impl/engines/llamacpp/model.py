@@ -142,6 +142,11 @@ class LlamaCppModel:
     n_swa: int = 0
     #: the context length the model was trained on (llama.cpp's ``n_ctx_train``; 0: not said)
     n_ctx_train: int = 0
+    #: whether the KV and logits are those of one thread whatever ``threads`` and ``batch_threads``:
+    #: decode on one thread, or on several with each step fed as two rows (facts.forward_padded)
+    #: on a file whose two-token forward equals its decode steps (``max_forward`` >= 2). Then a
+    #: store need not record the thread counts (impl/store/backend.py)
+    thread_invariant: bool = False
     _tokenizer: object = None  # a ByteTokenizer (tiny GGUF), or None: llama.cpp's own vocabulary
     _model: object = None
     _vocab: object = None
@@ -173,7 +178,8 @@ class LlamaCppModel:
                 return buf.raw[:n].decode("utf-8", "replace")
             cap = -n + 16
 
-    def new_context(self, n_ctx: int | None = None, embeddings: bool = False, n_seq: int = 1, unified: bool = True):
+    def new_context(self, n_ctx: int | None = None, embeddings: bool = False, n_seq: int = 1, unified: bool = True,
+                    flash_attn: bool | None = None):
         """A llama.cpp context over this model (each engine owns one): one
         sequence, n_ctx cells, a chunk of any length is one llama_decode.
         Sliding-window layers keep every position (``swa_full``), so that a
@@ -184,7 +190,8 @@ class LlamaCppModel:
         decoding, bench/llamacpp_batch.py); the engine's own is one sequence.
         ``unified`` False: each of the ``n_seq`` sequences in a stream of
         its own, ``n_ctx / n_seq`` cells, its first cell its position 0
-        (bench/llamacpp_exact_batch.py compares the two layouts)."""
+        (bench/llamacpp_exact_batch.py compares the two layouts). ``flash_attn``: the
+        model's setting unless given (a bench's comparison)."""
         lc = llama_module()
         n_ctx = n_ctx or self.n_ctx
         cparams = lc.llama_context_default_params()
@@ -206,8 +213,8 @@ class LlamaCppModel:
             cparams.kv_unified = True
         cparams.n_threads = self.threads
         cparams.n_threads_batch = self.batch_threads or self.threads
-        cparams.flash_attn_type = (lc.LLAMA_FLASH_ATTN_TYPE_ENABLED if self.flash_attn
-                                   else lc.LLAMA_FLASH_ATTN_TYPE_DISABLED)
+        flash = self.flash_attn if flash_attn is None else flash_attn
+        cparams.flash_attn_type = lc.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash else lc.LLAMA_FLASH_ATTN_TYPE_DISABLED
         cparams.no_perf = True
         ctx = lc.llama_init_from_model(self._model, cparams)
         if not ctx:
@@ -235,9 +242,11 @@ class LlamaCppModel:
 def _determinism_text(threads: int, flash_attn: bool, exact_kernels: bool, batch_threads: int | None = None) -> str:
     kernels = "per-row kernels (no repacking)" if exact_kernels else "repacked weights"
     batch = f" ({batch_threads} for forwards of several tokens)" if batch_threads not in (None, threads) else ""
-    return (f"llama.cpp cpu, {threads} thread(s){batch}, flash attention {'on' if flash_attn else 'off'}, {kernels}, f16 KV: "
-            "the same chunking repeats bitwise; crop + continue equals a fresh prefill; other chunkings, "
-            "decode steps and thread counts may differ in the last bits (docs/engines.md)")
+    padded = ", each decode step fed as two rows (one thread's bits)" if threads > 1 else ""
+    return (f"llama.cpp cpu, {threads} thread(s){batch}{padded}, flash attention {'on' if flash_attn else 'off'}, "
+            f"{kernels}, f16 KV: the same chunking repeats bitwise; crop + continue equals a fresh prefill; other "
+            "chunkings and decode steps may differ in the last bits, thread counts only where the file's "
+            "two-token forward differs from its decode (docs/engines.md)")
 
 
 def resolve_gguf(key: str, cache_dir: str | os.PathLike | None = None) -> tuple[Path, str, object]:
@@ -263,6 +272,21 @@ def resolve_gguf(key: str, cache_dir: str | os.PathLike | None = None) -> tuple[
         raise ValueError(f"name_or_path={key!r} is neither 'smollm2', 'tiny', 'tiny-<family>' nor an existing "
                          ".gguf file")
     return path, key, None
+
+
+#: decode threads where none is named: one. A step on more threads is exact (fed as two rows), but
+#: the padded step costs 1.84x a lone row's CPU on qwen2.5-1.5b (bench/llamacpp_pad_cost.py), so on
+#: 2 cores it was no faster, and on one thread the server batches its conversations' steps
+#: (rows.py); `--threads N` or $UNSEE_LLAMA_THREADS asks for more (docs/bench.md, "Decode on every core").
+DEFAULT_DECODE_THREADS = 1
+
+
+def get_cores() -> int:
+    """The cores this process may run on (the loader's default thread count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # no affinity on this OS
+        return os.cpu_count() or 1
 
 
 def get_count(name: str, value: int | None, variable: str, default: int) -> int:
@@ -293,8 +317,12 @@ def load_llamacpp(name_or_path: str | os.PathLike = "smollm2", threads: int | No
     ``'tiny'`` or ``'tiny-<family>'`` (a tiny random GGUF, byte tokenizer), or
     a ``*.gguf`` path (:func:`resolve_gguf`).
 
-    ``threads`` defaults to $UNSEE_LLAMA_THREADS or 1 (the KV may depend on
-    it: docs/engines.md); ``batch_threads``, the threads of forwards of several tokens
+    ``threads`` (decode steps) defaults to $UNSEE_LLAMA_THREADS, else :data:`DEFAULT_DECODE_THREADS`;
+    on several threads a decode step is fed as two rows, which gives one thread's bits
+    where the file's forward of two tokens equals two decode steps (its measured ``max_forward``
+    >= 2: docs/bench.md, "Decode on every core"); on a file where it does not, the default falls
+    back to one decode thread, and a count given there is what the bits depend on
+    (``thread_invariant``); ``batch_threads``, the threads of forwards of several tokens
     (prefill, verification), to $UNSEE_LLAMA_BATCH_THREADS or ``threads``; ``n_ctx``
     (the longest lineage), at most the model's trained length (more is a ValueError naming
     both), to what ``ctx_memory`` bytes of KV hold for every slot
@@ -314,7 +342,8 @@ def load_llamacpp(name_or_path: str | os.PathLike = "smollm2", threads: int | No
     lc = llama_module()
     _init_backend(lc, exact_kernels)
     path, name, tokenizer = resolve_gguf(os.fspath(name_or_path), cache_dir)
-    threads = get_count("threads", threads, "UNSEE_LLAMA_THREADS", 1)
+    chosen = threads is not None or bool(os.environ.get("UNSEE_LLAMA_THREADS"))
+    threads = get_count("threads", threads, "UNSEE_LLAMA_THREADS", DEFAULT_DECODE_THREADS)
     batch_threads = get_count("batch_threads", batch_threads, "UNSEE_LLAMA_BATCH_THREADS", threads)
     mparams = lc.llama_model_default_params()
     mparams.n_gpu_layers = 0
@@ -338,8 +367,21 @@ def load_llamacpp(name_or_path: str | os.PathLike = "smollm2", threads: int | No
     lm.n_swa, lm.slots, lm.n_ctx_train = n_swa, slots, trained
     if tokenizer is None:
         lm.chat_template, lm.special_tokens = get_chat_template(model, vocab)
-    set_decode_facts(lm, cache_dir)
+    set_decode_threads(lm, chosen, cache_dir)
     return lm
+
+
+def set_decode_threads(lm: LlamaCppModel, chosen: bool, cache_dir: str | os.PathLike | None = None) -> None:
+    """Measure ``lm``'s decode facts (:func:`set_decode_facts`); where the thread count is the
+    default (not ``chosen``) and a padded step is not one thread's step on this file (its
+    two-token forward differs from decoding: ``max_forward`` < 2), decode on one thread instead
+    (prefill stays on every core), measured again; then whether its bits are thread-invariant."""
+    set_decode_facts(lm, cache_dir)
+    if lm.threads > 1 and lm.max_forward < 2 and not chosen:
+        lm.threads = 1
+        lm.determinism_statement = _determinism_text(1, lm.flash_attn, lm.exact_kernels, lm.batch_threads)
+        set_decode_facts(lm, cache_dir)
+    lm.thread_invariant = lm.threads == 1 or lm.max_forward >= 2
 
 
 def get_layout(lc, model, n_ctx: int | None, slots: int | None, memory: int | None,
@@ -434,5 +476,5 @@ def get_chat_template(model, vocab) -> tuple[str | None, dict]:
 
 
 __all__ = ["CONTEXT_STEP", "DEFAULT_CONTEXT", "INSTALL_HINT", "LlamaCppMissingError", "LlamaCppModel", "available",
-           "compute_default_context", "get_chat_template", "get_context", "get_kv_bytes_per_token", "get_layout",
+           "compute_default_context", "get_chat_template", "get_context", "get_cores", "get_kv_bytes_per_token", "get_layout",
            "load_llamacpp"]

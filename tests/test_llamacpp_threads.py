@@ -1,0 +1,100 @@
+"""Decode on every core, exactly (issue 50, item 2; docs/bench.md, "Decode on every core").
+
+llama.cpp's flash attention splits a lone query row's keys among the threads once a step
+attends over 512 cells or more (past about 256 tokens), so a one-token step's bits change
+with the thread count; a forward of two rows never takes that split. The engine feeds a
+decode step on several threads as two rows (``facts.forward_padded``). These tests pin the
+bit-level facts that rests on, on the tiny GGUF, past the old boundary: the padded step on
+two threads gives one thread's logits and KV, where a lone row on two threads does not; and a
+whole forget on two threads (the loader's default on this machine's cores) gives the
+one-thread engine's digests and tokens, while its store no longer records a thread count."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from unsee.impl.engines.llamacpp import engine as llamacpp
+
+pytestmark = pytest.mark.skipif(not llamacpp.available(), reason="llama-cpp-python is not installed")
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "secret_in_tool_result.json"
+PROMPT = 300  # past 256 tokens: a step then attends over 512 cells, where the split starts
+STEPS = 24
+
+
+def lone_step(lc, ctx, batch, token: int, pos: int, vocab: int) -> np.ndarray:
+    """A one-token ``llama_decode`` as one row, whatever the context's threads (no padding)."""
+    batch.token[0], batch.pos[0], batch.n_seq_id[0], batch.seq_id[0][0], batch.logits[0] = token, pos, 1, 0, 1
+    batch.n_tokens = 1
+    assert lc.llama_decode(ctx, batch) == 0
+    return np.ctypeslib.as_array(lc.llama_get_logits_ith(ctx, 0), shape=(vocab,)).copy()
+
+
+def decode_run(lm, threads: int, padded: bool) -> tuple[list[np.ndarray], bytes]:
+    """A prompt of :data:`PROMPT` tokens as one forward, then :data:`STEPS` decode steps on
+    ``threads`` threads (``padded``: as the engine feeds them): every step's logits, the KV blob."""
+    from unsee.impl.engines.llamacpp.facts import forward, read_state
+    from unsee.impl.engines.llamacpp.model import llama_module
+
+    lc = llama_module()
+    ctx = lm.new_context(1024)
+    batch = lc.llama_batch_init(1024, 0, 1)
+    try:
+        lc.llama_set_n_threads(ctx, threads, threads)
+        tokens = [int(t) for t in np.random.default_rng(7).integers(0, lm.vocab_size, PROMPT + STEPS)]
+        forward(lc, ctx, batch, tokens[:PROMPT], 0, False, lm.vocab_size)
+        step = (lambda tok, pos: forward(lc, ctx, batch, [tok], pos, False, lm.vocab_size)) if padded else \
+            (lambda tok, pos: lone_step(lc, ctx, batch, tok, pos, lm.vocab_size))
+        logits = [step(tok, PROMPT + i) for i, tok in enumerate(tokens[PROMPT:])]
+        return logits, read_state(lc, ctx)
+    finally:
+        lc.llama_batch_free(batch)
+        lc.llama_free(ctx)
+
+
+def test_a_padded_step_on_two_threads_has_one_threads_bits(tmp_path):
+    from unsee.impl.engines.llamacpp.model import load_llamacpp
+
+    lm = load_llamacpp("tiny", threads=1, n_ctx=1024, cache_dir=tmp_path)
+    one_logits, one_kv = decode_run(lm, 1, padded=True)  # one thread: never padded
+    two_logits, two_kv = decode_run(lm, 2, padded=True)
+    assert all(np.array_equal(a, b) for a, b in zip(one_logits, two_logits)) and one_kv == two_kv
+    # the control: a lone row on two threads sums the keys in another order past 256 tokens
+    lone_logits, lone_kv = decode_run(lm, 2, padded=False)
+    assert not all(np.array_equal(a, b) for a, b in zip(one_logits, lone_logits)) and lone_kv != one_kv
+
+
+def test_an_episode_on_every_core_equals_one_thread_and_records_no_threads(tmp_path, monkeypatch):
+    """The loader's default made 2 threads (it is 1: :data:`DEFAULT_DECODE_THREADS`) against one thread: the episode's
+    digest and every block's tokens equal; neither store records a thread count, and one
+    written on one thread opens on two with its digest."""
+    from unsee.impl.agent.episode import parse_episode
+    from unsee.impl.agent.runtime import AgentRuntime
+    from unsee.impl.engines.llamacpp import model
+    from unsee.impl.engines.registry import make_engine
+    from unsee.impl.store.backend import get_engine_meta
+    from unsee.impl.store.session import PersistentSession
+
+    monkeypatch.delenv("UNSEE_LLAMA_THREADS", raising=False)
+    monkeypatch.delenv("UNSEE_LLAMA_BATCH_THREADS", raising=False)
+    monkeypatch.setattr(model, "DEFAULT_DECODE_THREADS", 2)
+    episode = parse_episode(json.loads(EXAMPLE.read_text()))
+    results, engines = {}, {}
+    for threads in (1, None):
+        lm = model.load_llamacpp("tiny", threads=threads, n_ctx=2048, cache_dir=tmp_path)
+        engines[lm.threads] = engine = make_engine(lm)
+        base = AgentRuntime.from_episode(engine, episode)
+        assert lm.thread_invariant and sum(len(b.tokens) for b in base.graph.blocks()) > 256
+        results[lm.threads] = (base.digest(), [b.tokens for b in base.graph.blocks()])
+        options = json.loads(get_engine_meta(engine)["engine_options"])
+        assert "threads" not in options and "batch_threads" not in options
+        if lm.threads == 1:
+            with PersistentSession.create(tmp_path / "one.db", base):
+                pass
+    assert set(results) == {1, 2} and results[1] == results[2]
+    with PersistentSession.open(tmp_path / "one.db", engines[2]) as session:
+        assert session.runtime.digest() == results[1][0]
