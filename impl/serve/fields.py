@@ -122,9 +122,10 @@ RESPONSE_FIELDS = (
     Field("prompt_cache_key", ACCEPTED, "a conversation keeps its own KV; the chat prefix cache is partitioned by "
                                         "API key, not by this key", _string),
     Field("prompt_cache_retention", ACCEPTED, "KV is kept under `--kv-budget`, not for a time", _string),
-    Field("truncation", HONOURED, "`disabled` only: a request past the model's context is a 400 "
-                                  "`context_length_exceeded`; `auto` would drop items the log must keep",
-          _one_of("disabled")),
+    Field("truncation", HONOURED, "`disabled` (the default): a request past the model's context is a 400 "
+                                  "`context_length_exceeded`; `auto`: a conversation's turn that would pass the "
+                                  "context is compacted first (a summary, never a dropped item: docs/serve.md, "
+                                  "'Long conversations')"),
     Field("text", HONOURED, "`format`: `text`, `json_schema` (strict or not: the answer is decoded under the "
                             "schema's grammar, so it always parses) or `json_object`; `verbosity`: `medium` only"),
     Field("reasoning", ACCEPTED, "a reasoning model's `<think>` block comes back as a reasoning item; "
@@ -134,7 +135,10 @@ RESPONSE_FIELDS = (
     Field("top_logprobs", HONOURED, "0-20 alternatives per output token, with `include: "
                                     "[\"message.output_text.logprobs\"]` (not recorded: not state)"),
     Field("prompt", REFUSED, "no stored prompt templates", _absent),
-    Field("context_management", REFUSED, "the server does not compact a conversation on its own", _absent),
+    Field("context_management", HONOURED, "`[{\"type\": \"compaction\", \"compact_threshold\": N}]`: a "
+                                         "conversation's turn whose prompt would pass N tokens is compacted "
+                                         "first; the compaction item holds the summary, readable, never "
+                                         "encrypted (docs/serve.md, 'Long conversations')"),
     Field("max_tool_calls", REFUSED, "no hosted tools run here", _absent),
 )
 
