@@ -92,7 +92,7 @@ def test_a_conversation_compacted_twice_forgets_through_its_summaries(lm, tmp_pa
         assert after == listing(client, twin)
         nxt = [client.responses.create(model="tiny", conversation=c, input="Who am I?",
                                        context_management=COMPACTION) for c in (conv, twin)]
-        assert [[o.model_dump() for o in n.output] for n in nxt][0] == [o.model_dump() for o in nxt[1].output]
+        assert [o.model_dump() for o in nxt[0].output] == [o.model_dump() for o in nxt[1].output]
         assert nxt[0].output[0].type == "compaction"
         final = digest(client, conv)
     with ServerThread(Pool(make_engine(lm), tmp_path, defaults=SETTINGS), "tiny") as srv:
@@ -100,14 +100,23 @@ def test_a_conversation_compacted_twice_forgets_through_its_summaries(lm, tmp_pa
     assert not scan(tmp_path, SECRET) and not scan(tmp_path, "9-4-7-1")
 
 
-def test_without_compaction_a_turn_past_the_context_is_still_a_400(lm, tmp_path):
-    """The default is unchanged: no compaction unless asked; a bad entry is a 400 naming it."""
+def test_truncation_auto_compacts_a_turn_past_the_context_and_disabled_is_a_400(lm, tmp_path):
+    """A turn that would pass the model's context (the tiny model's 4096 tokens) is a 400 by
+    default (nothing written) and compacts first with ``truncation: "auto"``; a turn that fits
+    never compacts; a bad entry is a 400 naming it."""
     with ServerThread(Pool(make_engine(lm), tmp_path, defaults=SETTINGS), "tiny") as srv:
         client = connect(srv)
         conv = client.conversations.create().id
-        client.responses.create(model="tiny", conversation=conv, input="Hi.")
-        out = client.responses.create(model="tiny", conversation=conv, input="Go on.")
+        long = " ".join(["word"] * 700)  # about 3,500 tokens of the tiny model
+        client.responses.create(model="tiny", conversation=conv, input=long)
+        out = client.responses.create(model="tiny", conversation=conv, input="Go on.", truncation="auto")
         assert [o.type for o in out.output] == ["message"]
+        items = listing(client, conv)
+        with pytest.raises(openai.BadRequestError, match="context"):
+            client.responses.create(model="tiny", conversation=conv, input=long)
+        assert listing(client, conv) == items
+        out = client.responses.create(model="tiny", conversation=conv, input=long, truncation="auto")
+        assert [o.type for o in out.output] == ["compaction", "message"]
         with pytest.raises(openai.BadRequestError, match="compact_threshold"):
             client.responses.create(model="tiny", conversation=conv, input="x",
                                     context_management=[{"type": "compaction", "compact_threshold": 0}])
