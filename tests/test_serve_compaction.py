@@ -117,6 +117,19 @@ def test_truncation_auto_compacts_a_turn_past_the_context_and_disabled_is_a_400(
         assert listing(client, conv) == items
         out = client.responses.create(model="tiny", conversation=conv, input=long, truncation="auto")
         assert [o.type for o in out.output] == ["compaction", "message"]
+        events = list(client.responses.create(model="tiny", conversation=conv, input="More.", stream=True,
+                                              context_management=COMPACTION))
+        done = [e.item for e in events if e.type == "response.output_item.done"]
+        final = events[-1].response.output
+        assert [i.type for i in done] == [i.type for i in final] == ["compaction", "message"]
+        assert [e.output_index for e in events if e.type == "response.output_item.added"] == [0, 1]
+        assert done[0].model_dump() == final[0].model_dump()
+        items = listing(client, conv)  # the summary, then the turn's input and answer
+        assert [i["type"] for i in items[-3:]] == ["compaction", "message", "message"]
+        assert [items[-3], items[-1]] == [i.model_dump(exclude_none=True) for i in final]
+        with pytest.raises(openai.BadRequestError, match="context"):  # no summary makes room: nothing written
+            client.responses.create(model="tiny", conversation=conv, input=long + " " + long, truncation="auto")
+        assert listing(client, conv) == items
         with pytest.raises(openai.BadRequestError, match="compact_threshold"):
             client.responses.create(model="tiny", conversation=conv, input="x",
                                     context_management=[{"type": "compaction", "compact_threshold": 0}])

@@ -155,6 +155,14 @@ def reasoning_events(item: dict, output_index: int) -> list[dict]:
             {"type": "response.output_item.done", "output_index": output_index, "item": item}]
 
 
+def whole_item_events(item: dict, output_index: int) -> list[dict]:
+    """The events of an item sent whole: a reasoning item (at its turn's end) or a compaction item."""
+    if item["type"] == "reasoning":
+        return reasoning_events(item, output_index)
+    return [{"type": "response.output_item.added", "output_index": output_index, "item": item},
+            {"type": "response.output_item.done", "output_index": output_index, "item": item}]
+
+
 def numbered(events: list[dict], start: int) -> list[dict]:
     return [{**e, "sequence_number": start + i} for i, e in enumerate(events)]
 

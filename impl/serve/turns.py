@@ -237,14 +237,17 @@ def respond(conv: Conversation, engine, req: dict, defaults: Settings, response_
     config = get_config(conv, req, sampling)
     todo, bound = bind_outputs(conv, conv.record["pending"] + items)  # refuses before anything is written
     step, roles = get_step(conv, todo, bound)
-    compacted = []
+    explicit, compacted = req["max_new_tokens"] is not None, []
     if is_compaction_due(conv, step, config, roles, get_limit(engine, req, settings)):
+        # a turn no summary can make room for is refused before the summary is written
+        check_length(engine, None, step, config, settings, explicit=explicit, roles=roles)
         compacted = [compact(conv)]  # the summary first (docs/serve.md, "Long conversations")
         step, roles = get_step(conv, todo, bound)
-    check_length(engine, conv.runtime, step, config, settings, explicit=req["max_new_tokens"] is not None,
-                 roles=roles)
+    check_length(engine, conv.runtime, step, config, settings, explicit=explicit, roles=roles)
     if listener is not None:
         listener.start(settings)
+        if compacted:
+            listener.emit(("answer", compacted, ""))
     out = compacted + run_step(conv, engine, step, config, bound, session, listener, req.get("logprobs"), roles)
     record = conv.record
     conv.save({**record, "pending": [], "held_outputs": [], "held_extra": [],
