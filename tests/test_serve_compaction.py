@@ -137,3 +137,31 @@ def test_truncation_auto_compacts_a_turn_past_the_context_and_disabled_is_a_400(
             client.responses.create(model="tiny", conversation=conv, input="x", extra_body={"truncation": "middle"})
 
 
+def test_the_compact_endpoint_compacts_a_stored_conversation_by_its_latest_response(lm, tmp_path):
+    """``POST /v1/responses/compact`` with ``previous_response_id``: a compact step on that
+    conversation (its compaction item and usage), which the next response continues on; a
+    response that is not the latest, a just-compacted conversation and a client's own input are
+    400s that name why, and write nothing."""
+    with ServerThread(Pool(make_engine(lm), tmp_path, defaults=SETTINGS), "tiny") as srv:
+        client = connect(srv)
+        first = client.responses.create(model="tiny", input="Hi, I am Ada.")
+        second = client.responses.create(model="tiny", input="Go on.", previous_response_id=first.id)
+        conv = second.conversation.id
+        with pytest.raises(openai.BadRequestError, match="not the latest"):
+            client.responses.compact(model="tiny", previous_response_id=first.id)
+        with pytest.raises(openai.BadRequestError, match="input"):
+            client.responses.compact(model="tiny", input="Hi.")
+        assert [i["type"] for i in listing(client, conv)] == ["message"] * 4
+        out = client.responses.compact(model="tiny", previous_response_id=second.id)
+        assert out.object == "response.compaction" and [o.type for o in out.output] == ["compaction"]
+        assert out.usage.output_tokens > 0
+        with pytest.raises(openai.BadRequestError, match="just compacted"):
+            client.responses.compact(model="tiny", previous_response_id=second.id)
+        items = listing(client, conv)
+        assert items[-1] == out.output[0].model_dump(exclude_none=True)
+        third = client.responses.create(model="tiny", input="And then?", previous_response_id=second.id)
+        runtime = srv.pool.get(conv).session.runtime
+        assert [s.kind for s in runtime.steps] == ["user", "user", "compact", "user"]
+        assert runtime.context[1] == "turn_3/context"  # the next turn ran on the summary
+        assert [o.type for o in third.output] == ["message"]
+

@@ -16,7 +16,7 @@ import time
 from unsee import Settings
 from unsee.impl.agent.tools.client import Config
 from unsee.impl.engines.counts import Counters
-from unsee.impl.serve import shapes, turns
+from unsee.impl.serve import compaction, shapes, turns
 from unsee.impl.serve.bodies import SYSTEM_ROLES
 from unsee.impl.serve.chat import check_messages, get_messages
 from unsee.impl.serve.conversation import Conversation
@@ -89,6 +89,17 @@ def respond(pool: Pool, model: str, req: dict, conv: Conversation, previous: str
                               extra={"steps": steps} if len(steps) > 1 else None)
     pool.note_response(response_id, conv)
     return out
+
+
+def compact(pool: Pool, conv: Conversation, previous: str) -> dict:
+    """``POST /v1/responses/compact``: a ``compact`` step on the conversation of ``previous`` (its
+    latest response); the compaction object: its compaction item and the summary's usage."""
+    with pool.hold(conv) as c:  # rebuilds the session where it was evicted
+        compaction.check_compactable(c, previous)
+        item = compaction.compact(c)
+        usage = get_usage(c.runtime, [c.runtime.steps[-1].id])
+    return {"id": "resp_" + secrets.token_hex(24), "object": "response.compaction", "created_at": int(time.time()),
+            "output": [item], "usage": usage}
 
 
 def respond_new(pool: Pool, model: str, req: dict, owner: str, listener=None) -> dict:
@@ -167,6 +178,6 @@ def complete_chat(pool: Pool, model: str, req: dict, owner: str, completion_id: 
     return {"completion": completion, "finish_reason": out["finish_reason"], "usage": usage, "logprobs": logprobs}
 
 
-__all__ = ["complete", "complete_chat", "get_kept_tokens", "get_settings", "get_status",
+__all__ = ["compact", "complete", "complete_chat", "get_kept_tokens", "get_settings", "get_status",
            "get_target", "get_usage",
            "respond", "respond_new", "respond_stateless", "split_system"]

@@ -21,6 +21,7 @@ from unsee import Settings, Step
 from unsee.impl.agent.tools.client import ClientToolRuntime, get_context_length, get_step_id
 from unsee.impl.serve.conversation import Conversation, get_compaction_item
 from unsee.impl.serve.errors import bad_request
+from unsee.impl.serve.fields import COMPACT_FIELDS, check_fields
 
 TRUNCATIONS = ("disabled", "auto")
 
@@ -48,6 +49,35 @@ def read_context_management(body: Mapping[str, Any]) -> dict:
     if truncation not in TRUNCATIONS:
         raise bad_request(f"truncation: must be one of {TRUNCATIONS}, got {truncation!r}", param="truncation")
     return {"compact_threshold": threshold, "truncation": truncation, "context_management": raw}
+
+
+def read_compact_request(body: Any) -> str:
+    """A ``POST /v1/responses/compact`` body: the response id whose conversation it compacts."""
+    body = check_fields(body, COMPACT_FIELDS, "responses/compact")
+    previous = body.get("previous_response_id")
+    if not isinstance(previous, str) or not previous:
+        raise bad_request("previous_response_id: the response whose conversation to compact is required "
+                          "(a client's own input is not compacted here)", param="previous_response_id")
+    return previous
+
+
+def check_compactable(conv: Conversation, previous: str) -> None:
+    """A conversation a compact request may compact now: ``previous`` its latest response, a turn
+    to summarise, no call waiting for its output and no held replay (a summary goes between
+    turns), and not just compacted."""
+    runtime = conv.runtime
+    if conv.record["responses"][-1]["id"] != previous:
+        raise bad_request(f"previous_response_id: {previous!r} is not the latest response of its conversation",
+                          param="previous_response_id")
+    if not isinstance(runtime, ClientToolRuntime):
+        raise bad_request("this conversation was stored before the server compacted; start a new one",
+                          param="previous_response_id")
+    if runtime.steps[-1].kind == "compact":
+        raise bad_request(f"conversation {conv.id} was just compacted; nothing new to summarise",
+                          param="previous_response_id")
+    if conv.get_pending_calls() or conv.record["held"] or conv.record["held_outputs"]:
+        raise bad_request(f"conversation {conv.id} waits for function_call_output items; send them first",
+                          param="previous_response_id", code="pending_tool_calls")
 
 
 def get_limit(engine, req: dict, settings: Settings) -> int | None:
@@ -82,4 +112,5 @@ def compact(conv: Conversation) -> dict:
     return get_compaction_item(conv.runtime, step.id)
 
 
-__all__ = ["TRUNCATIONS", "compact", "get_limit", "is_compaction_due", "read_context_management"]
+__all__ = ["TRUNCATIONS", "check_compactable", "compact", "get_limit", "is_compaction_due", "read_compact_request",
+           "read_context_management"]

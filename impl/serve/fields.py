@@ -200,8 +200,22 @@ ITEMS_FIELDS = (
     Field("include", ACCEPTED, "nothing extra to include", _include),
 )
 
+COMPACT_FIELDS = (
+    Field("model", ACCEPTED, "the server runs one model, whatever the name", _string),
+    Field("previous_response_id", HONOURED, "the conversation to compact (its latest response): a `compact` step "
+                                            "runs on it, and the next response continues on the summary "
+                                            "(docs/serve.md, 'Long conversations')"),
+    Field("input", REFUSED, "a client's own history is not compacted here: a compaction item is not accepted back "
+                            "as input; compact a stored conversation by its `previous_response_id`",
+          lambda v: v is None or v == []),
+    Field("instructions", REFUSED, "the summary request is the runtime's own (the one a replay runs again)", _absent),
+    Field("prompt_cache_key", ACCEPTED, "a conversation keeps its own KV", _string),
+    Field("prompt_cache_retention", ACCEPTED, "KV is kept under `--kv-budget`, not for a time", _string),
+)
+
 #: route -> its fields, in the order docs/serve.md lists them
-ROUTES = {"POST /v1/responses": RESPONSE_FIELDS, "POST /v1/chat/completions": CHAT_FIELDS,
+ROUTES = {"POST /v1/responses": RESPONSE_FIELDS, "POST /v1/responses/compact": COMPACT_FIELDS,
+          "POST /v1/chat/completions": CHAT_FIELDS,
           "POST /v1/conversations": CONVERSATION_FIELDS, "POST /v1/conversations/{id}/items": ITEMS_FIELDS}
 
 
@@ -232,6 +246,6 @@ def render_fields_table() -> str:
     return "\n".join(rows) + "\n"
 
 
-__all__ = ["ACCEPTED", "CHAT_FIELDS", "CONVERSATION_FIELDS", "HONOURED", "INCLUDABLE", "ITEMS_FIELDS", "LOGPROBS_INCLUDE",
+__all__ = ["ACCEPTED", "CHAT_FIELDS", "COMPACT_FIELDS", "CONVERSATION_FIELDS", "HONOURED", "INCLUDABLE", "ITEMS_FIELDS", "LOGPROBS_INCLUDE",
            "REFUSED",
            "RESPONSE_FIELDS", "ROUTES", "Field", "check_fields", "render_fields_table"]
