@@ -72,6 +72,9 @@ def test_a_conversation_compacted_twice_forgets_through_its_summaries(lm, tmp_pa
         assert all(o.output[1].type == "message" for o in outputs[1:])  # the answer after its summary
         runtime = srv.pool.get(conv).session.runtime
         assert [s.kind for s in runtime.steps] == ["user", "compact", "user", "compact", "user"]
+        cost = outputs[2].model_extra["unsee"]["compaction"]  # what the turn's compaction cost and left
+        assert cost["step"] == "turn_4" and cost["context_tokens_after"] < cost["read_tokens"]
+        assert cost["summary_tokens"] == len(runtime.graph["turn_4/answer"].tokens)
         # each summary read the secret's item (provenance), and the second read the first
         assert all("s1" in runtime.graph[f"turn_{t}/answer"].source_ids for t in (2, 4))
         items = listing(client, conv)
@@ -82,7 +85,10 @@ def test_a_conversation_compacted_twice_forgets_through_its_summaries(lm, tmp_pa
             client.conversations.items.delete(summaries[0].id, conversation_id=conv)
 
         gone = client.conversations.items.delete("s1", conversation_id=conv).model_extra
-        assert gone["status"] == "completed" and gone["report"]["tau"] == 1
+        report = gone["report"]  # the summaries count as transitions: T - tau + 1 of them replayed
+        assert gone["status"] == "completed" and (report["tau"], report["length"], report["invocations"]) == (1, 5, 5)
+        assert {i["id"] for i in gone["rewritten"] if i["type"] == "compaction"} and not (
+            {s.id for s in summaries} & {i["id"] for i in listing(client, conv)})  # both summaries rewritten
         after = listing(client, conv)
         assert SECRET not in json.dumps(after)
         twin, twin_outputs = run_conversation(client, secret=False)
