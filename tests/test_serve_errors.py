@@ -111,7 +111,10 @@ BAD_REQUESTS = [
     ("POST", "/v1/responses", '{"conversation": "{c}", "text": {"format": {"type": "grammar"}}}'),
     ("POST", "/v1/responses", '{"conversation": "{c}", "text": {"verbosity": "low"}}'),
     ("POST", "/v1/responses", '{"conversation": "{c}", "include": ["file_search_call.results"]}'),
-    ("POST", "/v1/responses", '{"conversation": "{c}", "truncation": "auto"}'),
+    ("POST", "/v1/responses", '{"conversation": "{c}", "truncation": "middle"}'),
+    ("POST", "/v1/responses", '{"conversation": "{c}", "context_management": [{"type": "compaction", '
+                              '"compact_threshold": -1}]}'),
+    ("POST", "/v1/responses", '{"conversation": "{c}", "context_management": [{"type": "drop"}]}'),
     ("POST", "/v1/responses", '{"conversation": "{c}", "background": true}'),
     ("POST", "/v1/responses", '{"conversation": "{c}", "top_logprobs": 21}'),
     ("POST", "/v1/responses", '{"input": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]}'),

@@ -16,13 +16,13 @@ import time
 from unsee import Settings
 from unsee.impl.agent.tools.client import Config
 from unsee.impl.engines.counts import Counters
-from unsee.impl.serve import shapes, turns
+from unsee.impl.serve import compaction, shapes, turns
 from unsee.impl.serve.bodies import SYSTEM_ROLES
 from unsee.impl.serve.chat import check_messages, get_messages
 from unsee.impl.serve.conversation import Conversation
 from unsee.impl.serve.errors import bad_request
 from unsee.impl.serve.pool import Pool
-from unsee.impl.util.ids import ANSWER, SYSTEM, compute_block_id
+from unsee.impl.util.ids import ANSWER, CONTEXT, SYSTEM, compute_block_id
 
 
 def get_target(pool: Pool, req: dict, owner: str) -> tuple[Conversation | None, str | None]:
@@ -46,6 +46,15 @@ def get_usage(runtime, step_ids: list[str], kept: int = 0) -> dict:
     if blocks and compute_block_id(step_ids[0], SYSTEM) not in runtime.graph:
         usage["input_tokens_details"]["cached_tokens"] = min(kept, prompt)
     return usage
+
+
+def get_compaction_cost(runtime, step_id: str) -> dict:
+    """What a compaction cost and saved: the context it read (tokens, the summary request
+    included), the summary's tokens (decoded, with its turn's header), the context it left."""
+    turn = runtime.graph[compute_block_id(step_id, ANSWER)]
+    left = runtime.graph[compute_block_id(step_id, CONTEXT)]
+    return {"step": step_id, "read_tokens": turn.token_span[0], "summary_tokens": len(turn.tokens),
+            "context_tokens_after": left.token_span[1]}
 
 
 def get_kept_tokens(engine, runtime, before: Counters) -> int:
@@ -83,12 +92,25 @@ def respond(pool: Pool, model: str, req: dict, conv: Conversation, previous: str
         kept = get_kept_tokens(pool.engine, c.runtime, before)
         items, settings = turns.respond(c, pool.engine, req, pool.defaults, response_id, listener)
         steps = [s.id for s in c.runtime.steps[t:]]
+        compacted = [get_compaction_cost(c.runtime, s.id) for s in c.runtime.steps[t:] if s.kind == "compact"]
+        extra = {"steps": steps, **({"compaction": compacted[0]} if compacted else {})}
         out = shapes.response(response_id, model, get_status(items), items, conversation_id=c.id,
                               previous_response_id=previous, settings=settings, req=req,
                               usage=get_usage(c.runtime, steps, kept), created_at=created,
-                              extra={"steps": steps} if len(steps) > 1 else None)
+                              extra=extra if len(steps) > 1 else None)
     pool.note_response(response_id, conv)
     return out
+
+
+def compact(pool: Pool, conv: Conversation, previous: str) -> dict:
+    """``POST /v1/responses/compact``: a ``compact`` step on the conversation of ``previous`` (its
+    latest response); the compaction object: its compaction item and the summary's usage."""
+    with pool.hold(conv) as c:  # rebuilds the session where it was evicted
+        compaction.check_compactable(c, previous)
+        item = compaction.compact(c)
+        usage = get_usage(c.runtime, [c.runtime.steps[-1].id])
+    return {"id": "resp_" + secrets.token_hex(24), "object": "response.compaction", "created_at": int(time.time()),
+            "output": [item], "usage": usage}
 
 
 def respond_new(pool: Pool, model: str, req: dict, owner: str, listener=None) -> dict:
@@ -167,6 +189,6 @@ def complete_chat(pool: Pool, model: str, req: dict, owner: str, completion_id: 
     return {"completion": completion, "finish_reason": out["finish_reason"], "usage": usage, "logprobs": logprobs}
 
 
-__all__ = ["complete", "complete_chat", "get_kept_tokens", "get_settings", "get_status",
+__all__ = ["compact", "complete", "complete_chat", "get_compaction_cost", "get_kept_tokens", "get_settings", "get_status",
            "get_target", "get_usage",
            "respond", "respond_new", "respond_stateless", "split_system"]

@@ -29,6 +29,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 
 from unsee.impl.serve import answers, bodies, shapes, turns
+from unsee.impl.serve.compaction import read_compact_request
 from unsee.impl.serve.conversation import Conversation
 from unsee.impl.serve.errors import ApiError, bad_request, not_found, server_error, unauthorized
 from unsee.impl.serve.fields import CONVERSATION_FIELDS, ITEMS_FIELDS, check_fields
@@ -136,6 +137,7 @@ def build_app(pool: Pool, model_name: str, api_keys: Sequence[str] = ()) -> Fast
     add_conversation_routes(app, pool, model_name)
     add_item_routes(app, pool, metrics)
     add_response_routes(app, pool, model_name)
+    add_compact_route(app, pool)
     add_chat_routes(app, pool, model_name)
     return app
 
@@ -297,6 +299,15 @@ def add_response_routes(app: FastAPI, pool: Pool, model_name: str) -> None:
         body = await open_stream(lambda emit: recorded(TurnStream(lm, pool.call_format, emit)), ResponseEvents(),
                                  named=True)
         return StreamingResponse(body, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+
+def add_compact_route(app: FastAPI, pool: Pool) -> None:
+    @app.post("/v1/responses/compact")
+    async def compact_response(request: Request) -> dict:
+        previous = read_compact_request(await read_json(request))
+        conv = pool.get_by_response(previous, get_owner(request))
+        note_conversation(request.state, conv.id)
+        return await run_in_threadpool(answers.compact, pool, conv, previous)
 
 
 def add_chat_routes(app: FastAPI, pool: Pool, model_name: str) -> None:

@@ -27,6 +27,7 @@ from typing import Any
 
 from unsee.impl.agent.tools.native import FunctionCall
 from unsee.impl.engines.stops import MAX_STOPS
+from unsee.impl.serve.compaction import read_context_management
 from unsee.impl.serve.errors import bad_request
 from unsee.impl.serve.fields import CHAT_FIELDS, LOGPROBS_INCLUDE, RESPONSE_FIELDS, check_fields
 
@@ -390,7 +391,8 @@ def read_response_request(body: Any) -> dict:
             "items": items, "stateless": stateless, "instructions": read_instructions(body),
             "stream": read_flag(body, "stream"), "metadata": read_metadata(body.get("metadata")),
             **read_tooling(body, nested=False), **read_sampling(body, "max_output_tokens"),
-            **read_text_options(body.get("text")), "logprobs": read_logprobs(body, chat=False)}
+            **read_text_options(body.get("text")), "logprobs": read_logprobs(body, chat=False),
+            **read_context_management(body)}
 
 
 def read_text_options(raw: Any) -> dict:

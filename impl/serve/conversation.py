@@ -35,6 +35,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from unsee import PersistentSession
+from unsee.impl.agent.render import SUMMARY_OPENING
 from unsee.impl.agent.tools.client import ClientToolRuntime
 from unsee.impl.agent.tools.observed import DEFAULT_ROLES, get_role
 from unsee.impl.serve import shapes
@@ -115,6 +116,15 @@ def get_answer_items(runtime, step_id: str) -> list[dict]:
     out = [shapes.output_message(message_id, text, complete)] if text or not calls else []
     return out + [shapes.function_call(item_id, call_id, c.name, c.arguments)
                   for (item_id, call_id), c in zip(call_ids, calls)]
+
+
+def get_compaction_item(runtime, step_id: str) -> dict:
+    """The compaction item of a ``compact`` step: the summary the model wrote (with the opening
+    its turn was decoded after), its id a hash of the step and the tokens of its turn and of what
+    it read, so a summary a forget's replay rewrote has a new id."""
+    block = runtime.graph[compute_block_id(step_id, ANSWER)]
+    read = [t for p in block.parents for t in runtime.graph[p].tokens] + list(block.tokens)
+    return shapes.compaction(f"cmp_{compute_answer_key(step_id, read)}", f"{SUMMARY_OPENING} {block.text}")
 
 
 def get_call_ids(runtime, step_id: str | None) -> list[str]:
@@ -263,7 +273,9 @@ class Conversation:
         runtime = self.runtime
         for step in runtime.steps if runtime is not None else ():
             out += self.get_step_items(step, previous)
-            if compute_block_id(step.id, ANSWER) in runtime.graph:
+            if step.kind == "compact":
+                out.append(get_compaction_item(runtime, step.id))
+            elif compute_block_id(step.id, ANSWER) in runtime.graph:
                 out += get_answer_items(runtime, step.id)
             previous = step.id
         return out + get_waiting_items(self.record)
@@ -313,5 +325,5 @@ def get_waiting_items(record: dict) -> list[dict]:
 
 
 __all__ = ["SIDECAR", "STORE", "Conversation", "compute_answer_key", "compute_item_id", "get_answer_ids",
-           "get_answer_items", "get_call_ids", "get_held_ids", "get_item_key", "get_item_role", "get_prompt",
+           "get_answer_items", "get_call_ids", "get_compaction_item", "get_held_ids", "get_item_key", "get_item_role", "get_prompt",
            "get_waiting_items", "write_json_atomic"]

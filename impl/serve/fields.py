@@ -122,9 +122,10 @@ RESPONSE_FIELDS = (
     Field("prompt_cache_key", ACCEPTED, "a conversation keeps its own KV; the chat prefix cache is partitioned by "
                                         "API key, not by this key", _string),
     Field("prompt_cache_retention", ACCEPTED, "KV is kept under `--kv-budget`, not for a time", _string),
-    Field("truncation", HONOURED, "`disabled` only: a request past the model's context is a 400 "
-                                  "`context_length_exceeded`; `auto` would drop items the log must keep",
-          _one_of("disabled")),
+    Field("truncation", HONOURED, "`disabled` (the default): a request past the model's context is a 400 "
+                                  "`context_length_exceeded`; `auto`: a conversation's turn that would pass the "
+                                  "context is compacted first (a summary, never a dropped item: docs/serve.md, "
+                                  "'Long conversations')"),
     Field("text", HONOURED, "`format`: `text`, `json_schema` (strict or not: the answer is decoded under the "
                             "schema's grammar, so it always parses) or `json_object`; `verbosity`: `medium` only"),
     Field("reasoning", ACCEPTED, "a reasoning model's `<think>` block comes back as a reasoning item; "
@@ -134,7 +135,10 @@ RESPONSE_FIELDS = (
     Field("top_logprobs", HONOURED, "0-20 alternatives per output token, with `include: "
                                     "[\"message.output_text.logprobs\"]` (not recorded: not state)"),
     Field("prompt", REFUSED, "no stored prompt templates", _absent),
-    Field("context_management", REFUSED, "the server does not compact a conversation on its own", _absent),
+    Field("context_management", HONOURED, "`[{\"type\": \"compaction\", \"compact_threshold\": N}]`: a "
+                                         "conversation's turn whose prompt would pass N tokens is compacted "
+                                         "first; the compaction item holds the summary, readable, never "
+                                         "encrypted (docs/serve.md, 'Long conversations')"),
     Field("max_tool_calls", REFUSED, "no hosted tools run here", _absent),
 )
 
@@ -196,8 +200,22 @@ ITEMS_FIELDS = (
     Field("include", ACCEPTED, "nothing extra to include", _include),
 )
 
+COMPACT_FIELDS = (
+    Field("model", ACCEPTED, "the server runs one model, whatever the name", _string),
+    Field("previous_response_id", HONOURED, "the conversation to compact (its latest response): a `compact` step "
+                                            "runs on it, and the next response continues on the summary "
+                                            "(docs/serve.md, 'Long conversations')"),
+    Field("input", REFUSED, "a client's own history is not compacted here: a compaction item is not accepted back "
+                            "as input; compact a stored conversation by its `previous_response_id`",
+          lambda v: v is None or v == []),
+    Field("instructions", REFUSED, "the summary request is the runtime's own (the one a replay runs again)", _absent),
+    Field("prompt_cache_key", ACCEPTED, "a conversation keeps its own KV", _string),
+    Field("prompt_cache_retention", ACCEPTED, "KV is kept under `--kv-budget`, not for a time", _string),
+)
+
 #: route -> its fields, in the order docs/serve.md lists them
-ROUTES = {"POST /v1/responses": RESPONSE_FIELDS, "POST /v1/chat/completions": CHAT_FIELDS,
+ROUTES = {"POST /v1/responses": RESPONSE_FIELDS, "POST /v1/responses/compact": COMPACT_FIELDS,
+          "POST /v1/chat/completions": CHAT_FIELDS,
           "POST /v1/conversations": CONVERSATION_FIELDS, "POST /v1/conversations/{id}/items": ITEMS_FIELDS}
 
 
@@ -228,6 +246,6 @@ def render_fields_table() -> str:
     return "\n".join(rows) + "\n"
 
 
-__all__ = ["ACCEPTED", "CHAT_FIELDS", "CONVERSATION_FIELDS", "HONOURED", "INCLUDABLE", "ITEMS_FIELDS", "LOGPROBS_INCLUDE",
+__all__ = ["ACCEPTED", "CHAT_FIELDS", "COMPACT_FIELDS", "CONVERSATION_FIELDS", "HONOURED", "INCLUDABLE", "ITEMS_FIELDS", "LOGPROBS_INCLUDE",
            "REFUSED",
            "RESPONSE_FIELDS", "ROUTES", "Field", "check_fields", "render_fields_table"]

@@ -44,6 +44,14 @@ def reasoning(item_id: str, text: str) -> dict:
             "content": [{"type": "reasoning_text", "text": text}]}
 
 
+def compaction(item_id: str, text: str) -> dict:
+    """A Responses compaction item as this server writes it: the summary the model wrote, readable
+    (``summary``, the reasoning item's shape); ``encrypted_content`` is empty, as nothing here is
+    encrypted (docs/serve.md, "Long conversations")."""
+    return {"id": item_id, "type": "compaction", "summary": [{"type": "summary_text", "text": text}],
+            "encrypted_content": "", "status": "completed"}
+
+
 def function_call(item_id: str, call_id: str, name: str, arguments: str) -> dict:
     return {"id": item_id, "type": "function_call", "call_id": call_id, "name": name, "arguments": arguments,
             "status": "completed"}
@@ -86,7 +94,8 @@ def response(response_id: str, model: str, status: str, output: list[dict], *, c
            "max_output_tokens": req.get("max_new_tokens"), "tool_choice": choice,
            "tools": tools, "conversation": {"id": conversation_id} if conversation_id else None,
            "previous_response_id": previous_response_id, "store": not req["stateless"], "usage": usage,
-           "text": {"format": req.get("format_echo") or {"type": "text"}}, "truncation": "disabled"}
+           "text": {"format": req.get("format_echo") or {"type": "text"}},
+           "truncation": req.get("truncation", "disabled"), "context_management": req.get("context_management")}
     if extra:
         out["unsee"] = extra  # what this server adds (a resumed replay's inputs)
     return out
@@ -143,6 +152,14 @@ def reasoning_events(item: dict, output_index: int) -> list[dict]:
              "item": {**item, "content": [], "status": "in_progress"}},
             {"type": "response.reasoning_text.done", "item_id": item["id"], "output_index": output_index,
              "content_index": 0, "text": item["content"][0]["text"]},
+            {"type": "response.output_item.done", "output_index": output_index, "item": item}]
+
+
+def whole_item_events(item: dict, output_index: int) -> list[dict]:
+    """The events of an item sent whole: a reasoning item (at its turn's end) or a compaction item."""
+    if item["type"] == "reasoning":
+        return reasoning_events(item, output_index)
+    return [{"type": "response.output_item.added", "output_index": output_index, "item": item},
             {"type": "response.output_item.done", "output_index": output_index, "item": item}]
 
 

@@ -130,8 +130,8 @@ class ResponseEvents:
         """The rest of a turn's text and its calls, each item closed."""
         events: list[dict] = []
         for item in items:
-            if item["type"] == "reasoning":
-                events += shapes.reasoning_events(item, self.index)
+            if item["type"] in ("reasoning", "compaction"):  # sent whole
+                events += shapes.whole_item_events(item, self.index)
             elif item["type"] == "message":
                 if self.open is None:
                     events += self.open_message(item["id"])

@@ -31,6 +31,7 @@ from unsee.impl.agent.tools.client import (
 from unsee.impl.agent.tools.native import THINK
 from unsee.impl.agent.tools.observed import Role, compute_roles
 from unsee.impl.serve import shapes
+from unsee.impl.serve.compaction import compact, get_limit, is_compaction_due
 from unsee.impl.serve.conversation import (
     Conversation,
     get_answer_items,
@@ -236,11 +237,18 @@ def respond(conv: Conversation, engine, req: dict, defaults: Settings, response_
     config = get_config(conv, req, sampling)
     todo, bound = bind_outputs(conv, conv.record["pending"] + items)  # refuses before anything is written
     step, roles = get_step(conv, todo, bound)
-    check_length(engine, conv.runtime, step, config, settings, explicit=req["max_new_tokens"] is not None,
-                 roles=roles)
+    explicit, compacted = req["max_new_tokens"] is not None, []
+    if is_compaction_due(conv, step, config, roles, get_limit(engine, req, settings)):
+        # a turn no summary can make room for is refused before the summary is written
+        check_length(engine, None, step, config, settings, explicit=explicit, roles=roles)
+        compacted = [compact(conv)]  # the summary first (docs/serve.md, "Long conversations")
+        step, roles = get_step(conv, todo, bound)
+    check_length(engine, conv.runtime, step, config, settings, explicit=explicit, roles=roles)
     if listener is not None:
         listener.start(settings)
-    out = run_step(conv, engine, step, config, bound, session, listener, req.get("logprobs"), roles)
+        if compacted:
+            listener.emit(("answer", compacted, ""))
+    out = compacted + run_step(conv, engine, step, config, bound, session, listener, req.get("logprobs"), roles)
     record = conv.record
     conv.save({**record, "pending": [], "held_outputs": [], "held_extra": [],
                "tools": {**record["tools"], **get_tool_records(todo)},
@@ -399,6 +407,10 @@ def forget(conv: Conversation, item_id: str) -> dict:
     if item is None:
         raise not_found(f"no item {item_id!r} in conversation {conv.id}", param="item_id")
     if item_id not in {i.source for s in conv.runtime.steps for i in s.items}:
+        if item["type"] == "compaction":
+            raise bad_request(f"item {item_id!r} is a compaction summary the model wrote from the items before it, "
+                              "not an input: delete the input item it should not hold, and the summary is rewritten "
+                              "without it (docs/serve.md, 'Long conversations')", param="item_id")
         raise bad_request(f"item {item_id!r} is the model's ({item['type']}), derived from the items before it: "
                           "delete the input item it came from (a forget names a source)", param="item_id")
     report, halted = forget_replayed(conv, item_id)
