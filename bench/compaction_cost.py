@@ -38,9 +38,9 @@ def measure(engine, compactions: int, max_new_tokens: int) -> dict:
     reset = base.fork()
     reset.full_reset("s1")
     forgot = base.fork()
-    started = time.thread_time()
+    started = time.process_time()
     report = forgot.forget("s1")  # as a DELETE runs it: drafts where the engine has a bound
-    cpu = time.thread_time() - started
+    cpu = time.process_time() - started
     floor = compute_floor(engine, base, reset, report.boundary)
     return {"compactions": compactions, "summaries_that_read_the_secret": len(summaries),
             "tau": report.tau, "length": report.length, "invocations": report.invocations,

@@ -10,7 +10,8 @@ seed 0), taken a suite at a time: the first episodes of docs/eval-qwen's archive
 episode the contaminated base state is built once and every method runs on a fork of it
 (``apply_method``), the methods' order rotating from one episode to the next so that drift
 in the machine's speed spreads over all of them. Each method is timed by the CPU time of
-this thread (``time.thread_time``: llama.cpp at one thread computes in it), beside its wall
+the process (``time.process_time``: the engine's loop thread computes the forwards, and
+nothing else runs meanwhile), beside its wall
 time, tokens prefilled and decoded, forwards and tokens fed to the model; every generate
 call is recorded (its forwards' sizes and CPU time), so the forget's turns can be set
 against the same turns without drafts. ``--methods`` may add ``replay-whole``: B7 with the
@@ -74,9 +75,9 @@ def record_turns(engine):
     generate = engine.generate
 
     def recorded(*args, **kwargs):
-        first, started = len(fed), time.thread_time()
+        first, started = len(fed), time.process_time()
         out = generate(*args, **kwargs)
-        turns.append({"cpu_s": round(time.thread_time() - started, 4), "tokens": len(out), "sizes": fed[first:]})
+        turns.append({"cpu_s": round(time.process_time() - started, 4), "tokens": len(out), "sizes": fed[first:]})
         return out
 
     engine.generate = recorded
@@ -97,9 +98,9 @@ def time_method(engine, base, method: str, case, keep: dict | None = None) -> di
         engine.draft_policy = attrs.evolve(policy, pays=True)
     try:
         with record_turns(engine) as (turns, fed):
-            started, cpu = time.perf_counter(), time.thread_time()
+            started, cpu = time.perf_counter(), time.process_time()
             runtime, result = run_any(base, "replay" if method in ("replay-whole", "replay-drafts") else method, case)
-            cpu, wall = time.thread_time() - cpu, time.perf_counter() - started
+            cpu, wall = time.process_time() - cpu, time.perf_counter() - started
     finally:
         engine.draft_policy = policy
     row = {"cpu_s": round(cpu, 3), "wall_s": round(wall, 3), "prefilled": result.prefilled_tokens,
@@ -146,10 +147,10 @@ def run_demo_episode(engine, rounds: int) -> list[dict]:
 
 def run_case(engine, case, methods: tuple[str, ...], index: int) -> dict:
     """Every method of ``methods`` on one case, in an order rotated by ``index``."""
-    started = time.thread_time()
+    started = time.process_time()
     base = make_runtime(engine, case)
     row = {"suite": case.suite, "case": case.id, "T": len(case.episode.steps), "base_cpu_s":
-           round(time.thread_time() - started, 3), "order": [], "methods": {}}
+           round(time.process_time() - started, 3), "order": [], "methods": {}}
     order = methods[index % len(methods):] + methods[:index % len(methods)]
     for method in order:
         row["order"].append(method)

@@ -85,11 +85,11 @@ def run_rounds(engine: Engine, episode: Episode, methods: Sequence[str], rounds:
             if serving and used:
                 base = new_session(engine, episode, keep)
             used, kept = True, set(engine.budget.lineages)
-            cpu_started = time.thread_time()
+            cpu_started = time.process_time()
             runtime, result = apply_method(base, method, source)
-            # the model work on a loaded machine (one torch thread: it runs in this thread);
+            # the model work on a loaded machine, the process's: the engine's loop thread runs the forwards;
             # it includes the fork, a copy-on-write share that costs microseconds
-            cpu = time.thread_time() - cpu_started
+            cpu = time.process_time() - cpu_started
             row = {k: getattr(result, k) for k in COST_FIELDS}
             row.update({k: getattr(result, k, 0) for k in OPTIONAL_FIELDS})
             row.update(wall_s=result.wall_s, cpu_s=cpu, digest=result.digest,

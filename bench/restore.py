@@ -116,15 +116,15 @@ def time_restored(engine: Engine, method: str, source: str, n: int, block: list[
     of the prefill and the bytes the restore copied (measured outside the
     timed spans). The restored lineage is dropped."""
     held = engine.budget.memory().held_bytes
-    t0, c0 = time.perf_counter(), time.thread_time()
+    t0, c0 = time.perf_counter(), time.process_time()
     handle = restore(engine, method, source, n)
     wait(engine)
-    t1, c1 = time.perf_counter(), time.thread_time()
+    t1, c1 = time.perf_counter(), time.process_time()
     copied = engine.budget.memory().held_bytes - held  # outside the timed spans
-    f2, t2, c2 = get_minor_faults(), time.perf_counter(), time.thread_time()
+    f2, t2, c2 = get_minor_faults(), time.perf_counter(), time.process_time()
     engine.prefill(handle, block)
     wait(engine)
-    t3, c3, f3 = time.perf_counter(), time.thread_time(), get_minor_faults()
+    t3, c3, f3 = time.perf_counter(), time.process_time(), get_minor_faults()
     engine.drop(handle)
     return {"wall": (t1 - t0) + (t3 - t2), "restore": t1 - t0, "cpu": (c1 - c0) + (c3 - c2),
             "faults": f3 - f2, "copied": copied}
@@ -136,10 +136,10 @@ def time_never_restored(engine: Engine, reference: str, n: int, block: list[int]
     # the engine has no crop in place: the prefill runs on a whole fork of the
     # reference (made and dropped outside the timed span), the reference is kept
     branch = engine.fork(reference)
-    f0, t0, c0 = get_minor_faults(), time.perf_counter(), time.thread_time()
+    f0, t0, c0 = get_minor_faults(), time.perf_counter(), time.process_time()
     engine.prefill(branch, block)
     wait(engine)
-    t1, c1, f1 = time.perf_counter(), time.thread_time(), get_minor_faults()
+    t1, c1, f1 = time.perf_counter(), time.process_time(), get_minor_faults()
     engine.drop(branch)
     return {"wall": t1 - t0, "cpu": c1 - c0, "faults": f1 - f0}
 

@@ -150,7 +150,7 @@ def get_table_rows(systems: dict, workload: dict) -> list[tuple[str, list[str]]]
 def get_threads_note(label: dict) -> str:
     """The servers' threads: a count each, or each server's own defaults."""
     if label.get("threads") is None:
-        return "each server with its own thread defaults (llama-server and llama_cpp.server as they start, unsee on every core)"
+        return "each server with its own thread defaults (llama-server and llama_cpp.server as they start, unsee decoding on one thread and prefilling on every core)"
     return f"{label['threads']} thread(s) each{get_batch_note(label)}"
 
 
