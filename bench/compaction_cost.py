@@ -11,11 +11,11 @@ for ``qwen2.5-1.5b``, where the summary is a real one; on the tiny model the sum
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 
 from unsee import AgentRuntime, Episode, Item, Settings, Step
+from unsee.bench import options
 from unsee.impl.engines.registry import load_engine
 from unsee.impl.methods.floor import compute_floor
 
@@ -54,9 +54,9 @@ def measure(engine, compactions: int, max_new_tokens: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default="tiny")
-    parser.add_argument("--engine", default=None, help="backend (default: the model's)")
+    parser = options.get_parser("compaction_cost", __doc__)
+    options.add_model(parser)
+    options.add_backend(parser)
     parser.add_argument("--compactions", type=int, default=2)
     parser.add_argument("--max-new-tokens", type=int, default=16)
     args = parser.parse_args(argv)

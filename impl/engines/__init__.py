@@ -26,6 +26,9 @@ The map:
 ``counts``     :class:`~counts.Counters`, the one record of the work an engine did
 ``opening``    a new context's lineage: the system block forked from the live
                lineage where its first chunk is that block, else prefilled
+``scheduler``  the engine's loop, the one owner of its forwards: request threads hold a
+               session and submit forwards as jobs, one loop thread batches the ready
+               decode steps and runs every job (:func:`~scheduler.get_next` decides)
 ``turn``       one decoding turn with drafts, a probe and context lookup, over any
                engine's forwards
 ``speculation`` the draft policy: how many proposed tokens a turn's forward feeds
