@@ -144,13 +144,18 @@ def _answer(episode_path: str, forget: str | None) -> dict:
         again = get_state(session, episode)
         out["forget"]["again"] = {"digest_after": again["digest"], "turns": again["turns"]}
         session.close()
-    reset = SQLiteSession("reset")  # the user's full reset: a new session, every input again without the target
+    out["reset"] = get_reset(agent, episode, forget, run["digest"])
+    return out
+
+
+def get_reset(agent: Agent, episode: Episode, forget: str, digest_before: str) -> dict:
+    """The user's full reset: a new session, every input again without the target."""
+    reset = SQLiteSession("reset")
     for step in episode.steps:
         run_step(agent, reset, step, forget)
     state = get_state(reset, episode)
-    out["reset"] = {"invocations": len(episode.steps), "digest_before": run["digest"],
-                    "digest_after": state["digest"], "turns": state["turns"]}
-    return out
+    return {"invocations": len(episode.steps), "digest_before": digest_before,
+            "digest_after": state["digest"], "turns": state["turns"]}
 
 
 def forget_branch(agent: Agent, session, episode: Episode, source: str) -> int:
@@ -203,12 +208,7 @@ def _branch_answer(episode_path: str, forget: str | None) -> dict:
         again = get_state(session, episode)
         out["forget"]["again"] = {"digest_after": again["digest"], "turns": again["turns"]}
         session.close()
-    reset = SQLiteSession("reset")  # the user's full reset: a new session, every input again without the target
-    for step in episode.steps:
-        run_step(agent, reset, step, forget)
-    state = get_state(reset, episode)
-    out["reset"] = {"invocations": T, "digest_before": run["digest"], "digest_after": state["digest"],
-                    "turns": state["turns"]}
+    out["reset"] = get_reset(agent, episode, forget, run["digest"])
     return out
 
 
