@@ -7,7 +7,9 @@ decode step on several threads as two rows (``facts.forward_padded``). These tes
 bit-level facts that rests on, on the tiny GGUF, past the old boundary: the padded step on
 two threads gives one thread's logits and KV, where a lone row on two threads does not; and a
 whole forget on two threads (the loader's default on this machine's cores) gives the
-one-thread engine's digests and tokens, while its store no longer records a thread count."""
+one-thread engine's digests and tokens, while its store no longer records a thread count;
+and a batch of several lineages' steps on two threads (how the server's loop decodes its
+conversations on every core) gives each lineage the bits of its steps alone on one thread."""
 
 from __future__ import annotations
 
@@ -56,16 +58,71 @@ def decode_run(lm, threads: int, padded: bool) -> tuple[list[np.ndarray], bytes]
         lc.llama_free(ctx)
 
 
-def test_a_padded_step_on_two_threads_has_one_threads_bits(tmp_path):
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """The tiny GGUF on one thread, 1,024 cells (its decode facts measured once for the module)."""
     from unsee.impl.engines.llamacpp.model import load_llamacpp
 
-    lm = load_llamacpp("tiny", threads=1, n_ctx=1024, cache_dir=tmp_path)
+    return load_llamacpp("tiny", threads=1, n_ctx=1024, cache_dir=tmp_path_factory.mktemp("facts"))
+
+
+def test_a_padded_step_on_two_threads_has_one_threads_bits(tiny):
+    lm = tiny
     one_logits, one_kv = decode_run(lm, 1, padded=True)  # one thread: never padded
     two_logits, two_kv = decode_run(lm, 2, padded=True)
     assert all(np.array_equal(a, b) for a, b in zip(one_logits, two_logits)) and one_kv == two_kv
     # the control: a lone row on two threads sums the keys in another order past 256 tokens
     lone_logits, lone_kv = decode_run(lm, 2, padded=False)
     assert not all(np.array_equal(a, b) for a, b in zip(one_logits, lone_logits)) and lone_kv != one_kv
+
+
+def new_rows(lm, threads: int, slots: int):
+    """A :class:`LlamaRows` over ``lm`` whose context has ``threads`` for both forward kinds and
+    ``slots`` sequences (the model's own settings are left as they were)."""
+    from unsee.impl.engines.llamacpp.rows import LlamaRows
+
+    saved = lm.threads, lm.batch_threads, lm.slots
+    lm.threads, lm.batch_threads, lm.slots = threads, threads, slots
+    try:
+        return LlamaRows(lm)
+    finally:
+        lm.threads, lm.batch_threads, lm.slots = saved
+
+
+def test_a_batch_of_steps_on_two_threads_has_each_steps_one_thread_bits(tiny):
+    """Two lineages past 256 tokens, their steps decoded together (one forward of two rows,
+    each in its own stream: the split never applies) on a context of two threads, then a
+    step of one alone (padded): every logit and each lineage's KV digest equal the same
+    steps of each lineage alone on one thread. The control: the same steps of one lineage
+    fed as lone unpadded rows on that context differ."""
+    from unsee.impl.engines.scheduler import StepRequest
+
+    lm = tiny
+    rng = np.random.default_rng(11)
+    tokens = {h: [int(t) for t in rng.integers(0, lm.vocab_size, PROMPT + STEPS + 1)] for h in "ab"}
+    rows = new_rows(lm, threads=2, slots=2)
+    assert rows.can_batch and rows.batch_limit == 2 and rows.lc.llama_n_threads_batch(rows.ctx) == 2
+    lins = {h: rows.new() for h in "ab"}
+    together = {h: [rows.forward(h, lins[h], tokens[h][:PROMPT], False)] for h in "ab"}
+    for i in range(PROMPT, PROMPT + STEPS):
+        out = rows.forward_steps([StepRequest(h, lins[h], tokens[h][i], 0) for h in "ab"])
+        for h, logits in zip("ab", out, strict=True):
+            together[h].append(logits)
+    together["a"].append(rows.forward("a", lins["a"], [tokens["a"][-1]], False))  # alone: padded on two threads
+    del tokens["b"][-1]
+    digests = {h: rows.digest(h, lins[h]) for h in "ab"}
+    one = new_rows(lm, threads=1, slots=1)
+    for h in "ab":
+        lin = one.new()
+        alone = [one.forward(h, lin, tokens[h][:PROMPT], False)]
+        alone += [one.forward(h, lin, [tok], False) for tok in tokens[h][PROMPT:]]
+        assert len(alone) == len(together[h]) and all(np.array_equal(x, y) for x, y in zip(alone, together[h]))
+        assert one.digest(h, lin) == digests[h]
+    lone = new_rows(lm, threads=2, slots=2)
+    lin = lone.new()
+    lone.forward("a", lin, tokens["a"][:PROMPT], False)
+    rows_alone = [lone.forward_steps([StepRequest("a", lin, tok, 0)])[0] for tok in tokens["a"][PROMPT:-1]]
+    assert not all(np.array_equal(x, y) for x, y in zip(rows_alone, together["a"][1:]))
 
 
 def test_an_episode_on_every_core_equals_one_thread_and_records_no_threads(tmp_path, monkeypatch):

@@ -1,9 +1,9 @@
 """The llama.cpp options ``unsee serve`` passes its engine's constructor: the user's
 ``--threads``, ``--batch-threads`` and ``--slots``, and the server's slots where none is given.
 
-Threads: decode as the loader decides where the user names none
+Threads: a lone decode step as the loader decides where the user names none
 (:func:`~unsee.impl.engines.llamacpp.model.load_llamacpp`: one thread, or ``UNSEE_LLAMA_THREADS``), and
-prefill on every core unless ``--batch-threads`` or ``UNSEE_LLAMA_BATCH_THREADS`` names a count: a
+prefill and a batch of several conversations' decode steps on every core unless ``--batch-threads`` or ``UNSEE_LLAMA_BATCH_THREADS`` names a count: a
 forward of several tokens has the same bits on any thread count (docs/bench.md, "Threads"). The
 server writes no environment.
 

@@ -117,7 +117,8 @@ class LlamaCppModel:
     #: A one-token forward (a decode step) runs on ``threads``: at two threads its long-context
     #: attention sums in another order, while a forward of several tokens gives the same bits at
     #: any thread count (docs/bench.md, "Many sequences in one forward, and threads"), so prefill
-    #: can take every core and a turn's decode stay at one
+    #: and a batch of several conversations' decode steps (rows.py) take every core, and a lone
+    #: decode step stays at ``threads``
     batch_threads: int | None = None
     #: sequences the engine's context holds at once (``n_seq_max``), each in a stream of its own
     #: (``kv_unified`` off) of ``n_ctx`` cells: a server keeps that many conversations resident
@@ -276,7 +277,7 @@ def resolve_gguf(key: str, cache_dir: str | os.PathLike | None = None) -> tuple[
 
 #: decode threads where none is named: one. A step on more threads is exact (fed as two rows), but
 #: the padded step costs 1.84x a lone row's CPU on qwen2.5-1.5b (bench/llamacpp_pad_cost.py), so on
-#: 2 cores it was no faster, and on one thread the server batches its conversations' steps
+#: 2 cores it was no faster; a batch of conversations' steps runs on ``batch_threads`` whatever this is
 #: (rows.py); `--threads N` or $UNSEE_LLAMA_THREADS asks for more (docs/bench.md, "Decode on every core").
 DEFAULT_DECODE_THREADS = 1
 

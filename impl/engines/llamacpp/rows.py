@@ -86,11 +86,14 @@ class LlamaRows:
 
     @property
     def can_batch(self) -> bool:
-        """Whether one-token forwards may share a forward (:meth:`forward_steps`): several slots,
-        and decode on one thread. A batch is a forward of several rows, which llama.cpp
-        computes on ``batch_threads``; that equals one-thread steps (docs/bench.md), while
-        a step alone on more threads splits its keys among them and would not."""
-        return self.slots > 1 and self.lm.threads == 1
+        """Whether one-token forwards may share a forward (:meth:`forward_steps`): several slots.
+        A forward of two or more rows runs on ``batch_threads`` (llama.cpp takes ``n_threads``
+        for a one-row forward only), and flash attention splits a query row's keys among the
+        threads only where the forward is that one row in one stream: a batch of steps, one per
+        stream, computes each row whole on one thread, so it equals each step on one thread
+        at any thread count (tests/test_llamacpp_threads.py). A step left alone runs on
+        ``threads``, padded to two rows where those are more than one (facts.forward_padded)."""
+        return self.slots > 1
 
     @property
     def batch_limit(self) -> int:
