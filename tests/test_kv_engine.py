@@ -127,6 +127,29 @@ def test_budget_evicts_least_recently_used_first(lm):
     assert eng.budget.lineages == (c,) and pin.lineage == c
 
 
+def test_the_budget_names_the_pinned_owners_to_release_least_recently_used_first(lm):
+    """The one evictor (issue 50): owners of pinned lineages (a server's sessions) are named, by
+    the lineages' one LRU clock, until the engine would hold at most the bound; storage an owner
+    shares with a lineage it does not own frees nothing, and the budget releases nothing itself."""
+    eng = make_engine(lm)
+    x = ids(lm, 30)
+    a, b, c = fresh(eng, x), fresh(eng, ids(lm, 30, "b")), fresh(eng, ids(lm, 30, "c"))
+    pins = [eng.budget.pin(h) for h in (a, b, c)]
+    shared = eng.fork(a, 30)  # unpinned, shares all of a's storage
+    len(eng.tokens(b)), len(eng.tokens(a))  # c is now the least recently used, then b
+    owners = [("A", {a}), ("B", {b, "not-a-lineage"}), ("C", {c})]
+    held = eng.budget.memory().held_bytes
+    assert eng.budget.get_releases(owners) == []  # no bound
+    eng.budget.limit = held  # (set() would enforce: shared is unpinned)
+    assert eng.budget.get_releases(owners) == []
+    eng.budget.limit = held - 1
+    assert eng.budget.get_releases(owners) == ["C"]
+    eng.budget.limit = 0
+    assert eng.budget.get_releases(owners) == ["C", "B", "A"]  # A's release frees nothing: shared keeps it
+    assert eng.budget.get_releases([("A", {a})]) == ["A"] and eng.budget.memory().held_bytes == held
+    assert set(eng.budget.lineages) == {a, b, c, shared} and len(pins) == 3
+
+
 def test_shared_storage_counts_once(lm):
     eng = make_engine(lm)
     a = fresh(eng, ids(lm, 30))

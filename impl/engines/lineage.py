@@ -9,8 +9,9 @@ from __future__ import annotations
 import operator
 import threading
 import weakref
-from collections.abc import Container, Iterable, Sequence
+from collections.abc import Collection, Container, Iterable, Sequence
 from dataclasses import dataclass, fields
+from typing import Any
 
 
 def as_int(x) -> int | None:
@@ -253,6 +254,33 @@ class Budget:
             self._evicted.add(handle)
             self.evictions += 1
         self.peak_unpinned_bytes = max(self.peak_unpinned_bytes, unpinned)
+
+    def get_releases(self, owners: Iterable[tuple[Any, Collection[str]]]) -> list:
+        """The owners that must let go of their lineages, in order, so that the engine holds at most
+        the limit (the one rule of :func:`get_evictions`, by the one LRU clock): ``owners`` are
+        holders of pinned lineages the budget cannot release itself (a server's resident
+        conversations, each with its runtime's lineages), each ``(key, handles)``; an owner is as
+        recently used as its most recently used lineage. The keys of those to release, least
+        recently used first; none without a limit. Call it after :meth:`enforce` (the unpinned
+        lineages go first); it releases nothing itself: the owner does (its runtime's pins)."""
+        if self.limit is None:
+            return []
+        book = self._book
+        owned = {key: [h for h in handles if h in book.resident] for key, handles in owners}
+        owned = {key: handles for key, handles in owned.items() if handles}
+        taken = {h for handles in owned.values() for h in handles}
+        kept: dict = {}
+        for handle in book.resident:
+            if handle not in taken:
+                kept.update(book.get_storages(handle))
+        candidates = []
+        for key, handles in sorted(owned.items(), key=lambda kv: max(book.resident[h].last_used for h in kv[1])):
+            storages: dict = {}
+            for handle in handles:
+                storages.update(book.get_storages(handle))
+            candidates.append((key, storages))
+        released, _ = get_evictions(candidates, kept, self.limit - sum(kept.values()))
+        return released
 
     def memory(self) -> KVMemory:
         """What the engine holds now (bytes of distinct storages)."""

@@ -163,6 +163,11 @@ class KVBudget(Protocol):
     def enforce(self) -> None:
         """Evict unpinned lineages, least recently used first, until the budget holds."""
 
+    def get_releases(self, owners) -> list:
+        """Which owners of pinned lineages (``(key, handles)``, a server's sessions) must let go,
+        least recently used first, for the engine to hold at most the bound: the one evictor's
+        decision, which the owners carry out."""
+
     def memory(self) -> object:
         """What the engine holds now (:class:`unsee.impl.engines.lineage.KVMemory`)."""
 

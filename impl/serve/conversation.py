@@ -127,6 +127,11 @@ def get_compaction_item(runtime, step_id: str) -> dict:
     return shapes.compaction(f"cmp_{compute_answer_key(step_id, read)}", f"{SUMMARY_OPENING} {block.text}")
 
 
+def get_runtime_lineages(runtime) -> set[str]:
+    """The engine lineages ``runtime`` holds: its own and its checkpoints'."""
+    return {runtime.lineage} | runtime.checkpoints.lineages()
+
+
 def get_call_ids(runtime, step_id: str | None) -> list[str]:
     """The call ids of ``step_id``'s answer, in its calls' order."""
     if step_id is None:
@@ -142,7 +147,6 @@ class Conversation:
         self.record = {"owner": "", "held": [], "held_outputs": [], "held_extra": [], "retired": [], **record}
         self.lock = threading.Lock()  # one request at a time (the pool takes it)
         self.session: PersistentSession | None = None
-        self.last_used = 0  # the engine's LRU clock when a request last held it (Pool.hold)
 
     @property
     def id(self) -> str:
@@ -232,10 +236,16 @@ class Conversation:
         runtime = session.runtime
         if runtime is not None:
             engine = runtime.engine
-            for lineage in {runtime.lineage} | runtime.checkpoints.lineages():
+            for lineage in get_runtime_lineages(runtime):
                 if lineage in engine.budget.lineages:
                     engine.drop(lineage)
         session.close()
+
+    def get_lineages(self) -> set[str]:
+        """The engine lineages the resident session's runtime holds (its own and its
+        checkpoints'); none where it is not resident."""
+        runtime = self.session.runtime if self.session is not None else None
+        return get_runtime_lineages(runtime) if runtime is not None else set()
 
     def get_used_ids(self) -> set[str]:
         """Every source id the store holds or has forgotten (an id is never reused)."""
@@ -326,4 +336,4 @@ def get_waiting_items(record: dict) -> list[dict]:
 
 __all__ = ["SIDECAR", "STORE", "Conversation", "compute_answer_key", "compute_item_id", "get_answer_ids",
            "get_answer_items", "get_call_ids", "get_compaction_item", "get_held_ids", "get_item_key", "get_item_role", "get_prompt",
-           "get_waiting_items", "write_json_atomic"]
+           "get_runtime_lineages", "get_waiting_items", "write_json_atomic"]

@@ -8,14 +8,16 @@
   run while one's forward is computed, so requests on other conversations wait
   for a forward, not for a whole turn or replay. Both are taken one way,
   :meth:`Pool.hold`, which enforces the budget as it lets go.
-- **The KV budget.** The engine bounds the bytes of lineages no runtime
-  extends (checkpoints, the chat prefix cache); after each operation the
-  pool evicts whole sessions, least recently used first and never one a
-  request is using (its turn may be paused between forwards), while the
-  engine holds more than ``kv_budget`` bytes, by the engine's LRU clock
-  (the one its budget and llama.cpp's slots go by). An evicted session keeps
-  everything in its store and is rebuilt (its digest checked) by its next
-  request.
+- **The KV budget.** One evictor, the engine's budget
+  (:class:`~unsee.impl.engines.lineage.Budget`), decides under one bound
+  (``kv_budget``, set on the engine) and one LRU clock (the one llama.cpp's
+  slots go by too): it evicts the lineages no runtime pins (checkpoints,
+  the chat prefix cache) itself, and after each operation the pool asks it
+  which resident sessions must let go of theirs
+  (:meth:`~unsee.impl.engines.lineage.Budget.get_releases`), offering every
+  one no request is using (its turn may be paused between forwards), and
+  evicts those. An evicted session keeps everything in its store and is
+  rebuilt (its digest checked) by its next request.
 - **Owners.** A conversation belongs to the API key that created it (its
   owner, a hash of the key; one made without keys has none until a server
   with keys gives it to its first key, :meth:`Pool.claim_unowned`); a
@@ -68,7 +70,8 @@ class Pool:
         self.call_format = get_model_tool_format(renderer, engine.lm, None)
         self.chats: dict[str, ChatCache] = {}
         self.root = Path(root)
-        self.kv_budget = kv_budget
+        if kv_budget is not None:
+            engine.budget.set(kv_budget)  # one bound, the engine's: its evictor decides (_enforce_budget)
         self.busy_wait = busy_wait
         self.system = system
         self.defaults = defaults or get_default_settings(engine)
@@ -139,10 +142,8 @@ class Pool:
         conversation it is a session of the engine's loop alone (a chat completion).
         ``background``: work that steps aside for any response waiting (a forget's replay)."""
         with self._hold_conversation(conv), self.loop.session(background):
-            if conv is not None:
-                if conv.open(self.engine):
-                    self.stats["rebuilds"] += 1
-                conv.last_used = self.engine.get_clock()  # the engine's one LRU clock
+            if conv is not None and conv.open(self.engine):
+                self.stats["rebuilds"] += 1
             try:
                 yield conv
             finally:
@@ -197,23 +198,29 @@ class Pool:
 
     # --- the budget ------------------------------------------------------------
 
+    @property
+    def kv_budget(self) -> int | None:
+        """The KV bound in bytes (None: none): the engine's budget's, the one evictor's."""
+        return self.engine.budget.limit
+
+    @kv_budget.setter
+    def kv_budget(self, limit: int | None) -> None:
+        self.engine.budget.set(limit)
+
     def get_held_bytes(self) -> int:
         return self.engine.budget.memory().held_bytes
 
     def _enforce_budget(self, keep: Conversation | None = None) -> None:
-        """Evict resident sessions, least recently used first, until the engine
-        holds at most the budget (in the loop's session: :meth:`hold` calls it).
-        A conversation whose lock a request holds is not evicted: its turn may
-        be paused between forwards, its runtime in use."""
+        """Evict the resident sessions the engine's budget names (in the loop's session:
+        :meth:`hold` calls it). Offered to it: every resident conversation but ``keep`` and
+        those whose lock a request holds (a turn may be paused between forwards, its runtime
+        in use)."""
         if self.kv_budget is None:
             return
-        while self.get_held_bytes() > self.kv_budget:
-            resident = sorted((c for c in list(self.conversations.values())
-                               if c.session is not None and c is not keep and not c.lock.locked()),
-                              key=lambda c: c.last_used)
-            if not resident:
-                return
-            resident[0].evict()
+        offered = [(c, c.get_lineages()) for c in list(self.conversations.values())
+                   if c.session is not None and c is not keep and not c.lock.locked()]
+        for conv in self.engine.budget.get_releases(offered):
+            conv.evict()
             self.stats["evictions"] += 1
 
     # --- conversations -----------------------------------------------------------
