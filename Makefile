@@ -118,14 +118,17 @@ $(LLAMA_SERVER): $(VENV)/.installed
 
 llama-server: $(LLAMA_SERVER)
 
-# PEER_ARGS: e.g. --threads 2 --concurrency 1,4,8, --defaults (each server with its own thread
-# defaults), --systems llama-server,unsee
+# The goal run (issue 50): each server with its own thread defaults, one conversation and 8, the
+# history and the DELETE; it writes its table, each goal marked from the measured ratios, into
+# docs/serve.md's generated region (its summary in docs/serve-peer.json). PEER_ARGS adds options
+# (e.g. --turns 2, --systems llama-server,unsee; the last one given wins)
 serve-peer: $(VENV)/.serve-installed $(VENV)/.llamacpp-installed $(PEER_VENV)/.installed $(LLAMA_SERVER)
 	$(PY) -m unsee.bench.serve_peer --model qwen2.5-1.5b --peer-python $(PEER_PY) --llama-server $(LLAMA_SERVER) \
-		--out out/serve-peer $(PEER_ARGS)
+		--defaults --concurrency 1,8 --out out/serve-peer --docs docs/serve.md $(PEER_ARGS)
 
 # The peer bench's scaling run: each server at 1 and at 2 threads (decode and prefill), one
-# conversation and 8, then tokens/s against the cores (bench/serve_peer_table.py's scaling table)
+# conversation and 8, then tokens/s against the cores (bench/serve_peer_table.py's scaling table,
+# written into docs/serve.md's generated region)
 serve-peer-scaling: $(VENV)/.serve-installed $(VENV)/.llamacpp-installed $(PEER_VENV)/.installed $(LLAMA_SERVER)
 	for t in 1 2; do \
 		$(PY) -m unsee.bench.serve_peer --model qwen2.5-1.5b --peer-python $(PEER_PY) --llama-server $(LLAMA_SERVER) \
@@ -133,7 +136,7 @@ serve-peer-scaling: $(VENV)/.serve-installed $(VENV)/.llamacpp-installed $(PEER_
 			--out out/serve-peer-scaling/threads-$$t $(PEER_ARGS) || exit 1; \
 	done
 	$(PY) -m unsee.bench.serve_peer_table --scaling out/serve-peer-scaling/threads-1 out/serve-peer-scaling/threads-2 \
-		| tee out/serve-peer-scaling/scaling.md
+		--docs docs/serve.md | tee out/serve-peer-scaling/scaling.md
 
 # The agent frameworks through `unsee serve` (bench/serve_agents.py, docs/serve.md "Agents";
 # issue 49): each client with its own defaults against `unsee serve --engine llamacpp --model

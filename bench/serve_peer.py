@@ -501,6 +501,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                              "latency after the second DELETE")
     parser.add_argument("--start-timeout", type=float, default=1800, metavar="SECONDS")
     options.add_out(parser, "out/serve-peer", help="a folder: serve-peer.json, serve-peer.md, logs")
+    parser.add_argument("--docs", metavar="PAGE", help="also write the table and its goals into PAGE's generated "
+                        "region (docs/serve.md; bench/serve_peer_table.py's REGIONS), the summary beside it")
     args = parser.parse_args(argv)
     args.batch_threads = args.batch_threads or args.threads
     unknown = sorted(set(args.systems) - set(SYSTEMS))
@@ -510,7 +512,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from unsee.bench.serve_peer_table import format_markdown, summarise
+    from unsee.bench.serve_peer_table import format_markdown, summarise, write_docs
     from unsee.impl.engines.registry import load_engine
 
     argv = sys.argv[1:] if argv is None else argv
@@ -540,6 +542,8 @@ def main(argv: list[str] | None = None) -> int:
     (out / "serve-peer.json").write_text(json.dumps(result, indent=1))
     markdown = format_markdown(result)
     (out / "serve-peer.md").write_text(markdown)
+    if args.docs:
+        write_docs("goals", [result], Path(args.docs))
     print(markdown)
     return 0
 

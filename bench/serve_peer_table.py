@@ -1,16 +1,26 @@
 """The peer benchmark's figures (bench/serve_peer.py): per system, from its
 records, and the goals (issue 50's against llama-server where it ran, else issue
 40's against llama_cpp.server), each with the measured ratio, as markdown; and the
-scaling table of runs at several thread counts (``--scaling``)."""
+scaling table of runs at several thread counts (``--scaling``). ``--docs PAGE`` (and
+``serve_peer --docs``) writes a table into the page's generated region (:data:`REGIONS`),
+keeping what it was rendered from beside the page (tests/test_docs.py renders it again)."""
 
 from __future__ import annotations
 
 import argparse
+import json
+from pathlib import Path
+
+from unsee.impl.cli.docs import replace_region
 
 LABELS = {"peer": "llama_cpp.server (chat, history resent)", "llama-server": "llama-server (chat, history resent)",
           "unsee-chat": "unsee chat (history resent)", "unsee": "unsee responses (conversation)"}
 #: per reference server: its name in a goal, the issue, and the bar of the most concurrent level
 REFERENCES = {"llama-server": ("llama-server", 50, 1.0), "peer": ("llama_cpp.server", 40, 2.0)}
+#: docs/serve.md's generated regions: kind -> (region, the JSON beside the page it is rendered
+#: from, the command that rewrites it)
+REGIONS = {"goals": ("serve-peer", "serve-peer.json", "make serve-peer"),
+           "scaling": ("serve-peer-scaling", "serve-peer-scaling.json", "make serve-peer-scaling")}
 
 
 def get_percentile(values: list[float], q: float) -> float | None:
@@ -150,7 +160,7 @@ def get_table_rows(systems: dict, workload: dict) -> list[tuple[str, list[str]]]
 def get_threads_note(label: dict) -> str:
     """The servers' threads: a count each, or each server's own defaults."""
     if label.get("threads") is None:
-        return "each server with its own thread defaults (llama-server and llama_cpp.server as they start, unsee decoding on one thread and prefilling on every core)"
+        return "each server with its own thread defaults (llama-server and llama_cpp.server as they start, unsee decoding a lone conversation's steps on one thread, its prefill and its conversations' batched steps on every core)"
     return f"{label['threads']} thread(s) each{get_batch_note(label)}"
 
 
@@ -205,14 +215,27 @@ def read_result(result: dict) -> dict:
     return result
 
 
-def format_scaling(results: list[dict]) -> str:
+def get_scaling_label(results: list[dict]) -> str:
+    """The scaling table's label line: the first run's, with every run's thread count, command
+    and the highest load average."""
+    first = results[0]["label"]
+    label = {**first, "threads": " and ".join(str(r["label"]["threads"]) for r in results), "batch_threads": None,
+             "command": " and ".join(f"`{r['label']['command']}`" for r in results).strip("`"),
+             "load_average": max(r["label"]["load_average"] for r in results),
+             "load_average_end": max(r["label"].get("load_average_end", 0) for r in results)}
+    return get_label_line(label, results[0]["summary"]["workload"])
+
+
+def format_scaling(results: list[dict], labelled: bool = False) -> str:
     """Runs at several thread counts (``--threads``, one run each): per system and level, output
-    tokens/s at each count and the growth from the fewest threads to the most."""
+    tokens/s at each count and the growth from the fewest threads to the most (``labelled``:
+    under the runs' label line)."""
     results = sorted(results, key=lambda r: r["label"]["threads"] or 0)
     counts = [r["label"]["threads"] for r in results]
     systems = [s for s in LABELS if any(s in r["summary"]["systems"] for r in results)]
     levels = sorted({lv for r in results for s in r["summary"]["systems"].values() for lv in s.get("levels", {})})
-    lines = ["| system | conversations | " + " | ".join(f"{t} thread(s): tokens/s" for t in counts)
+    lines = [get_scaling_label(results), ""] if labelled else []
+    lines += ["| system | conversations | " + " | ".join(f"{t} thread(s): tokens/s" for t in counts)
              + f" | {counts[-1]} / {counts[0]} threads |", "|---|---:|" + "---:|" * (len(counts) + 1)]
     for system in systems:
         for lv in levels:
@@ -221,6 +244,25 @@ def format_scaling(results: list[dict]) -> str:
             lines.append(f"| {LABELS[system]} | {lv} | " + " | ".join(_fmt(v) for v in values)
                          + f" | {_fmt(get_ratio(values[-1], values[0]), 'x')} |")
     return "\n".join(lines) + "\n"
+
+
+def render_region(kind: str, kept) -> str:
+    """The region's markdown from what :func:`write_docs` kept (read back as JSON gives it)."""
+    kept = json.loads(json.dumps(kept))
+    if kind == "goals":
+        return format_markdown(read_result(kept))
+    return format_scaling([read_result(r) for r in kept], labelled=True)
+
+
+def write_docs(kind: str, results: list[dict], page: Path) -> None:
+    """Rewrite ``page``'s region of ``kind`` (:data:`REGIONS`: the goal run's table from one
+    result, or the scaling table from the runs at each thread count), and keep the labels
+    and summaries it is rendered from beside the page."""
+    name, file, command = REGIONS[kind]
+    kept = [{k: r.get(k) for k in ("label", "summary", "floor")} for r in results]
+    kept = kept[0] if kind == "goals" else kept
+    (page.parent / file).write_text(json.dumps(kept, indent=1) + "\n")
+    page.write_text(replace_region(page.read_text(), name, render_region(kind, kept), command))
 
 
 def merge_results(results: list[dict]) -> dict:
@@ -239,24 +281,27 @@ def merge_results(results: list[dict]) -> dict:
 def main(argv: list[str] | None = None) -> int:
     """Print a run's markdown again from its serve-peer.json (``--gguf``: the file's name, for a run
     recorded before the label named it), or (``--scaling``) the scaling table of several runs' folders."""
-    import json
-    from pathlib import Path
-
     parser = argparse.ArgumentParser(prog="python -m unsee.bench.serve_peer_table", description=main.__doc__)
     parser.add_argument("json", nargs="+", help="a serve-peer.json, or with --scaling the runs' folders or files")
     parser.add_argument("--gguf", help="the GGUF's file name, where the run's label lacks it")
     parser.add_argument("--scaling", action="store_true", help="the scaling table of runs at several thread counts")
     parser.add_argument("--merge", action="store_true", help="runs of one workload, a system each, as one table")
+    parser.add_argument("--docs", metavar="PAGE", help="also write the table into PAGE's generated region "
+                        "(docs/serve.md), the runs' summaries beside it")
     args = parser.parse_args(argv)
     paths = [Path(p) / "serve-peer.json" if Path(p).is_dir() else Path(p) for p in args.json]
     results = [read_result(json.loads(p.read_text())) for p in paths]
     if args.scaling:
-        print(format_scaling(results), end="")
+        print(format_scaling(results, labelled=True), end="")
+        if args.docs:
+            write_docs("scaling", results, Path(args.docs))
         return 0
     result = merge_results(results) if args.merge else results[0]
     if args.gguf and "gguf" not in result["label"]:
         result["label"]["gguf"] = args.gguf
     print(format_markdown(result), end="")
+    if args.docs:
+        write_docs("goals", [result], Path(args.docs))
     return 0
 
 

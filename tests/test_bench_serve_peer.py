@@ -145,3 +145,51 @@ def test_runs_of_one_system_each_merge_into_one_table():
     by_name = {g["goal"]: g for g in merged["summary"]["goals"]}
     assert by_name["1 conversation: output tokens/s vs llama-server"]["value"] == 2.0
     assert "--systems llama-server` and `python" in format_markdown(merged)
+
+
+def test_the_tables_are_written_into_the_docs_region_from_what_is_kept_beside_it(tmp_path):
+    """``--docs``: the goal run's table (each goal marked from its measured ratio) and the scaling
+    table (labelled) land in their generated regions, rendered from the JSON kept beside the page."""
+    from unsee.bench.serve_peer_table import REGIONS, render_region, write_docs
+    from unsee.impl.cli.docs import get_markers, get_region
+
+    page = tmp_path / "serve.md"
+    page.write_text("".join(f"# {kind}\n{get_markers(name, cmd)[0]}old\n{get_markers(name, cmd)[1]}\n"
+                            for kind, (name, _, cmd) in REGIONS.items()))
+
+    def run(threads: int | None, unsee_s: float) -> dict:
+        rows = make_rows("llama-server", 1.0, 10) + make_rows("unsee", unsee_s, 10)
+        label = {"build": "abc1234", "cpu": "c", "cores": 2, "load_average": 1.0, "threads": threads, "model": "m",
+                 "parallel": 8, "command": f"python -m unsee.bench.serve_peer --threads {threads}"}
+        return {"label": label, "summary": summarise(rows, None, WORKLOAD), "floor": None, "rows": rows}
+
+    write_docs("goals", [run(None, 2.0)], page)
+    write_docs("scaling", [run(2, 1.0), run(1, 2.0)], page)
+    text = page.read_text()
+    for kind, (name, file, command) in REGIONS.items():
+        kept = json.loads((tmp_path / file).read_text())
+        assert get_region(text, name, command) == render_region(kind, kept) != "old\n"
+    goals = get_region(text, *REGIONS["goals"][::2])
+    assert "| 8 concurrent conversations: aggregate tokens/s vs llama-server" in goals
+    assert "| 0.50x | >= 1.0x | **no** |" in goals and FIGURE_LABEL.match(goals.splitlines()[0])
+    scaling = get_region(text, *REGIONS["scaling"][::2])
+    assert FIGURE_LABEL.match(scaling.splitlines()[0]) and "1 and 2 thread(s) each" in scaling
+    assert "| unsee responses (conversation) | 8 | 5.00 | 10.00 | 2.00x |" in scaling
+
+
+def test_the_docs_regions_are_the_kept_runs_rendered_again():
+    """docs/serve.md's peer tables are what ``make serve-peer`` / ``make serve-peer-scaling`` wrote
+    (rendered again from the JSON beside the page), or say that no run is kept yet."""
+    from pathlib import Path
+
+    from unsee.bench.serve_peer_table import REGIONS, render_region
+    from unsee.impl.cli.docs import get_region
+
+    docs = Path(__file__).resolve().parents[1] / "docs"
+    text = (docs / "serve.md").read_text()
+    for kind, (name, file, command) in REGIONS.items():
+        region = get_region(text, name, command)
+        if (docs / file).exists():
+            assert region == render_region(kind, json.loads((docs / file).read_text())), f"run {command}"
+        else:
+            assert region.startswith("Not run yet") and command in region, region
