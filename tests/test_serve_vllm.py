@@ -1,6 +1,7 @@
 """``unsee serve --engine vllm`` on vLLM's tiny model (issue 50, item 6; in ``make test-vllm``):
-vLLM schedules its own batches, so the engine's loop hands it whole requests from the session
-holder's thread. Conversations at once, each equal to the same conversation run alone; a DELETE
+vLLM schedules its own batches, so the engine's loop hands it whole requests from its one thread
+(the requests' threads let go of the session meanwhile). Conversations at once, each equal to the
+same conversation run alone, every vLLM request sent by the loop; a DELETE
 equal to a twin that never had the item; a prompt past the context answered 400, not 500."""
 
 from __future__ import annotations
@@ -43,7 +44,10 @@ def converse(client, script: list[str]) -> str:
     return client.conversations.retrieve(conv.id).model_extra["unsee"]["digest"]
 
 
-def test_conversations_at_once_each_equal_the_same_conversation_alone(client):
+def test_conversations_at_once_each_equal_the_same_conversation_alone(client, monkeypatch):
+    senders: list[str] = []
+    complete = adapter.complete
+    monkeypatch.setattr(adapter, "complete", lambda *a: senders.append(threading.current_thread().name) or complete(*a))
     scripts = [[f"Conversation {j} says hello.", "And then what?"] for j in range(3)]
     digests: dict[int, str] = {}
     threads = [threading.Thread(target=lambda j=j: digests.__setitem__(j, converse(client, scripts[j])))
@@ -53,6 +57,7 @@ def test_conversations_at_once_each_equal_the_same_conversation_alone(client):
     for t in threads:
         t.join(300)
     assert sorted(digests) == [0, 1, 2]
+    assert len(senders) >= 6 and set(senders) == {"unsee-engine-loop"}  # the loop is vLLM's one caller
     assert [converse(client, scripts[j]) for j in range(3)] == [digests[j] for j in range(3)]
 
 

@@ -250,9 +250,10 @@ class VllmEngine(LineageBook):
 
     def release_prefix_cache(self) -> bool:
         """Drop every cached block's hash now (the engine is idle between
-        verbs): nothing cached before is hittable afterwards."""
+        verbs): nothing cached before is hittable afterwards. Sent to vLLM's
+        engine core by the engine's loop, after the request it may be running."""
         self._cold.clear()
-        return adapter.reset_prefix_cache(self._llm)
+        return self.scheduler.run(adapter.reset_prefix_cache, self._llm)
 
     def residue(self) -> dict:
         """What vLLM's pool holds now and the KV-cache events seen so far:
@@ -275,8 +276,13 @@ class VllmEngine(LineageBook):
                 stops: Iterable[int] = (), skip_cache: bool = False, lin: _Lineage | None = None) -> adapter.Completion:
         """One request, counted: the prompt tokens vLLM computed, those its
         cache served, the tokens decoded and the forwards (one per position);
-        ``lin``: the lineage it continues (its restore is noted)."""
-        c = adapter.complete(self._llm, prompt, salt, max_tokens, n_logits, sorted(stops), skip_cache)
+        ``lin``: the lineage it continues (its restore is noted). The engine's
+        loop submits it whole to vLLM's engine core (vLLM schedules its own
+        steps), one request at a time as a request alone was measured (the
+        guard's bound), the caller's session let go while it runs
+        (impl/engines/scheduler.py): on vLLM too the loop is the one caller."""
+        c = self.scheduler.run(adapter.complete, self._llm, prompt, salt, max_tokens, n_logits, sorted(stops),
+                               skip_cache, release=True)
         if lin is not None:
             self._note_restore(lin, salt, len(prompt), c.cached_tokens, skip_cache)
         self.counters.prefilled_tokens += len(prompt) - c.cached_tokens
