@@ -128,11 +128,12 @@ def test_release_drops_every_cached_block(engine_factory_vllm):
 
 
 @needs_vllm
-def test_conform_passes_the_runtime_on_vllm(capsys):
+def test_conform_passes_the_runtime_on_vllm(capsys, tmp_path):
     """`unsee conform` on the vllm adapter: forget == the counterfactual's plain run."""
     from unsee.impl.cli.main import main
 
-    assert main(["conform", "--entry", "unsee.impl.conform.adapters:vllm", "--episodes", "3"]) == 0
+    out = str(tmp_path / "conform")  # every run writes result.json and badge.svg: not into the checkout
+    assert main(["conform", "--entry", "unsee.impl.conform.adapters:vllm", "--episodes", "3", "--out", out]) == 0
     assert "CONFORMS" in capsys.readouterr().out
 
 
