@@ -250,6 +250,8 @@ def judge(scenario: Scenario, record: dict) -> tuple[bool, str]:
     if scenario.twin and not (digests[0] == digests[1] and twin.get("items_equal")):
         return False, (f"after the DELETE, not its twin: digests {'equal' if digests[0] == digests[1] else 'differ'}, "
                        f"items {'equal' if twin.get('items_equal') else 'differ'}")
+    if scenario.twin and twin.get("next_equal") is False:  # a record of this version: the next turn on both
+        return False, f"after the DELETE, the next turn is not its twin's: {get_twin_words(twin)}"
     return True, ""
 
 
@@ -431,7 +433,12 @@ def get_twin_words(twin: dict) -> str:
     digests = twin.get("digests") or [None, None]
     digest = ("no digest on either (items only wait)" if digests == [None, None] else
               "digest equal" if digests[0] == digests[1] else "digest differs")
-    return f"twin: {digest}, items {'equal' if twin.get('items_equal') else 'differ'}"
+    words = f"twin: {digest}, items {'equal' if twin.get('items_equal') else 'differ'}"
+    if "next_answers" in twin:  # the next turn run on both
+        answers, after = twin["next_answers"], twin.get("digests_after") or [None, None]
+        words += (f"; next turn: answers {'equal' if answers[0] == answers[1] else 'differ'}, digest "
+                  f"{'equal' if after[0] == after[1] and after[0] else 'differs' if after[0] != after[1] else 'none'}")
+    return words
 
 
 def get_wall_cell(record: dict) -> str:

@@ -181,8 +181,15 @@ async def drive_session(base_url: str, model: str) -> dict:
     out["twin"] = {"digests": digests, "items_equal": same_items, "items": [len(i) for i in items],
                    # no digest on either side: no response ran on them, their items only wait
                    "equal": digests[0] == digests[1] and same_items}
-    third = await agents.Runner.run(agent, "What is my locker code?", session=session)
-    out["after_delete_answer"] = get_text(third.final_output)
+    # the next turn on both: the same answer and, a response having run on each, the same digest
+    twin_session = agents.OpenAIConversationsSession(conversation_id=twin, openai_client=client)
+    answers = [get_text((await agents.Runner.run(agent, "What is my locker code?", session=s)).final_output)
+               for s in (session, twin_session)]
+    after = [((await client.conversations.retrieve(c)).model_extra or {}).get("unsee", {}).get("digest")
+             for c in (conv, twin)]
+    out["after_delete_answer"] = answers[0]
+    out["twin"] |= {"next_answers": answers, "digests_after": after,
+                    "next_equal": answers[0] == answers[1] and after[0] == after[1]}
     return out
 
 
