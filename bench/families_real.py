@@ -5,8 +5,10 @@ machine has (issue 51's item 5; docs/serve.md, "Model families").
     python -m unsee.bench.families_real --models smollm2,gemma3-270m,qwen2.5-1.5b [--scenarios a,b]
     python -m unsee.bench.families_real --table out/families-real/results.json   # the table again
 
-Each model is served as a user starts it (``unsee serve --engine llamacpp --model NAME``,
-no other option) and driven by bench/serve_agents.py's scenarios, its proxy and its
+Each model is served as a user starts it (``unsee serve --engine llamacpp --model NAME``),
+with one option: a default output cap (``--max-output-tokens 256``; a client's own
+``max_tokens`` still wins), so that a small model that never ends its turn costs seconds,
+not its whole context; and driven by bench/serve_agents.py's scenarios, its proxy and its
 verdicts (no second harness): the Agents SDK's ``Runner`` with a function tool, its
 session whose first user message is deleted and compared with a twin written without it
 (digest and items, then the next answer), the ten tool-needing prompts in ``auto`` (the
@@ -24,6 +26,7 @@ import argparse
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -43,6 +46,9 @@ SCENARIOS = ("agents-chat", "agents-session", "openai-auto", "langgraph-react", 
 CLIENT_MODULES = {"agents": "agents", "openai": "openai", "langgraph": "langgraph.prebuilt",
                   "langchain": "langchain_openai", "pydantic": "pydantic_ai", "smolagents": "smolagents",
                   "llamaindex": "llama_index.llms.openai_like"}
+#: each server's default output cap (``--max-output-tokens``): a call or a short answer needs far
+#: fewer, and SmolLM2-135M, asked with no cap, wrote past 3 minutes of decode on one prompt
+MAX_OUTPUT_TOKENS = 256
 #: the server's startup line naming the call format it read from the template
 FORMAT_LINE = re.compile(r"tools are called in the `([a-z0-9_]+)` format")
 
@@ -82,7 +88,9 @@ def run_model(args: argparse.Namespace, model: str, scenarios: list[str], out: P
     (out / "logs").mkdir(parents=True, exist_ok=True)
     run_args = argparse.Namespace(model=model, scenarios=scenarios, clients_python=args.clients_python,
                                   llamaindex_python=args.llamaindex_python, timeout=args.timeout,
-                                  start_timeout=args.start_timeout, server_port=None)
+                                  start_timeout=args.start_timeout, server_port=None,
+                                  server_options=("--max-output-tokens", str(args.max_output_tokens),
+                                                  *shlex.split(args.serve_args)))
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix=f"families-real-{model}-") as tmp:
         records, exchanges = serve_agents.run_scenarios(run_args, Path(tmp), out) if scenarios else ([], [])
@@ -110,11 +118,18 @@ def get_cell(scenario: str, record: dict | None, not_run: str | None) -> str:
     return serve_agents.get_cell(f"{verdict}{reason} ({detail}; {record.get('wall_s', 0):.0f} s)")
 
 
+def format_label(label: dict) -> str:
+    """The figure's label line (bench/options.py's FIGURE_LABEL): serve_agents' with every model's
+    GGUF as shipped for the dtype (SmolLM2's is Q4_1, the catalogue's Q4_K_M)."""
+    line = serve_agents.format_label({**label, "model": "MODEL"})
+    return line.replace("dtype MODEL Q4_K_M", "dtype each model's GGUF as shipped")
+
+
 def format_table(result: dict) -> str:
     """The families x clients table: a row per model, a column per scenario."""
     scenarios = result["scenarios"]
     heads = [serve_agents.get_scenario(s).client + f" ({s})" for s in scenarios]
-    lines = [serve_agents.format_label({**result["label"], "model": ", ".join(m["model"] for m in result["models"])}),
+    lines = [format_label(result["label"]),
              "", "| model (architecture, call format) | " + " | ".join(serve_agents.get_cell(h) for h in heads) + " |",
              "|---|" + "---|" * len(scenarios)]
     for row in result["models"]:
@@ -143,6 +158,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help="the interpreter with LlamaIndex")
     parser.add_argument("--timeout", type=float, default=600, metavar="SECONDS", help="per scenario")
     parser.add_argument("--start-timeout", type=float, default=1800, metavar="SECONDS")
+    parser.add_argument("--max-output-tokens", type=int, default=MAX_OUTPUT_TOKENS, metavar="N",
+                        help="the servers' default output cap (a small model that never ends its turn "
+                             f"writes to its context's end otherwise); default {MAX_OUTPUT_TOKENS}")
+    parser.add_argument("--serve-args", default="", metavar="ARGS",
+                        help="more options for every server (e.g. '--tool-format hermes'), recorded in the label")
     parser.add_argument("--table", metavar="RESULTS_JSON", help="print the table of a finished run, run nothing")
     options.add_out(parser, "out/families-real", help="a folder: results.json, table.md, a folder per model")
     args = parser.parse_args(argv)

@@ -266,10 +266,11 @@ def get_free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(model: str, store: Path, port: int, log: Path) -> subprocess.Popen:
-    """``unsee serve`` as a user starts it (-P: the checkout's ./unsee/ never shadows the install)."""
+def start_server(model: str, store: Path, port: int, log: Path, extra: tuple[str, ...] = ()) -> subprocess.Popen:
+    """``unsee serve`` as a user starts it (-P: the checkout's ./unsee/ never shadows the install),
+    with ``extra`` options where a bench names some."""
     command = [sys.executable, "-P", "-m", "unsee.impl.cli", "serve", "--engine", "llamacpp", "--model", model,
-               "--store", str(store), "--port", str(port)]
+               "--store", str(store), "--port", str(port), *extra]
     with open(log, "w") as out:
         return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
 
@@ -337,10 +338,12 @@ def run_scenarios(args: argparse.Namespace, work: Path, out: Path) -> tuple[list
         port, server = args.server_port, None
     else:
         port = get_free_port()
-        server = start_server(args.model, work / "store", port, out / "server.log")
+        server = start_server(args.model, work / "store", port, out / "server.log",
+                              tuple(getattr(args, "server_options", ())))
     try:
         if server is not None:
-            say(f"unsee serve --engine llamacpp --model {args.model}: starting")
+            say(f"unsee serve --engine llamacpp --model {args.model} "
+                f"{' '.join(getattr(args, 'server_options', ()))}: starting")
             wait_ready(server, f"http://127.0.0.1:{port}/v1", args.start_timeout, out / "server.log")
         proxy, url = start_proxy(port, recorder)
         records = []
@@ -436,7 +439,7 @@ def get_twin_words(twin: dict) -> str:
     words = f"twin: {digest}, items {'equal' if twin.get('items_equal') else 'differ'}"
     if "next_answers" in twin:  # the next turn run on both
         answers, after = twin["next_answers"], twin.get("digests_after") or [None, None]
-        words += (f"; next turn: answers {'equal' if answers[0] == answers[1] else 'differ'}, digest "
+        words += (f"; next turns: answers {'equal' if answers[0::2] == answers[1::2] else 'differ'}, digest "
                   f"{'equal' if after[0] == after[1] and after[0] else 'differs' if after[0] != after[1] else 'none'}")
     return words
 
