@@ -40,8 +40,8 @@ from unsee.bench import options, serve_agents
 MODELS = ("smollm2", "gemma3-270m", "qwen2.5-1.5b")
 #: the scenarios run by default: issue 51's (Agents SDK tool agent, its DELETE and twin, the ten
 #: prompts) and one per other framework (bench/serve_agents.py's SCENARIOS)
-SCENARIOS = ("agents-chat", "agents-session", "openai-auto", "langgraph-react", "pydantic-ai-chat",
-             "smolagents", "llamaindex")
+SCENARIOS = ("agents-chat", "agents-session", "openai-auto", "openai-required", "langgraph-react",
+             "pydantic-ai-chat", "smolagents", "llamaindex")
 #: the module a scenario's client imports (its first word): present or not in the interpreter
 CLIENT_MODULES = {"agents": "agents", "openai": "openai", "langgraph": "langgraph.prebuilt",
                   "langchain": "langchain_openai", "pydantic": "pydantic_ai", "smolagents": "smolagents",
@@ -118,6 +118,28 @@ def get_cell(scenario: str, record: dict | None, not_run: str | None) -> str:
     return serve_agents.get_cell(f"{verdict}{reason} ({detail}; {record.get('wall_s', 0):.0f} s)")
 
 
+def merge_results(results: list[dict]) -> dict:
+    """Several runs as one (runs of other scenarios on the same models): each model's records
+    together, a later run's record of a scenario replacing an earlier one's; a scenario is not
+    run where no run ran it. The first run's label, each run's command and wall time kept."""
+    if len(results) == 1:
+        return results[0]
+    scenarios = list(dict.fromkeys(s for r in results for s in r["scenarios"]))
+    rows: dict[str, dict] = {}
+    for result in results:
+        for row in result["models"]:
+            kept = rows.setdefault(row["model"], {**row, "records": [], "not_run": {}})
+            ran = {r["scenario"] for r in row["records"]}
+            kept["records"] = [r for r in kept["records"] if r["scenario"] not in ran] + row["records"]
+            kept["not_run"] = {**kept["not_run"], **row["not_run"]}
+    for row in rows.values():
+        ran = {r["scenario"] for r in row["records"]}
+        row["not_run"] = {s: why for s, why in row["not_run"].items() if s not in ran}
+    label = {**results[0]["label"], "command": " and ".join(r["label"]["command"] for r in results)}
+    return {"label": label, "scenarios": scenarios, "models": list(rows.values()),
+            "wall_s": sum(r.get("wall_s", 0) for r in results)}
+
+
 def format_label(label: dict) -> str:
     """The figure's label line (bench/options.py's FIGURE_LABEL): serve_agents' with every model's
     GGUF as shipped for the dtype (SmolLM2's is Q4_1, the catalogue's Q4_K_M)."""
@@ -163,7 +185,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                              f"writes to its context's end otherwise); default {MAX_OUTPUT_TOKENS}")
     parser.add_argument("--serve-args", default="", metavar="ARGS",
                         help="more options for every server (e.g. '--tool-format hermes'), recorded in the label")
-    parser.add_argument("--table", metavar="RESULTS_JSON", help="print the table of a finished run, run nothing")
+    parser.add_argument("--table", metavar="RESULTS_JSON[,...]",
+                        help="print the table of finished runs (several: merged by model), run nothing")
     options.add_out(parser, "out/families-real", help="a folder: results.json, table.md, a folder per model")
     args = parser.parse_args(argv)
     unknown = sorted(set(args.scenarios) - set(names))
@@ -176,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
     if args.table:
-        print(format_table(json.loads(Path(args.table).read_text())), end="")
+        print(format_table(merge_results([json.loads(Path(p).read_text()) for p in args.table.split(",")])), end="")
         return 0
     out, started = Path(args.out), time.perf_counter()
     not_run = {s: get_missing(get_python(args, s), get_client_module(s)) for s in args.scenarios}

@@ -84,6 +84,8 @@ SCENARIOS = (
              venv="llamaindex"),
     Scenario("openai-auto", "`openai` chat completions", "10 tool-needing prompts, tools given, auto",
              at_least=9),
+    Scenario("openai-required", "`openai` chat completions",
+             "the same 10 prompts, `tool_choice: required` (the family's grammar writes the call)", at_least=9),
 )
 
 

@@ -294,9 +294,10 @@ def run_llamaindex(base_url: str, model: str) -> dict:
 # --------------------------------------------------------- the goal: 9 of 10 in auto
 
 
-def run_openai_auto(base_url: str, model: str) -> dict:
-    """Each tool-needing prompt alone, tools given, ``tool_choice`` left out (auto):
-    how many answers hold a call the client parses (a known name, JSON arguments)."""
+def run_openai_auto(base_url: str, model: str, **choice) -> dict:
+    """Each tool-needing prompt alone, tools given, ``tool_choice`` left out (auto) unless
+    ``choice`` names one: how many answers hold a call the client parses (a known name, JSON
+    arguments)."""
     from openai import OpenAI
 
     client = OpenAI(base_url=base_url, api_key="unused")
@@ -304,7 +305,7 @@ def run_openai_auto(base_url: str, model: str) -> dict:
     for prompt in TOOL_PROMPTS:
         try:
             reply = client.chat.completions.create(model=model, messages=[{"role": "user", "content": prompt}],
-                                                   tools=[WEATHER_TOOL])
+                                                   tools=[WEATHER_TOOL], **choice)
         except Exception as exc:  # noqa: BLE001 (one prompt's failure is a count, not the end)
             errors.append(get_error(exc))
             continue
@@ -330,7 +331,8 @@ RUNNERS = {"agents-responses": run_agents_responses, "agents-chat": run_agents_c
            "langgraph-react": run_langgraph_react, "langchain-structured": run_langchain_structured,
            "pydantic-ai-chat": run_pydantic_chat, "pydantic-ai-responses": run_pydantic_responses,
            "pydantic-ai-structured": run_pydantic_structured, "smolagents": run_smolagents,
-           "llamaindex": run_llamaindex, "openai-auto": run_openai_auto}
+           "llamaindex": run_llamaindex, "openai-auto": run_openai_auto,
+           "openai-required": lambda url, model: run_openai_auto(url, model, tool_choice="required")}
 
 
 def run_scenario(name: str, base_url: str, model: str) -> dict:

@@ -69,3 +69,19 @@ def test_a_gguf_tool_use_template_is_served_where_the_default_renders_no_tools()
     qwen = (TEMPLATES / "Qwen-Qwen2.5-7B-Instruct.jinja").read_text()
     assert pick_chat_template(qwen, tool_use) == qwen
     assert pick_chat_template(chatml, None) == chatml and pick_chat_template(None, None) is None
+
+
+def test_runs_of_other_scenarios_merge_by_model():
+    first = {"label": LABEL, "scenarios": ["openai-auto", "smolagents"], "wall_s": 60,
+             "models": [{"model": "smollm2", "architecture": "llama", "size": None, "call_format": "generic",
+                         "records": [{"scenario": "openai-auto", "prompts": 10, "prompts_with_call": 0}],
+                         "not_run": {"smolagents": "smolagents is not installed"}}]}
+    second = {"label": {**LABEL, "command": "python -m unsee.bench.families_real --scenarios smolagents"},
+              "scenarios": ["smolagents"], "wall_s": 30,
+              "models": [{"model": "smollm2", "architecture": "llama", "size": None, "call_format": "generic",
+                          "records": [{"scenario": "smolagents", "answer": "x"}], "not_run": {}}]}
+    merged = fr.merge_results([first, second])
+    (row,) = merged["models"]
+    assert [r["scenario"] for r in row["records"]] == ["openai-auto", "smolagents"]
+    assert row["not_run"] == {} and merged["wall_s"] == 90 and " and " in merged["label"]["command"]
+    assert fr.merge_results([first]) is first
