@@ -85,3 +85,26 @@ def test_runs_of_other_scenarios_merge_by_model():
     assert [r["scenario"] for r in row["records"]] == ["openai-auto", "smolagents"]
     assert row["not_run"] == {} and merged["wall_s"] == 90 and " and " in merged["label"]["command"]
     assert fr.merge_results([first]) is first
+
+
+def test_a_tools_objects_are_closed_where_they_name_their_properties_and_no_others():
+    """As llama.cpp's and xgrammar's call grammars read a tool's parameters: SmolLM2-135M, its
+    call forced, wrote the schema's own keys into the arguments until the output cap cut it."""
+    from unsee.impl.agent.tools.grammars import Tool, get_closed
+
+    weather = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+    assert get_closed(weather) == {**weather, "additionalProperties": False}
+    nested = {"type": "object", "properties": {"where": {"type": "object", "properties": {"city": {"type": "string"}}},
+                                               "tags": {"type": "array", "items": {"properties": {"k": {}}}}},
+              "anyOf": [{"properties": {"a": {}}}], "$defs": {"D": {"properties": {"b": {}}}}}
+    closed = get_closed(nested)
+    assert closed["properties"]["where"]["additionalProperties"] is False
+    assert closed["properties"]["tags"]["items"]["additionalProperties"] is False
+    assert closed["anyOf"][0]["additionalProperties"] is False and closed["$defs"]["D"]["additionalProperties"] is False
+    assert "additionalProperties" not in closed["properties"]["tags"]  # an array names no properties
+    kept = [{"type": "object"}, {"properties": {"a": {}}, "additionalProperties": True},
+            {"properties": {"a": {}}, "patternProperties": {"^x": {}}}]
+    assert [get_closed(k) for k in kept] == kept
+    assert weather == {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}  # unchanged
+    definition = {"type": "function", "function": {"name": "get_weather", "parameters": weather}}
+    assert Tool.from_definition(definition).parameters["additionalProperties"] is False
