@@ -106,15 +106,15 @@ def get_cell(scenario: str, record: dict | None, not_run: str | None) -> str:
     """One measured cell: ok or failed with the figure that decides it, the wall time."""
     if not_run is not None:
         return f"not run: {not_run}"
-    if record is None:
-        return "not run: the server exited before it"
+    if record is None:  # in none of this model's runs: a later run of its own, or the server exited before it
+        return "not run in this model's runs"
     spec = serve_agents.get_scenario(scenario)
     ok, why = serve_agents.judge(spec, record)
     detail = serve_agents.get_tool_cell(spec, record)
     if spec.twin and record.get("twin"):
         detail += f"; {serve_agents.get_twin_words(record['twin'])}"
     verdict = "ok" if ok else "timed out" if record.get("timed_out") else "failed"
-    reason = "" if ok or spec.at_least is not None else f": {serve_agents.get_cut(why, 90)}"
+    reason = "" if ok or spec.at_least is not None or record.get("timed_out") else f": {serve_agents.get_cut(why, 90)}"
     return serve_agents.get_cell(f"{verdict}{reason} ({detail}; {record.get('wall_s', 0):.0f} s)")
 
 
