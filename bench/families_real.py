@@ -140,6 +140,15 @@ def merge_results(results: list[dict]) -> dict:
             "wall_s": sum(r.get("wall_s", 0) for r in results)}
 
 
+def add_notes(result: dict, notes: dict[str, str]) -> dict:
+    """``result`` with each scenario in ``notes`` that a model has no record of marked not run, why."""
+    models = []
+    for row in result["models"]:
+        ran = {r["scenario"] for r in row["records"]}
+        models.append({**row, "not_run": {**row["not_run"], **{s: why for s, why in notes.items() if s not in ran}}})
+    return {**result, "models": models}
+
+
 def format_label(label: dict) -> str:
     """The figure's label line (bench/options.py's FIGURE_LABEL): serve_agents' with every model's
     GGUF as shipped for the dtype (SmolLM2's is Q4_1, the catalogue's Q4_K_M)."""
@@ -183,6 +192,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--max-output-tokens", type=int, default=MAX_OUTPUT_TOKENS, metavar="N",
                         help="the servers' default output cap (a small model that never ends its turn "
                              f"writes to its context's end otherwise); default {MAX_OUTPUT_TOKENS}")
+    parser.add_argument("--note", action="append", default=[], metavar="SCENARIO=WHY",
+                        help="with --table: why a scenario no run measured on a model was not run (repeatable)")
     parser.add_argument("--serve-args", default="", metavar="ARGS",
                         help="more options for every server (e.g. '--tool-format hermes'), recorded in the label")
     parser.add_argument("--table", metavar="RESULTS_JSON[,...]",
@@ -199,7 +210,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
     if args.table:
-        print(format_table(merge_results([json.loads(Path(p).read_text()) for p in args.table.split(",")])), end="")
+        result = merge_results([json.loads(Path(p).read_text()) for p in args.table.split(",")])
+        print(format_table(add_notes(result, dict(n.split("=", 1) for n in args.note))), end="")
         return 0
     out, started = Path(args.out), time.perf_counter()
     not_run = {s: get_missing(get_python(args, s), get_client_module(s)) for s in args.scenarios}

@@ -108,3 +108,9 @@ def test_a_tools_objects_are_closed_where_they_name_their_properties_and_no_othe
     assert weather == {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}  # unchanged
     definition = {"type": "function", "function": {"name": "get_weather", "parameters": weather}}
     assert Tool.from_definition(definition).parameters["additionalProperties"] is False
+
+
+def test_a_note_says_why_a_scenario_no_run_measured_was_not_run():
+    row = {"model": "smollm2", "records": [{"scenario": "openai-auto"}], "not_run": {"smolagents": "old reason"}}
+    noted = fr.add_notes({"models": [row]}, {"smolagents": "time", "openai-auto": "never shown"})
+    assert noted["models"][0]["not_run"] == {"smolagents": "time"}
