@@ -135,7 +135,8 @@ def merge_results(results: list[dict]) -> dict:
     for row in rows.values():
         ran = {r["scenario"] for r in row["records"]}
         row["not_run"] = {s: why for s, why in row["not_run"].items() if s not in ran}
-    label = {**results[0]["label"], "command": " and ".join(r["label"]["command"] for r in results)}
+    label = {**results[0]["label"], "command": " and ".join(r["label"]["command"] for r in results),
+             "builds": list(dict.fromkeys(r["label"]["build"] for r in results))}
     return {"label": label, "scenarios": scenarios, "models": list(rows.values()),
             "wall_s": sum(r.get("wall_s", 0) for r in results)}
 
@@ -153,7 +154,11 @@ def format_label(label: dict) -> str:
     """The figure's label line (bench/options.py's FIGURE_LABEL): serve_agents' with every model's
     GGUF as shipped for the dtype (SmolLM2's is Q4_1, the catalogue's Q4_K_M)."""
     line = serve_agents.format_label({**label, "model": "MODEL"})
-    return line.replace("dtype MODEL Q4_K_M", "dtype each model's GGUF as shipped")
+    line = line.replace("dtype MODEL Q4_K_M", "dtype each model's GGUF as shipped")
+    others = [b for b in label.get("builds", []) if b != label["build"]]
+    if others:  # merged runs: each run's build
+        line = line.replace(" · attention", " (other runs at " + ", ".join(f"`{b}`" for b in others) + ") · attention", 1)
+    return line
 
 
 def format_table(result: dict) -> str:
