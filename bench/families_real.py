@@ -174,7 +174,9 @@ def format_table(result: dict) -> str:
         name = f"{row['model']} ({row['architecture']}{size}, `{row['call_format']}`)"
         cells = [get_cell(s, by_name.get(s), row["not_run"].get(s)) for s in scenarios]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    lines += ["", f"The whole run took {result.get('wall_s', 0) / 60:.1f} min."]
+    runs = len(result["label"].get("builds") or [None])
+    took = "The whole run took" if runs == 1 and " and " not in result["label"]["command"] else "The runs took, in all,"
+    lines += ["", f"{took} {result.get('wall_s', 0) / 60:.1f} min."]
     return "\n".join(lines) + "\n"
 
 
