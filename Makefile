@@ -34,7 +34,7 @@ PIP_C_LLAMAINDEX = $(if $(LLAMAINDEX_CONSTRAINTS),-c $(LLAMAINDEX_CONSTRAINTS))
 # take an extra without unsee itself (whose dependencies bring torch)
 get_extra = $(shell $(PYTHON) -c 'import shlex, tomllib; print(shlex.join(tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["$(1)"]))')
 
-.PHONY: demo test lint nightly flake bench paper install clean gpu gpu-wheels vllm test-vllm lock serve serve-peer serve-peer-scaling llama-server serve-agents scorecard eval-qwen crossmodel drafts-bench
+.PHONY: demo test lint nightly flake bench paper install clean gpu gpu-wheels vllm test-vllm lock serve serve-peer serve-peer-scaling llama-server serve-agents scorecard eval-qwen crossmodel drafts-bench families-real
 
 $(VENV)/.installed: pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
@@ -162,6 +162,16 @@ $(LLAMAINDEX_VENV)/.installed: pyproject.toml $(LLAMAINDEX_CONSTRAINTS)
 serve-agents: $(VENV)/.serve-installed $(VENV)/.llamacpp-installed $(CLIENTS_VENV)/.installed $(LLAMAINDEX_VENV)/.installed
 	$(PY) -m unsee.bench.serve_agents --model qwen2.5-1.5b --clients-python $(CLIENTS_PY) \
 		--llamaindex-python $(LLAMAINDEX_PY) --out out/serve-agents $(AGENTS_ARGS)
+
+# Issue 51's real models: `unsee serve` on each real-size GGUF of another family (SmolLM2,
+# Gemma 3 270M; Qwen2.5 for reference), fetched through the catalogue, driven by serve-agents'
+# scenarios (the Agents SDK's Runner with a tool, its DELETE against a twin, the ten prompts in
+# auto, one scenario per other framework); out/families-real/{results.json,table.md}, the
+# families x clients table of docs/serve.md. FAMILIES_ARGS adds options (e.g. --models smollm2).
+FAMILIES_ARGS ?=
+families-real: $(VENV)/.serve-installed $(VENV)/.llamacpp-installed $(CLIENTS_VENV)/.installed $(LLAMAINDEX_VENV)/.installed
+	$(PY) -m unsee.bench.families_real --clients-python $(CLIENTS_PY) --llamaindex-python $(LLAMAINDEX_PY) \
+		--out out/families-real $(FAMILIES_ARGS)
 
 test: $(VENV)/.test-installed
 	$(PY) -m ruff check .

@@ -84,6 +84,8 @@ SCENARIOS = (
              venv="llamaindex"),
     Scenario("openai-auto", "`openai` chat completions", "10 tool-needing prompts, tools given, auto",
              at_least=9),
+    Scenario("openai-required", "`openai` chat completions",
+             "the same 10 prompts, `tool_choice: required` (the family's grammar writes the call)", at_least=9),
 )
 
 
@@ -250,6 +252,8 @@ def judge(scenario: Scenario, record: dict) -> tuple[bool, str]:
     if scenario.twin and not (digests[0] == digests[1] and twin.get("items_equal")):
         return False, (f"after the DELETE, not its twin: digests {'equal' if digests[0] == digests[1] else 'differ'}, "
                        f"items {'equal' if twin.get('items_equal') else 'differ'}")
+    if scenario.twin and twin.get("next_equal") is False:  # a record of this version: the next turn on both
+        return False, f"after the DELETE, the next turn is not its twin's: {get_twin_words(twin)}"
     return True, ""
 
 
@@ -264,10 +268,11 @@ def get_free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(model: str, store: Path, port: int, log: Path) -> subprocess.Popen:
-    """``unsee serve`` as a user starts it (-P: the checkout's ./unsee/ never shadows the install)."""
+def start_server(model: str, store: Path, port: int, log: Path, extra: tuple[str, ...] = ()) -> subprocess.Popen:
+    """``unsee serve`` as a user starts it (-P: the checkout's ./unsee/ never shadows the install),
+    with ``extra`` options where a bench names some."""
     command = [sys.executable, "-P", "-m", "unsee.impl.cli", "serve", "--engine", "llamacpp", "--model", model,
-               "--store", str(store), "--port", str(port)]
+               "--store", str(store), "--port", str(port), *extra]
     with open(log, "w") as out:
         return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
 
@@ -335,10 +340,12 @@ def run_scenarios(args: argparse.Namespace, work: Path, out: Path) -> tuple[list
         port, server = args.server_port, None
     else:
         port = get_free_port()
-        server = start_server(args.model, work / "store", port, out / "server.log")
+        server = start_server(args.model, work / "store", port, out / "server.log",
+                              tuple(getattr(args, "server_options", ())))
     try:
         if server is not None:
-            say(f"unsee serve --engine llamacpp --model {args.model}: starting")
+            say(f"unsee serve --engine llamacpp --model {args.model} "
+                f"{' '.join(getattr(args, 'server_options', ()))}: starting")
             wait_ready(server, f"http://127.0.0.1:{port}/v1", args.start_timeout, out / "server.log")
         proxy, url = start_proxy(port, recorder)
         records = []
@@ -431,7 +438,12 @@ def get_twin_words(twin: dict) -> str:
     digests = twin.get("digests") or [None, None]
     digest = ("no digest on either (items only wait)" if digests == [None, None] else
               "digest equal" if digests[0] == digests[1] else "digest differs")
-    return f"twin: {digest}, items {'equal' if twin.get('items_equal') else 'differ'}"
+    words = f"twin: {digest}, items {'equal' if twin.get('items_equal') else 'differ'}"
+    if "next_answers" in twin:  # the next turn run on both
+        answers, after = twin["next_answers"], twin.get("digests_after") or [None, None]
+        words += (f"; next turns: answers {'equal' if answers[0::2] == answers[1::2] else 'differ'}, digest "
+                  f"{'equal' if after[0] == after[1] and after[0] else 'differs' if after[0] != after[1] else 'none'}")
+    return words
 
 
 def get_wall_cell(record: dict) -> str:

@@ -181,8 +181,20 @@ async def drive_session(base_url: str, model: str) -> dict:
     out["twin"] = {"digests": digests, "items_equal": same_items, "items": [len(i) for i in items],
                    # no digest on either side: no response ran on them, their items only wait
                    "equal": digests[0] == digests[1] and same_items}
-    third = await agents.Runner.run(agent, "What is my locker code?", session=session)
-    out["after_delete_answer"] = get_text(third.final_output)
+    # the next turn on both: the same answer and, a response having run on each, the same digest
+    twin_session = agents.OpenAIConversationsSession(conversation_id=twin, openai_client=client)
+    answers = [get_text((await agents.Runner.run(agent, "What is my locker code?", session=s)).final_output)
+               for s in (session, twin_session)]
+    # the session's turns run without `conversation` (its items only wait there): one response in
+    # each conversation, so that the server prefills it and each has a digest of that state
+    for c in (conv, twin):
+        reply = await client.responses.create(model=model, conversation=c, input="Say it once more.")
+        answers.append(reply.output_text)
+    after = [((await client.conversations.retrieve(c)).model_extra or {}).get("unsee", {}).get("digest")
+             for c in (conv, twin)]
+    out["after_delete_answer"] = answers[0]
+    out["twin"] |= {"next_answers": answers, "digests_after": after,
+                    "next_equal": answers[0::2] == answers[1::2] and after[0] == after[1] and bool(after[0])}
     return out
 
 
@@ -282,9 +294,10 @@ def run_llamaindex(base_url: str, model: str) -> dict:
 # --------------------------------------------------------- the goal: 9 of 10 in auto
 
 
-def run_openai_auto(base_url: str, model: str) -> dict:
-    """Each tool-needing prompt alone, tools given, ``tool_choice`` left out (auto):
-    how many answers hold a call the client parses (a known name, JSON arguments)."""
+def run_openai_auto(base_url: str, model: str, **choice) -> dict:
+    """Each tool-needing prompt alone, tools given, ``tool_choice`` left out (auto) unless
+    ``choice`` names one: how many answers hold a call the client parses (a known name, JSON
+    arguments)."""
     from openai import OpenAI
 
     client = OpenAI(base_url=base_url, api_key="unused")
@@ -292,7 +305,7 @@ def run_openai_auto(base_url: str, model: str) -> dict:
     for prompt in TOOL_PROMPTS:
         try:
             reply = client.chat.completions.create(model=model, messages=[{"role": "user", "content": prompt}],
-                                                   tools=[WEATHER_TOOL])
+                                                   tools=[WEATHER_TOOL], **choice)
         except Exception as exc:  # noqa: BLE001 (one prompt's failure is a count, not the end)
             errors.append(get_error(exc))
             continue
@@ -318,7 +331,8 @@ RUNNERS = {"agents-responses": run_agents_responses, "agents-chat": run_agents_c
            "langgraph-react": run_langgraph_react, "langchain-structured": run_langchain_structured,
            "pydantic-ai-chat": run_pydantic_chat, "pydantic-ai-responses": run_pydantic_responses,
            "pydantic-ai-structured": run_pydantic_structured, "smolagents": run_smolagents,
-           "llamaindex": run_llamaindex, "openai-auto": run_openai_auto}
+           "llamaindex": run_llamaindex, "openai-auto": run_openai_auto,
+           "openai-required": lambda url, model: run_openai_auto(url, model, tool_choice="required")}
 
 
 def run_scenario(name: str, base_url: str, model: str) -> dict:

@@ -127,5 +127,7 @@ def do_serve(args: argparse.Namespace) -> int:
                   "the model; --kv-budget sets another)", file=sys.stderr)
     pool = Pool(engine, args.store, kv_budget=args.kv_budget, busy_wait=args.busy_wait, system=args.system,
                 defaults=get_default_settings(engine, args.max_output_tokens))
+    print(f"unsee serve: tools are called in the `{pool.call_format.family}` format (--tool-format sets another)",
+          file=sys.stderr)
     run(pool, args.model, args.host, args.port, api_keys)
     return int(Exit.OK)

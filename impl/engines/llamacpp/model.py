@@ -466,16 +466,25 @@ def check_exact_layout(lc, model, path) -> None:
 
 
 def get_chat_template(model, vocab) -> tuple[str | None, dict]:
-    """The GGUF's ``tokenizer.chat_template`` metadata and the BOS/EOS texts it may name."""
+    """The GGUF's chat template (:func:`pick_chat_template` of its ``tokenizer.chat_template`` and
+    ``tokenizer.chat_template.tool_use`` metadata) and the BOS/EOS texts it may name."""
     lc = llama_module()
-    raw = lc.llama_model_chat_template(model, None)
-    template = raw.decode("utf-8") if raw else None
+    texts = [lc.llama_model_chat_template(model, name) for name in (None, b"tool_use")]
+    template = pick_chat_template(*(raw.decode("utf-8") if raw else None for raw in texts))
     tokens = {name: lc.llama_vocab_get_text(vocab, token).decode("utf-8")
               for name, token in (("bos_token", lc.llama_vocab_bos(vocab)), ("eos_token", lc.llama_vocab_eos(vocab)))
               if token >= 0}
     return template, tokens
 
 
+def pick_chat_template(default: str | None, tool_use: str | None) -> str | None:
+    """The template a model is served with: its ``tool_use`` template (Hermes 2 Pro / 3 keep their
+    tool format there) where the default one renders no tools, else the default. One template for
+    every turn, tools given or not: a conversation stays one append-only sequence, and the tool_use
+    template renders a turn without tools as the default one does."""
+    return tool_use if tool_use and (not default or "tools" not in default) else default
+
+
 __all__ = ["CONTEXT_STEP", "DEFAULT_CONTEXT", "INSTALL_HINT", "LlamaCppMissingError", "LlamaCppModel", "available",
            "compute_default_context", "get_chat_template", "get_context", "get_cores", "get_kv_bytes_per_token", "get_layout",
-           "load_llamacpp"]
+           "load_llamacpp", "pick_chat_template"]
