@@ -19,12 +19,13 @@ they lose); ``replay-decode`` B7 without drafts; ``replay-drafts`` B7 with draft
 from __future__ import annotations
 
 import json
+import shlex
 import statistics
 import sys
 from pathlib import Path
 
 from unsee.bench import options
-from unsee.bench.forget_policy import fmt_share, get_ratio, met, read_rows
+from unsee.bench.forget_policy import fmt_share, get_load_label, get_ratio, met, read_rows
 from unsee.impl.cli.docs import replace_region
 from unsee.impl.eval.report import render_table
 
@@ -77,8 +78,9 @@ def render(models: list[dict], labels: list[dict]) -> str:
     """The labelled table and the goals, met or not, per model."""
     first = labels[0]
     builds = " ".join(f"`{b}`" for b in dict.fromkeys(b for lb in labels for b in lb["build"].split(", ")))
+    loads = "; ".join(f"{lb['model']}: {lb['load']}" for lb in labels)
     label = (f"> build {builds} · attention llama.cpp's own kernels ({first['kernels']}), flash attention on · "
-             f"dtype the files' weights, f16 KV · CPU {first['cpu']} (1 thread, {first['load']}) · command "
+             f"dtype the files' weights, f16 KV · CPU {first['cpu']} (1 thread; {loads}) · command "
              f"`make drafts-bench` ({'; '.join(lb['command'] for lb in labels)})")
     body = [[m["model"], str(m["episodes"]), "yes" if m["pays"] else "no", f"{m['drafted']} of {m['episodes']}",
              str(m["accepted"]), f"{m['default_median']:.3f}x", fmt_share(m["default_at_most_1"]),
@@ -118,13 +120,42 @@ def get_folder_label(folder: Path) -> dict:
                                 f"(cut after {len(rows)} episodes)"}
 
 
+def get_model_runs(folders: list[Path]) -> list[tuple[list[dict], dict]]:
+    """Per model, in the order first named: the rows of every folder that ran it (the
+    shards of one sample, ``--shard K/N``, each a process of its own; an episode's methods
+    always share one) and their label: the builds the rows name, the load they were
+    measured under, each folder's command with ``--out`` the folder its rows are read from."""
+    runs: dict[str, tuple[list[dict], list[dict]]] = {}
+    for folder in folders:
+        label = get_folder_label(folder)
+        rows, labels = runs.setdefault(label["model"], ([], []))
+        new = read_rows(folder / "rows.jsonl")
+        if twice := {(r["suite"], r["case"]) for r in rows} & {(r["suite"], r["case"]) for r in new}:
+            raise ValueError(f"{folder}: episodes another folder of {label['model']} ran too: {sorted(twice)[:3]}")
+        rows.extend(new)
+        labels.append({**label, "command": get_moved_command(label["command"], folder)})
+    return [(rows, {**labels[0], "build": ", ".join(dict.fromkeys(r.get("build", "not recorded") for r in rows)),
+                    "load": get_load_label(rows) if any("load" in r for r in rows) else labels[0]["load"],
+                    "command": "; ".join(lb["command"] for lb in labels)})
+            for rows, labels in runs.values()]
+
+
+def get_moved_command(command: str, folder: Path) -> str:
+    """``command`` with its ``--out`` the folder its rows are read from now."""
+    words = shlex.split(command)
+    if "--out" in words[:-1]:
+        words[words.index("--out") + 1] = str(folder)
+    return shlex.join(words)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = options.get_parser("drafts_models", __doc__)
     parser.add_argument("folders", nargs="+", type=Path, help="one bench/forget_policy.py run per model")
     parser.add_argument("--docs", type=Path, help="rewrite this page's drafts-models region")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
-    labels = [get_folder_label(f) for f in args.folders]
-    models = [get_model_row(read_rows(f / "rows.jsonl"), lb) for f, lb in zip(args.folders, labels)]
+    runs = get_model_runs(args.folders)
+    labels = [label for _, label in runs]
+    models = [get_model_row(rows, label) for rows, label in runs]
     text = render(models, labels)
     if args.docs:
         args.docs.write_text(replace_region(args.docs.read_text(), REGION, text, COMMAND))
