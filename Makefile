@@ -34,7 +34,7 @@ PIP_C_LLAMAINDEX = $(if $(LLAMAINDEX_CONSTRAINTS),-c $(LLAMAINDEX_CONSTRAINTS))
 # take an extra without unsee itself (whose dependencies bring torch)
 get_extra = $(shell $(PYTHON) -c 'import shlex, tomllib; print(shlex.join(tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["$(1)"]))')
 
-.PHONY: demo test lint nightly flake bench paper install clean gpu gpu-wheels vllm test-vllm lock serve serve-peer serve-peer-scaling llama-server serve-agents scorecard eval-qwen crossmodel drafts-bench
+.PHONY: demo test lint nightly flake bench paper install clean gpu gpu-wheels vllm test-vllm lock serve serve-peer serve-peer-scaling llama-server serve-agents scorecard eval-qwen crossmodel drafts-bench cold-forget
 
 $(VENV)/.installed: pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
@@ -233,6 +233,14 @@ drafts-bench: $(VENV)/.test-installed $(VENV)/.llamacpp-installed
 	  pids="$$pids $$!"; done; for p in $$pids; do wait $$p || exit 1; done; done
 	$(PY) -m unsee.bench.drafts_models $$(for m in $(DRAFTS_MODELS); do ls -d out/drafts-bench/$$m-[0-9]*; done) \
 	  --docs docs/drafts.md
+
+# A cold forget against a cold reset (issue 54, docs/drafts.md "A cold process"): per model,
+# COLD_PAIRS pairs of fresh `unsee run` processes of an independent episode, the forget and the
+# plain reset, their order alternating; wall, CPU, tokens, forwards and phases of each; the ratios.
+COLD_PAIRS ?= 5
+cold-forget: $(VENV)/.test-installed $(VENV)/.llamacpp-installed
+	OMP_NUM_THREADS=1 $(PY) -m unsee.bench.cold_forget --models $(DRAFTS_MODELS) --pairs $(COLD_PAIRS) --out out/cold-forget
+	$(PY) -m unsee.bench.cold_forget --rows out/cold-forget/rows.jsonl --docs docs/drafts.md
 
 # The paper's efficiency tables (docs/bench.md).
 paper: $(VENV)/.installed

@@ -4,13 +4,14 @@ independent episode (the secret at step 2, six unrelated turns after it), the fo
 reset``, B5), in interleaved pairs whose order alternates, on each model.
 
     make cold-forget    # or:
-    OMP_NUM_THREADS=1 python -m unsee.bench.cold_forget --models qwen2.5-1.5b,gemma3-270m,smollm2 \\
+    OMP_NUM_THREADS=1 python -m unsee.bench.cold_forget --models qwen2.5-1.5b gemma3-270m smollm2 \\
         --pairs 5 --out out/cold-forget
 
 Each measured process is ``unsee run EPISODE --forget notes.address --method M --engine
 llamacpp --model MODEL --json`` run through ``unsee``'s own ``main`` by a child of this
 script (``--child``) that adds a counter on the engine's forwards (every thread's, load
-excluded) and the clock of each phase: interpreter start and imports, the model's load
+excluded) and the clock of each phase: interpreter start and imports, torch's import (the
+engine's first import, timed apart: it is most of a cold start), the model's load
 (facts and cost table read from their cache), the episode (the base run both methods
 share) and the method. This parent times the whole process: its wall and CPU time (user
 + system, ``os.wait4``). Before a model's pairs one untimed process loads it, so that no
@@ -35,12 +36,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-
-from unsee.bench import options
-from unsee.bench.forget_policy import get_cpu_name
-from unsee.impl.cli.docs import replace_region
-from unsee.impl.eval.report import render_table
-from unsee.impl.util.build import get_build
 
 MODELS = ("qwen2.5-1.5b", "gemma3-270m", "smollm2")
 METHODS = ("replay", "reset")
@@ -71,11 +66,10 @@ EPISODE = {
 def run_child(run_args: list[str]) -> dict:
     """``unsee run RUN_ARGS --json`` in this process through the CLI's ``main``, with the
     engine's forwards counted from its load on and each phase's clock."""
-    started, cpu = time.perf_counter(), time.process_time()
     from unsee.impl.cli import run as cli_run
     from unsee.impl.cli.main import main
 
-    phases = {"imports": (time.perf_counter() - started, time.process_time() - cpu)}
+    phases: dict[str, tuple[float, float]] = {}
     counts = {"forwards": 0, "fed": 0}
     build = cli_run.build_engine
 
@@ -84,6 +78,10 @@ def run_child(run_args: list[str]) -> dict:
         counts["fed"] += n
 
     def counted(args, **extra):
+        wall, clock = time.perf_counter(), time.process_time()
+        import torch  # noqa: F401  (the engine's first import; timed apart, the largest part of a cold start)
+
+        phases["torch"] = (time.perf_counter() - wall, time.process_time() - clock)
         wall, clock = time.perf_counter(), time.process_time()
         engine = build(args, **extra)
         phases["load"] = (time.perf_counter() - wall, time.process_time() - clock)
@@ -95,7 +93,8 @@ def run_child(run_args: list[str]) -> dict:
         cli_run.build_engine = counted
         wall, clock = time.perf_counter(), time.process_time()
         code = main(["run", *run_args, "--json"])
-        phases["run"] = (time.perf_counter() - wall - phases["load"][0], time.process_time() - clock - phases["load"][1])
+        before = [sum(phases[k][i] for k in ("torch", "load")) for i in (0, 1)]
+        phases["run"] = (time.perf_counter() - wall - before[0], time.process_time() - clock - before[1])
     output = json.loads(out.getvalue())
     result = output["result"]
     return {"code": code, "digest": output["digest"], "phases": {k: [round(w, 3), round(c, 3)] for k, (w, c) in
@@ -141,6 +140,8 @@ def run_pairs(model: str, pairs: int, episode: Path, sink: Path, build: str) -> 
     for pair in range(pairs):
         for method in METHODS if pair % 2 == 0 else METHODS[::-1]:
             report, wall, cpu = run_process(get_run_args(episode, model, method))
+            spans = report["phases"].values()
+            report["phases"]["start"] = [round(wall - sum(w for w, _ in spans), 3), round(cpu - sum(c for _, c in spans), 3)]
             row = {"build": build, "model": model, "pair": pair, "method": method, "wall_s": round(wall, 3),
                    "cpu_s": round(cpu, 3), **report}
             rows.append(row)
@@ -153,13 +154,19 @@ def run_pairs(model: str, pairs: int, episode: Path, sink: Path, build: str) -> 
 def fmt_process(row: dict) -> str:
     p = row["phases"]
     return (f"{row['model']} pair {row['pair']} {row['method']}: wall {row['wall_s']:.1f} s, CPU {row['cpu_s']:.1f} s "
-            f"(imports {p['imports'][0]:.1f}, load {p['load'][0]:.1f}, episode and method {p['run'][0]:.1f} s wall; "
-            f"the method {row['method_wall_s']:.1f} s), {row['forwards']} forwards feeding {row['fed']} tokens, "
+            f"(wall: start and imports {p['start'][0]:.1f}, torch {p['torch'][0]:.1f}, load {p['load'][0]:.1f}, episode "
+            f"{get_episode_wall(row):.1f}, the method {row['method_wall_s']:.1f} s; CPU: start and imports "
+            f"{p['start'][1]:.1f}, torch {p['torch'][1]:.1f} s), {row['forwards']} forwards feeding {row['fed']} tokens, "
             f"the method {row['method_prefilled']} + {row['method_decoded']} tokens, load average "
             f"{row['load_average']}")
 
 
 # --- what the rows say --------------------------------------------------------------
+
+
+def get_episode_wall(row: dict) -> float:
+    """The wall time of the base episode the method ran on (the run less the method)."""
+    return row["phases"]["run"][0] - row["method_wall_s"]
 
 
 def get_pairs(rows: list[dict]) -> dict[str, list[dict]]:
@@ -181,13 +188,18 @@ def compute_ratios(pair: dict) -> dict:
 
 def render(rows: list[dict], argv: list[str]) -> str:
     """The label, every process, and per model the ratios of every pair and their median."""
+    from unsee.bench.forget_policy import get_cpu_name
+    from unsee.impl.eval.report import render_table
+
     builds = " ".join(f"`{b}`" for b in dict.fromkeys(r["build"] for r in rows))
     loads = [r["load_average"] for r in rows]
     label = (f"> build {builds} · attention llama.cpp's own kernels, flash attention on · dtype the files' weights, "
              f"f16 KV · CPU {get_cpu_name()} (1 thread; load average {min(loads):.1f} to {max(loads):.1f} on "
              f"{os.cpu_count()} cores) · command `python -m unsee.bench.cold_forget {shlex.join(argv)}`")
     body = [[r["model"], str(r["pair"]), "forget" if r["method"] == "replay" else "reset", f"{r['wall_s']:.1f}",
-             f"{r['cpu_s']:.1f}", f"{r['phases']['imports'][0]:.1f}", f"{r['phases']['load'][0]:.1f}",
+             f"{r['cpu_s']:.1f}", "{:.1f} ({:.1f})".format(*r["phases"]["start"]),
+             "{:.1f} ({:.1f})".format(*r["phases"]["torch"]), "{:.1f} ({:.1f})".format(*r["phases"]["load"]),
+             f"{get_episode_wall(r):.1f}",
              f"{r['method_wall_s']:.1f}", f"{r['method_prefilled']} + {r['method_decoded']}",
              f"{r['forwards']} ({r['fed']})", str(r["load_average"]), r["digest"][:12]] for r in rows]
     ratios = []
@@ -202,7 +214,9 @@ def render(rows: list[dict], argv: list[str]) -> str:
                        f"{statistics.median(e['method_wall'] for e in each):.3f}x",
                        "yes" if all(p["replay"]["digest"] == p["reset"]["digest"] for p in pairs) else "**no**"])
     return "\n".join([label, "", *render_table(
-        ["model", "pair", "process", "wall s", "CPU s", "imports s", "load s", "the method s",
+        ["model", "pair", "process", "wall s", "CPU s", "start and imports s (CPU)", "torch import s (CPU)", "load s (CPU)",
+         "episode s",
+         "the method s",
          "the method's tokens (prefilled + decoded)", "forwards (tokens fed), load excluded", "load average",
          "digest"], body), "", *render_table(
         ["model", "pairs", "forget / reset, wall: every pair", "p50", "<= 1.0x", "CPU: every pair", "p50",
@@ -214,8 +228,12 @@ def main(argv: list[str] | None = None) -> None:
     if argv[:1] == ["--child"]:  # one measured process (run_process)
         print(json.dumps(run_child(argv[2:])))
         return
+    from unsee.bench import options
+    from unsee.impl.cli.docs import replace_region
+    from unsee.impl.util.build import get_build
+
     parser = options.get_parser("cold_forget", __doc__)
-    parser.add_argument("--models", default=",".join(MODELS), help=f"comma-separated; default: {','.join(MODELS)}")
+    parser.add_argument("--models", nargs="+", default=list(MODELS), help=f"default: {' '.join(MODELS)}")
     parser.add_argument("--pairs", type=int, default=5, help="pairs of processes per model; default: 5")
     options.add_out(parser, "out/cold-forget")
     parser.add_argument("--rows", type=Path, help="render these rows instead of running")
@@ -231,7 +249,7 @@ def main(argv: list[str] | None = None) -> None:
         episode.write_text(json.dumps(EPISODE, indent=1))
         sink.unlink(missing_ok=True)
         (out / "command.json").write_text(json.dumps(command))
-        rows = [row for model in args.models.split(",") for row in run_pairs(model, args.pairs, episode, sink, build)]
+        rows = [row for model in args.models for row in run_pairs(model, args.pairs, episode, sink, build)]
         (out / "cold_forget.md").write_text(render(rows, command))
     text = render(rows, command)
     if args.docs:
