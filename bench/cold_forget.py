@@ -20,8 +20,9 @@ pays them once, and then never again).
 
 Prints each process's wall, CPU, tokens and forwards, and per model the forget over the
 reset in wall and CPU time, every pair and the median (p50); writes ``rows.jsonl`` and
-``cold_forget.md`` under ``--out``; ``--docs docs/drafts.md`` rewrites that page's
-``cold-forget`` region from the rows.
+``cold_forget.md`` under ``--out``; ``--rows out/cold-forget/rows.jsonl --docs docs/drafts.md``
+rewrites that page's ``cold-forget`` region from a run's rows and keeps them in
+``docs/cold-forget.json``, which ``--summary`` renders again without running anything.
 """
 
 from __future__ import annotations
@@ -41,7 +42,10 @@ MODELS = ("qwen2.5-1.5b", "gemma3-270m", "smollm2")
 METHODS = ("replay", "reset")
 SOURCE = "notes.address"
 REGION = "cold-forget"
-DOCS_COMMAND = "python -m unsee.bench.cold_forget --rows out/cold-forget/rows.jsonl --docs docs/drafts.md"
+#: the rows the committed region was rendered from, and the command that renders it again
+#: (tests/test_bench_drafts.py checks the region is that rendering)
+SUMMARY_FILE = "docs/cold-forget.json"
+DOCS_COMMAND = f"python -m unsee.bench.cold_forget --summary {SUMMARY_FILE} --docs docs/drafts.md"
 #: the issue's independent episode: the secret in a tool result at step 2, six unrelated user turns after it
 EPISODE = {
     "format": "unsee.episode", "version": 1,
@@ -186,16 +190,22 @@ def compute_ratios(pair: dict) -> dict:
             "method_wall": forget["method_wall_s"] / reset["method_wall_s"]}
 
 
-def render(rows: list[dict], argv: list[str]) -> str:
-    """The label, every process, and per model the ratios of every pair and their median."""
+def get_machine() -> dict:
+    """The CPU and its cores, as a label names them."""
     from unsee.bench.forget_policy import get_cpu_name
+
+    return {"cpu": get_cpu_name(), "cores": os.cpu_count()}
+
+
+def render(rows: list[dict], argv: list[str], machine: dict) -> str:
+    """The label, every process, and per model the ratios of every pair and their median."""
     from unsee.impl.eval.report import render_table
 
     builds = " ".join(f"`{b}`" for b in dict.fromkeys(r["build"] for r in rows))
     loads = [r["load_average"] for r in rows]
     label = (f"> build {builds} · attention llama.cpp's own kernels, flash attention on · dtype the files' weights, "
-             f"f16 KV · CPU {get_cpu_name()} (1 thread; load average {min(loads):.1f} to {max(loads):.1f} on "
-             f"{os.cpu_count()} cores) · command `python -m unsee.bench.cold_forget {shlex.join(argv)}`")
+             f"f16 KV · CPU {machine['cpu']} (1 thread; load average {min(loads):.1f} to {max(loads):.1f} on "
+             f"{machine['cores']} cores) · command `python -m unsee.bench.cold_forget {shlex.join(argv)}`")
     body = [[r["model"], str(r["pair"]), "forget" if r["method"] == "replay" else "reset", f"{r['wall_s']:.1f}",
              f"{r['cpu_s']:.1f}", "{:.1f} ({:.1f})".format(*r["phases"]["start"]),
              "{:.1f} ({:.1f})".format(*r["phases"]["torch"]), "{:.1f} ({:.1f})".format(*r["phases"]["load"]),
@@ -236,24 +246,33 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--models", nargs="+", default=list(MODELS), help=f"default: {' '.join(MODELS)}")
     parser.add_argument("--pairs", type=int, default=5, help="pairs of processes per model; default: 5")
     options.add_out(parser, "out/cold-forget")
-    parser.add_argument("--rows", type=Path, help="render these rows instead of running")
+    parser.add_argument("--rows", type=Path, help="render a run's rows.jsonl instead of running (with --docs, "
+                                                   f"written to {SUMMARY_FILE} too)")
+    parser.add_argument("--summary", type=Path, help=f"render a committed summary ({SUMMARY_FILE}) instead")
     parser.add_argument("--docs", type=Path, help="rewrite this page's cold-forget region")
     args = parser.parse_args(argv)
-    if args.rows:
+    if args.summary:
+        summary = json.loads(args.summary.read_text())
+        rows, command, machine = summary["rows"], summary["command"], summary["machine"]
+    elif args.rows:
         rows = [json.loads(line) for line in args.rows.read_text().splitlines() if line.strip()]
-        command = json.loads((args.rows.parent / "command.json").read_text())
+        command, machine = json.loads((args.rows.parent / "command.json").read_text()), get_machine()
     else:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
-        episode, sink, build, command = out / "episode.json", out / "rows.jsonl", get_build(), argv
+        episode, sink, build, command, machine = out / "episode.json", out / "rows.jsonl", get_build(), argv, \
+            get_machine()
         episode.write_text(json.dumps(EPISODE, indent=1))
         sink.unlink(missing_ok=True)
         (out / "command.json").write_text(json.dumps(command))
         rows = [row for model in args.models for row in run_pairs(model, args.pairs, episode, sink, build)]
-        (out / "cold_forget.md").write_text(render(rows, command))
-    text = render(rows, command)
+        (out / "cold_forget.md").write_text(render(rows, command, machine))
+    text = render(rows, command, machine)
     if args.docs:
         args.docs.write_text(replace_region(args.docs.read_text(), REGION, text, DOCS_COMMAND))
+        if not args.summary:
+            Path(SUMMARY_FILE).write_text(json.dumps({"command": command, "machine": machine, "rows": rows},
+                                                     indent=1) + "\n")
     print(text)
 
 

@@ -7,18 +7,23 @@ what its drafts accepted, and the forget with drafts forced on beside them.
         --methods replay,replay-decode,replay-drafts --out out/drafts-bench/M
     python -m unsee.bench.drafts_models out/drafts-bench/* --docs docs/drafts.md
 
-Each folder is one model's run of ``bench/forget_policy.py`` (its ``rows.jsonl`` and
+Each folder is one model's run, or one shard of it (``--shard K/N``; a model's shards are
+merged, an episode in two of them refused), of ``bench/forget_policy.py`` (its ``rows.jsonl`` and
 ``label.json``): every episode's methods on forks of one base state in one process, their
 order rotating. ``replay`` is B7 under the default policy (drafts where the model's
 measured cost table says they pay, stopped partway where the forget's own forwards say
 they lose); ``replay-decode`` B7 without drafts; ``replay-drafts`` B7 with drafts forced on
 (the cost table's verdict overruled, the stop kept). Writes the labelled table into the
-``drafts-models`` region of ``--docs``, or prints it.
+``drafts-models`` region of ``--docs`` and keeps the figures it rendered in
+``docs/drafts-models.json`` (``--summary`` renders them again without running anything),
+or prints it.
 """
 
 from __future__ import annotations
 
+import functools
 import json
+import re
 import shlex
 import statistics
 import sys
@@ -30,7 +35,10 @@ from unsee.impl.cli.docs import replace_region
 from unsee.impl.eval.report import render_table
 
 REGION = "drafts-models"
-COMMAND = "python -m unsee.bench.drafts_models out/drafts-bench/* --docs docs/drafts.md"
+#: the per-model figures the committed region was rendered from, and the command that renders
+#: it again (tests/test_bench_drafts.py checks the region is that rendering)
+SUMMARY_FILE = "docs/drafts-models.json"
+COMMAND = f"python -m unsee.bench.drafts_models --summary {SUMMARY_FILE} --docs docs/drafts.md"
 
 
 def get_model_row(rows: list[dict], label: dict) -> dict:
@@ -105,19 +113,28 @@ def render(models: list[dict], labels: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def get_folder_label(folder: Path) -> dict:
-    """A run's label; where the run was cut short of writing one, the label of its rows on
-    the model its folder names (its facts and cost table read from the cache), its command
-    marked as cut."""
+def get_folder_label(folder: Path, finished: list[Path]) -> dict:
+    """A run's label; where the run was cut short of writing one, the label of a finished
+    shard of the same model among ``finished``, else of its rows on the model its folder
+    names (``MODEL`` or ``MODEL-K``; its facts and cost table read from the cache), its
+    command marked as cut."""
     if (folder / "label.json").is_file():
         return json.loads((folder / "label.json").read_text())
+    model = re.sub(r"-\d+$", "", folder.name)
+    rows = read_rows(folder / "rows.jsonl")
+    siblings = [json.loads((f / "label.json").read_text()) for f in finished if (f / "label.json").is_file()]
+    label = next((lb for lb in siblings if lb["model"] == model), None) or get_model_label(model)
+    return {**label, "command": f"python -m unsee.bench.forget_policy --model {model} ... --out {folder} "
+                                f"(cut after {len(rows)} episodes)"}
+
+
+@functools.cache
+def get_model_label(model: str) -> dict:
+    """The label of ``model`` as loaded here (its build and load are its rows', set by the caller)."""
     from unsee.bench.forget_policy import get_label
     from unsee.impl.engines.registry import load_engine
 
-    rows = read_rows(folder / "rows.jsonl")
-    label = get_label(load_engine(folder.name, backend="llamacpp"), rows, [])
-    return {**label, "command": f"python -m unsee.bench.forget_policy --model {folder.name} ... --out {folder} "
-                                f"(cut after {len(rows)} episodes)"}
+    return get_label(load_engine(model, backend="llamacpp"), [], [])
 
 
 def get_model_runs(folders: list[Path]) -> list[tuple[list[dict], dict]]:
@@ -127,7 +144,7 @@ def get_model_runs(folders: list[Path]) -> list[tuple[list[dict], dict]]:
     measured under, each folder's command with ``--out`` the folder its rows are read from."""
     runs: dict[str, tuple[list[dict], list[dict]]] = {}
     for folder in folders:
-        label = get_folder_label(folder)
+        label = get_folder_label(folder, folders)
         rows, labels = runs.setdefault(label["model"], ([], []))
         new = read_rows(folder / "rows.jsonl")
         if twice := {(r["suite"], r["case"]) for r in rows} & {(r["suite"], r["case"]) for r in new}:
@@ -150,15 +167,23 @@ def get_moved_command(command: str, folder: Path) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     parser = options.get_parser("drafts_models", __doc__)
-    parser.add_argument("folders", nargs="+", type=Path, help="one bench/forget_policy.py run per model")
-    parser.add_argument("--docs", type=Path, help="rewrite this page's drafts-models region")
+    parser.add_argument("folders", nargs="*", type=Path, help="bench/forget_policy.py runs: a model's, or its shards")
+    parser.add_argument("--summary", type=Path, help=f"render a committed summary ({SUMMARY_FILE}) instead")
+    parser.add_argument("--docs", type=Path, help=f"rewrite this page's drafts-models region (and {SUMMARY_FILE})")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
-    runs = get_model_runs(args.folders)
-    labels = [label for _, label in runs]
-    models = [get_model_row(rows, label) for rows, label in runs]
-    text = render(models, labels)
+    if args.summary:
+        summary = json.loads(args.summary.read_text())
+    elif args.folders:
+        runs = get_model_runs(args.folders)
+        summary = {"models": [get_model_row(rows, label) for rows, label in runs],
+                   "labels": [label for _, label in runs]}
+    else:
+        parser.error("name the runs' folders, or --summary")
+    text = render(summary["models"], summary["labels"])
     if args.docs:
         args.docs.write_text(replace_region(args.docs.read_text(), REGION, text, COMMAND))
+        if not args.summary:
+            Path(SUMMARY_FILE).write_text(json.dumps(summary, indent=1) + "\n")
     print(text)
 
 
