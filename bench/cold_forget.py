@@ -223,6 +223,9 @@ def render(rows: list[dict], argv: list[str], machine: dict) -> str:
                        " ".join(f"{e['cpu']:.2f}x" for e in each), f"{statistics.median(e['cpu'] for e in each):.3f}x",
                        f"{statistics.median(e['method_wall'] for e in each):.3f}x",
                        "yes" if all(p["replay"]["digest"] == p["reset"]["digest"] for p in pairs) else "**no**"])
+    asked = get_asked_models(argv)
+    missing = [m for m in asked if not any(r["model"] == m for r in rows)]
+    cut = [f"Not measured: {', '.join(missing)} (the run was stopped before their pairs)."] if missing else []
     return "\n".join([label, "", *render_table(
         ["model", "pair", "process", "wall s", "CPU s", "start and imports s (CPU)", "torch import s (CPU)", "load s (CPU)",
          "episode s",
@@ -230,7 +233,15 @@ def render(rows: list[dict], argv: list[str], machine: dict) -> str:
          "the method's tokens (prefilled + decoded)", "forwards (tokens fed), load excluded", "load average",
          "digest"], body), "", *render_table(
         ["model", "pairs", "forget / reset, wall: every pair", "p50", "<= 1.0x", "CPU: every pair", "p50",
-         "the method alone, wall: p50", "digests equal"], ratios)]) + "\n"
+         "the method alone, wall: p50", "digests equal"], ratios), *([""] + cut if cut else [])]) + "\n"
+
+
+def get_asked_models(argv: list[str]) -> list[str]:
+    """The models a run's command asked for (``--models``, else the default)."""
+    if "--models" not in argv:
+        return list(MODELS)
+    after = argv[argv.index("--models") + 1:]
+    return after[:next((i for i, word in enumerate(after) if word.startswith("--")), len(after))]
 
 
 def main(argv: list[str] | None = None) -> None:
