@@ -159,10 +159,11 @@ def get_model_runs(folders: list[Path]) -> list[tuple[list[dict], dict]]:
 
 def get_moved_command(command: str, folder: Path) -> str:
     """``command`` with its ``--out`` the folder its rows are read from now."""
+    command, cut, note = command.partition(" (cut after")  # a cut run's note is no argument
     words = shlex.split(command)
     if "--out" in words[:-1]:
         words[words.index("--out") + 1] = str(folder)
-    return shlex.join(words)
+    return shlex.join(words) + cut + note
 
 
 def main(argv: list[str] | None = None) -> None:
