@@ -34,7 +34,7 @@ PIP_C_LLAMAINDEX = $(if $(LLAMAINDEX_CONSTRAINTS),-c $(LLAMAINDEX_CONSTRAINTS))
 # take an extra without unsee itself (whose dependencies bring torch)
 get_extra = $(shell $(PYTHON) -c 'import shlex, tomllib; print(shlex.join(tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["$(1)"]))')
 
-.PHONY: demo test lint nightly flake bench paper install clean gpu gpu-wheels vllm test-vllm lock serve serve-peer serve-peer-scaling llama-server serve-agents scorecard eval-qwen crossmodel drafts-bench families-real
+.PHONY: demo test lint nightly flake bench paper install clean gpu gpu-wheels vllm test-vllm lock serve serve-peer serve-peer-scaling llama-server serve-agents scorecard eval-qwen crossmodel drafts-bench families-real cold-forget
 
 $(VENV)/.installed: pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
@@ -233,13 +233,27 @@ crossmodel: $(VENV)/.test-installed $(VENV)/.llamacpp-installed
 
 # The draft policy over several models (issue 54, docs/drafts.md "The policy on several
 # models"): per model, B7 under the default policy, without drafts and with drafts forced on,
-# DRAFTS_N episodes per suite (4 suites), one thread, in one process a model; then the table.
+# DRAFTS_N episodes per suite (4 suites), one thread; each episode's methods in one process,
+# the sample split over DRAFTS_SHARDS processes at once (out/drafts-bench/MODEL-K; a rerun
+# resumes each); then the table from every model's shards.
 DRAFTS_N ?= 5
+DRAFTS_SHARDS ?= 1
 DRAFTS_MODELS ?= qwen2.5-1.5b gemma3-270m smollm2
 drafts-bench: $(VENV)/.test-installed $(VENV)/.llamacpp-installed
-	for m in $(DRAFTS_MODELS); do OMP_NUM_THREADS=1 $(PY) -m unsee.bench.forget_policy --model $$m --engine llamacpp \
-	  --episodes $(DRAFTS_N) --methods replay,replay-decode,replay-drafts --out out/drafts-bench/$$m || exit 1; done
-	$(PY) -m unsee.bench.drafts_models $(addprefix out/drafts-bench/,$(DRAFTS_MODELS)) --docs docs/drafts.md
+	for m in $(DRAFTS_MODELS); do pids=; for s in $$(seq 0 $$(($(DRAFTS_SHARDS) - 1))); do \
+	  OMP_NUM_THREADS=1 $(PY) -m unsee.bench.forget_policy --model $$m --engine llamacpp --episodes $(DRAFTS_N) \
+	  --methods replay,replay-decode,replay-drafts --shard $$s/$(DRAFTS_SHARDS) --out out/drafts-bench/$$m-$$s & \
+	  pids="$$pids $$!"; done; for p in $$pids; do wait $$p || exit 1; done; done
+	$(PY) -m unsee.bench.drafts_models $$(for m in $(DRAFTS_MODELS); do ls -d out/drafts-bench/$$m-[0-9]*; done) \
+	  --docs docs/drafts.md
+
+# A cold forget against a cold reset (issue 54, docs/drafts.md "A cold process"): per model,
+# COLD_PAIRS pairs of fresh `unsee run` processes of an independent episode, the forget and the
+# plain reset, their order alternating; wall, CPU, tokens, forwards and phases of each; the ratios.
+COLD_PAIRS ?= 5
+cold-forget: $(VENV)/.test-installed $(VENV)/.llamacpp-installed
+	OMP_NUM_THREADS=1 $(PY) -m unsee.bench.cold_forget --models $(DRAFTS_MODELS) --pairs $(COLD_PAIRS) --out out/cold-forget
+	$(PY) -m unsee.bench.cold_forget --rows out/cold-forget/rows.jsonl --docs docs/drafts.md
 
 # The paper's efficiency tables (docs/bench.md).
 paper: $(VENV)/.installed

@@ -7,29 +7,38 @@ what its drafts accepted, and the forget with drafts forced on beside them.
         --methods replay,replay-decode,replay-drafts --out out/drafts-bench/M
     python -m unsee.bench.drafts_models out/drafts-bench/* --docs docs/drafts.md
 
-Each folder is one model's run of ``bench/forget_policy.py`` (its ``rows.jsonl`` and
+Each folder is one model's run, or one shard of it (``--shard K/N``; a model's shards are
+merged, an episode in two of them refused), of ``bench/forget_policy.py`` (its ``rows.jsonl`` and
 ``label.json``): every episode's methods on forks of one base state in one process, their
 order rotating. ``replay`` is B7 under the default policy (drafts where the model's
 measured cost table says they pay, stopped partway where the forget's own forwards say
 they lose); ``replay-decode`` B7 without drafts; ``replay-drafts`` B7 with drafts forced on
 (the cost table's verdict overruled, the stop kept). Writes the labelled table into the
-``drafts-models`` region of ``--docs``, or prints it.
+``drafts-models`` region of ``--docs`` and keeps the figures it rendered in
+``docs/drafts-models.json`` (``--summary`` renders them again without running anything),
+or prints it.
 """
 
 from __future__ import annotations
 
+import functools
 import json
+import re
+import shlex
 import statistics
 import sys
 from pathlib import Path
 
 from unsee.bench import options
-from unsee.bench.forget_policy import fmt_share, get_ratio, met, read_rows
+from unsee.bench.forget_policy import fmt_share, get_load_label, get_ratio, met, read_rows
 from unsee.impl.cli.docs import replace_region
 from unsee.impl.eval.report import render_table
 
 REGION = "drafts-models"
-COMMAND = "python -m unsee.bench.drafts_models out/drafts-bench/* --docs docs/drafts.md"
+#: the per-model figures the committed region was rendered from, and the command that renders
+#: it again (tests/test_bench_drafts.py checks the region is that rendering)
+SUMMARY_FILE = "docs/drafts-models.json"
+COMMAND = f"python -m unsee.bench.drafts_models --summary {SUMMARY_FILE} --docs docs/drafts.md"
 
 
 def get_model_row(rows: list[dict], label: dict) -> dict:
@@ -77,8 +86,9 @@ def render(models: list[dict], labels: list[dict]) -> str:
     """The labelled table and the goals, met or not, per model."""
     first = labels[0]
     builds = " ".join(f"`{b}`" for b in dict.fromkeys(b for lb in labels for b in lb["build"].split(", ")))
+    loads = "; ".join(f"{lb['model']}: {lb['load']}" for lb in labels)
     label = (f"> build {builds} · attention llama.cpp's own kernels ({first['kernels']}), flash attention on · "
-             f"dtype the files' weights, f16 KV · CPU {first['cpu']} (1 thread, {first['load']}) · command "
+             f"dtype the files' weights, f16 KV · CPU {first['cpu']} (1 thread; {loads}) · command "
              f"`make drafts-bench` ({'; '.join(lb['command'] for lb in labels)})")
     body = [[m["model"], str(m["episodes"]), "yes" if m["pays"] else "no", f"{m['drafted']} of {m['episodes']}",
              str(m["accepted"]), f"{m['default_median']:.3f}x", fmt_share(m["default_at_most_1"]),
@@ -103,31 +113,78 @@ def render(models: list[dict], labels: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def get_folder_label(folder: Path) -> dict:
-    """A run's label; where the run was cut short of writing one, the label of its rows on
-    the model its folder names (its facts and cost table read from the cache), its command
-    marked as cut."""
+def get_folder_label(folder: Path, finished: list[Path]) -> dict:
+    """A run's label; where the run was cut short of writing one, the label of a finished
+    shard of the same model among ``finished``, else of its rows on the model its folder
+    names (``MODEL`` or ``MODEL-K``; its facts and cost table read from the cache), its
+    command marked as cut."""
     if (folder / "label.json").is_file():
         return json.loads((folder / "label.json").read_text())
+    model = re.sub(r"-\d+$", "", folder.name)
+    rows = read_rows(folder / "rows.jsonl")
+    siblings = [json.loads((f / "label.json").read_text()) for f in finished if (f / "label.json").is_file()]
+    label = next((lb for lb in siblings if lb["model"] == model), None) or get_model_label(model)
+    return {**label, "command": f"python -m unsee.bench.forget_policy --model {model} ... --out {folder} "
+                                f"(cut after {len(rows)} episodes)"}
+
+
+@functools.cache
+def get_model_label(model: str) -> dict:
+    """The label of ``model`` as loaded here (its build and load are its rows', set by the caller)."""
     from unsee.bench.forget_policy import get_label
     from unsee.impl.engines.registry import load_engine
 
-    rows = read_rows(folder / "rows.jsonl")
-    label = get_label(load_engine(folder.name, backend="llamacpp"), rows, [])
-    return {**label, "command": f"python -m unsee.bench.forget_policy --model {folder.name} ... --out {folder} "
-                                f"(cut after {len(rows)} episodes)"}
+    return get_label(load_engine(model, backend="llamacpp"), [], [])
+
+
+def get_model_runs(folders: list[Path]) -> list[tuple[list[dict], dict]]:
+    """Per model, in the order first named: the rows of every folder that ran it (the
+    shards of one sample, ``--shard K/N``, each a process of its own; an episode's methods
+    always share one) and their label: the builds the rows name, the load they were
+    measured under, each folder's command with ``--out`` the folder its rows are read from."""
+    runs: dict[str, tuple[list[dict], list[dict]]] = {}
+    for folder in folders:
+        label = get_folder_label(folder, folders)
+        rows, labels = runs.setdefault(label["model"], ([], []))
+        new = read_rows(folder / "rows.jsonl")
+        if twice := {(r["suite"], r["case"]) for r in rows} & {(r["suite"], r["case"]) for r in new}:
+            raise ValueError(f"{folder}: episodes another folder of {label['model']} ran too: {sorted(twice)[:3]}")
+        rows.extend(new)
+        labels.append({**label, "command": get_moved_command(label["command"], folder)})
+    return [(rows, {**labels[0], "build": ", ".join(dict.fromkeys(r.get("build", "not recorded") for r in rows)),
+                    "load": get_load_label(rows) if any("load" in r for r in rows) else labels[0]["load"],
+                    "command": "; ".join(lb["command"] for lb in labels)})
+            for rows, labels in runs.values()]
+
+
+def get_moved_command(command: str, folder: Path) -> str:
+    """``command`` with its ``--out`` the folder its rows are read from now."""
+    command, cut, note = command.partition(" (cut after")  # a cut run's note is no argument
+    words = shlex.split(command)
+    if "--out" in words[:-1]:
+        words[words.index("--out") + 1] = str(folder)
+    return shlex.join(words) + cut + note
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = options.get_parser("drafts_models", __doc__)
-    parser.add_argument("folders", nargs="+", type=Path, help="one bench/forget_policy.py run per model")
-    parser.add_argument("--docs", type=Path, help="rewrite this page's drafts-models region")
+    parser.add_argument("folders", nargs="*", type=Path, help="bench/forget_policy.py runs: a model's, or its shards")
+    parser.add_argument("--summary", type=Path, help=f"render a committed summary ({SUMMARY_FILE}) instead")
+    parser.add_argument("--docs", type=Path, help=f"rewrite this page's drafts-models region (and {SUMMARY_FILE})")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
-    labels = [get_folder_label(f) for f in args.folders]
-    models = [get_model_row(read_rows(f / "rows.jsonl"), lb) for f, lb in zip(args.folders, labels)]
-    text = render(models, labels)
+    if args.summary:
+        summary = json.loads(args.summary.read_text())
+    elif args.folders:
+        runs = get_model_runs(args.folders)
+        summary = {"models": [get_model_row(rows, label) for rows, label in runs],
+                   "labels": [label for _, label in runs]}
+    else:
+        parser.error("name the runs' folders, or --summary")
+    text = render(summary["models"], summary["labels"])
     if args.docs:
         args.docs.write_text(replace_region(args.docs.read_text(), REGION, text, COMMAND))
+        if not args.summary:
+            Path(SUMMARY_FILE).write_text(json.dumps(summary, indent=1) + "\n")
     print(text)
 
 

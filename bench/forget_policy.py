@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import platform
 import shlex
 import statistics
@@ -340,8 +341,17 @@ def get_label(engine, rows: list[dict], argv: list[str]) -> dict:
             "kernels": "exact" if getattr(lm, "exact_kernels", False) else "repacked",
             "cpu": f"{get_cpu_name()} ({get_cpu_isa()})", "threads": getattr(lm, "threads", 1),
             "policy": engine.draft_policy.to_json() if engine.draft_policy else None,
-            "load": "the machine shared with other work: wall time under load",
+            "load": get_load_label(rows),
             "command": "python -m unsee.bench.forget_policy " + shlex.join(argv)}
+
+
+def get_load_label(rows: list[dict]) -> str:
+    """The machine's load as the rows were measured: the range of the one-minute load
+    average each episode started under (rows of older runs did not record it)."""
+    loads = [r["load"] for r in rows if "load" in r]
+    if not loads:
+        return "the machine shared with other work: wall time under load"
+    return f"load average {min(loads):.1f} to {max(loads):.1f} over {len(loads)} episodes on {os.cpu_count()} cores"
 
 
 def get_cpu_name() -> str:
@@ -373,7 +383,7 @@ def run(args, argv: list[str]) -> dict:
     for index, case in enumerate(cases):
         if (case.suite, case.id) in done or index % shards != shard:
             continue
-        row = {"build": build, **run_case(engine, case, tuple(args.methods.split(",")), index)}
+        row = {"build": build, "load": round(os.getloadavg()[0], 2), **run_case(engine, case, tuple(args.methods.split(",")), index)}
         rows.append(row)
         with path.open("a") as sink:
             sink.write(json.dumps(row) + "\n")
