@@ -22,9 +22,8 @@ from pathlib import Path
 
 from unsee.bench.serve_compaction import say, serve
 
-INSTRUCTIONS = ("You are a helpful assistant to a ferry pilot. Call the tide tool once per question. When a tool "
-                "response arrives, never call the tool again: answer the user's question in one plain sentence "
-                "using it.")
+INSTRUCTIONS = ("You are a helpful assistant to a ferry pilot. When a tool response arrives, answer the user's "
+                "question in one plain sentence using it.")
 HARBOURS = ("Drobak", "Horten", "Moss", "Son", "Tonsberg", "Larvik", "Arendal", "Grimstad", "Mandal", "Farsund",
             "Egersund", "Stavanger", "Haugesund", "Bergen", "Floro", "Alesund")
 SHIPS = ("Bastoe", "Fjordbris", "Oscarsborg", "Skagen", "Vesterled")
@@ -33,7 +32,7 @@ SHIPS = ("Bastoe", "Fjordbris", "Oscarsborg", "Skagen", "Vesterled")
 def tide(harbour: str) -> str:
     """The tide table of a harbour."""
     n = sum(map(ord, harbour)) % 50
-    return f"High tide at {harbour} is at 0{n % 10}:{n + 10:02d}; low tide is at 1{n % 10}:{n + 5:02d}."
+    return f"{harbour}: high tide 0{n % 10}:{n + 10:02d}, low tide 1{n % 10}:{n + 5:02d}."
 
 
 def get_turn_text(n: int) -> str:
@@ -104,7 +103,7 @@ async def converse(url: str, encode, ctx_size: int, times: float, max_tokens: in
     while length < times * ctx_size and n < 40:
         start, wall, cpu, error = len(seen), time.perf_counter(), time.process_time(), None
         try:
-            await Runner.run(agent, get_turn_text(n), conversation_id=conv, max_turns=6)
+            await Runner.run(agent, get_turn_text(n), conversation_id=conv, max_turns=4)
         except Exception as e:  # noqa: BLE001 - the SDK's error is the result: reported, and the run ends
             error = f"{type(e).__name__}: {e}"[:400]
         cpu, wall = time.process_time() - cpu, time.perf_counter() - wall

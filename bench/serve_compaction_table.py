@@ -21,6 +21,10 @@ def fmt(x, digits: int = 2) -> str:
     return "" if x is None else f"{x:.{digits}f}"
 
 
+def get_met(ratio: float | None) -> str:
+    return "not measured" if ratio is None else "met" if ratio <= GOAL else "not met"
+
+
 def get_delete_table(d: dict) -> list[str]:
     floor, cost = d["floor"], d["delete"]
     eq = d["equals_twin"]
@@ -39,8 +43,8 @@ def get_delete_table(d: dict) -> list[str]:
         f"{eq['digest']}, items {eq['items']}, next answer {eq['next_answer']}; the full reset's digest equal: "
         f"{floor['reset_digest_equal']}; after a restart the digest read back: {d['restart_digest_equal']}; files "
         f"holding the secret: {len(d['files_holding_secret'])}; the DELETE's reply (receipt included) holds it: "
-        f"{d['reply_holds_secret']}. Goal {GOAL}x the floor's CPU: "
-        f"{'met' if d['cpu_over_floor'] is not None and d['cpu_over_floor'] <= GOAL else 'not met'}.",
+        f"{d['reply_holds_secret']}. Goal {GOAL}x the floor: on CPU {get_met(d['cpu_over_floor'])}, on forwards "
+        f"{get_met(d['forwards_over_floor'])}.",
     ]
     return rows
 
