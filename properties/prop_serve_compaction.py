@@ -15,7 +15,8 @@ items of a turn before the last. The conversation runs, the target's item is del
 
 prop_impl.py checks both statements on library episodes that draw compact steps; this module
 checks the server's way to them (a summary decided per request, a replay through the store).
-Under ``ci`` a third of the profile's examples (20), about 15 s on 2 shared cores.
+Under ``ci`` a third of the profile's examples (20): 21 s of examples on 2 cores shared with
+other runs (load average 17), beside the tiny model's load and the server's start.
 """
 
 from __future__ import annotations
