@@ -5,9 +5,9 @@ first token would be on it and on two variants.
 The last compaction's tool step is taken from ``session.db`` (its blocks' tokens, as the
 server prefilled them): the system block, the summary, the user turn, the model's call, the
 tool output, then the assistant header. The variants: the same without the summary (no
-compaction at all), and the same with the tool round before the compaction kept verbatim
+compaction at all), the same with the tool round before the compaction kept verbatim
 between the summary and the user turn (the user turn, the call, the output and the answer in
-prose). Each is prefilled in one forward on a fresh llama.cpp context (so its logits differ from
+prose), and with only that round's call, output and answer kept (without its user turn). Each is prefilled in one forward on a fresh llama.cpp context (so its logits differ from
 the server's block-by-block ones in the last bits: a near tie can fall either way) and reports
 the first token's four likeliest pieces and the greedy answer::
 
@@ -35,7 +35,7 @@ def get_text(db, lm, block_id: str) -> str:
 
 
 def get_prompts(db, lm) -> dict[str, str]:
-    """The three prompts (module docstring), from the steps around the last compaction."""
+    """The four prompts (module docstring), from the steps around the last compaction."""
     steps = [row[0] for row in db.execute("select id from steps order by seq")]
     kinds = dict(db.execute("select id, kind from steps"))
     last = max(i for i, s in enumerate(steps) if kinds[s] == "compact")
@@ -44,8 +44,10 @@ def get_prompts(db, lm) -> dict[str, str]:
     system, summary = get_text(db, lm, f"{steps[last]}/system"), get_text(db, lm, f"{steps[last]}/context")
     turn = "".join(get_text(db, lm, b) for b in (user, f"{user}/answer", tool)) + HEADER
     kept = "".join(get_text(db, lm, b) for s in before for b in (s, f"{s}/answer"))
+    round_ = "".join(get_text(db, lm, b) for b in (f"{before[0]}/answer", before[1], f"{before[1]}/answer"))
     return {"as served": system + summary + turn, "no summary": system + turn,
-            "previous tool round kept": system + summary + kept + turn}
+            "previous tool round kept": system + summary + kept + turn,
+            "previous call, output and answer kept": system + summary + round_ + turn}
 
 
 def probe(lm, prompt: str, tokens: int = 24) -> dict:
