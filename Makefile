@@ -34,7 +34,7 @@ PIP_C_LLAMAINDEX = $(if $(LLAMAINDEX_CONSTRAINTS),-c $(LLAMAINDEX_CONSTRAINTS))
 # take an extra without unsee itself (whose dependencies bring torch)
 get_extra = $(shell $(PYTHON) -c 'import shlex, tomllib; print(shlex.join(tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["$(1)"]))')
 
-.PHONY: demo test lint nightly flake bench paper install clean gpu gpu-wheels vllm test-vllm lock serve serve-peer serve-peer-scaling llama-server serve-agents scorecard eval-qwen crossmodel drafts-bench families-real cold-forget
+.PHONY: demo test lint nightly flake bench paper install clean gpu gpu-wheels vllm test-vllm lock serve serve-peer serve-peer-scaling llama-server serve-agents scorecard eval-qwen crossmodel drafts-bench families-real cold-forget serve-compaction
 
 $(VENV)/.installed: pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
@@ -172,6 +172,16 @@ FAMILIES_ARGS ?=
 families-real: $(VENV)/.serve-installed $(VENV)/.llamacpp-installed $(CLIENTS_VENV)/.installed $(LLAMAINDEX_VENV)/.installed
 	$(PY) -m unsee.bench.families_real --clients-python $(CLIENTS_PY) --llamaindex-python $(LLAMAINDEX_PY) \
 		--out out/families-real $(FAMILIES_ARGS)
+
+# Compaction a DELETE reaches, on qwen2.5-1.5b through `unsee serve` (bench/serve_compaction.py,
+# docs/serve.md "Long conversations"; issue 52): the CI test's scenario with a real summary, the
+# DELETE's cost against its compute floor, then the Agents SDK's Runner (a conversation_id and a
+# tool) over 3x the server's 1,024-token context; out/serve-compaction/{results.json,table.md}.
+# Fails where a check fails (not on the cost goal, which it reports). COMPACTION_ARGS adds options.
+COMPACTION_ARGS ?=
+serve-compaction: $(VENV)/.test-installed
+	$(PY) -m unsee.bench.serve_compaction --model qwen2.5-1.5b --engine llamacpp --ctx-size 1024 --out out/serve-compaction \
+		$(COMPACTION_ARGS)
 
 test: $(VENV)/.test-installed
 	$(PY) -m ruff check .

@@ -423,7 +423,7 @@ def forget(conv: Conversation, item_id: str) -> dict:
             "receipt": conv.session.receipt,  # canonical JSON text: what `unsee verify --receipt` reads
             "report": {"tau": report.tau, "length": report.length, "invocations": report.invocations,
                        "prefilled_tokens": report.prefilled_tokens, "decoded_tokens": report.decoded_tokens,
-                       "wall_s": report.wall_s, "assumptions": report.assumptions},
+                       "forward_calls": report.forward_calls, "wall_s": report.wall_s, "assumptions": report.assumptions},
             **get_status(conv, halted)}
 
 
