@@ -35,7 +35,7 @@ from unsee.impl.serve.errors import ApiError, bad_request, not_found, server_err
 from unsee.impl.serve.fields import CONVERSATION_FIELDS, ITEMS_FIELDS, check_fields
 from unsee.impl.serve.metrics import Metrics, RequestRecorder, note_conversation, note_usage
 from unsee.impl.serve.pool import Pool
-from unsee.impl.serve.stream import ChatEvents, ResponseEvents, TurnStream, open_stream
+from unsee.impl.serve.stream import ChatEvents, ResponseEvents, TurnStream, open_stream, run_cancellable
 
 log = logging.getLogger("unsee.serve")
 LIST_PARAMS = {"limit", "order", "after", "include"}
@@ -295,9 +295,9 @@ def add_response_routes(app: FastAPI, pool: Pool, model_name: str) -> None:
             note_usage(request.state, out["usage"])
             return out
         if not req["stream"]:
-            return await run_in_threadpool(recorded, None)
+            return await run_cancellable(pool.loop, request.is_disconnected, lambda: recorded(None))
         body = await open_stream(lambda emit: recorded(TurnStream(lm, pool.call_format, emit)), ResponseEvents(),
-                                 named=True)
+                                 named=True, scheduler=pool.loop)
         return StreamingResponse(body, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
 
@@ -323,7 +323,8 @@ def add_chat_routes(app: FastAPI, pool: Pool, model_name: str) -> None:
             note_usage(request.state, out["usage"])  # the request's record (metrics.py)
             return out
         if not req["stream"]:
-            return (await run_in_threadpool(work, None))["completion"]
+            return (await run_cancellable(pool.loop, request.is_disconnected, lambda: work(None)))["completion"]
         body = await open_stream(lambda emit: work(TurnStream(lm, pool.call_format, emit)),
-                                 ChatEvents(completion_id, model_name, req["include_usage"]), named=False)
+                                 ChatEvents(completion_id, model_name, req["include_usage"]), named=False,
+                                 scheduler=pool.loop)
         return StreamingResponse(body, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
