@@ -28,6 +28,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 
+from unsee.impl.engines.scheduler import Cancelled
 from unsee.impl.serve import answers, bodies, shapes, turns
 from unsee.impl.serve.compaction import read_compact_request
 from unsee.impl.serve.conversation import Conversation
@@ -35,7 +36,14 @@ from unsee.impl.serve.errors import ApiError, bad_request, not_found, server_err
 from unsee.impl.serve.fields import CONVERSATION_FIELDS, ITEMS_FIELDS, check_fields
 from unsee.impl.serve.metrics import Metrics, RequestRecorder, note_conversation, note_usage
 from unsee.impl.serve.pool import Pool
-from unsee.impl.serve.stream import ChatEvents, ResponseEvents, TurnStream, open_stream, run_cancellable
+from unsee.impl.serve.stream import (
+    ChatEvents,
+    ResponseEvents,
+    TurnStream,
+    get_cancelled_error,
+    open_stream,
+    run_cancellable,
+)
 
 log = logging.getLogger("unsee.serve")
 LIST_PARAMS = {"limit", "order", "after", "include"}
@@ -152,6 +160,13 @@ def add_error_handlers(app: FastAPI) -> None:
         message = "no such route" if exc.status_code == 404 else str(exc.detail)
         return JSONResponse(ApiError(exc.status_code, f"{request.method} {request.url.path}: {message}").to_json(),
                             status_code=exc.status_code)
+
+    @app.exception_handler(Cancelled)
+    async def on_cancelled(request: Request, exc: Cancelled) -> JSONResponse:
+        """Work the server's stop cut short at a forward (a DELETE's replay, a compaction): nothing
+        was committed; 503, not a failure to log."""
+        error = get_cancelled_error(exc)
+        return JSONResponse(error.to_json(), status_code=error.status)
 
     @app.exception_handler(RequestValidationError)
     async def on_validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
