@@ -12,7 +12,16 @@ import time
 
 import pytest
 
-from unsee.impl.engines.scheduler import Job, LoopState, Scheduler, StepRequest, Waiter, get_next, get_requester
+from unsee.impl.engines.scheduler import (
+    Cancelled,
+    Job,
+    LoopState,
+    Scheduler,
+    StepRequest,
+    Waiter,
+    get_next,
+    get_requester,
+)
 
 
 class FakeRows:
@@ -247,3 +256,31 @@ def test_three_turns_on_llamacpp_through_the_loop_equal_each_turn_alone(engine_f
     assert [got[i] for i in range(3)] == expected
     if slots == 1:  # one slot: every step alone (with more, how many meet in a forward is timing)
         assert max(engine.scheduler.get_stats()["batch_sizes"]) == 1
+
+
+def test_a_cancelled_block_withdraws_its_next_job_once_and_a_stop_withdraws_every_job():
+    """Cancelling (serve: the client left): the job not yet run is withdrawn and its thread raises
+    Cancelled once (its clean-up may still compute); a forward never runs for it; after the
+    block, setting its Cancel changes nothing. ``stop()`` withdraws every job until ``stop(False)``."""
+    loop, rows = make(batch_limit=1)
+    lin: list[int] = []
+    step = StepRequest("a", lin, 1, threading.get_ident())
+    with loop.session(), loop.cancellable() as cancel:
+        loop.run(rows.single, step, release=True)
+        cancel.set()
+        with pytest.raises(Cancelled):
+            loop.run(rows.single, step, release=True)
+        assert len(rows.log) == 1 and loop.holds()  # not run, and the session is back
+        loop.run(rows.single, step, release=True)  # once: the clean-up computes
+    cancel.set()  # the block ended: nothing to cancel
+    with loop.session():
+        loop.run(rows.single, step, release=True)
+    assert len(rows.log) == 3
+    loop.stop()
+    with pytest.raises(Cancelled), loop.session():
+        loop.run(rows.single, step, release=True)
+    with pytest.raises(Cancelled):
+        loop.run(rows.single, step)
+    loop.stop(False)
+    loop.run(rows.single, step)
+    assert len(rows.log) == 4

@@ -323,24 +323,81 @@ def test_chat_completions_stream_tokens_and_the_usage_chunk(client):
     assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens and not chunks[-1].choices
 
 
-def test_a_client_that_leaves_mid_stream_leaves_the_turn_committed_whole(client, server):
+#: forwards a turn may still run once its client has left: the disconnect is seen within a poll
+#: (0.25 s, at 10 ms a forward here), then the step's roll-back; a turn not stopped runs its hundreds
+LEFT_FORWARDS = 30
+
+
+def test_a_client_that_leaves_mid_stream_stops_the_turn_and_the_conversation_is_as_before(client, server):
     conv = client.conversations.create()
-    body = {"model": "tiny", "conversation": conv.id, "input": [user("d1", "A long story, please.")], "stream": True,
+    client.responses.create(model="tiny", conversation=conv.id, input=[user("e0", "Hi.")], max_output_tokens=4)
+    before = state(client, conv.id)
+    body = {"model": "tiny", "conversation": conv.id, "input": [user("e1", "A long story, please.")], "stream": True,
             "max_output_tokens": 600}
-    # every thread's: the server's worker decodes the turn; ~2 s at least
+    loop = server.pool.loop
+    # every thread's: the server's worker decodes the turn at 10 ms a forward at least
     slow = server.pool.engine.hook_forwards(lambda n, started: time.sleep(0.01), every_thread=True)
-    with slow, httpx.Client(timeout=60) as http, http.stream("POST", f"{server.url}/responses", json=body) as reply:
-        for line in reply.iter_lines():
-            if '"response.output_text.delta"' in line:
-                break  # the first token arrived: the client goes away
-        assert server.pool.get(conv.id).lock.locked()  # the turn was still being decoded when it left
-    after = state(client, conv.id)  # waits for the conversation: the worker finished the turn
-    assert after["steps"] == 1
+    with slow:
+        with httpx.Client(timeout=60) as http, http.stream("POST", f"{server.url}/responses", json=body) as reply:
+            for line in reply.iter_lines():
+                if '"response.output_text.delta"' in line:
+                    break  # the first token arrived: the client goes away
+            left = loop.forwards
+        after = state(client, conv.id)  # waits for the conversation: the worker has stopped
+        ran = loop.forwards - left
+    assert ran < LEFT_FORWARDS, f"{ran} forwards after the client left"
+    assert after == before  # the turn was rolled back: no half-written step
+    again = client.responses.create(model="tiny", conversation=conv.id, input=[user("e1", "A long story, please.")],
+                                    max_output_tokens=600)
+    assert again.usage.output_tokens > LEFT_FORWARDS  # the turn the client left would have run on
     twin = client.conversations.create()
-    answer = client.responses.create(model="tiny", conversation=twin.id, input=[user("d1", "A long story, please.")],
-                                     max_output_tokens=600)
-    assert after["digest"] == state(client, twin.id)["digest"]
-    assert listing(client, conv.id)[-1]["content"][0]["text"] == answer.output_text
+    client.responses.create(model="tiny", conversation=twin.id, input=[user("e0", "Hi.")], max_output_tokens=4)
+    client.responses.create(model="tiny", conversation=twin.id, input=[user("e1", "A long story, please.")],
+                            max_output_tokens=600)
+    assert state(client, conv.id)["digest"] == state(client, twin.id)["digest"]
+
+
+def test_a_client_that_leaves_a_response_not_streamed_stops_its_turn(client, server):
+    conv = client.conversations.create()
+    body = {"model": "tiny", "conversation": conv.id, "input": [user("n1", "A long story, please.")],
+            "max_output_tokens": 600}
+    loop = server.pool.loop
+    with server.pool.engine.hook_forwards(lambda n, started: time.sleep(0.01), every_thread=True):
+        with httpx.Client(timeout=0.5) as http, pytest.raises(httpx.ReadTimeout):
+            http.post(f"{server.url}/responses", json=body)  # the client gives up and closes its connection
+        left = loop.forwards
+        after = state(client, conv.id)  # waits for the conversation: the worker has stopped
+        ran = loop.forwards - left
+    assert ran < LEFT_FORWARDS, f"{ran} forwards after the client left"
+    assert after["steps"] == 0 and listing(client, conv.id) == []
+
+
+def test_a_server_stopping_ends_the_turn_in_flight_at_its_next_forward(lm, tmp_path):
+    pool = Pool(make_engine(lm), tmp_path, defaults=SETTINGS)
+    results, srv = [], ServerThread(pool, "tiny").__enter__()
+    other = openai.OpenAI(base_url=srv.url, api_key="unused", max_retries=0)
+    conv = other.conversations.create()
+
+    def ask():
+        try:
+            results.append(other.responses.create(model="tiny", conversation=conv.id, max_output_tokens=600,
+                                                  input=[user("s1", "A long story, please.")]))
+        except openai.APIError as exc:
+            results.append(exc)
+    with pool.engine.hook_forwards(lambda n, started: time.sleep(0.01), every_thread=True):
+        asker = threading.Thread(target=ask)
+        asker.start()
+        deadline = time.monotonic() + 20
+        while pool.loop.forwards < 20 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        stopping, at = pool.loop.forwards, time.monotonic()
+        srv.__exit__(None, None, None)  # as SIGTERM does (StoppingServer.handle_exit)
+        took, ran = time.monotonic() - at, pool.loop.forwards - stopping
+    asker.join(30)
+    assert ran < LEFT_FORWARDS, f"{ran} forwards after the server began to stop"
+    assert took < 10, f"the server took {took:.1f} s to stop"
+    assert results and isinstance(results[0], openai.APIStatusError) and results[0].status_code == 503
+    assert not (tmp_path / conv.id / "session.db").exists()  # its first step failed whole: no store was left
 
 
 def test_a_response_runs_while_another_conversations_forget_replays(client, server):

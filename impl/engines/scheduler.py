@@ -26,6 +26,13 @@ what runs and runs it, as llama.cpp's server loop and vLLM v1's
   ``forward_steps(steps)``; the backend never calls back. A forward's hooks
   hear it in the thread that asked for it (:func:`get_requester`), so a
   forget's report counts its own forwards only.
+- **Cancelling.** Work run in a :meth:`Scheduler.cancellable` block stops at
+  its next forward once its :class:`Cancel` is set (a client that left): that
+  job is withdrawn before it runs and its thread raises :class:`Cancelled`,
+  once, so the work's own clean-up (a turn's lineage cut back, a step rolled
+  back to the store's state) may still compute. :meth:`Scheduler.stop` (the
+  server shutting down) does so for every job from then on. A forward already
+  running is finished, never cut: each forward is whole.
 
 Exactness does not depend on the order: each lineage's forwards are its own
 (a batch of next tokens in split cells gives each sequence the bits of its
@@ -56,6 +63,23 @@ _LOOPS: weakref.WeakSet = weakref.WeakSet()
 def get_requester() -> int:
     """The thread a forward is computed for: inside the loop, the job's submitter; else the caller."""
     return getattr(_acting, "thread", None) or threading.get_ident()
+
+
+class Cancelled(Exception):
+    """The work was cancelled before its next forward (its client left, or the server stops)."""
+
+
+@dataclass(eq=False)
+class Cancel:
+    """A request's cancellation: set (:meth:`set`, from any thread), the work of the
+    :meth:`Scheduler.cancellable` block it names raises :class:`Cancelled` at its next forward."""
+
+    scheduler: Any
+    thread: int
+    is_set: bool = False
+
+    def set(self) -> None:
+        self.scheduler.cancel(self)
 
 
 @dataclass(frozen=True)
@@ -158,6 +182,8 @@ class Scheduler:
         self._running = False  # the loop is computing a forward: no thread may take the session now
         self._thread: threading.Thread | None = None
         self._closing = False
+        self._cancels: dict[int, Cancel] = {}  # by thread: the cancellable blocks open now
+        self._stopping = False  # stop(): every job not yet run is withdrawn
         _LOOPS.add(self)
         #: forwards run, by the steps each batched (1: a lone step or a forward of a closure)
         self.batch_sizes: collections.Counter[int] = collections.Counter()
@@ -208,6 +234,44 @@ class Scheduler:
         return {"forwards": self.forwards, "batch_sizes": dict(sorted(self.batch_sizes.items())),
                 "busy_s": self.busy_s, "handovers": self.handovers}
 
+    # --- cancelling
+
+    @contextlib.contextmanager
+    def cancellable(self) -> Iterator[Cancel]:
+        """A block whose forwards stop once the yielded :class:`Cancel` is set (the module docstring)."""
+        cancel = Cancel(self, threading.get_ident())
+        with self._cond:
+            self._cancels[cancel.thread] = cancel
+        try:
+            yield cancel
+        finally:
+            with self._cond:
+                if self._cancels.get(cancel.thread) is cancel:
+                    del self._cancels[cancel.thread]
+
+    def cancel(self, cancel: Cancel) -> None:
+        """Stop ``cancel``'s block at its next forward (nothing once the block has ended)."""
+        with self._cond:
+            cancel.is_set = True
+            self._cond.notify_all()
+
+    def stop(self, stopping: bool = True) -> None:
+        """Withdraw every job not yet run, from now until ``stop(False)``: its thread raises
+        :class:`Cancelled` (the server is shutting down: no turn waits for its end)."""
+        with self._cond:
+            self._stopping = stopping
+            self._cond.notify_all()
+
+    def _check_cancelled(self, job: Job) -> None:
+        """Raise :class:`Cancelled` where ``job`` has not started and its work is cancelled (a
+        block's cancel once: it is cleared as it is raised)."""
+        cancel = self._cancels.get(job.thread)
+        if job not in self._jobs or not (self._stopping or (cancel is not None and cancel.is_set)):
+            return
+        if cancel is not None:
+            cancel.is_set = False
+        raise Cancelled("the server is shutting down" if self._stopping else "the request was cancelled")
+
     # --- inside
 
     def _background_of_caller(self) -> bool:
@@ -227,6 +291,7 @@ class Scheduler:
             self._cond.notify_all()
             try:
                 while not job.done:
+                    self._check_cancelled(job)
                     self._cond.wait()
             except BaseException:  # interrupted: withdrawn if not started, and the session taken back
                 if job in self._jobs:
@@ -348,4 +413,4 @@ def close_loops() -> None:
         loop.close()
 
 
-__all__ = ["IDLE_S", "Job", "LoopState", "Scheduler", "StepRequest", "Waiter", "close_loops", "get_batch", "get_next", "get_requester"]
+__all__ = ["IDLE_S", "Cancel", "Cancelled", "Job", "LoopState", "Scheduler", "StepRequest", "Waiter", "close_loops", "get_batch", "get_next", "get_requester"]

@@ -28,6 +28,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 
+from unsee.impl.engines.scheduler import Cancelled
 from unsee.impl.serve import answers, bodies, shapes, turns
 from unsee.impl.serve.compaction import read_compact_request
 from unsee.impl.serve.conversation import Conversation
@@ -35,7 +36,14 @@ from unsee.impl.serve.errors import ApiError, bad_request, not_found, server_err
 from unsee.impl.serve.fields import CONVERSATION_FIELDS, ITEMS_FIELDS, check_fields
 from unsee.impl.serve.metrics import Metrics, RequestRecorder, note_conversation, note_usage
 from unsee.impl.serve.pool import Pool
-from unsee.impl.serve.stream import ChatEvents, ResponseEvents, TurnStream, open_stream
+from unsee.impl.serve.stream import (
+    ChatEvents,
+    ResponseEvents,
+    TurnStream,
+    get_cancelled_error,
+    open_stream,
+    run_cancellable,
+)
 
 log = logging.getLogger("unsee.serve")
 LIST_PARAMS = {"limit", "order", "after", "include"}
@@ -152,6 +160,13 @@ def add_error_handlers(app: FastAPI) -> None:
         message = "no such route" if exc.status_code == 404 else str(exc.detail)
         return JSONResponse(ApiError(exc.status_code, f"{request.method} {request.url.path}: {message}").to_json(),
                             status_code=exc.status_code)
+
+    @app.exception_handler(Cancelled)
+    async def on_cancelled(request: Request, exc: Cancelled) -> JSONResponse:
+        """Work the server's stop cut short at a forward (a DELETE's replay, a compaction): nothing
+        was committed; 503, not a failure to log."""
+        error = get_cancelled_error(exc)
+        return JSONResponse(error.to_json(), status_code=error.status)
 
     @app.exception_handler(RequestValidationError)
     async def on_validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -295,9 +310,9 @@ def add_response_routes(app: FastAPI, pool: Pool, model_name: str) -> None:
             note_usage(request.state, out["usage"])
             return out
         if not req["stream"]:
-            return await run_in_threadpool(recorded, None)
+            return await run_cancellable(pool.loop, request.is_disconnected, lambda: recorded(None))
         body = await open_stream(lambda emit: recorded(TurnStream(lm, pool.call_format, emit)), ResponseEvents(),
-                                 named=True)
+                                 named=True, scheduler=pool.loop)
         return StreamingResponse(body, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
 
@@ -323,7 +338,8 @@ def add_chat_routes(app: FastAPI, pool: Pool, model_name: str) -> None:
             note_usage(request.state, out["usage"])  # the request's record (metrics.py)
             return out
         if not req["stream"]:
-            return (await run_in_threadpool(work, None))["completion"]
+            return (await run_cancellable(pool.loop, request.is_disconnected, lambda: work(None)))["completion"]
         body = await open_stream(lambda emit: work(TurnStream(lm, pool.call_format, emit)),
-                                 ChatEvents(completion_id, model_name, req["include_usage"]), named=False)
+                                 ChatEvents(completion_id, model_name, req["include_usage"]), named=False,
+                                 scheduler=pool.loop)
         return StreamingResponse(body, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})

@@ -36,6 +36,20 @@ def check_exposure(host: str, api_keys: Sequence[str]) -> None:
         raise ValueError(f"--host {host}: serving beyond loopback needs --api-key-file")
 
 
+class StoppingServer(uvicorn.Server):
+    """uvicorn's server, which on SIGTERM or SIGINT also stops the engine's loop: every turn in
+    flight ends at its next forward (its step rolled back, as any failed turn's), so the server
+    need not wait for a turn's end to close its connections and exit."""
+
+    def __init__(self, config: uvicorn.Config, pool: Pool):
+        super().__init__(config)
+        self.pool = pool
+
+    def handle_exit(self, sig, frame) -> None:
+        super().handle_exit(sig, frame)
+        self.pool.loop.stop()
+
+
 class ServerThread:
     """The app on ``host`` (port 0: a free one) in a daemon thread; ``url`` is its base URL."""
 
@@ -44,7 +58,7 @@ class ServerThread:
         config = uvicorn.Config(build_app(pool, model_name, api_keys), host=host, port=port, log_level="warning",
                                 access_log=False)
         self.pool = pool
-        self.server = uvicorn.Server(config)
+        self.server = StoppingServer(config, pool)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
     def __enter__(self) -> Self:
@@ -60,8 +74,10 @@ class ServerThread:
 
     def __exit__(self, *exc) -> None:
         self.server.should_exit = True
+        self.pool.loop.stop()  # as a signal does (StoppingServer): turns in flight stop at their next forward
         self.thread.join(timeout=30)
         self.pool.close()
+        self.pool.loop.stop(False)  # the engine may serve again (a test's next server)
 
 
 def get_log_config() -> dict:
@@ -76,8 +92,9 @@ def run(pool: Pool, model_name: str, host: str, port: int, api_keys: Sequence[st
     """Serve in the foreground until interrupted; one log line per request, ours (uvicorn's access
     log, a second line without the tokens or the conversation, is off)."""
     check_exposure(host, api_keys)
+    config = uvicorn.Config(build_app(pool, model_name, api_keys), host=host, port=port, log_level="info",
+                            log_config=get_log_config(), access_log=False)
     try:
-        uvicorn.run(build_app(pool, model_name, api_keys), host=host, port=port, log_level="info",
-                    log_config=get_log_config(), access_log=False)
+        StoppingServer(config, pool).run()
     finally:
         pool.close()

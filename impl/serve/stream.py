@@ -13,14 +13,19 @@ response generator never holds a lock: the worker alone does, so a later
 engine that takes its lock per forward rather than per turn changes nothing
 here.
 
-A client that disconnects stops the events, not the work: the turn is
-decoded to its end and committed whole (the runtime commits a step in one
-transaction), and its items are in the conversation for the next request.
+A client that disconnects stops the work too, at the turn's next forward
+(:meth:`~unsee.impl.engines.scheduler.Scheduler.cancellable`, as llama.cpp's
+server and vLLM stop a request whose client left): the turn fails as any
+failed turn does, so the store keeps the conversation as it was before the
+request (a step is committed whole or not at all) and a new conversation the
+request made is removed. A request that is not streamed is cancelled the same
+way when its connection closes (:func:`run_cancellable`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 from collections.abc import AsyncIterator, Callable
@@ -29,6 +34,7 @@ from typing import Any
 from starlette.concurrency import run_in_threadpool
 
 from unsee.impl.agent.tools.native import END_THINK, THINK, CallFormat, split_reasoning, split_stream_text
+from unsee.impl.engines.scheduler import Cancelled
 from unsee.impl.engines.stops import get_sendable
 from unsee.impl.serve import shapes
 from unsee.impl.serve.conversation import compute_answer_key, get_answer_ids
@@ -191,25 +197,56 @@ def format_sse(event: dict, named: bool) -> str:
     return shapes.sse(event) if named else f"data: {json.dumps(event)}\n\n"
 
 
+def get_cancelled_error(exc: Cancelled) -> ApiError:
+    """A cancelled request's error (a server shutting down: 503, OpenAI's ``server_error`` type)."""
+    return ApiError(503, str(exc), code="cancelled", type_="server_error")
+
+
+async def run_cancellable(scheduler, is_disconnected: Callable[[], Any], work: Callable[[], Any],
+                          every_s: float = 0.25) -> Any:
+    """``work()`` in a worker thread, cancelled at its next forward once ``is_disconnected()``
+    (a request's, awaited every ``every_s`` seconds) says its client left."""
+    cancels: list = []
+
+    def run() -> Any:
+        with scheduler.cancellable() as cancel:
+            cancels.append(cancel)
+            try:
+                return work()
+            except Cancelled as exc:
+                raise get_cancelled_error(exc) from None
+    worker = asyncio.ensure_future(run_in_threadpool(run))
+    while not (await asyncio.wait({worker}, timeout=every_s))[0]:
+        if cancels and await is_disconnected():
+            cancels[0].set()
+    return worker.result()
+
+
 async def open_stream(work: Callable[[Emit], Any], events: Callable[[tuple], list[dict]],
-                      named: bool) -> AsyncIterator[str]:
+                      named: bool, scheduler=None) -> AsyncIterator[str]:
     """Run ``work(emit)`` in a worker thread; once it reports ``start`` (every check passed), the
     server-sent events of its reports. An error before that is raised here (an HTTP error);
-    after it, it ends the stream in an error event. The work goes on if the client leaves."""
+    after it, it ends the stream in an error event. A client that leaves before the end cancels
+    the work at its next forward (``scheduler``: the engine's loop)."""
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue = asyncio.Queue()
+    cancels: list = []
 
     def emit(report: tuple) -> None:
         loop.call_soon_threadsafe(queue.put_nowait, report)
 
     def run() -> None:
-        try:
-            emit(("end", work(emit)))
-        except ApiError as exc:
-            emit(("error", exc))
-        except BaseException:  # logged, and answered as OpenAI's 500 object
-            log.exception("a streamed request failed")
-            emit(("error", server_error()))
+        with scheduler.cancellable() if scheduler is not None else contextlib.nullcontext() as cancel:
+            cancels.append(cancel)
+            try:
+                emit(("end", work(emit)))
+            except ApiError as exc:
+                emit(("error", exc))
+            except Cancelled as exc:  # the client left, or the server stops: nothing to log
+                emit(("error", get_cancelled_error(exc)))
+            except BaseException:  # logged, and answered as OpenAI's 500 object
+                log.exception("a streamed request failed")
+                emit(("error", server_error()))
 
     worker = asyncio.ensure_future(run_in_threadpool(run))
     first = await queue.get()
@@ -221,6 +258,7 @@ async def open_stream(work: Callable[[Emit], Any], events: Callable[[tuple], lis
 
     async def generate() -> AsyncIterator[str]:
         report = first
+        ended = False
         try:
             while True:
                 for event in events(report):
@@ -230,9 +268,12 @@ async def open_stream(work: Callable[[Emit], Any], events: Callable[[tuple], lis
                 report = await queue.get()
             if not named:
                 yield "data: [DONE]\n\n"
+            ended = True
         finally:
-            # a client that left: the worker goes on and commits the turn whole; keep a reference
-            # until it ends, so its result is collected rather than reported as never retrieved
+            if not ended and cancels and cancels[0] is not None:  # the client left: stop the turn
+                cancels[0].set()
+            # keep a reference until the worker ends, so its result is collected rather than
+            # reported as never retrieved
             _RUNNING.add(worker)
             worker.add_done_callback(_RUNNING.discard)
     return generate()
@@ -241,4 +282,5 @@ async def open_stream(work: Callable[[Emit], Any], events: Callable[[tuple], lis
 _RUNNING: set = set()
 
 
-__all__ = ["ChatEvents", "ResponseEvents", "TurnStream", "format_sse", "open_stream"]
+__all__ = ["ChatEvents", "ResponseEvents", "TurnStream", "format_sse", "get_cancelled_error", "open_stream",
+           "run_cancellable"]
