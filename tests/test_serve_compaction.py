@@ -217,6 +217,9 @@ def test_a_compaction_keeps_the_latest_tool_round_and_a_delete_reaches_it(qwen_s
         assert [b.type for b in kept] == ["answer", "tool", "answer"] and "High tide 01:14." in kept[1].text
         assert all("s1" in b.source_ids for b in kept)  # the round read the secret's item, so a forget reaches it
         assert runtime.graph["turn_7"].parents[2:5] == tuple(b.id for b in kept)
+        cost = outputs[4].model_extra["unsee"]["compaction"]  # the round counted in what the compaction left
+        assert cost["kept_tokens"] == sum(len(b.tokens) for b in kept)
+        assert cost["context_tokens_after"] == kept[-1].token_span[1]
 
         gone = client.conversations.items.delete("s1", conversation_id=conv).model_extra
         report = gone["report"]
