@@ -50,12 +50,13 @@ def get_delete_table(d: dict) -> list[str]:
 
 
 def get_agents_table(a: dict, ctx: int) -> list[str]:
-    rows = ["| turn | requests | tool calls | largest prompt | compaction: read / summary / context after | "
+    rows = ["| turn | requests | tool calls | largest prompt | compaction: read / summary / kept round / context after | "
             "conversation, tokens | CPU, s | wall, s | error |",
             "|---:|---:|---:|---:|---|---:|---:|---:|---|"]
     for r in a["turns"]:
         c = r["compaction"]
-        cell = f"{c['read_tokens']} / {c['summary_tokens']} / {c['context_tokens_after']}" if c else ""
+        cell = (f"{c['read_tokens']} / {c['summary_tokens']} / {c.get('kept_tokens', 0)} / "  # 0: a run before the round
+                f"{c['context_tokens_after']}") if c else ""
         rows.append(f"| {r['turn']} | {r['requests']} | {r['tool_calls']} | {r['largest_prompt']} | {cell} | "
                     f"{r['conversation_tokens']} | {fmt(r['cpu_s'], 1)} | {fmt(r['wall_s'], 1)} | "
                     f"{r['error'] or ''} |")

@@ -20,7 +20,7 @@ DELETE = {"report": {"tau": 1, "length": 5, "invocations": 5}, "compacted_at": [
           "cpu_over_floor": 1.0, "forwards_over_floor": 1.1, "tokens_over_floor": 0.76}
 TURN = {"turn": 1, "requests": 2, "tool_calls": 1, "largest_prompt": 563, "conversation_tokens": 3100,
         "cpu_s": 1.0, "wall_s": 2.0, "error": None,
-        "compaction": {"read_tokens": 608, "summary_tokens": 53, "context_tokens_after": 252}}
+        "compaction": {"read_tokens": 608, "summary_tokens": 53, "kept_tokens": 92, "context_tokens_after": 344}}
 RESULT = {"label": LABEL, "ctx_size": 1024, "times": 3.0, "delete": DELETE,
           "agents": {"turns": [TURN], "errors": [], "conversation_tokens": 3100, "times_the_context": 3.03,
                      "compactions": 1}}
@@ -49,7 +49,7 @@ def test_the_table_states_the_goal_on_cpu_and_on_forwards():
     table = get_table(RESULT)
     assert table.startswith("> build `abc1234`") and "on CPU met, on forwards met" in table
     assert "on CPU met, on forwards not met" in get_table(changed(("delete", "forwards_over_floor"), 1.21))
-    assert "| 1 | 2 | 1 | 563 | 608 / 53 / 252 | 3100 |" in table
+    assert "| 1 | 2 | 1 | 563 | 608 / 53 / 92 / 344 | 3100 |" in table
 
 
 def test_the_conversation_length_counts_every_item_but_summaries():

@@ -88,10 +88,12 @@ def test_span_excision_reaches_reinjected_memory_and_drops_the_record(lm):
 
 
 def test_span_excision_cannot_reach_a_compacted_target(lm):
-    """After a compaction only the summary (a derived artifact) is live:
-    span-only excision has nothing to cut, the KV is the base's."""
+    """After a compaction only the summary (a derived artifact) is live, where a user turn came
+    after the target's tool round (a compaction keeps the latest round verbatim): span-only
+    excision has nothing to cut, the KV is the base's."""
     engine = make_engine(lm)
-    ep = episode(Step("t1", "tool", (Item("addr", SECRET),), "fetch"), Step("c2", "compact"), user("u3", "hi"))
+    ep = episode(Step("t1", "tool", (Item("addr", SECRET),), "fetch"), user("u2", "ok"), Step("c3", "compact"),
+                 user("u4", "hi"))
     base = AgentRuntime.from_episode(engine, ep)
     out, _ = apply_method(base, "span-excision", "addr")
     assert engine.tokens(out.lineage) == engine.tokens(base.lineage)

@@ -210,6 +210,27 @@ def test_target_after_compaction_restores_on_the_new_lineage(eng):
     assert runtime.digest() == report.digest
 
 
+def test_compaction_keeps_the_latest_tool_round_verbatim_and_a_forget_reaches_it(eng):
+    """After the summary, the trailing run of answers and tool outputs (the latest tool round),
+    copied token for token with its sources; a forget of the tool field in it equals the reset,
+    whose compaction keeps the round the replay finds. A round without a tool output keeps nothing."""
+    steps = [{"id": "t1", "kind": "user", "text": "Bob 12"},
+             {"id": "t2", "kind": "tool", "fields": [{"source": "secret", "text": SECRET}, {"source": "f2", "text": "Oak"}]},
+             {"id": "t3", "kind": "compact"}, {"id": "t4", "kind": "user", "text": "tea 7"}]
+    runtime = run(eng, steps)
+    assert runtime.context[:5] == ["t3/system", "t3/context", "t3/context/1", "t3/context/2", "t3/context/3"]
+    kept = [runtime.graph[f"t3/context/{n}"] for n in (1, 2, 3)]
+    assert [b.tokens for b in kept] == [runtime.graph[b].tokens for b in ("t1/answer", "t2", "t2/answer")]
+    assert [b.parents for b in kept] == [("t1/answer",), ("t2",), ("t2/answer",)]
+    assert "secret" in kept[1].source_ids and SECRET in kept[1].text
+    report = compare_forget_with_reset(eng, episode(steps))
+    assert (report.tau, report.boundary, report.invocations) == (2, 1, 3)
+    runtime.forget("secret")
+    assert runtime.digest() == report.digest and SECRET not in runtime.graph["t3/context/2"].text
+    plain = run(eng, [steps[0] | {"source": "secret"}, steps[2] | {"id": "t2"}])
+    assert plain.context == ["t2/system", "t2/context"]
+
+
 def test_a_new_context_forks_the_system_block_and_equals_a_fresh_prefill(eng, monkeypatch):
     """Compaction and a new session open with the system block: its KV is forked from the
     live lineage, not prefilled, and the state is bitwise the one prefilling it gives

@@ -171,3 +171,69 @@ def test_the_compact_endpoint_compacts_a_stored_conversation_by_its_latest_respo
         assert runtime.context[1] == "turn_3/context"  # the next turn ran on the summary
         assert [o.type for o in third.output] == ["message"]
 
+
+
+#: a tool whose only call is ``{}`` (strict, no parameters): a replay's call is the recorded one,
+#: so the recorded output answers it
+TIDE = {"type": "function", "name": "tide", "description": "The tide table.", "strict": True,
+        "parameters": {"type": "object", "properties": {}, "additionalProperties": False}}
+
+
+def run_tool_rounds(client, secret: bool) -> tuple[str, list]:
+    """Three turns, each but the last a forced call of ``tide`` and its output answered; every
+    turn after the first compacts first, so each summary is followed by the round before it.
+    The first turn holds the secret's item ``s1`` (where ``secret``)."""
+    conv = client.conversations.create(items=[{"role": "system", "content": "Be brief."}]).id
+    first = [user("u1", "Hi, I am Ada."), *([user("s1", SECRET)] if secret else [])]
+    outputs = []
+    for n, items in enumerate((first, [user("u2", "And tomorrow?")], [user("u3", "Thanks.")])):
+        forced = {"tool_choice": {"type": "function", "name": "tide"}, "max_output_tokens": 48} if n < 2 else {}
+        out = client.responses.create(model="tiny", conversation=conv, input=items, context_management=COMPACTION,
+                                      tools=[TIDE], **forced)  # the same tools throughout: one system block
+        outputs.append(out)
+        if n < 2:
+            call = out.output[-1]
+            answered = [{"type": "function_call_output", "call_id": call.call_id, "output": f"High tide 0{n}:14."}]
+            outputs.append(client.responses.create(model="tiny", conversation=conv, input=answered, tools=[TIDE]))
+    return conv, outputs
+
+
+def test_a_compaction_keeps_the_latest_tool_round_and_a_delete_reaches_it(qwen_style, tmp_path):
+    """After a summary the context holds the latest tool round verbatim (the call, its output, the
+    answer: their tokens, their sources), so the next turn follows an answered round; deleting the
+    item that led to the kept calls replays both compactions, which keep the rounds the replay finds,
+    and the conversation equals its twin (digest, items, next answer); no file holds the secret."""
+    with ServerThread(Pool(make_engine(qwen_style), tmp_path, defaults=SETTINGS), "tiny") as srv:
+        client = connect(srv)
+        conv, outputs = run_tool_rounds(client, secret=True)
+        runtime = srv.pool.get(conv).session.runtime
+        assert [s.kind for s in runtime.steps] == ["user", "tool", "compact", "user", "tool", "compact", "user"]
+        assert [o.type for o in outputs[2].output] == ["compaction", "function_call"]
+        kept = [runtime.graph[b] for b in runtime.context[2:5]]
+        originals = [runtime.graph[b] for b in ("turn_4/answer", "turn_5", "turn_5/answer")]
+        assert runtime.context[:2] == ["turn_6/system", "turn_6/context"]
+        assert [b.id for b in kept] == [f"turn_6/context/{n}" for n in (1, 2, 3)]
+        assert [b.tokens for b in kept] == [b.tokens for b in originals]  # verbatim
+        assert [b.type for b in kept] == ["answer", "tool", "answer"] and "High tide 01:14." in kept[1].text
+        assert all("s1" in b.source_ids for b in kept)  # the round read the secret's item, so a forget reaches it
+        assert runtime.graph["turn_7"].parents[2:5] == tuple(b.id for b in kept)
+        cost = outputs[4].model_extra["unsee"]["compaction"]  # the round counted in what the compaction left
+        assert cost["kept_tokens"] == sum(len(b.tokens) for b in kept)
+        assert cost["context_tokens_after"] == kept[-1].token_span[1]
+
+        gone = client.conversations.items.delete("s1", conversation_id=conv).model_extra
+        report = gone["report"]
+        assert gone["status"] == "completed" and (report["tau"], report["length"], report["invocations"]) == (1, 7, 7)
+        twin, twin_outputs = run_tool_rounds(client, secret=False)
+        assert [[o.type for o in out.output] for out in twin_outputs] == [
+            [o.type for o in out.output] for out in outputs]
+        assert digest(client, conv) == digest(client, twin)
+        assert listing(client, conv) == listing(client, twin)
+        nxt = [client.responses.create(model="tiny", conversation=c, input="Bye.", context_management=COMPACTION,
+                                       tools=[TIDE])
+               for c in (conv, twin)]
+        assert [o.model_dump() for o in nxt[0].output] == [o.model_dump() for o in nxt[1].output]
+        final = digest(client, conv)
+    with ServerThread(Pool(make_engine(qwen_style), tmp_path, defaults=SETTINGS), "tiny") as srv:
+        assert digest(connect(srv), conv) == final
+    assert not scan(tmp_path, SECRET) and not scan(tmp_path, "9-4-7-1")

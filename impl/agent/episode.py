@@ -14,7 +14,9 @@ Step kinds and what the transition ``F`` does with them:
 ``plan``      prefill the user request, decode a pending tool call (a plan)
 ``remember``  ask for a note, decode it, write it back to the memory store
 ``compact``   decode a summary of the context, then rewrite the context as
-              ``[system, summary]`` on a new cache lineage
+              ``[system, summary, latest tool round]`` on a new cache lineage
+              (the round: the trailing answers and tool outputs, where it
+              holds a tool output, copied verbatim; else none)
 ``session``   start a new session: a new lineage with ``[system, memory]``
 ============  ================================================================
 """

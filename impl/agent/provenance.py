@@ -176,3 +176,20 @@ def get_turn_chunks(determinism: Determinism, header: Sequence[int], generated: 
     if determinism.canonical_chunking == "block":
         return (len(header) + len(generated),)
     return (len(header), len(generated))
+
+
+#: the block types of a tool round: the model's call (an answer, or a plan), the outputs, the answer
+ROUND_TYPES = ("answer", "plan", "tool")
+
+
+def get_kept_round(context: Sequence[RuntimeBlock]) -> list[RuntimeBlock]:
+    """The blocks a compaction keeps verbatim after its summary: the context's trailing run of
+    model turns and tool outputs (the latest tool round: the call, its outputs, the answer),
+    where it holds a tool output; none otherwise. A model that sees no answered tool round after
+    a summary re-calls its tool about as often as it answers (docs/serve.md, "Long
+    conversations"); ``context`` is the context before the compact step's own blocks."""
+    start = len(context)
+    while start and context[start - 1].type in ROUND_TYPES:
+        start -= 1
+    tail = list(context[start:])
+    return tail if any(b.type == "tool" for b in tail) else []

@@ -1,13 +1,11 @@
-"""The agent runtime: the transition ``F`` (:meth:`AgentRuntime.step`), ``forget``
-(Algorithm 1, over the functions of impl/agent/forget.py) and ``full_reset`` (B5).
+"""The agent runtime: the transition ``F`` (:meth:`AgentRuntime.step`), ``forget`` (Algorithm 1, over the
+functions of impl/agent/forget.py) and ``full_reset`` (B5).
 
-State ``R_t`` (:class:`~unsee.impl.agent.state.RuntimeState`) is the KV cache of
-the current lineage, the context blocks in order, the plaintext memory store,
-the pending tool plans, the provenance graph and the checkpoints, one value the
-runtime replaces at every change. ``step`` always goes through the same
-canonical chunks (one prefill per block, one per committed model turn), so two
-runs of the same transitions produce bitwise-identical caches. A forget builds
-the new state beside the old one, which the runtime then adopts.
+State ``R_t`` (:class:`~unsee.impl.agent.state.RuntimeState`) is the KV cache of the current lineage, the context
+blocks in order, the plaintext memory store, the pending tool plans, the provenance graph and the checkpoints, one
+value the runtime replaces at every change. ``step`` always goes through the same canonical chunks (one prefill per
+block, one per committed model turn), so two runs of the same transitions produce bitwise-identical caches. A forget
+builds the new state beside the old one, which the runtime then adopts.
 
 The runtime pins the lineage it extends (:meth:`engine.budget.pin <unsee.impl.engines.protocol.KVBudget.pin>`):
 under a KV budget any other may be evicted, and a restore from an evicted checkpoint rebuilds it from its
@@ -48,7 +46,7 @@ from unsee.impl.agent.forget import (
     sanitize_step,
     sanitize_steps,
 )
-from unsee.impl.agent.provenance import DERIVED_TYPES, RuntimeBlock, get_turn_chunks
+from unsee.impl.agent.provenance import DERIVED_TYPES, RuntimeBlock, get_kept_round, get_turn_chunks
 from unsee.impl.agent.render import (
     SUMMARY_OPENING,
     get_edit_tokens,
@@ -75,19 +73,16 @@ TURNS = {"user": (ids.ANSWER, "answer"), "tool": (ids.ANSWER, "answer"), "plan":
 
 
 def _view(name: str, doc: str, copy: bool = False) -> property:
-    """A read-only attribute of the runtime that reads its state's field
-    (``copy``: a sequence, as a new list; change the state through the verbs)."""
-    if copy:
-        return property(lambda self: list(getattr(self._state, name)), doc=doc)
-    return property(lambda self: getattr(self._state, name), doc=doc)
+    """A read-only attribute of the runtime that reads its state's field (``copy``: a sequence, as a new list)."""
+    return property((lambda self: list(getattr(self._state, name))) if copy else (lambda self: getattr(self._state, name)),
+                    doc=doc)
 
 
 class AgentRuntime:
     """A running agent over an :class:`~unsee.impl.engines.protocol.Engine` (it never asks which one).
 
-    ``extensions``: the components it owns (at most one per name), e.g.
-    ``[ToolLayer(...)]`` (:class:`~unsee.impl.agent.tools.ToolAgentRuntime`
-    builds that)."""
+    ``extensions``: the components it owns (at most one per name), e.g. ``[ToolLayer(...)]``
+    (:class:`~unsee.impl.agent.tools.ToolAgentRuntime` builds that)."""
 
     def __init__(self, engine: Engine, system: str, settings: Settings = Settings(), *,
                  extensions: Iterable[Extension] = ()):
@@ -218,12 +213,17 @@ class AgentRuntime:
                 extension.after_plan(self, step, turn)
         elif step.kind == "remember":
             self._update(memory=(*self._state.memory, turn.id))
-        else:  # compaction: the summary replaces the context, on a new cache lineage (the prompt prefix changed)
+        else:  # compaction: the summary and the latest tool round (verbatim) replace the context, on a new lineage
+            kept = get_kept_round([self.graph[b] for b in self._state.context if b not in (step.id, turn.id)])
             self._new_lineage(step)
-            self.append_block(ids.compute_block_id(step.id, ids.CONTEXT), "summary",
-                              self.render_block("system",
-                                                f"Summary of the earlier conversation:\n{SUMMARY_OPENING} {turn.text}"),
+            summary = f"Summary of the earlier conversation:\n{SUMMARY_OPENING} {turn.text}"
+            self.append_block(ids.compute_block_id(step.id, ids.CONTEXT), "summary", self.render_block("system", summary),
                               parents=(turn.id,), sources=turn.source_ids, extend_context=True)
+            for n, block in enumerate(kept, start=1):  # its tokens in one prefill, its sources kept (a forget reaches it)
+                start = len(self.engine.tokens(self.lineage))
+                self.engine.prefill(self.lineage, list(block.tokens))
+                self.commit_block(attrs.evolve(block, id=f"{step.id}/{ids.CONTEXT}/{n}", parents=(block.id,), chunks=(),
+                                               token_span=(start, start + len(block.tokens)), turn=self.t, committed=False))
 
     def _on_memory(self, step: Step) -> None:
         records = []

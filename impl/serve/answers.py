@@ -50,11 +50,14 @@ def get_usage(runtime, step_ids: list[str], kept: int = 0) -> dict:
 
 def get_compaction_cost(runtime, step_id: str) -> dict:
     """What a compaction cost and saved: the context it read (tokens, the summary request
-    included), the summary's tokens (decoded, with its turn's header), the context it left."""
+    included), the summary's tokens (decoded, with its turn's header), the tool round it kept
+    verbatim after the summary (tokens), the context it left."""
     turn = runtime.graph[compute_block_id(step_id, ANSWER)]
     left = runtime.graph[compute_block_id(step_id, CONTEXT)]
+    kept = [b for b in runtime.graph.blocks() if b.id.startswith(f"{left.id}/")]  # the round's copies
     return {"step": step_id, "read_tokens": turn.token_span[0], "summary_tokens": len(turn.tokens),
-            "context_tokens_after": left.token_span[1]}
+            "kept_tokens": sum(len(b.tokens) for b in kept),
+            "context_tokens_after": max([left.token_span[1], *(b.token_span[1] for b in kept)])}
 
 
 def get_kept_tokens(engine, runtime, before: Counters) -> int:

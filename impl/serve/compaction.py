@@ -2,10 +2,13 @@
 ``context_management: [{"type": "compaction", "compact_threshold": N}]`` or ``truncation:
 "auto"``. Where a conversation's next turn would pass the threshold (or, with ``truncation:
 "auto"``, the model's context), the conversation's runtime first runs a ``compact`` step: the
-model writes a summary of the context, and the context is rewritten as the system block and the
-summary, on a new cache lineage (:meth:`~unsee.impl.agent.runtime.AgentRuntime.step`). The
-summary records, as provenance, every source it read, so a DELETE of one of them replays from
-before it (Algorithm 1), the summary rewritten without the item.
+model writes a summary of the context, and the context is rewritten as the system block, the
+summary and the latest tool round verbatim (the call, its output, the answer:
+:func:`~unsee.impl.agent.provenance.get_kept_round`), on a new cache lineage
+(:meth:`~unsee.impl.agent.runtime.AgentRuntime.step`). The summary records, as provenance, every
+source it read, and the kept blocks the sources of the blocks they copy, so a DELETE of one of
+them replays from before it (Algorithm 1), the summary rewritten without the item and the round
+kept as the replay finds it.
 
 The compact step is a step of the conversation's log like any other: a forget's replay runs it
 where it ran (it does not decide again whether to compact), so the twin a forget equals is the
