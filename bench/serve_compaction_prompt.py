@@ -16,12 +16,13 @@ the first token's four likeliest pieces and the greedy answer::
 
 from __future__ import annotations
 
-import argparse
 import array
 import sqlite3
 from pathlib import Path
 
 import numpy as np
+
+from unsee.bench import options
 
 HEADER = "<|im_start|>assistant\n"
 
@@ -74,9 +75,10 @@ def main() -> None:
 
     from unsee.impl.engines.catalog import get_entry, get_model_path
 
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = options.get_parser("serve_compaction_prompt", __doc__)
     parser.add_argument("--store", type=Path, required=True, help="a conversation's folder (holds session.db)")
-    parser.add_argument("--model", default="qwen2.5-1.5b")
+    options.add_model(parser)
+    parser.set_defaults(model="qwen2.5-1.5b")  # the model of make serve-compaction's store
     args = parser.parse_args()
     lm = Llama(str(get_model_path(get_entry(args.model))), n_ctx=2048, logits_all=True, verbose=False)
     db = sqlite3.connect(args.store / "session.db")
