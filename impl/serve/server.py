@@ -76,8 +76,10 @@ class ServerThread:
         self.server.should_exit = True
         self.pool.loop.stop()  # as a signal does (StoppingServer): turns in flight stop at their next forward
         self.thread.join(timeout=30)
+        # the turns are over: the loop runs again, for the close's own work (on vLLM a dropped
+        # lineage resets the prefix cache through the loop) and for the engine's next server
+        self.pool.loop.stop(False)
         self.pool.close()
-        self.pool.loop.stop(False)  # the engine may serve again (a test's next server)
 
 
 def get_log_config() -> dict:
@@ -97,4 +99,5 @@ def run(pool: Pool, model_name: str, host: str, port: int, api_keys: Sequence[st
     try:
         StoppingServer(config, pool).run()
     finally:
+        pool.loop.stop(False)  # the turns are over; the close may need the loop (ServerThread.__exit__)
         pool.close()
