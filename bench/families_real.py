@@ -207,9 +207,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help="print the table of finished runs (several: merged by model), run nothing")
     options.add_out(parser, "out/families-real", help="a folder: results.json, table.md, a folder per model")
     args = parser.parse_args(argv)
-    unknown = sorted(set(args.scenarios) - set(names))
-    if unknown:
-        parser.error(f"--scenarios: unknown {unknown}; expected some of {names}")
+    serve_agents.check_scenarios(parser, args.scenarios)
     return args
 
 

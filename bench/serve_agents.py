@@ -504,10 +504,16 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--table", metavar="RESULTS_JSON", help="print the table of a finished run, run nothing")
     options.add_out(parser, "out/serve-agents", help="a folder: results.json, table.md, exchanges.jsonl, logs")
     args = parser.parse_args(argv)
-    unknown = sorted(set(args.scenarios) - set(names))
+    check_scenarios(parser, args.scenarios)
+    return args
+
+
+def check_scenarios(parser: argparse.ArgumentParser, scenarios: list[str]) -> None:
+    """``--scenarios`` names only scenarios of :data:`SCENARIOS` (else the parser's error, naming them)."""
+    names = [s.name for s in SCENARIOS]
+    unknown = sorted(set(scenarios) - set(names))
     if unknown:
         parser.error(f"--scenarios: unknown {unknown}; expected some of {names}")
-    return args
 
 
 def main(argv: list[str] | None = None) -> int:
