@@ -50,9 +50,15 @@ install: $(VENV)/.installed
 # The test extras (pyproject's `test`: agentdojo and the llama.cpp engine) on
 # top; `make demo` and a plain `pip install` need none of them. llama.cpp is
 # built from source once, for a generic CPU, so that pip's cached wheel runs
-# on any x86-64 machine.
+# on any x86-64 machine. Then its CPU backend is built again from the same
+# source with the switch that lets a decode step run on every core with one
+# thread's bits (impl/engines/llamacpp/kernels.py: the sdist, a four-line
+# patch, cmake's ggml-cpu target; about a minute on 2 cores), into the venv.
+KERNELS_DIR ?= out/llama-kernels
+LLAMA_KERNELS = CMAKE_ARGS="-DGGML_NATIVE=OFF" $(PY) -m unsee.impl.engines.llamacpp.kernels install --work $(KERNELS_DIR)
 $(VENV)/.test-installed: $(VENV)/.installed pyproject.toml $(CONSTRAINTS)
 	CMAKE_ARGS="-DGGML_NATIVE=OFF" $(PY) -m pip install -q $(PIP_C) -e '.[test,langgraph]'
+	$(LLAMA_KERNELS)
 	touch $@
 
 # ruff over the whole tree (pyproject's [tool.ruff]); `make test` runs it first
@@ -63,6 +69,7 @@ lint: $(VENV)/.installed
 # impl/engines/catalog.py), so it needs the llama.cpp extra, built once as `make test` builds it.
 $(VENV)/.llamacpp-installed: $(VENV)/.installed pyproject.toml
 	CMAKE_ARGS="-DGGML_NATIVE=OFF" $(PY) -m pip install -q $(PIP_C) -e '.[llamacpp]'
+	$(LLAMA_KERNELS)
 	touch $@
 
 demo: $(VENV)/.llamacpp-installed

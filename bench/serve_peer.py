@@ -14,7 +14,8 @@ own thread defaults instead (no thread option, no ``UNSEE_LLAMA_THREADS``): what
 who starts each as its README says gets.
 
 Both servers run as the user would start them, each in a process of its own
-on loopback: ``python -m llama_cpp.server`` (its ``server`` extra, in the
+on loopback (a fresh one per system, unsee's two included, so no system's
+conversations hold slots another's phases need): ``python -m llama_cpp.server`` (its ``server`` extra, in the
 bench's own venv, ``.venv-peer``) over the catalogue's file of ``--model``
 with ``--n_threads`` at ``--threads`` and ``--n_threads_batch`` at
 ``--batch-threads`` (default ``--threads``), flash
@@ -36,7 +37,9 @@ Phases (:mod:`unsee.bench.serve_peer_table` turns the records into the tables):
     load      for each --concurrency level N: N conversations of --turns turns at once, a client
               thread each; per turn its latency and time to the first streamed text (TTFT); the
               aggregate output tokens/s (output tokens counted by re-tokenising each answer with
-              the GGUF's own vocabulary, the same count for both servers)
+              the GGUF's own vocabulary, the same count for both servers); where the server has
+              ``/metrics`` (unsee, llama-server), its forwards over the level and the
+              conversations each one carried
     history   a conversation whose first message holds --history-tokens tokens, then a follow-up
               turn right after it ("warm": the peer still holds that prompt) and another after a
               turn of another conversation ("after another")
@@ -130,6 +133,19 @@ class Server:
             time.sleep(1)
         raise RuntimeError(f"{self.name} did not answer within {timeout:.0f} s; see {self.log}")
 
+    def get_engine_figures(self) -> dict | None:
+        """The server's forwards so far from its ``/metrics`` (None where it has none):
+        ``forwards``, ``rows`` (the conversations' rows summed over them: a forward batching 8
+        conversations' next tokens counts 8) and, for unsee, ``busy_s`` (its loop's computing)."""
+        import urllib.request
+
+        try:
+            with urllib.request.urlopen(self.url.removesuffix("/v1") + "/metrics", timeout=30) as reply:
+                text = reply.read().decode()
+        except OSError:
+            return None
+        return parse_engine_figures(text)
+
     def stop(self) -> None:
         if self.process.poll() is None:
             self.process.terminate()
@@ -155,6 +171,35 @@ def start_peer(python: str, gguf: Path, name: str, threads: int | None, batch_th
     return Server("llama_cpp.server", process, f"http://127.0.0.1:{port}/v1", log)
 
 
+def parse_engine_figures(text: str) -> dict | None:
+    """Forwards from a ``/metrics`` page: unsee's ``unsee_engine_forwards_total{steps}`` and
+    ``unsee_engine_busy_seconds_total``, or llama-server's ``llamacpp:n_decode_total`` and
+    ``llamacpp:n_busy_slots_per_decode`` (an average since its start: times the decodes, the
+    rows); None where neither is there."""
+    samples = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            samples[name] = float(value)
+    ours = {k: v for k, v in samples.items() if k.startswith("unsee_engine_forwards_total{")}
+    if ours:
+        steps = {int(k.split('"')[1]): v for k, v in ours.items()}
+        return {"forwards": sum(steps.values()), "rows": sum(n * c for n, c in steps.items()),
+                "busy_s": samples.get("unsee_engine_busy_seconds_total")}
+    if "llamacpp:n_decode_total" in samples:
+        decodes = samples["llamacpp:n_decode_total"]
+        return {"forwards": decodes, "rows": decodes * samples.get("llamacpp:n_busy_slots_per_decode", 0.0),
+                "busy_s": None}
+    return None
+
+
+def get_engine_delta(before: dict | None, after: dict | None) -> dict | None:
+    """What the server's engine did between two readings (:meth:`Server.get_engine_figures`)."""
+    if before is None or after is None:
+        return None
+    return {k: None if before[k] is None or after[k] is None else after[k] - before[k] for k in before}
+
+
 def start_llama_server(binary: str, gguf: Path, name: str, threads: int | None, batch_threads: int | None,
                        n_ctx: int, parallel: int, logs: Path) -> Server:
     """llama.cpp's ``llama-server``, ``parallel`` slots of ``n_ctx`` cells each; ``threads``
@@ -163,7 +208,8 @@ def start_llama_server(binary: str, gguf: Path, name: str, threads: int | None, 
         raise FileNotFoundError(f"--llama-server {binary}: no such file (`make llama-server` builds it)")
     port = get_free_port()
     command = [binary, "--model", str(gguf), "--alias", name, "--host", "127.0.0.1", "--port", str(port),
-               "--ctx-size", str(n_ctx * parallel), "--parallel", str(parallel), "--flash-attn", "on"]
+               "--ctx-size", str(n_ctx * parallel), "--parallel", str(parallel), "--flash-attn", "on",
+               "--metrics"]  # its decodes and busy slots per decode, read around each level
     if threads is not None:
         command += ["--threads", str(threads), "--threads-batch", str(batch_threads)]
     log = logs / "llama-server.log"
@@ -173,7 +219,7 @@ def start_llama_server(binary: str, gguf: Path, name: str, threads: int | None, 
 
 
 def start_unsee(model: str, threads: int | None, batch_threads: int | None, max_tokens: int, store: Path,
-                logs: Path) -> Server:
+                logs: Path, log_name: str = "unsee.log") -> Server:
     """unsee serve; ``threads`` None: its own thread defaults."""
     port = get_free_port()
     command = [sys.executable, "-m", "unsee.impl.cli", "serve", "--engine", "llamacpp", "--model", model,
@@ -182,7 +228,7 @@ def start_unsee(model: str, threads: int | None, batch_threads: int | None, max_
     env = {k: v for k, v in os.environ.items() if k not in ("UNSEE_LLAMA_THREADS", "UNSEE_LLAMA_BATCH_THREADS")}
     if threads is not None:
         env |= {"UNSEE_LLAMA_THREADS": str(threads), "UNSEE_LLAMA_BATCH_THREADS": str(batch_threads)}
-    log = logs / "unsee.log"
+    log = logs / log_name
     with open(log, "w") as out:
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
     return Server("unsee serve", process, f"http://127.0.0.1:{port}/v1", log)
@@ -283,6 +329,7 @@ class Bench:
     model: str
     args: argparse.Namespace
     pid: int
+    server: Server | None = None
 
     def new(self, system: str):
         return new_conversation(system, self.client, self.model, self.args.max_tokens)
@@ -308,12 +355,15 @@ def run_level(b: Bench, system: str, level: int) -> list[dict]:
         return [record(convs[j].turn([(f"c{j}t{i}", get_turn_text(j, i))]), phase="load", level=level,
                        conversation=j, turn=i) for i in range(1, b.args.turns + 1)]
 
+    engine = b.server.get_engine_figures() if b.server else None
     started, cpu = time.perf_counter(), get_cpu_seconds(b.pid)
     with concurrent.futures.ThreadPoolExecutor(level) as workers:
         futures = [workers.submit(drive, j) for j in range(level)]
         out = [r for f in futures for r in f.result()]
     wall, cpu_after = time.perf_counter() - started, get_cpu_seconds(b.pid)
-    return [{**r, "level_wall_s": wall, "level_cpu_s": None if cpu is None else cpu_after - cpu} for r in out]
+    engine = get_engine_delta(engine, b.server.get_engine_figures() if b.server else None)
+    return [{**r, "level_wall_s": wall, "level_cpu_s": None if cpu is None else cpu_after - cpu,
+             "level_engine": engine} for r in out]
 
 
 def run_history(b: Bench, system: str, document: str) -> list[dict]:
@@ -376,7 +426,7 @@ def run_system(system: str, server: Server, args: argparse.Namespace, document: 
     import openai
 
     client = openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0, timeout=3600)
-    b = Bench(client, args.model, args, server.process.pid)
+    b = Bench(client, args.model, args, server.process.pid, server)
     b.new(system).turn([("w", "Hello.")])  # warm-up: the first request's one-time costs
     rows = []
     for level in args.concurrency:
@@ -461,14 +511,14 @@ def run_servers(args: argparse.Namespace, engine, work: Path) -> list[dict]:
             rows += run_system(system, peer, args, document, None, keep)
         finally:
             peer.stop()
-    unsee_systems = [s for s in ("unsee-chat", "unsee") if s in args.systems]
-    if unsee_systems:
-        store = work / "store"
-        server = start_unsee(args.model, threads, batch, args.max_tokens, store, work)
+    # each unsee system on a server of its own, as each peer is: a system starts where the others
+    # start, with no conversation of another system's phases holding the engine's slots
+    for system in (s for s in ("unsee-chat", "unsee") if s in args.systems):
+        store = work / f"store-{system}"
+        server = start_unsee(args.model, threads, batch, args.max_tokens, store, work, f"{system}.log")
         try:
             server.wait_ready(args.start_timeout)
-            for system in unsee_systems:
-                rows += run_system(system, server, args, document, store, keep)
+            rows += run_system(system, server, args, document, store, keep)
         finally:
             server.stop()
     return rows
@@ -534,7 +584,7 @@ def main(argv: list[str] | None = None) -> int:
                 r["output_tokens"] = r.get("output_tokens", 0) + len(engine.lm.encode(text))
         floor = measure_floor(engine, work / "before-delete", rows) if any(
             r.get("step") == "delete" for r in rows) else None
-        for log in ("peer.log", "llama-server.log", "unsee.log"):
+        for log in ("peer.log", "llama-server.log", "unsee-chat.log", "unsee.log"):
             if (work / log).exists():
                 shutil.copy(work / log, out / log)
     label["load_average_end"] = os.getloadavg()[0]

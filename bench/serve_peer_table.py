@@ -32,7 +32,11 @@ def summarise_level(rows: list[dict]) -> dict:
     """One concurrency level's turns: aggregate output tokens/s over the level's wall, latency, TTFT."""
     latency, ttft = [r["latency_s"] for r in rows], [r["ttft_s"] for r in rows]
     tokens, wall, cpu = sum(r["output_tokens"] for r in rows), rows[0]["level_wall_s"], rows[0].get("level_cpu_s")
+    engine = rows[0].get("level_engine") or {}
+    forwards, busy = engine.get("forwards"), engine.get("busy_s")
     return {"turns": len(rows), "output_tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall,
+            "forwards": forwards, "rows_per_forward": get_ratio(engine.get("rows"), forwards),
+            "engine_busy_share": None if busy is None else busy / wall,
             "server_cpu_s": cpu, "cpu_per_token_s": cpu / tokens if cpu is not None and tokens else None,
             "p50_s": get_percentile(latency, 0.5), "p99_s": get_percentile(latency, 0.99),
             "ttft_p50_s": get_percentile(ttft, 0.5), "ttft_p99_s": get_percentile(ttft, 0.99),
@@ -136,6 +140,11 @@ def get_table_rows(systems: dict, workload: dict) -> list[tuple[str, list[str]]]
                      cell(lambda s: _fmt(lv(s, "ttft_p50_s"), " s"))))
         rows.append((f"{level} conversation(s): server CPU per output token",
                      cell(lambda s: _fmt(lv(s, "cpu_per_token_s"), " s", 3))))
+        if any(lv(s, "forwards") is not None for s in systems.values()):
+            rows.append((f"{level} conversation(s): forwards; conversations per forward; engine busy",
+                         cell(lambda s: "-" if lv(s, "forwards") is None else
+                              f"{lv(s, 'forwards'):.0f}; {_fmt(lv(s, 'rows_per_forward'))}; "
+                              f"{_fmt(None if lv(s, 'engine_busy_share') is None else 100 * lv(s, 'engine_busy_share'), '%', 0)}")))
     n = workload["history_tokens"]
     def both(wall: float | None, cpu: float | None) -> str:
         return "-" if wall is None and cpu is None else f"{_fmt(wall, ' s')}; {_fmt(cpu, ' s')}"

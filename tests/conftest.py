@@ -30,9 +30,10 @@ from unsee.impl.engines.registry import make_engine
 from unsee.properties import engines
 from unsee.properties.differential import torch_threads
 
-#: llama.cpp's decode threads for the suite: one, as torch's (the loader's default is every core,
-#: each step fed as two rows for one thread's bits: docs/bench.md, "Decode on every core"; the
-#: tests about threads set their own). On a shared 2-core machine a second spinning worker slows
+#: llama.cpp's decode threads for the suite: one, as torch's (the loader's default is every core
+#: where the library has the split switch, each step whole on one thread for one thread's bits:
+#: impl/engines/llamacpp/kernels.py, docs/bench.md "Decode on every core"; the tests about threads
+#: set their own). On a shared 2-core machine a second spinning worker slows
 #: the tiny files' forwards many times over (tests/test_llamacpp_threads.py: 117 s at load 9)
 os.environ.setdefault("UNSEE_LLAMA_THREADS", "1")
 

@@ -91,10 +91,29 @@ def test_the_unsee_side_runs_against_a_server(tmp_path, one_thread):
         assert sorted((r["level"], r["conversation"], r["turn"]) for r in load) == [
             (1, 0, 1), (1, 0, 2), (2, 0, 1), (2, 0, 2), (2, 1, 1), (2, 1, 2)]
         assert all(r["output_tokens"] > 0 and r["ttft_s"] <= r["latency_s"] for r in load)
+        for level in (1, 2):  # the server's own count of its forwards over the level (its /metrics)
+            engine = next(r["level_engine"] for r in load if r["level"] == level)
+            assert engine["forwards"] >= 2 * level and engine["rows"] >= engine["forwards"] and engine["busy_s"] > 0
     assert result["floor"]["reset_digest_equal"] is True
     steps = {r["step"] for r in rows if r["system"] == "unsee" and r["phase"] == "delete"}
     assert steps == {"delete", "other alone", "other during delete"}
     assert "unsee responses (conversation)" in (out / "serve-peer.md").read_text()
+    assert "2 conversation(s): forwards; conversations per forward; engine busy" in (out / "serve-peer.md").read_text()
+
+
+def test_forwards_are_read_from_either_server_s_metrics():
+    from unsee.bench.serve_peer import get_engine_delta, parse_engine_figures
+
+    ours = ('# HELP unsee_engine_forwards_total forwards\n# TYPE unsee_engine_forwards_total counter\n'
+            'unsee_engine_forwards_total{steps="1"} 10.0\nunsee_engine_forwards_total{steps="3"} 4.0\n'
+            'unsee_engine_busy_seconds_total 2.5\nunsee_conversations 3.0\n')
+    assert parse_engine_figures(ours) == {"forwards": 14.0, "rows": 22.0, "busy_s": 2.5}
+    theirs = "# HELP llamacpp:n_decode_total x\nllamacpp:n_decode_total 20\nllamacpp:n_busy_slots_per_decode 1.5\n"
+    assert parse_engine_figures(theirs) == {"forwards": 20.0, "rows": 30.0, "busy_s": None}
+    assert parse_engine_figures("# nothing\nother_metric 1\n") is None
+    later = {"forwards": 26.0, "rows": 50.0, "busy_s": None}
+    assert get_engine_delta(parse_engine_figures(theirs), later) == {"forwards": 6.0, "rows": 20.0, "busy_s": None}
+    assert get_engine_delta(None, later) is None
 
 
 def test_llama_server_is_the_reference_where_it_ran():

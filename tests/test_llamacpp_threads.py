@@ -2,17 +2,20 @@
 
 llama.cpp's flash attention splits a lone query row's keys among the threads once a step
 attends over 512 cells or more (past about 256 tokens), so a one-token step's bits change
-with the thread count; a forward of two rows never takes that split. The engine feeds a
-decode step on several threads as two rows (``facts.forward_padded``). These tests pin the
-bit-level facts that rests on, on the tiny GGUF, past the old boundary: the padded step on
-two threads gives one thread's logits and KV, where a lone row on two threads does not; and a
-whole forget on two threads (the loader's default on this machine's cores) gives the
-one-thread engine's digests and tokens, while its store no longer records a thread count;
-and a batch of several lineages' steps on two threads (how the server's loop decodes its
-conversations on every core) gives each lineage the bits of its steps alone on one thread."""
+with the thread count; a forward of two rows never takes that split. Where the library has
+the switch (impl/engines/llamacpp/kernels.py: ``make install`` builds it) the split is off and
+a step is one row computed whole by one thread; where it lacks it, the engine feeds a decode
+step on several threads as two rows (``facts.forward_padded``). These tests pin the bit-level
+facts that rests on, on the tiny GGUF, past the old boundary: the engine's step on two threads
+gives one thread's logits and KV, where a lone row on two threads with the split on does not;
+with the switch, that step is not padded; a whole forget on two threads gives the one-thread
+engine's digests and tokens, while its store no longer records a thread count; and a batch of
+several lineages' steps on two threads (how the server's loop decodes its conversations on
+every core) gives each lineage the bits of its steps alone on one thread."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -36,9 +39,32 @@ def lone_step(lc, ctx, batch, token: int, pos: int, vocab: int) -> np.ndarray:
     return np.ctypeslib.as_array(lc.llama_get_logits_ith(ctx, 0), shape=(vocab,)).copy()
 
 
+@contextlib.contextmanager
+def split_on():
+    """The lone row's key split on for the block (the library's default; the controls below),
+    then as it was."""
+    from unsee.impl.engines.llamacpp.kernels import is_lone_row_exact, set_lone_row_split
+    from unsee.impl.engines.llamacpp.model import llama_module
+
+    was_off = is_lone_row_exact()
+    set_lone_row_split(llama_module(), True)
+    try:
+        yield
+    finally:
+        set_lone_row_split(llama_module(), not was_off)
+
+
+def has_switch() -> bool:
+    from unsee.impl.engines.llamacpp.kernels import find_setter
+    from unsee.impl.engines.llamacpp.model import llama_module
+
+    return find_setter(llama_module()) is not None
+
+
 def decode_run(lm, threads: int, padded: bool) -> tuple[list[np.ndarray], bytes]:
     """A prompt of :data:`PROMPT` tokens as one forward, then :data:`STEPS` decode steps on
-    ``threads`` threads (``padded``: as the engine feeds them): every step's logits, the KV blob."""
+    ``threads`` threads (``padded``: as the engine feeds them, else lone rows): every step's
+    logits, the KV blob."""
     from unsee.impl.engines.llamacpp.facts import forward, read_state
     from unsee.impl.engines.llamacpp.model import llama_module
 
@@ -66,14 +92,50 @@ def tiny(tmp_path_factory):
     return load_llamacpp("tiny", threads=1, n_ctx=1024, cache_dir=tmp_path_factory.mktemp("facts"))
 
 
-def test_a_padded_step_on_two_threads_has_one_threads_bits(tiny):
+def test_the_engines_step_on_two_threads_has_one_threads_bits(tiny):
     lm = tiny
     one_logits, one_kv = decode_run(lm, 1, padded=True)  # one thread: never padded
     two_logits, two_kv = decode_run(lm, 2, padded=True)
     assert all(np.array_equal(a, b) for a, b in zip(one_logits, two_logits)) and one_kv == two_kv
-    # the control: a lone row on two threads sums the keys in another order past 256 tokens
-    lone_logits, lone_kv = decode_run(lm, 2, padded=False)
+    # the control: a lone row on two threads, the split on, sums the keys in another order
+    with split_on():
+        lone_logits, lone_kv = decode_run(lm, 2, padded=False)
+        padded_logits, padded_kv = decode_run(lm, 2, padded=True)  # padded where the split is on
     assert not all(np.array_equal(a, b) for a, b in zip(one_logits, lone_logits)) and lone_kv != one_kv
+    assert all(np.array_equal(a, b) for a, b in zip(one_logits, padded_logits)) and padded_kv == one_kv
+
+
+@pytest.mark.skipif(not llamacpp.available() or not has_switch(),
+                    reason="this llama-cpp-python lacks the split switch (`make install` builds it)")
+def test_with_the_switch_a_lone_row_on_two_threads_is_one_threads_unpadded(tiny, monkeypatch):
+    """The split off (the loader's doing): a one-row step on two threads, fed as the engine
+    feeds it, is never padded, and its logits and KV are one thread's."""
+    from unsee.impl.engines.llamacpp import facts
+    from unsee.impl.engines.llamacpp.kernels import is_lone_row_exact
+
+    assert is_lone_row_exact() and tiny.info["lone_row_split"] == "off"
+    one_logits, one_kv = decode_run(tiny, 1, padded=False)
+
+    def refused(*args, **kwargs):
+        raise AssertionError("a step was padded")
+    monkeypatch.setattr(facts, "forward_padded", refused)
+    for padded in (True, False):  # through the engine's forward, and as a bare row
+        logits, kv = decode_run(tiny, 2, padded=padded)
+        assert all(np.array_equal(a, b) for a, b in zip(one_logits, logits)) and kv == one_kv
+
+
+def test_the_split_switch_patches_the_source_it_was_written_for():
+    from unsee.impl.engines.llamacpp.kernels import ANCHOR, SETTER, SPLIT_DECISION, patch_source
+
+    source = f"#include <algorithm>\n{ANCHOR}\n    {SPLIT_DECISION} && nek1 >= 512;\n"
+    patched = patch_source(source)
+    assert SETTER in patched and "#include <atomic>" in patched and SPLIT_DECISION not in patched
+    assert "!use_ref && ggml_cpu_fa_split_kv.load(std::memory_order_relaxed) && (neq1 == 1" in patched
+    assert patched.index(SETTER) < patched.index("ggml_cpu_fa_split_kv.load")
+    with pytest.raises(ValueError, match="another llama.cpp"):
+        patch_source(patched)  # once only: the decision it changes is gone
+    with pytest.raises(ValueError, match="use_split_kv_path"):
+        patch_source("#include <algorithm>\n" + ANCHOR)
 
 
 def new_rows(lm, threads: int, slots: int):
@@ -92,9 +154,9 @@ def new_rows(lm, threads: int, slots: int):
 def test_a_batch_of_steps_on_two_threads_has_each_steps_one_thread_bits(tiny):
     """Two lineages past 256 tokens, their steps decoded together (one forward of two rows,
     each in its own stream: the split never applies) on a context of two threads, then a
-    step of one alone (padded): every logit and each lineage's KV digest equal the same
+    step of one alone (whole, or padded without the switch): every logit and each lineage's KV digest equal the same
     steps of each lineage alone on one thread. The control: the same steps of one lineage
-    fed as lone unpadded rows on that context differ."""
+    fed as lone unpadded rows on that context, the split on, differ."""
     from unsee.impl.engines.scheduler import StepRequest
 
     lm = tiny
@@ -108,7 +170,7 @@ def test_a_batch_of_steps_on_two_threads_has_each_steps_one_thread_bits(tiny):
         out = rows.forward_steps([StepRequest(h, lins[h], tokens[h][i], 0) for h in "ab"])
         for h, logits in zip("ab", out, strict=True):
             together[h].append(logits)
-    together["a"].append(rows.forward("a", lins["a"], [tokens["a"][-1]], False))  # alone: padded on two threads
+    together["a"].append(rows.forward("a", lins["a"], [tokens["a"][-1]], False))  # alone, on two threads
     del tokens["b"][-1]
     digests = {h: rows.digest(h, lins[h]) for h in "ab"}
     one = new_rows(lm, threads=1, slots=1)
@@ -121,12 +183,13 @@ def test_a_batch_of_steps_on_two_threads_has_each_steps_one_thread_bits(tiny):
     lone = new_rows(lm, threads=2, slots=2)
     lin = lone.new()
     lone.forward("a", lin, tokens["a"][:PROMPT], False)
-    rows_alone = [lone.forward_steps([StepRequest("a", lin, tok, 0)])[0] for tok in tokens["a"][PROMPT:-1]]
+    with split_on():
+        rows_alone = [lone.forward_steps([StepRequest("a", lin, tok, 0)])[0] for tok in tokens["a"][PROMPT:-1]]
     assert not all(np.array_equal(x, y) for x, y in zip(rows_alone, together["a"][1:]))
 
 
 def test_an_episode_on_every_core_equals_one_thread_and_records_no_threads(tmp_path, monkeypatch):
-    """The loader's default made 2 threads (it is 1: :data:`DEFAULT_DECODE_THREADS`) against one thread: the episode's
+    """The loader's default made 2 threads (every core with the split switch, else 1) against one thread: the episode's
     digest and every block's tokens equal; neither store records a thread count, and one
     written on one thread opens on two with its digest."""
     from unsee.impl.agent.episode import parse_episode
@@ -138,7 +201,7 @@ def test_an_episode_on_every_core_equals_one_thread_and_records_no_threads(tmp_p
 
     monkeypatch.delenv("UNSEE_LLAMA_THREADS", raising=False)
     monkeypatch.delenv("UNSEE_LLAMA_BATCH_THREADS", raising=False)
-    monkeypatch.setattr(model, "DEFAULT_DECODE_THREADS", 2)
+    monkeypatch.setattr(model, "get_default_decode_threads", lambda: 2)
     episode = parse_episode(json.loads(EXAMPLE.read_text()))
     results, engines = {}, {}
     for threads in (1, None):

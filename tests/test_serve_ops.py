@@ -145,6 +145,11 @@ def test_metrics_count_requests_tokens_forgets_and_what_the_pool_holds(keyed):
     assert after[("unsee_kv_held_bytes", ())] == pool.get_held_bytes() > 0
     assert after[("unsee_requests_waiting", (("on", "engine"),))] == 0
     assert after[("unsee_requests_waiting", (("on", "conversation"),))] == 0
+    # the loop's forwards: each answer's prompt is one forward at least, its tokens a step each at most
+    forwards = sum(v for (name, _), v in after.items() if name == "unsee_engine_forwards_total") - sum(
+        v for (name, _), v in before.items() if name == "unsee_engine_forwards_total")
+    assert len(answers) + 1 <= forwards and delta(("unsee_engine_busy_seconds_total", ())) > 0
+    assert after[("unsee_engine_forwards_total", (("steps", "1"),))] == pool.get_stats()["decode_batches"][1]
 
 
 def test_metrics_show_evictions_rebuilds_and_the_budget(keyed):

@@ -231,8 +231,9 @@ class Scheduler:
     def get_stats(self) -> dict:
         """Forwards run, batch sizes (``{steps: forwards}``), seconds spent computing them and
         hand-overs, so far."""
-        return {"forwards": self.forwards, "batch_sizes": dict(sorted(self.batch_sizes.items())),
-                "busy_s": self.busy_s, "handovers": self.handovers}
+        with self._cond:  # the loop counts under it (a scrape reads from another thread)
+            return {"forwards": self.forwards, "batch_sizes": dict(sorted(self.batch_sizes.items())),
+                    "busy_s": self.busy_s, "handovers": self.handovers}
 
     # --- cancelling
 
@@ -375,9 +376,12 @@ class Scheduler:
             for job in jobs:
                 self._jobs.remove(job)
             self._running = True
-        self._execute(jobs)
+        seconds = self._execute(jobs)
         with self._cond:
             self._running = False
+            self.busy_s += seconds
+            self.forwards += 1
+            self.batch_sizes[len(jobs)] += 1
             for job in jobs:
                 job.done = True
                 if job.depth:  # queued for the session now, so that nothing runs before it is back
@@ -386,8 +390,8 @@ class Scheduler:
             self._cond.notify_all()
         return True
 
-    def _execute(self, jobs: list[Job]) -> None:
-        """Run ``jobs`` as one forward, each given its result or the forward's error."""
+    def _execute(self, jobs: list[Job]) -> float:
+        """Run ``jobs`` as one forward, each given its result or the forward's error; its seconds."""
         started = time.perf_counter()
         try:
             _acting.thread = jobs[0].thread
@@ -401,9 +405,7 @@ class Scheduler:
                 job.error = e
         finally:
             _acting.thread = None
-        self.busy_s += time.perf_counter() - started
-        self.forwards += 1
-        self.batch_sizes[len(jobs)] += 1
+        return time.perf_counter() - started
 
 
 @atexit.register

@@ -36,7 +36,8 @@ UNMATCHED = "unmatched"  # the route label of a request no route matched (a 404 
 
 class PoolCollector(Collector):
     """The pool's state at scrape time: KV bytes held and the budget, conversations stored and
-    resident, requests waiting for the engine or for a busy conversation, evictions, rebuilds."""
+    resident, requests waiting for the engine or for a busy conversation, evictions, rebuilds,
+    and the engine loop's forwards (by the steps each batched) and busy seconds."""
 
     def __init__(self, pool):
         self.pool = pool
@@ -62,6 +63,15 @@ class PoolCollector(Collector):
                                   value=state["evictions"])
         yield CounterMetricFamily("unsee_rebuilds", "evicted sessions rebuilt from their store",
                                   value=state["rebuilds"])
+        stats = pool.get_stats()
+        forwards = CounterMetricFamily("unsee_engine_forwards", "forwards the engine's loop ran, by the decode "
+                                       "steps each batched (1: a lone step, a prefill or any other forward)",
+                                       labels=["steps"])
+        for steps, count in sorted(stats["decode_batches"].items()):
+            forwards.add_metric([str(steps)], count)
+        yield forwards
+        yield CounterMetricFamily("unsee_engine_busy_seconds", "seconds the engine's loop spent computing "
+                                  "forwards (the rest of its time it waited for work)", value=stats["forward_s"])
 
 
 class Metrics:

@@ -63,6 +63,7 @@ import torch
 
 from unsee.impl.engines.decoding import get_scores, pick
 from unsee.impl.engines.files import default_cache_dir
+from unsee.impl.engines.llamacpp.kernels import is_lone_row_exact
 
 #: the probe: prompt lengths (the comparison runs after each), tokens decoded after them.
 #: The second passes 256 tokens: its decode steps attend over 512 cells or more
@@ -121,9 +122,10 @@ def forward(lc, ctx, batch, ids: list[int], start: int, all_logits: bool, vocab:
     """One ``llama_decode`` of ``ids`` at positions start.. on sequence ``seq``: the
     logits after the last token (vocab,), or after every token (n, vocab), float32 copies.
     A one-token forward on a context of several decode threads is fed as two rows
-    (:func:`forward_padded`), so that its bits are those of one thread."""
+    (:func:`forward_padded`), so that its bits are those of one thread, unless the library's
+    key split is off (kernels.py: then the row is whole on one thread as it is)."""
     n = len(ids)
-    if n == 1 and lc.llama_n_threads(ctx) > 1:
+    if n == 1 and lc.llama_n_threads(ctx) > 1 and not is_lone_row_exact():
         logits = forward_padded(lc, ctx, batch, ids[0], start, vocab, seq)
         return logits[None] if all_logits else logits
     for i, tok in enumerate(ids):
@@ -284,11 +286,13 @@ def compute_equal_limit(sizes: Sequence[int], get_diff) -> tuple[int, float]:
 
 def get_cache_key(lm) -> str:
     """What the facts depend on: the file (path, size, mtime), the kernels
-    (repacking, ggml's tiled matmul), threads (and batch threads where they differ), flash attention,
-    the library."""
+    (repacking, ggml's tiled matmul), threads (and batch threads where they differ, and on several
+    whether a lone row's keys are split), flash attention, the library."""
     stat = Path(lm.source).stat()
     batch = f"|batch_threads={lm.batch_threads}" if getattr(lm, "batch_threads", None) not in (None, lm.threads) else ""
-    return (f"{FACTS_VERSION}|{Path(lm.source).resolve()}|{stat.st_size}|{stat.st_mtime_ns}|threads={lm.threads}{batch}"
+    # a step on several threads is padded or not (kernels.py): its cost, not its bits, differs
+    split = f"|lone_row_split={lm.info.get('lone_row_split', 'on')}" if lm.threads > 1 else ""
+    return (f"{FACTS_VERSION}|{Path(lm.source).resolve()}|{stat.st_size}|{stat.st_mtime_ns}|threads={lm.threads}{batch}{split}"
             f"|fa={int(lm.flash_attn)}|exact_kernels={int(lm.exact_kernels)}"
             f"|tiled_mm={lm.info.get('GGML_CPU_TILED_MM', '')}|llama_cpp={lm.info.get('llama_cpp_python', '?')}")
 

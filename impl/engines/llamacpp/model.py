@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from unsee.impl.engines.llamacpp.kernels import is_lone_row_exact, set_lone_row_split
 from unsee.impl.engines.speculation import DraftPolicy
 
 INSTALL_HINT = ("the llama.cpp engine needs llama-cpp-python, an optional extra: "
@@ -83,6 +84,9 @@ def _init_backend(lc, exact_kernels: bool = True) -> None:
     if exact_kernels:
         os.environ.setdefault(TILED_MM_ENV, "0")
     lc.llama_backend_init()
+    # a lone decode step whole on one thread whatever the threads, where the library has the
+    # switch (kernels.py); the bits of one thread are unchanged by it
+    set_lone_row_split(lc, False)
 
     @lc.llama_log_callback
     def quiet(level, text, user_data):  # errors surface as return codes we raise on
@@ -144,9 +148,10 @@ class LlamaCppModel:
     #: the context length the model was trained on (llama.cpp's ``n_ctx_train``; 0: not said)
     n_ctx_train: int = 0
     #: whether the KV and logits are those of one thread whatever ``threads`` and ``batch_threads``:
-    #: decode on one thread, or on several with each step fed as two rows (facts.forward_padded)
-    #: on a file whose two-token forward equals its decode steps (``max_forward`` >= 2). Then a
-    #: store need not record the thread counts (impl/store/backend.py)
+    #: decode on one thread, or on several with each step whole on one thread (kernels.py's switch),
+    #: or, where the library lacks it, fed as two rows (facts.forward_padded) on a file whose
+    #: two-token forward equals its decode steps (``max_forward`` >= 2). Then a store need not
+    #: record the thread counts (impl/store/backend.py)
     thread_invariant: bool = False
     _tokenizer: object = None  # a ByteTokenizer (tiny GGUF), or None: llama.cpp's own vocabulary
     _model: object = None
@@ -243,7 +248,8 @@ class LlamaCppModel:
 def _determinism_text(threads: int, flash_attn: bool, exact_kernels: bool, batch_threads: int | None = None) -> str:
     kernels = "per-row kernels (no repacking)" if exact_kernels else "repacked weights"
     batch = f" ({batch_threads} for forwards of several tokens)" if batch_threads not in (None, threads) else ""
-    padded = ", each decode step fed as two rows (one thread's bits)" if threads > 1 else ""
+    padded = "" if threads == 1 else (", each decode step's rows whole on one thread (one thread's bits)"
+                                      if is_lone_row_exact() else ", each decode step fed as two rows (one thread's bits)")
     return (f"llama.cpp cpu, {threads} thread(s){batch}{padded}, flash attention {'on' if flash_attn else 'off'}, "
             f"{kernels}, f16 KV: the same chunking repeats bitwise; crop + continue equals a fresh prefill; other "
             "chunkings and decode steps may differ in the last bits, thread counts only where the file's "
@@ -275,11 +281,20 @@ def resolve_gguf(key: str, cache_dir: str | os.PathLike | None = None) -> tuple[
     return path, key, None
 
 
-#: decode threads where none is named: one. A step on more threads is exact (fed as two rows), but
-#: the padded step costs 1.84x a lone row's CPU on qwen2.5-1.5b (bench/llamacpp_pad_cost.py), so on
-#: 2 cores it was no faster; a batch of conversations' steps runs on ``batch_threads`` whatever this is
-#: (rows.py); `--threads N` or $UNSEE_LLAMA_THREADS asks for more (docs/bench.md, "Decode on every core").
+#: decode threads where none is named and the library lacks the split switch (kernels.py): one. A
+#: step on more threads is exact there only fed as two rows, and the padded step costs 1.84x a lone
+#: row's CPU on qwen2.5-1.5b (bench/llamacpp_pad_cost.py), so on 2 cores it was no faster. With the
+#: switch a lone step is exact on any threads unpadded, and the default is every core
+#: (:func:`get_default_decode_threads`). A batch of conversations' steps runs on ``batch_threads``
+#: whatever this is (rows.py); `--threads N` or $UNSEE_LLAMA_THREADS names a count
+#: (docs/bench.md, "Decode on every core").
 DEFAULT_DECODE_THREADS = 1
+
+
+def get_default_decode_threads() -> int:
+    """Decode threads where none is named: every core where a lone step on several threads has
+    one thread's bits unpadded (kernels.is_lone_row_exact), else :data:`DEFAULT_DECODE_THREADS`."""
+    return get_cores() if is_lone_row_exact() else DEFAULT_DECODE_THREADS
 
 
 def get_cores() -> int:
@@ -344,7 +359,7 @@ def load_llamacpp(name_or_path: str | os.PathLike = "smollm2", threads: int | No
     _init_backend(lc, exact_kernels)
     path, name, tokenizer = resolve_gguf(os.fspath(name_or_path), cache_dir)
     chosen = threads is not None or bool(os.environ.get("UNSEE_LLAMA_THREADS"))
-    threads = get_count("threads", threads, "UNSEE_LLAMA_THREADS", DEFAULT_DECODE_THREADS)
+    threads = get_count("threads", threads, "UNSEE_LLAMA_THREADS", get_default_decode_threads())
     batch_threads = get_count("batch_threads", batch_threads, "UNSEE_LLAMA_BATCH_THREADS", threads)
     mparams = lc.llama_model_default_params()
     mparams.n_gpu_layers = 0
@@ -362,7 +377,8 @@ def load_llamacpp(name_or_path: str | os.PathLike = "smollm2", threads: int | No
                        determinism_statement=_determinism_text(threads, flash_attn, exact_kernels, batch_threads),
                        batch_threads=batch_threads,
                        info={"llama_cpp_python": getattr(lc, "__version__", "?"),
-                             TILED_MM_ENV: os.environ.get(TILED_MM_ENV, "")},
+                             TILED_MM_ENV: os.environ.get(TILED_MM_ENV, ""),
+                             "lone_row_split": "off" if is_lone_row_exact() else "on"},
                        exact_kernels=exact_kernels)
     lm._tokenizer, lm._model, lm._vocab = tokenizer, model, vocab
     lm.n_swa, lm.slots, lm.n_ctx_train = n_swa, slots, trained
@@ -378,11 +394,11 @@ def set_decode_threads(lm: LlamaCppModel, chosen: bool, cache_dir: str | os.Path
     two-token forward differs from decoding: ``max_forward`` < 2), decode on one thread instead
     (prefill stays on every core), measured again; then whether its bits are thread-invariant."""
     set_decode_facts(lm, cache_dir)
-    if lm.threads > 1 and lm.max_forward < 2 and not chosen:
+    if lm.threads > 1 and lm.max_forward < 2 and not chosen and not is_lone_row_exact():
         lm.threads = 1
         lm.determinism_statement = _determinism_text(1, lm.flash_attn, lm.exact_kernels, lm.batch_threads)
         set_decode_facts(lm, cache_dir)
-    lm.thread_invariant = lm.threads == 1 or lm.max_forward >= 2
+    lm.thread_invariant = lm.threads == 1 or lm.max_forward >= 2 or is_lone_row_exact()
 
 
 def get_layout(lc, model, n_ctx: int | None, slots: int | None, memory: int | None,

@@ -92,7 +92,8 @@ class LlamaRows:
         threads only where the forward is that one row in one stream: a batch of steps, one per
         stream, computes each row whole on one thread, so it equals each step on one thread
         at any thread count (tests/test_llamacpp_threads.py). A step left alone runs on
-        ``threads``, padded to two rows where those are more than one (facts.forward_padded)."""
+        ``threads``: on more than one, whole on one thread where the library has the split switch
+        (kernels.py), else padded to two rows (facts.forward_padded)."""
         return self.slots > 1
 
     @property
