@@ -7,7 +7,9 @@ On each thread count, after a prompt of ``--context`` tokens (one forward), ``--
 of: a lone one-row ``llama_decode`` at the next position, then the engine's padded step
 (``facts.forward_padded``: two rows, the second's cell freed) at the same position, each
 cropped back after it, so both always attend over the same cells and drifts of the machine's
-load fall on both alike. Reported per kind: the median CPU seconds of the process (every
+load fall on both alike. Where the library has the split switch
+(impl/engines/llamacpp/kernels.py) the lone row is timed twice: ``whole`` (the split off, as
+the engine runs it: one thread's bits) and ``split`` (llama.cpp's own kernel). Reported per kind: the median CPU seconds of the process (every
 thread's; on more than one thread OpenMP's spinning counts too) and the median and fastest
 wall seconds. ``--flash both`` repeats it without flash attention (a lone row is then
 thread-invariant: the option this change weighed against padding).
@@ -26,8 +28,12 @@ from unsee.bench import options
 
 
 def time_steps(lm, lc, threads: int, flash: bool, context: int, steps: int) -> dict:
-    """``{kind: {cpu_p50, wall_p50, wall_min}}`` for ``lone`` and ``padded`` steps (module docstring)."""
+    """``{kind: {cpu_p50, wall_p50, wall_min}}`` for ``lone`` (or ``whole`` and ``split``) and
+    ``padded`` steps (module docstring)."""
     from unsee.impl.engines.llamacpp.facts import forward, forward_padded
+    from unsee.impl.engines.llamacpp.kernels import find_setter, set_lone_row_split
+
+    switch = find_setter(lc) is not None
 
     ctx = lm.new_context(context + 8, flash_attn=flash)
     batch = lc.llama_batch_init(context + 8, 0, 1)
@@ -35,9 +41,12 @@ def time_steps(lm, lc, threads: int, flash: bool, context: int, steps: int) -> d
         lc.llama_set_n_threads(ctx, threads, threads)
         tokens = [int(t) for t in np.random.default_rng(3).integers(0, lm.vocab_size, context + 1)]
         forward(lc, ctx, batch, tokens[:context], 0, False, lm.vocab_size)
-        times: dict[str, list[tuple[float, float]]] = {"lone": [], "padded": []}
+        times: dict[str, list[tuple[float, float]]] = (
+            {"whole": [], "split": [], "padded": []} if switch else {"lone": [], "padded": []})
         for _ in range(steps):
             for kind, spent in times.items():
+                if switch:
+                    set_lone_row_split(lc, kind == "split")
                 cpu, wall = time.process_time(), time.perf_counter()
                 if kind == "padded":
                     forward_padded(lc, ctx, batch, tokens[context], context, lm.vocab_size)
@@ -51,6 +60,8 @@ def time_steps(lm, lc, threads: int, flash: bool, context: int, steps: int) -> d
         return {kind: {"cpu_p50": statistics.median(c for _, c in v), "wall_p50": statistics.median(w for w, _ in v),
                        "wall_min": min(w for w, _ in v)} for kind, v in times.items()}
     finally:
+        if switch:
+            set_lone_row_split(lc, False)  # as the loader left it
         lc.llama_batch_free(batch)
         lc.llama_free(ctx)
 

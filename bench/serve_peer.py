@@ -61,6 +61,7 @@ import argparse
 import concurrent.futures
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -169,6 +170,13 @@ def start_peer(python: str, gguf: Path, name: str, threads: int | None, batch_th
     with open(log, "w") as out:
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
     return Server("llama_cpp.server", process, f"http://127.0.0.1:{port}/v1", log)
+
+
+def get_unsee_threads(log: Path) -> dict:
+    """The threads ``unsee serve`` said it runs on (its start line: ``llama.cpp decodes on N
+    thread(s) and prefills on M``), as label fields; none where its log does not say."""
+    match = re.search(r"decodes on (\d+) thread\(s\) and prefills on (\d+)", log.read_text()) if log.exists() else None
+    return {"unsee_threads": int(match[1]), "unsee_batch_threads": int(match[2])} if match else {}
 
 
 def parse_engine_figures(text: str) -> dict | None:
@@ -584,6 +592,7 @@ def main(argv: list[str] | None = None) -> int:
                 r["output_tokens"] = r.get("output_tokens", 0) + len(engine.lm.encode(text))
         floor = measure_floor(engine, work / "before-delete", rows) if any(
             r.get("step") == "delete" for r in rows) else None
+        label |= get_unsee_threads(work / "unsee.log")
         for log in ("peer.log", "llama-server.log", "unsee-chat.log", "unsee.log"):
             if (work / log).exists():
                 shutil.copy(work / log, out / log)

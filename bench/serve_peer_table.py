@@ -169,7 +169,10 @@ def get_table_rows(systems: dict, workload: dict) -> list[tuple[str, list[str]]]
 def get_threads_note(label: dict) -> str:
     """The servers' threads: a count each, or each server's own defaults."""
     if label.get("threads") is None:
-        return "each server with its own thread defaults (llama-server and llama_cpp.server as they start, unsee decoding a lone conversation's steps on one thread, its prefill and its conversations' batched steps on every core)"
+        unsee = ("unsee decoding a lone conversation's steps on one thread" if "unsee_threads" not in label else
+                 f"unsee decoding a lone conversation's steps on {label['unsee_threads']} thread(s)")
+        return ("each server with its own thread defaults (llama-server and llama_cpp.server as they start, "
+                f"{unsee}, its prefill and its conversations' batched steps on every core)")
     return f"{label['threads']} thread(s) each{get_batch_note(label)}"
 
 

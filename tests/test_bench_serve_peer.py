@@ -212,3 +212,16 @@ def test_the_docs_regions_are_the_kept_runs_rendered_again():
             assert region == render_region(kind, json.loads((docs / file).read_text())), f"run {command}"
         else:
             assert region.startswith("Not run yet") and command in region, region
+
+
+def test_the_label_says_the_threads_unsee_said_it_runs_on(tmp_path):
+    from unsee.bench.serve_peer import get_unsee_threads
+    from unsee.bench.serve_peer_table import get_threads_note
+
+    log = tmp_path / "unsee.log"
+    log.write_text("unsee serve: llama.cpp decodes on 2 thread(s) and prefills on 2 (--threads, --batch-threads)\n")
+    label = {"threads": None, **get_unsee_threads(log)}
+    assert label["unsee_threads"] == 2 and label["unsee_batch_threads"] == 2
+    assert "unsee decoding a lone conversation's steps on 2 thread(s)" in get_threads_note(label)
+    assert get_unsee_threads(tmp_path / "absent.log") == {}
+    assert "on one thread" in get_threads_note({"threads": None})  # a run that did not record them
