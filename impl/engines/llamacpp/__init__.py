@@ -5,6 +5,8 @@
                over the context (``LlamaRows``: residency, parking, the digest)
 ``model``      load_llamacpp, LlamaCppModel: the GGUF, its context options, its measured facts
 ``facts``      whether decode equals prefill bit for bit, measured at load and cached
+``kernels``    the switch that keeps a lone decode row whole on one thread (one thread's bits
+               on every core): its patch, its build into the venv, whether the library has it
 ``cost``       what one more token in a forward costs in decode steps (the draft policy's
                ``per_token``), measured at load and cached beside the facts
 ``state``      sequence state blobs as K and V rows by position

@@ -195,9 +195,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work", default="out/llama-kernels", help="where the source is fetched and built")
     parser.add_argument("--force", action="store_true", help="build again where the library has the switch")
     args = parser.parse_args(argv)
-    from unsee.impl.engines.llamacpp.model import llama_module
-
-    lc = llama_module()
+    try:
+        import llama_cpp as lc
+    except ImportError as e:
+        print(f"llama-cpp-python is not installed here ({e}): pip install 'unsee[llamacpp]' first", file=sys.stderr)
+        return 1
     targets = get_cpu_libraries(lc)
     has = find_setter(lc) is not None
     if args.command == "status" or (has and not args.force):

@@ -325,6 +325,13 @@ def get_eos_ids(lc, vocab, n_vocab: int) -> tuple[int, ...]:
     return tuple(sorted(i for i in ids if 0 <= i < n_vocab))
 
 
+def get_library_info(lc) -> dict:
+    """What the decode facts depend on of the library (their cache key, facts.get_cache_key): its
+    version, ggml's tiled matmul setting, and whether a lone row's keys are split (kernels.py)."""
+    return {"llama_cpp_python": getattr(lc, "__version__", "?"), TILED_MM_ENV: os.environ.get(TILED_MM_ENV, ""),
+            "lone_row_split": "off" if is_lone_row_exact() else "on"}
+
+
 def load_llamacpp(name_or_path: str | os.PathLike = "smollm2", threads: int | None = None, n_ctx: int | None = None,
                   flash_attn: bool = True, cache_dir: str | os.PathLike | None = None,
                   exact_kernels: bool | None = None, batch_threads: int | None = None,
@@ -333,12 +340,12 @@ def load_llamacpp(name_or_path: str | os.PathLike = "smollm2", threads: int | No
     ``'tiny'`` or ``'tiny-<family>'`` (a tiny random GGUF, byte tokenizer), or
     a ``*.gguf`` path (:func:`resolve_gguf`).
 
-    ``threads`` (decode steps) defaults to $UNSEE_LLAMA_THREADS, else :data:`DEFAULT_DECODE_THREADS`;
-    on several threads a decode step is fed as two rows, which gives one thread's bits
-    where the file's forward of two tokens equals two decode steps (its measured ``max_forward``
-    >= 2: docs/bench.md, "Decode on every core"); on a file where it does not, the default falls
-    back to one decode thread, and a count given there is what the bits depend on
-    (``thread_invariant``); ``batch_threads``, the threads of forwards of several tokens
+    ``threads`` (decode steps) defaults to $UNSEE_LLAMA_THREADS, else :func:`get_default_decode_threads`;
+    on several, a step is one row whole on one thread (kernels.py's switch) or, without the
+    switch, fed as two rows, one thread's bits where the file's two-token forward equals two
+    decode steps (``max_forward`` >= 2: docs/bench.md, "Decode on every core"; elsewhere the
+    default falls back to one thread, and a count given is what the bits depend on:
+    ``thread_invariant``); ``batch_threads``, the threads of forwards of several tokens
     (prefill, verification), to $UNSEE_LLAMA_BATCH_THREADS or ``threads``; ``n_ctx``
     (the longest lineage), at most the model's trained length (more is a ValueError naming
     both), to what ``ctx_memory`` bytes of KV hold for every slot
@@ -376,10 +383,7 @@ def load_llamacpp(name_or_path: str | os.PathLike = "smollm2", threads: int | No
                        n_layer=lc.llama_model_n_layer(model), n_ctx=n_ctx, threads=threads, flash_attn=flash_attn,
                        determinism_statement=_determinism_text(threads, flash_attn, exact_kernels, batch_threads),
                        batch_threads=batch_threads,
-                       info={"llama_cpp_python": getattr(lc, "__version__", "?"),
-                             TILED_MM_ENV: os.environ.get(TILED_MM_ENV, ""),
-                             "lone_row_split": "off" if is_lone_row_exact() else "on"},
-                       exact_kernels=exact_kernels)
+                       info=get_library_info(lc), exact_kernels=exact_kernels)
     lm._tokenizer, lm._model, lm._vocab = tokenizer, model, vocab
     lm.n_swa, lm.slots, lm.n_ctx_train = n_swa, slots, trained
     if tokenizer is None:
@@ -503,4 +507,4 @@ def pick_chat_template(default: str | None, tool_use: str | None) -> str | None:
 
 __all__ = ["CONTEXT_STEP", "DEFAULT_CONTEXT", "INSTALL_HINT", "LlamaCppMissingError", "LlamaCppModel", "available",
            "compute_default_context", "get_chat_template", "get_context", "get_cores", "get_kv_bytes_per_token", "get_layout",
-           "load_llamacpp", "pick_chat_template"]
+           "get_default_decode_threads", "get_library_info", "load_llamacpp", "pick_chat_template"]
