@@ -505,6 +505,21 @@ def pick_chat_template(default: str | None, tool_use: str | None) -> str | None:
     return tool_use if tool_use and (not default or "tools" not in default) else default
 
 
-__all__ = ["CONTEXT_STEP", "DEFAULT_CONTEXT", "INSTALL_HINT", "LlamaCppMissingError", "LlamaCppModel", "available",
-           "compute_default_context", "get_chat_template", "get_context", "get_cores", "get_kv_bytes_per_token", "get_layout",
-           "get_default_decode_threads", "get_library_info", "load_llamacpp", "pick_chat_template"]
+__all__ = [
+    "CONTEXT_STEP",
+    "DEFAULT_CONTEXT",
+    "INSTALL_HINT",
+    "LlamaCppMissingError",
+    "LlamaCppModel",
+    "available",
+    "compute_default_context",
+    "get_chat_template",
+    "get_context",
+    "get_cores",
+    "get_default_decode_threads",
+    "get_kv_bytes_per_token",
+    "get_layout",
+    "get_library_info",
+    "load_llamacpp",
+    "pick_chat_template",
+]
