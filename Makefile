@@ -256,9 +256,11 @@ crossmodel: $(VENV)/.test-installed $(VENV)/.llamacpp-installed
 DRAFTS_N ?= 5
 DRAFTS_SHARDS ?= 1
 DRAFTS_MODELS ?= qwen2.5-1.5b gemma3-270m smollm2
+# Both run llama.cpp on one decode thread, as docs/drafts.md's figures were measured (the
+# loader's default is every core where the library has the split switch; shards run side by side).
 drafts-bench: $(VENV)/.test-installed $(VENV)/.llamacpp-installed
 	for m in $(DRAFTS_MODELS); do pids=; for s in $$(seq 0 $$(($(DRAFTS_SHARDS) - 1))); do \
-	  OMP_NUM_THREADS=1 $(PY) -m unsee.bench.forget_policy --model $$m --engine llamacpp --episodes $(DRAFTS_N) \
+	  OMP_NUM_THREADS=1 UNSEE_LLAMA_THREADS=1 $(PY) -m unsee.bench.forget_policy --model $$m --engine llamacpp --episodes $(DRAFTS_N) \
 	  --methods replay,replay-decode,replay-drafts --shard $$s/$(DRAFTS_SHARDS) --out out/drafts-bench/$$m-$$s & \
 	  pids="$$pids $$!"; done; for p in $$pids; do wait $$p || exit 1; done; done
 	$(PY) -m unsee.bench.drafts_models $$(for m in $(DRAFTS_MODELS); do ls -d out/drafts-bench/$$m-[0-9]*; done) \
@@ -269,7 +271,7 @@ drafts-bench: $(VENV)/.test-installed $(VENV)/.llamacpp-installed
 # plain reset, their order alternating; wall, CPU, tokens, forwards and phases of each; the ratios.
 COLD_PAIRS ?= 5
 cold-forget: $(VENV)/.test-installed $(VENV)/.llamacpp-installed
-	OMP_NUM_THREADS=1 $(PY) -m unsee.bench.cold_forget --models $(DRAFTS_MODELS) --pairs $(COLD_PAIRS) --out out/cold-forget
+	OMP_NUM_THREADS=1 UNSEE_LLAMA_THREADS=1 $(PY) -m unsee.bench.cold_forget --models $(DRAFTS_MODELS) --pairs $(COLD_PAIRS) --out out/cold-forget
 	$(PY) -m unsee.bench.cold_forget --rows out/cold-forget/rows.jsonl --docs docs/drafts.md
 
 # The paper's efficiency tables (docs/bench.md).
