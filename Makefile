@@ -52,7 +52,7 @@ install: $(VENV)/.installed
 # built from source once, for a generic CPU, so that pip's cached wheel runs
 # on any x86-64 machine. Then its CPU backend is built again from the same
 # source with the switch that lets a decode step run on every core with one
-# thread's bits (impl/engines/llamacpp/kernels.py: the sdist, a four-line
+# thread's bits (impl/engines/llamacpp/kernels.py: the sdist, a small
 # patch, cmake's ggml-cpu target; about a minute on 2 cores), into the venv.
 KERNELS_DIR ?= out/llama-kernels
 LLAMA_KERNELS = CMAKE_ARGS="-DGGML_NATIVE=OFF" $(PY) -m unsee.impl.engines.llamacpp.kernels install --work $(KERNELS_DIR)

@@ -10,9 +10,10 @@ bits are the same on any thread count. Without a switch, the engine fed a
 multi-thread decode step as two rows (:func:`facts.forward_padded`), which
 avoids the split but computes a second row: 1.84x the step's CPU.
 
-The switch is four lines added to the llama.cpp source that llama-cpp-python
-vendors (:func:`patch_source`): ``ggml_cpu_set_flash_attn_split_kv(false)``
-makes the lone row take the whole-row path. Its bits are then one thread's
+The switch is a setter and one changed condition in the llama.cpp source that
+llama-cpp-python vendors (:func:`patch_source`):
+``ggml_cpu_set_flash_attn_split_kv(false)`` makes the lone row take the
+whole-row path. Its bits are then one thread's
 at any thread count (a thread computes the row as one thread does:
 tests/test_llamacpp_threads.py), and nothing else changes: with the split on,
 the rebuilt library's bits equal PyPI's build's.
@@ -20,8 +21,8 @@ the rebuilt library's bits equal PyPI's build's.
 ``make install`` (and ``make test``) builds that library from the pinned
 llama-cpp-python's source and puts it in the venv (``python -m
 unsee.impl.engines.llamacpp.kernels install``: the sdist from PyPI, the
-patch, ``cmake`` for the ``ggml-cpu`` target alone, about a minute on 2
-cores). A llama-cpp-python without it (``pip install 'unsee[llamacpp]'``
+patch, ``cmake`` for the ``ggml-cpu`` target alone: 40 s on 2 cores, the
+sdist's download included). A llama-cpp-python without it (``pip install 'unsee[llamacpp]'``
 alone) keeps the padded step: :func:`set_lone_row_split` says which.
 """
 
