@@ -191,10 +191,22 @@ def compute_ratios(pair: dict) -> dict:
 
 
 def get_machine() -> dict:
-    """The CPU and its cores, as a label names them."""
+    """The CPU, its cores and the processes' llama.cpp decode threads, as a label names them: the
+    ones $UNSEE_LLAMA_THREADS names (`make cold-forget` sets 1), else the loader's default, every
+    core where the library has the split switch (model.get_default_decode_threads)."""
     from unsee.bench.forget_policy import get_cpu_name
+    from unsee.impl.engines.llamacpp.kernels import find_setter
+    from unsee.impl.engines.llamacpp.model import DEFAULT_DECODE_THREADS, get_cores, llama_module
 
-    return {"cpu": get_cpu_name(), "cores": os.cpu_count()}
+    threads = int(os.environ.get("UNSEE_LLAMA_THREADS") or (
+        get_cores() if find_setter(llama_module()) is not None else DEFAULT_DECODE_THREADS))
+    return {"cpu": get_cpu_name(), "cores": os.cpu_count(), "threads": threads}
+
+
+def get_threads_text(machine: dict) -> str:
+    """The decode threads in a label (a summary kept before they were recorded ran on one)."""
+    threads = machine.get("threads", 1)
+    return "1 thread" if threads == 1 else f"{threads} decode threads"
 
 
 def render(rows: list[dict], argv: list[str], machine: dict) -> str:
@@ -204,7 +216,7 @@ def render(rows: list[dict], argv: list[str], machine: dict) -> str:
     builds = " ".join(f"`{b}`" for b in dict.fromkeys(r["build"] for r in rows))
     loads = [r["load_average"] for r in rows]
     label = (f"> build {builds} · attention llama.cpp's own kernels, flash attention on · dtype the files' weights, "
-             f"f16 KV · CPU {machine['cpu']} (1 thread; load average {min(loads):.1f} to {max(loads):.1f} on "
+             f"f16 KV · CPU {machine['cpu']} ({get_threads_text(machine)}; load average {min(loads):.1f} to {max(loads):.1f} on "
              f"{machine['cores']} cores) · command `python -m unsee.bench.cold_forget {shlex.join(argv)}`")
     body = [[r["model"], str(r["pair"]), "forget" if r["method"] == "replay" else "reset", f"{r['wall_s']:.1f}",
              f"{r['cpu_s']:.1f}", "{:.1f} ({:.1f})".format(*r["phases"]["start"]),
@@ -267,7 +279,9 @@ def main(argv: list[str] | None = None) -> None:
         rows, command, machine = summary["rows"], summary["command"], summary["machine"]
     elif args.rows:
         rows = [json.loads(line) for line in args.rows.read_text().splitlines() if line.strip()]
-        command, machine = json.loads((args.rows.parent / "command.json").read_text()), get_machine()
+        kept = args.rows.parent / "machine.json"  # as the run saw it (its threads: the run's environment)
+        command = json.loads((args.rows.parent / "command.json").read_text())
+        machine = json.loads(kept.read_text()) if kept.exists() else get_machine()
     else:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
@@ -276,6 +290,7 @@ def main(argv: list[str] | None = None) -> None:
         episode.write_text(json.dumps(EPISODE, indent=1))
         sink.unlink(missing_ok=True)
         (out / "command.json").write_text(json.dumps(command))
+        (out / "machine.json").write_text(json.dumps(machine))
         rows = [row for model in args.models for row in run_pairs(model, args.pairs, episode, sink, build)]
         (out / "cold_forget.md").write_text(render(rows, command, machine))
     text = render(rows, command, machine)

@@ -85,3 +85,8 @@ def test_the_committed_tables_are_their_benches_rendering_of_the_committed_figur
     committed = get_region((ROOT / "docs" / "drafts.md").read_text(), bench.REGION, getattr(
         bench, "COMMAND", None) or bench.DOCS_COMMAND)
     assert committed == rendered, f"docs/drafts.md's {bench.REGION} region differs: run its command"
+
+
+def test_the_cold_label_names_the_decode_threads_the_run_had():
+    assert cold_forget.get_threads_text({"cpu": "c", "cores": 2}) == "1 thread"  # a summary from before
+    assert cold_forget.get_threads_text({"cpu": "c", "cores": 2, "threads": 2}) == "2 decode threads"
