@@ -10,7 +10,10 @@ A store's ``meta`` records, besides ``model`` (the loaded model's name) and
 ``engine_options``  JSON object: the loader options the state's bits depend on
                     (llama.cpp: ``flash_attn``, ``n_ctx``,
                     ``exact_kernels``: absent in stores written before it, which
-                    then load with the loader's default; ``threads`` and
+                    then load with the loader's default; ``row_order``, repacked
+                    Q4_K summed in decode's order: absent in stores written
+                    before it, which hold the file layout's bits and so load
+                    with it off (:data:`LEGACY_LLAMACPP`); ``threads`` and
                     ``batch_threads`` only where the bits depend on them, a model
                     that is not ``thread_invariant``: a store of a thread-invariant
                     engine reopens on the loader's default threads, every core, and
@@ -52,8 +55,10 @@ LEGACY_BACKEND = DEFAULT_BACKEND
 #: same bits and is the caller's; salts are not recorded: a reopened session holds no cached
 #: block and draws fresh ones (impl/engines/vllm/engine.py).
 RECORDED_OPTIONS = {"transformers": ("attn",), "llamacpp": ("threads", "flash_attn", "n_ctx", "exact_kernels",
-                                                                  "batch_threads"),
+                                                                  "batch_threads", "row_order"),
                     "vllm": ("block_size", "max_model_len", "tensor_parallel_size", "pipeline_parallel_size")}
+#: What a llama.cpp store that records none of these options was written with.
+LEGACY_LLAMACPP = {"row_order": False}
 #: Loader options a thread-invariant model's bits do not depend on: not recorded for it.
 THREAD_OPTIONS = ("threads", "batch_threads")
 #: The attention of a transformers store that records none (written before ``--attn`` existed).
@@ -120,6 +125,8 @@ def read_stored_engine(meta: dict[str, str], path: object = "the store") -> Stor
     if not isinstance(options, dict) or set(options) - set(RECORDED_OPTIONS[backend]):
         raise StoreError(f"{path}: damaged session store (engine_options {meta.get('engine_options')!r} is not a "
                          f"JSON object of {RECORDED_OPTIONS[backend] or 'no'} options)")
+    if backend == "llamacpp":
+        options = {**LEGACY_LLAMACPP, **options}
     return StoredEngine(backend, meta.get("model_ref", meta["model"]), options)
 
 
@@ -147,6 +154,6 @@ def load_stored_engine(meta: dict[str, str], device: str = "cpu", kv_budget: int
                        **stored.get_loader_options(meta, device))
 
 
-__all__ = ["LEGACY_ATTN", "LEGACY_BACKEND", "LLAMACPP_LOADED_NAMES", "LOADED_NAMES", "RECORDED_OPTIONS",
+__all__ = ["LEGACY_ATTN", "LEGACY_BACKEND", "LEGACY_LLAMACPP", "LLAMACPP_LOADED_NAMES", "LOADED_NAMES", "RECORDED_OPTIONS",
            "THREAD_OPTIONS", "VLLM_LOADED_NAMES", "StoredEngine", "check_engine_choice", "get_backend_of", "get_engine_meta",
            "load_stored_engine", "load_stored_model", "read_stored_engine"]

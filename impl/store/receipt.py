@@ -36,7 +36,7 @@ RECEIPT_VERSION = 1
 #: here" instead of "failed". (``python`` and ``sqlite`` are recorded, not
 #: compared: neither enters the digest.)
 DIGEST_FACTS = ("engine", "device", "dtype", "threads", "torch", "transformers", "machine", "cpu_capability",
-                "cpu_flags", "flash_attn", "n_ctx", "exact_kernels", "llama_cpp_python", "attn", "vllm", "block_size",
+                "cpu_flags", "flash_attn", "n_ctx", "exact_kernels", "row_order", "llama_cpp_python", "attn", "vllm", "block_size",
                 "tensor_parallel_size", "pipeline_parallel_size")
 
 #: The CPU flags that select torch's CPU kernels (and so the bits of a
@@ -141,14 +141,15 @@ def llamacpp_environment(engine) -> dict:
     thread count (with ``thread_invariant``: whether the bits are one thread's whatever the
     count, as they are where decode steps are fed as two rows; then a count that differs is
     no reason a digest would not reproduce), attention kernel (flash attention or not), matmul kernels
-    (``exact_kernels``: the file's layout, or repacked) and context size,
+    (``exact_kernels``: the file's layout, or repacked; ``row_order``: repacked Q4_K in decode's order) and context size,
     the llama-cpp-python build and the CPU. Neither torch nor transformers
     computes anything there, so neither is recorded."""
     lm = engine.lm
     return {"engine": f"{type(engine).__module__}.{type(engine).__qualname__}", "device": lm.device,
             "dtype": lm.dtype, "threads": lm.threads, "thread_invariant": bool(getattr(lm, "thread_invariant", False)),
             "flash_attn": lm.flash_attn, "n_ctx": lm.n_ctx,
-            "exact_kernels": lm.exact_kernels, "llama_cpp_python": lm.info.get("llama_cpp_python", "?"),
+            "exact_kernels": lm.exact_kernels, "row_order": bool(getattr(lm, "row_order", False)),
+            "llama_cpp_python": lm.info.get("llama_cpp_python", "?"),
             "python": platform.python_version(), "sqlite": sqlite3.sqlite_version, **cpu_features()}
 
 

@@ -5,8 +5,10 @@
                over the context (``LlamaRows``: residency, parking, the digest)
 ``model``      load_llamacpp, LlamaCppModel: the GGUF, its context options, its measured facts
 ``facts``      whether decode equals prefill bit for bit, measured at load and cached
-``kernels``    the switch that keeps a lone decode row whole on one thread (one thread's bits
-               on every core): its patch, its build into the venv, whether the library has it
+``kernels``    the switches of the library's build: a lone decode row whole on one thread (one
+               thread's bits on every core), repacked Q4_K in decode's order; the build into the
+               venv, whether the library has them
+``repack``     the patch that sums a repacked Q4_K batch's rows in the one-row kernel's order
 ``cost``       what one more token in a forward costs in decode steps (the draft policy's
                ``per_token``), measured at load and cached beside the facts
 ``state``      sequence state blobs as K and V rows by position

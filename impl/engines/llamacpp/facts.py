@@ -293,7 +293,7 @@ def get_cache_key(lm) -> str:
     # a step on several threads is padded or not (kernels.py): its cost, not its bits, differs
     split = f"|lone_row_split={lm.info.get('lone_row_split', 'on')}" if lm.threads > 1 else ""
     return (f"{FACTS_VERSION}|{Path(lm.source).resolve()}|{stat.st_size}|{stat.st_mtime_ns}|threads={lm.threads}{batch}{split}"
-            f"|fa={int(lm.flash_attn)}|exact_kernels={int(lm.exact_kernels)}"
+            f"|fa={int(lm.flash_attn)}|exact_kernels={int(lm.exact_kernels)}|row_order={int(getattr(lm, 'row_order', False))}"
             f"|tiled_mm={lm.info.get('GGML_CPU_TILED_MM', '')}|llama_cpp={lm.info.get('llama_cpp_python', '?')}")
 
 

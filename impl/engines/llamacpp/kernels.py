@@ -24,6 +24,11 @@ unsee.impl.engines.llamacpp.kernels install``: the sdist from PyPI, the
 patch, ``cmake`` for the ``ggml-cpu`` target alone: 40 s on 2 cores, the
 sdist's download included). A llama-cpp-python without it (``pip install 'unsee[llamacpp]'``
 alone) keeps the padded step: :func:`set_lone_row_split` says which.
+
+The same build carries a second switch, for the matmul (repack.py): repacked
+Q4_K weights whose batched kernel sums each row as the one-row kernel does, so
+a decode step runs llama.cpp's repacked (fast) kernel and still equals the rows
+a prefill writes (:func:`set_repack_row_order`).
 """
 
 from __future__ import annotations
@@ -39,6 +44,8 @@ import tarfile
 import tempfile
 import time
 from pathlib import Path
+
+from unsee.impl.engines.llamacpp.repack import REPACK, ROW_ORDER_SETTER, X86_REPACK, patch_repack, patch_repack_types
 
 #: the function the patch adds to ggml's CPU backend
 SETTER = "ggml_cpu_set_flash_attn_split_kv"
@@ -107,18 +114,23 @@ def get_loaded_cpu_library(lc) -> Path | None:
     return found[0] if found else None
 
 
-def find_setter(lc):
-    """The switch's function in the CPU library llama.cpp computes with (the same instance: the
-    loader maps a file once), or None where the library has none."""
+def find_setter(lc, name: str = SETTER):
+    """The switch ``name``'s function in the CPU library llama.cpp computes with (the same
+    instance: the loader maps a file once), or None where the library has none."""
     path = get_loaded_cpu_library(lc)
     if path is None:
         return None
     try:
-        setter = getattr(ctypes.CDLL(str(path)), SETTER)
+        setter = getattr(ctypes.CDLL(str(path)), name)
     except (OSError, AttributeError):
         return None
-    setter.argtypes, setter.restype = [ctypes.c_bool], None
+    setter.argtypes, setter.restype = [ctypes.c_bool], (ctypes.c_bool if name == ROW_ORDER_SETTER else None)
     return setter
+
+
+def has_switches(lc) -> bool:
+    """Whether the library has both of this module's switches (the build of :func:`build`)."""
+    return find_setter(lc) is not None and find_setter(lc, ROW_ORDER_SETTER) is not None
 
 
 def set_lone_row_split(lc, enabled: bool = False) -> bool:
@@ -129,6 +141,22 @@ def set_lone_row_split(lc, enabled: bool = False) -> bool:
         setter(enabled)
         _STATE["split"] = enabled
     return setter is not None
+
+
+def set_repack_row_order(lc, enabled: bool) -> bool:
+    """Switch the repacked Q4_K gemm's row order (repack.py; process-wide, read at load, which
+    types are repacked, and at every matmul); whether it took effect (False: the library lacks
+    the switch, or its gemm is not the one the patch rewrites)."""
+    setter = find_setter(lc, ROW_ORDER_SETTER)
+    done = bool(setter is not None and setter(enabled))
+    if done:
+        _STATE["row_order"] = enabled
+    return done
+
+
+def is_repack_row_order() -> bool:
+    """Whether this process last switched the repacked Q4_K gemm to the one-row kernel's order."""
+    return _STATE.get("row_order") is True
 
 
 def is_lone_row_exact() -> bool:
@@ -161,8 +189,8 @@ def build(work: Path, version: str) -> Path:
     with tarfile.open(sdist) as tar:
         tar.extractall(work, filter="data")
     llama = source / "vendor" / "llama.cpp"
-    ops = llama / OPS
-    ops.write_text(patch_source(ops.read_text()))
+    for part, patch in ((OPS, patch_source), (REPACK, patch_repack_types), (X86_REPACK, patch_repack)):
+        (llama / part).write_text(patch((llama / part).read_text()))
     out = work / "build"
     flags = shlex.split(os.environ.get("CMAKE_ARGS") or DEFAULT_CMAKE_ARGS)
     say(f"building ggml-cpu with {' '.join(BUILD_FLAGS + tuple(flags))}")
@@ -191,8 +219,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m unsee.impl.engines.llamacpp.kernels", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("command", choices=["install", "status"],
-                        help="install: build the switch into this environment's llama-cpp-python; "
-                             "status: say whether it has it")
+                        help="install: build the switches into this environment's llama-cpp-python; "
+                             "status: say whether it has them")
     parser.add_argument("--work", default="out/llama-kernels", help="where the source is fetched and built")
     parser.add_argument("--force", action="store_true", help="build again where the library has the switch")
     args = parser.parse_args(argv)
@@ -202,9 +230,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"llama-cpp-python is not installed here ({e}): pip install 'unsee[llamacpp]' first", file=sys.stderr)
         return 1
     targets = get_cpu_libraries(lc)
-    has = find_setter(lc) is not None
+    has = has_switches(lc)
     if args.command == "status" or (has and not args.force):
-        print(f"{get_loaded_cpu_library(lc)}: {'has' if has else 'lacks'} {SETTER}")
+        print(f"{get_loaded_cpu_library(lc)}: {'has' if has else 'lacks'} {SETTER} and {ROW_ORDER_SETTER}")
         return 0
     if not targets:
         print(f"no libggml-cpu beside {lc.__file__}: this llama-cpp-python is built otherwise", file=sys.stderr)
@@ -213,12 +241,12 @@ def main(argv: list[str] | None = None) -> int:
     check = subprocess.run([sys.executable, "-m", "unsee.impl.engines.llamacpp.kernels", "status"],
                            check=False, capture_output=True, text=True)
     print(check.stdout.strip())
-    return 0 if f"has {SETTER}" in check.stdout else 1
+    return 0 if f": has {SETTER}" in check.stdout else 1
 
 
 if __name__ == "__main__":
     raise SystemExit(main())
 
 
-__all__ = ["SETTER", "build", "find_setter", "get_cpu_libraries", "get_loaded_cpu_library", "install", "is_lone_row_exact", "patch_source",
-           "set_lone_row_split"]
+__all__ = ["SETTER", "build", "find_setter", "get_cpu_libraries", "get_loaded_cpu_library", "has_switches", "install",
+           "is_lone_row_exact", "is_repack_row_order", "patch_source", "set_lone_row_split", "set_repack_row_order"]

@@ -14,7 +14,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from unsee.impl.engines.llamacpp.kernels import is_lone_row_exact, set_lone_row_split
+from unsee.impl.engines.llamacpp.kernels import (
+    find_setter,
+    is_lone_row_exact,
+    is_repack_row_order,
+    set_lone_row_split,
+    set_repack_row_order,
+)
+from unsee.impl.engines.llamacpp.repack import ROW_ORDER_SETTER
 from unsee.impl.engines.speculation import DraftPolicy
 
 INSTALL_HINT = ("the llama.cpp engine needs llama-cpp-python, an optional extra: "
@@ -140,9 +147,13 @@ class LlamaCppModel:
     #: how a turn sizes its forwards where drafts are on (impl/engines/speculation.py;
     #: its per-token cost measured on this machine: cost.py), else None
     draft_policy: DraftPolicy | None = None
-    #: weights kept in the file's own layout (no CPU repacking), so that every
-    #: forward size takes the same per-row kernels (:func:`load_llamacpp`)
+    #: kernels that sum a row the same way whatever the forward's size (:func:`load_llamacpp`):
+    #: the file's own layout and per-row kernels, or (``row_order``) repacked Q4_K whose
+    #: batched kernel keeps the one-row kernel's order; False: llama.cpp's repacking as it is
     exact_kernels: bool = True
+    #: Q4_K repacked and summed in the one-row kernel's order (repack.py); the bits differ from
+    #: the file's layout's, so a store records it
+    row_order: bool = False
     #: the sliding window of the model's windowed layers, in tokens (0: none; two KV caches otherwise)
     n_swa: int = 0
     #: the context length the model was trained on (llama.cpp's ``n_ctx_train``; 0: not said)
@@ -245,8 +256,10 @@ class LlamaCppModel:
             pass
 
 
-def _determinism_text(threads: int, flash_attn: bool, exact_kernels: bool, batch_threads: int | None = None) -> str:
-    kernels = "per-row kernels (no repacking)" if exact_kernels else "repacked weights"
+def _determinism_text(threads: int, flash_attn: bool, exact_kernels: bool, batch_threads: int | None = None,
+                      row_order: bool = False) -> str:
+    kernels = ("repacked Q4_K summed in decode's order" if row_order else
+               "per-row kernels (no repacking)" if exact_kernels else "repacked weights")
     batch = f" ({batch_threads} for forwards of several tokens)" if batch_threads not in (None, threads) else ""
     padded = "" if threads == 1 else (", each decode step's rows whole on one thread (one thread's bits)"
                                       if is_lone_row_exact() else ", each decode step fed as two rows (one thread's bits)")
@@ -329,13 +342,15 @@ def get_library_info(lc) -> dict:
     """What the decode facts depend on of the library (their cache key, facts.get_cache_key): its
     version, ggml's tiled matmul setting, and whether a lone row's keys are split (kernels.py)."""
     return {"llama_cpp_python": getattr(lc, "__version__", "?"), TILED_MM_ENV: os.environ.get(TILED_MM_ENV, ""),
-            "lone_row_split": "off" if is_lone_row_exact() else "on"}
+            "lone_row_split": "off" if is_lone_row_exact() else "on",
+            "repack_row_order": "on" if is_repack_row_order() else "off"}
 
 
 def load_llamacpp(name_or_path: str | os.PathLike = "smollm2", threads: int | None = None, n_ctx: int | None = None,
                   flash_attn: bool = True, cache_dir: str | os.PathLike | None = None,
                   exact_kernels: bool | None = None, batch_threads: int | None = None,
-                  slots: int | None = None, ctx_memory: int | None = None) -> LlamaCppModel:
+                  slots: int | None = None, ctx_memory: int | None = None,
+                  row_order: bool | None = None) -> LlamaCppModel:
     """Load a GGUF into llama.cpp: ``'smollm2'`` (the embedded SmolLM2 file),
     ``'tiny'`` or ``'tiny-<family>'`` (a tiny random GGUF, byte tokenizer), or
     a ``*.gguf`` path (:func:`resolve_gguf`).
@@ -354,23 +369,22 @@ def load_llamacpp(name_or_path: str | os.PathLike = "smollm2", threads: int | No
     its own stream of ``n_ctx`` cells), to $UNSEE_LLAMA_SLOTS or 1 (always 1 for a model
     with sliding-window layers).
 
-    ``exact_kernels`` (default: $UNSEE_LLAMA_KERNELS, else exact) keeps the weights in the file's layout (llama.cpp
-    otherwise repacks Q4_K, Q4_0, ... for its CPU and sums 4 rows at a time its
-    own way); with ggml's tiled matmul off too (:data:`TILED_MM_ENV`), a forward
-    of up to 63 tokens equals decode steps (flash attention's tile is 64), so a
-    draft is verified in one forward (docs/engines.md, "Exact kernels"). It costs
-    prefill speed (Qwen2.5-Coder-1.5B Q4_K_M: about 1.3x the time per prefilled
-    token, docs/bench.md); False gives the repacked speed, drafts 3 tokens at a time."""
+    ``exact_kernels`` (default: $UNSEE_LLAMA_KERNELS, else exact): kernels that sum a row alike
+    whatever the forward's size, with ggml's tiled matmul off (:data:`TILED_MM_ENV`), so a forward
+    of up to 63 tokens equals decode steps and a draft is verified in one (docs/engines.md, "Exact
+    kernels"): repacked Q4_K in decode's order (``row_order``, :func:`use_row_order`; where the
+    library has the switch), else the file's layout. False: llama.cpp's repacking as it is."""
     exact_kernels = get_exact_kernels(exact_kernels)
     lc = llama_module()
     _init_backend(lc, exact_kernels)
+    row_order = use_row_order(lc, exact_kernels, row_order)
     path, name, tokenizer = resolve_gguf(os.fspath(name_or_path), cache_dir)
     chosen = threads is not None or bool(os.environ.get("UNSEE_LLAMA_THREADS"))
     threads = get_count("threads", threads, "UNSEE_LLAMA_THREADS", get_default_decode_threads())
     batch_threads = get_count("batch_threads", batch_threads, "UNSEE_LLAMA_BATCH_THREADS", threads)
     mparams = lc.llama_model_default_params()
     mparams.n_gpu_layers = 0
-    mparams.use_extra_bufts = not exact_kernels
+    mparams.use_extra_bufts = row_order or not exact_kernels
     model = lc.llama_model_load_from_file(str(path).encode(), mparams)
     if not model:
         raise ValueError(f"llama.cpp could not load {path}")
@@ -381,15 +395,36 @@ def load_llamacpp(name_or_path: str | os.PathLike = "smollm2", threads: int | No
     n_swa, slots, trained, n_ctx = get_layout(lc, model, n_ctx, slots, ctx_memory, name)
     lm = LlamaCppModel(name=name, source=str(path), eos_ids=eos, vocab_size=n_vocab,
                        n_layer=lc.llama_model_n_layer(model), n_ctx=n_ctx, threads=threads, flash_attn=flash_attn,
-                       determinism_statement=_determinism_text(threads, flash_attn, exact_kernels, batch_threads),
+                       determinism_statement=_determinism_text(threads, flash_attn, exact_kernels, batch_threads,
+                                                               row_order),
                        batch_threads=batch_threads,
-                       info=get_library_info(lc), exact_kernels=exact_kernels)
+                       info=get_library_info(lc), exact_kernels=exact_kernels, row_order=row_order)
     lm._tokenizer, lm._model, lm._vocab = tokenizer, model, vocab
     lm.n_swa, lm.slots, lm.n_ctx_train = n_swa, slots, trained
     if tokenizer is None:
         lm.chat_template, lm.special_tokens = get_chat_template(model, vocab)
     set_decode_threads(lm, chosen, cache_dir)
     return lm
+
+
+def use_row_order(lc, exact_kernels: bool, row_order: bool | None) -> bool:
+    """Whether a load repacks Q4_K in the one-row order (:func:`load_llamacpp`), the library's switch
+    set for it. The switch is process-wide and read at every matmul, so a process whose earlier
+    load took the other side (llama.cpp's repacking as it is, or the row order) refuses this one,
+    naming both, as does a row order asked of a library without it."""
+    if not exact_kernels and row_order:
+        raise ValueError("row_order=True needs exact kernels: llama.cpp's own repacking sums rows its own way")
+    wanted = exact_kernels and (row_order if row_order is not None else find_setter(lc, ROW_ORDER_SETTER) is not None)
+    if exact_kernels and not wanted:
+        return False  # the file's layout: nothing is repacked, the switch is not read
+    side = "row-order" if wanted else "llama.cpp's own"
+    if _BACKEND.setdefault("repacking", side) != side:
+        raise ValueError(f"this process repacks weights with {_BACKEND['repacking']} kernels for an earlier load; "
+                         f"load {side} kernels in a process of their own")
+    if not set_repack_row_order(lc, wanted) and wanted:
+        raise ValueError(f"row_order=True: this llama.cpp lacks {ROW_ORDER_SETTER} (build it in: python -m "
+                         "unsee.impl.engines.llamacpp.kernels install; an AVX-512 build's gemm is not the one it rewrites)")
+    return wanted
 
 
 def set_decode_threads(lm: LlamaCppModel, chosen: bool, cache_dir: str | os.PathLike | None = None) -> None:
@@ -400,7 +435,7 @@ def set_decode_threads(lm: LlamaCppModel, chosen: bool, cache_dir: str | os.Path
     set_decode_facts(lm, cache_dir)
     if lm.threads > 1 and lm.max_forward < 2 and not chosen and not is_lone_row_exact():
         lm.threads = 1
-        lm.determinism_statement = _determinism_text(1, lm.flash_attn, lm.exact_kernels, lm.batch_threads)
+        lm.determinism_statement = _determinism_text(1, lm.flash_attn, lm.exact_kernels, lm.batch_threads, lm.row_order)
         set_decode_facts(lm, cache_dir)
     lm.thread_invariant = lm.threads == 1 or lm.max_forward >= 2 or is_lone_row_exact()
 
