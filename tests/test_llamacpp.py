@@ -246,8 +246,9 @@ def test_store_records_the_options_the_bits_depend_on(engine, tmp_path):
         assert (load_stored_engine(old).lm.threads, load_stored_engine(old).lm.batch_threads) == (1, 2)
     assert meta["backend"] == "llamacpp" and meta["model_ref"] == "tiny" and engine.lm.thread_invariant
     assert json.loads(meta["engine_options"]) == {"n_ctx": 256, "flash_attn": engine.lm.flash_attn,
-                                                  "exact_kernels": True}
-    assert (rebuilt.lm.n_ctx, rebuilt.lm.flash_attn, rebuilt.lm.exact_kernels) == (256, engine.lm.flash_attn, True)
+                                                  "exact_kernels": True, "row_order": engine.lm.row_order}
+    assert (rebuilt.lm.n_ctx, rebuilt.lm.flash_attn, rebuilt.lm.exact_kernels, rebuilt.lm.row_order) == \
+        (256, engine.lm.flash_attn, True, engine.lm.row_order)
 
 
 @needs_llamacpp

@@ -102,7 +102,7 @@ class DecodeFacts:
                  if getattr(lm, "batch_threads", None) not in (None, lm.threads) else "")
         where = (f"llama.cpp {os.path.basename(lm.source)}, {lm.threads} thread(s){batch}, flash attention "
                  f"{'on' if lm.flash_attn else 'off'}, "
-                 f"{'per-row kernels' if lm.exact_kernels else 'repacked weights'}")
+                 f"{get_kernels_text(lm)}")
         if not lm.flash_attn:
             return (f"not measured ({where}): without flash attention the forward size from which llama.cpp's "
                     "logits stop equalling decoding varied with the context (33 to over 96 tokens on the tiny "
@@ -284,6 +284,13 @@ def compute_equal_limit(sizes: Sequence[int], get_diff) -> tuple[int, float]:
     return limit, diff
 
 
+def get_kernels_text(lm) -> str:
+    """The matmul kernels of ``lm``, in words."""
+    if getattr(lm, "row_order", False):
+        return "per-row kernels, Q4_K repacked in decode's order"
+    return "per-row kernels" if lm.exact_kernels else "repacked weights"
+
+
 def get_cache_key(lm) -> str:
     """What the facts depend on: the file (path, size, mtime), the kernels
     (repacking, ggml's tiled matmul), threads (and batch threads where they differ, and on several
@@ -339,5 +346,5 @@ def write_cache(path: Path, data: dict) -> None:
     os.replace(tmp, path)
 
 
-__all__ = ["DecodeFacts", "compute_equal_limit", "forward", "forward_padded", "forward_steps", "get_cache_path", "get_decode_facts", "is_cached",
+__all__ = ["DecodeFacts", "compute_equal_limit", "forward", "forward_padded", "forward_steps", "get_cache_path", "get_decode_facts", "get_kernels_text", "is_cached",
            "measure_decode_facts", "read_state"]

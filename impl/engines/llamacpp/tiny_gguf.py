@@ -63,6 +63,10 @@ from unsee.impl.engines.files import ByteTokenizer, default_cache_dir
 
 #: Dimensions of the tiny GGUFs (those of the tiny transformers model); gemma3 has 6 layers (its 5:1 pattern).
 TINY_GGUF_SHAPE = {"hidden": 64, "layers": 2, "heads": 4, "kv_heads": 2, "ffn": 128, "context": 4096}
+#: the Q4_K file's (:func:`write_tiny_q4k_gguf`): a Q4_K row holds 256 weights, so every width is a multiple
+TINY_Q4K_SHAPE = {**TINY_GGUF_SHAPE, "hidden": 256, "ffn": 512}
+#: llama.cpp's file type of Q4_K_M (llama_ftype), as Qwen2.5's GGUF is quantised
+LLAMA_FTYPE_Q4_K_M = 15
 TINY_GGUF_SEED = 0
 #: the sliding window of the windowed families, in tokens: short, so that properties cross it
 TINY_WINDOW = 16
@@ -131,11 +135,10 @@ def get_family(name: str) -> Family:
     return FAMILIES[name]
 
 
-def _layer_weights(rng: np.random.Generator, family: Family, p: str) -> dict[str, np.ndarray]:
+def _layer_weights(rng: np.random.Generator, family: Family, p: str, s: dict) -> dict[str, np.ndarray]:
     """One layer's tensors, drawn in a fixed order; linear weights are (out, in)
     as in HF checkpoints. Entries of scale 1/sqrt(fan_in) keep activations of
     order one, so greedy decisions are not near-ties."""
-    s = TINY_GGUF_SHAPE
     hidden, head_dim = s["hidden"], s["hidden"] // s["heads"]
     kv = s["kv_heads"] * head_dim
 
@@ -192,21 +195,20 @@ def _moe_weights(rng: np.random.Generator, p: str) -> dict[str, np.ndarray]:
             p + "ffn_down_shexp.weight": linear(hidden, m["shared_ffn"])}
 
 
-def _weights(rng: np.random.Generator, vocab: int, family: Family) -> dict[str, np.ndarray]:
+def _weights(rng: np.random.Generator, vocab: int, family: Family, shape: dict) -> dict[str, np.ndarray]:
     """Every tensor of the file, drawn in a fixed order."""
-    hidden = TINY_GGUF_SHAPE["hidden"]
+    hidden = shape["hidden"]
     out = {"token_embd.weight": rng.standard_normal((vocab, hidden)).astype(np.float32)}
     for i in range(family.layers):
-        out |= _layer_weights(rng, family, f"blk.{i}.")
+        out |= _layer_weights(rng, family, f"blk.{i}.", shape)
     out["output_norm.weight"] = np.ones(hidden, dtype=np.float32)
     if not family.tied:
         out["output.weight"] = (rng.standard_normal((vocab, hidden)) * 4 / np.sqrt(hidden)).astype(np.float32)
     return out
 
 
-def _add_hparams(w, family: Family) -> None:
+def _add_hparams(w, family: Family, s: dict) -> None:
     """The architecture's metadata: dimensions, RoPE, window, soft-capping, experts."""
-    s = TINY_GGUF_SHAPE
     head_dim = s["hidden"] // s["heads"]
     w.add_context_length(s["context"])
     w.add_embedding_length(s["hidden"])
@@ -255,9 +257,9 @@ def is_quantised(name: str, array: np.ndarray) -> bool:
 
 
 def write_tiny_gguf(path: str | os.PathLike, seed: int = TINY_GGUF_SEED, quant: str = TINY_GGUF_QUANT,
-                    family: str = "llama") -> Path:
+                    family: str = "llama", shape: dict = TINY_GGUF_SHAPE) -> Path:
     """Write the tiny random GGUF of ``family`` (:data:`FAMILIES`) to
-    ``path``, its linear weights in ``quant`` (``"q4_1"`` or ``"f32"``)."""
+    ``path``, its linear weights in ``quant`` (``"q4_1"`` or ``"f32"``), of ``shape``'s dimensions."""
     import gguf
 
     if quant not in ("q4_1", "f32"):
@@ -266,10 +268,10 @@ def write_tiny_gguf(path: str | os.PathLike, seed: int = TINY_GGUF_SEED, quant: 
     tok = ByteTokenizer()
     w = gguf.GGUFWriter(os.fspath(path), fam.arch)
     w.add_name(fam.name or ("unsee-tiny" if family == "llama" else f"unsee-tiny-{family}"))
-    _add_hparams(w, fam)
+    _add_hparams(w, fam, shape)
     w.add_file_type(0 if quant == "f32" else 3)  # llama_ftype: ALL_F32, MOSTLY_Q4_1
     _add_vocab(w, tok)
-    for name, array in _weights(np.random.default_rng(seed), tok.vocab_size, fam).items():
+    for name, array in _weights(np.random.default_rng(seed), tok.vocab_size, fam, shape).items():
         if quant == "q4_1" and is_quantised(name, array):
             q4_1 = gguf.GGMLQuantizationType.Q4_1
             w.add_tensor(name, gguf.quants.quantize(array, q4_1), raw_dtype=q4_1)
@@ -280,6 +282,25 @@ def write_tiny_gguf(path: str | os.PathLike, seed: int = TINY_GGUF_SEED, quant: 
     w.write_tensors_to_file()
     w.close()
     return Path(path)
+
+
+def write_tiny_q4k_gguf(path: str | os.PathLike) -> Path:
+    """Write a tiny random GGUF quantised to Q4_K_M by llama.cpp's own quantiser (gguf-py writes no
+    Q4_K): the Llama layout at :data:`TINY_Q4K_SHAPE`, Q4_K and Q6_K weights as a real Q4_K_M file
+    has, the weights llama.cpp repacks for its CPU (repack.py)."""
+    import llama_cpp
+
+    path = Path(path)
+    f32 = path.with_name(path.name + ".f32")
+    write_tiny_gguf(f32, quant="f32", shape=TINY_Q4K_SHAPE)
+    try:
+        params = llama_cpp.llama_model_quantize_default_params()
+        params.ftype = LLAMA_FTYPE_Q4_K_M
+        if llama_cpp.llama_model_quantize(os.fsencode(f32), os.fsencode(path), params) != 0:
+            raise RuntimeError(f"llama.cpp could not quantise {f32} to Q4_K_M")
+    finally:
+        f32.unlink(missing_ok=True)
+    return path
 
 
 def tiny_gguf_path(cache_dir: str | os.PathLike | None = None, family: str = "llama") -> Path:
@@ -303,5 +324,6 @@ def tiny_gguf_path(cache_dir: str | os.PathLike | None = None, family: str = "ll
     return path
 
 
-__all__ = ["FAMILIES", "NOT_ON_LLAMACPP", "TINY_GGUF_SHAPE", "TINY_MOE", "TINY_WINDOW", "ZOO_FAMILIES", "Family",
-           "get_engine_name", "get_family", "is_quantised", "tiny_gguf_path", "write_tiny_gguf"]
+__all__ = ["FAMILIES", "LLAMA_FTYPE_Q4_K_M", "NOT_ON_LLAMACPP", "TINY_GGUF_SHAPE", "TINY_MOE", "TINY_Q4K_SHAPE",
+           "TINY_WINDOW", "ZOO_FAMILIES", "Family", "get_engine_name", "get_family", "is_quantised", "tiny_gguf_path",
+           "write_tiny_gguf", "write_tiny_q4k_gguf"]
