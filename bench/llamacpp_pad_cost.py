@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import statistics
 import time
-from pathlib import Path
 
 import numpy as np
 
@@ -86,9 +85,7 @@ def main(argv: list[str] | None = None) -> int:
                    **time_steps(lm, llama_module(), threads, flash, args.context, args.steps)}
             print(json.dumps(row), flush=True)
             rows.append(row)
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(rows, indent=1))
+    options.write_rows(args.out, rows)
     return 0
 
 

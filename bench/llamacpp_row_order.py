@@ -27,7 +27,6 @@ import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
@@ -116,9 +115,7 @@ def main(argv: list[str] | None = None) -> int:
         done = subprocess.run(child, check=True, capture_output=True, text=True)
         rows += [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
     print(get_table(rows))
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(rows, indent=1))
+    options.write_rows(args.out, rows)
     return 0
 
 

@@ -88,6 +88,16 @@ def add_out(parser: argparse.ArgumentParser, default: str | None = None, help: s
                                                                  "; default: print them only")))
 
 
+def write_rows(out: str | None, rows: list) -> None:
+    """``rows`` as indented JSON at ``out`` (its folder made), where ``--out`` named one."""
+    if out:
+        import json
+        from pathlib import Path
+
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text(json.dumps(rows, indent=1))
+
+
 __all__ = ["DEFAULT_DEVICE", "DEFAULT_DTYPE", "DEFAULT_ENGINE", "DEFAULT_ROUNDS", "DEFAULT_THREADS",
            "DEFAULT_VLLM_ENGINE", "add_backend", "add_device", "add_dtype", "add_engine", "add_model", "add_out",
-           "add_rounds", "add_threads", "add_vllm_engine", "get_parser"]
+           "add_rounds", "add_threads", "add_vllm_engine", "get_parser", "write_rows"]

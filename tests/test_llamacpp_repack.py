@@ -165,3 +165,17 @@ def test_a_store_records_the_row_order_and_one_written_before_reopens_on_the_fil
     from unsee.impl.store.backend import RECORDED_OPTIONS
 
     assert "row_order" in RECORDED_OPTIONS["llamacpp"]
+
+
+def test_the_row_order_bench_puts_each_setting_against_llamacpps_own():
+    from unsee.bench.llamacpp_row_order import KERNELS, get_table
+
+    def row(kind, decode, prefill):
+        return {"kernels": kind, "threads": 2, "max_forward": 63, "decode_ms": decode, "decode_cpu_ms": 2 * decode,
+                "prefill_ms": prefill, "prefill_cpu_ms": 2 * prefill}
+
+    table = get_table([row("row", 44.0, 15.0), row("repacked", 40.0, 12.0)]).splitlines()
+    assert "| row | 2 | 63 | 44.0 (88.0) | 15.0 (30.0) | 1.10x | 1.25x |" in table
+    assert "| repacked | 2 | 63 | 40.0 (80.0) | 12.0 (24.0) | 1.00x | 1.00x |" in table
+    assert get_table([row("file", 50.0, 20.0)]).splitlines()[-1].endswith("| - | - |")  # no reference run
+    assert set(KERNELS) == {"file", "row", "repacked"} and KERNELS["row"]["row_order"] is True
