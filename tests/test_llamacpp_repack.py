@@ -113,6 +113,17 @@ def test_a_process_takes_one_side_of_the_switch(q4k):
         load_llamacpp(q4k.source, exact_kernels=False, row_order=True)
 
 
+def test_after_llamacpps_own_repacking_an_exact_load_keeps_the_files_layout(monkeypatch):
+    from unsee.impl.engines.llamacpp import model
+
+    monkeypatch.setitem(model._BACKEND, "repacking", "llama.cpp's own")  # as an earlier repacked load leaves it
+    lc = model.llama_module()
+    assert model.use_row_order(lc, exact_kernels=True, row_order=None) is False
+    assert model.use_row_order(lc, exact_kernels=True, row_order=False) is False
+    with pytest.raises(ValueError, match="with llama.cpp's own kernels for an earlier load"):
+        model.use_row_order(lc, exact_kernels=True, row_order=True)
+
+
 def read_vendored(part: Path) -> str:
     """``part`` of the llama.cpp that llama-cpp-python 0.3.36 vendors, as its sdist holds it (kept by
     ``make install`` under out/llama-kernels, whose extracted copy is the patched one)."""

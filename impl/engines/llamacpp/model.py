@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from unsee.impl.engines.llamacpp.kernels import (
-    find_setter,
     is_lone_row_exact,
     is_repack_row_order,
     set_lone_row_split,
@@ -409,22 +408,26 @@ def load_llamacpp(name_or_path: str | os.PathLike = "smollm2", threads: int | No
 
 def use_row_order(lc, exact_kernels: bool, row_order: bool | None) -> bool:
     """Whether a load repacks Q4_K in the one-row order (:func:`load_llamacpp`), the library's switch
-    set for it. The switch is process-wide and read at every matmul, so a process whose earlier
-    load took the other side (llama.cpp's repacking as it is, or the row order) refuses this one,
-    naming both, as does a row order asked of a library without it."""
+    set for it. The switch is process-wide and read at every matmul, so a process takes one side:
+    after llama.cpp's own repacking, an exact load keeps the file's layout (a ValueError where
+    ``row_order`` asked for it), and after the row order, llama.cpp's own repacking is refused, as
+    is a row order asked of a library without the switch (or an AVX-512 build's other gemm)."""
     if not exact_kernels and row_order:
         raise ValueError("row_order=True needs exact kernels: llama.cpp's own repacking sums rows its own way")
-    wanted = exact_kernels and (row_order if row_order is not None else find_setter(lc, ROW_ORDER_SETTER) is not None)
-    if exact_kernels and not wanted:
+    if exact_kernels and row_order is False:
         return False  # the file's layout: nothing is repacked, the switch is not read
-    side = "row-order" if wanted else "llama.cpp's own"
-    if _BACKEND.setdefault("repacking", side) != side:
-        raise ValueError(f"this process repacks weights with {_BACKEND['repacking']} kernels for an earlier load; "
+    side = "row-order" if exact_kernels else "llama.cpp's own"
+    taken = _BACKEND.get("repacking", side)
+    if taken != side and (row_order or not exact_kernels):
+        raise ValueError(f"this process repacks weights with {taken} kernels for an earlier load; "
                          f"load {side} kernels in a process of their own")
-    if not set_repack_row_order(lc, wanted) and wanted:
+    if taken == side and (set_repack_row_order(lc, exact_kernels) or not exact_kernels):
+        _BACKEND["repacking"] = side
+        return exact_kernels
+    if row_order:
         raise ValueError(f"row_order=True: this llama.cpp lacks {ROW_ORDER_SETTER} (build it in: python -m "
                          "unsee.impl.engines.llamacpp.kernels install; an AVX-512 build's gemm is not the one it rewrites)")
-    return wanted
+    return False  # no switch here, or the process took the other side: the file's layout, exact still
 
 
 def set_decode_threads(lm: LlamaCppModel, chosen: bool, cache_dir: str | os.PathLike | None = None) -> None:
