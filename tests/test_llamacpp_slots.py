@@ -127,3 +127,33 @@ def test_a_batch_never_parks_one_of_its_own_lineages(engine_factory):
 def test_a_sliding_window_model_keeps_one_slot(engine_factory):
     engine = engine_factory("llamacpp-tiny-gemma2", n_ctx=256, slots=4)
     assert engine.lm.n_swa and engine.kv.slots == 1 and not engine.kv.can_batch
+
+
+def test_a_batch_in_any_order_gives_each_step_its_own_logits_in_the_order_given(engine_factory):
+    """The batch is fed by ascending slot (facts.forward_steps: llama.cpp computes a batch over a
+    stream per sequence in micro-batches of consecutive sequence ids, in batch order); each step's
+    logits come back where it was asked, equal to its step alone."""
+    one, many = make(engine_factory, 1), make(engine_factory, 4)
+    histories = [[5 + i, 40 + i, 90 + i] for i in range(3)]
+    handles = [many.new_lineage() for _ in histories]
+    alone = []
+    for hist, b in zip(histories, handles):
+        many.prefill(b, hist)
+        a = one.new_lineage()
+        one.prefill(a, [*hist, 7])
+        alone.append(one.logits(a).numpy())
+    order = [2, 0, 1]  # not the slots' order
+    out = many.kv.forward_steps([StepRequest(handles[i], many.get_lineage(handles[i]), 7, 0) for i in order])
+    for got, i in zip(out, order):
+        assert np.array_equal(got, alone[i])
+    fed = [many.kv.batch.seq_id[row][0] for row in range(3)]
+    assert fed == sorted(fed) and fed != [many.kv.get_slot(handles[i]) for i in order]  # fed by slot, not as asked
+
+
+def test_micro_batches_follow_llamacpps_split_of_a_batch_over_streams():
+    from unsee.impl.engines.llamacpp.facts import count_micro_batches
+
+    assert count_micro_batches([0, 1, 2, 3]) == 1
+    assert count_micro_batches([3, 0, 1, 2]) == 2  # unsorted: {3}, then {0, 1, 2}
+    assert count_micro_batches([0, 2, 5]) == 3 and count_micro_batches(sorted([5, 0, 2])) == 3
+    assert count_micro_batches([1, 0]) == 2 and count_micro_batches([]) == 0

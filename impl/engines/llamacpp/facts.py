@@ -173,15 +173,38 @@ def forward_padded(lc, ctx, batch, token: int, start: int, vocab: int, seq: int 
 
 def forward_steps(lc, ctx, batch, steps: list[tuple[int, int, int]], vocab: int) -> list[np.ndarray]:
     """One ``llama_decode`` of one token on each of several sequences (``steps``: (sequence,
-    position, token), a sequence at most once): the logits after each token, (vocab,) float32 copies."""
-    for i, (seq, pos, tok) in enumerate(steps):
-        batch.token[i], batch.pos[i], batch.n_seq_id[i] = tok, pos, 1
-        batch.seq_id[i][0], batch.logits[i] = seq, 1
+    position, token), a sequence at most once): the logits after each token, (vocab,) float32
+    copies, in the order of ``steps``. The batch holds them by ascending sequence: over a stream per
+    sequence llama.cpp computes a batch in micro-batches of consecutive sequence ids, in the batch's
+    order (its ``split_equal``), so the steps of sequences 3, 0, 1, 2 in that order are two graph
+    computations and sorted one (:func:`count_micro_batches`). Each row's bits are the same either
+    way (tests/test_llamacpp_slots.py)."""
+    order = sorted(range(len(steps)), key=lambda i: steps[i][0])
+    for row, i in enumerate(order):
+        seq, pos, tok = steps[i]
+        batch.token[row], batch.pos[row], batch.n_seq_id[row] = tok, pos, 1
+        batch.seq_id[row][0], batch.logits[row] = seq, 1
     batch.n_tokens = len(steps)
     rc = lc.llama_decode(ctx, batch)
     if rc != 0:
         raise RuntimeError(f"llama_decode returned {rc} for a batch of {len(steps)} decode steps")
-    return [np.ctypeslib.as_array(lc.llama_get_logits_ith(ctx, i), shape=(vocab,)).copy() for i in range(len(steps))]
+    out: list[np.ndarray] = [np.empty(0, np.float32)] * len(steps)
+    for row, i in enumerate(order):
+        out[i] = np.ctypeslib.as_array(lc.llama_get_logits_ith(ctx, row), shape=(vocab,)).copy()
+    return out
+
+
+def count_micro_batches(seqs: Sequence[int]) -> int:
+    """The graph computations llama.cpp runs for one token on each of ``seqs`` in that order, over a
+    stream per sequence (``split_equal`` with ``sequential``: a micro-batch takes, in batch order,
+    the next unused sequence whose id follows the last one taken): 1 for 0, 1, 2; 3 for 0, 2, 5."""
+    left, count = list(seqs), 0
+    while left:
+        taken, rest = [left[0]], []
+        for seq in left[1:]:
+            (taken if seq == taken[-1] + 1 else rest).append(seq)
+        left, count = rest, count + 1
+    return count
 
 
 def read_state(lc, ctx) -> bytes:
@@ -346,5 +369,5 @@ def write_cache(path: Path, data: dict) -> None:
     os.replace(tmp, path)
 
 
-__all__ = ["DecodeFacts", "compute_equal_limit", "forward", "forward_padded", "forward_steps", "get_cache_path", "get_decode_facts", "get_kernels_text", "is_cached",
+__all__ = ["DecodeFacts", "compute_equal_limit", "count_micro_batches", "forward", "forward_padded", "forward_steps", "get_cache_path", "get_decode_facts", "get_kernels_text", "is_cached",
            "measure_decode_facts", "read_state"]
