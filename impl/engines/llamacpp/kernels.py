@@ -148,15 +148,7 @@ def set_repack_row_order(lc, enabled: bool) -> bool:
     types are repacked, and at every matmul); whether it took effect (False: the library lacks
     the switch, or its gemm is not the one the patch rewrites)."""
     setter = find_setter(lc, ROW_ORDER_SETTER)
-    done = bool(setter is not None and setter(enabled))
-    if done:
-        _STATE["row_order"] = enabled
-    return done
-
-
-def is_repack_row_order() -> bool:
-    """Whether this process last switched the repacked Q4_K gemm to the one-row kernel's order."""
-    return _STATE.get("row_order") is True
+    return bool(setter is not None and setter(enabled))
 
 
 def is_lone_row_exact() -> bool:
@@ -249,4 +241,4 @@ if __name__ == "__main__":
 
 
 __all__ = ["SETTER", "build", "find_setter", "get_cpu_libraries", "get_loaded_cpu_library", "has_switches", "install",
-           "is_lone_row_exact", "is_repack_row_order", "patch_source", "set_lone_row_split", "set_repack_row_order"]
+           "is_lone_row_exact", "patch_source", "set_lone_row_split", "set_repack_row_order"]

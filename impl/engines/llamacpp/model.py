@@ -16,7 +16,6 @@ from pathlib import Path
 
 from unsee.impl.engines.llamacpp.kernels import (
     is_lone_row_exact,
-    is_repack_row_order,
     set_lone_row_split,
     set_repack_row_order,
 )
@@ -341,8 +340,7 @@ def get_library_info(lc) -> dict:
     """What the decode facts depend on of the library (their cache key, facts.get_cache_key): its
     version, ggml's tiled matmul setting, and whether a lone row's keys are split (kernels.py)."""
     return {"llama_cpp_python": getattr(lc, "__version__", "?"), TILED_MM_ENV: os.environ.get(TILED_MM_ENV, ""),
-            "lone_row_split": "off" if is_lone_row_exact() else "on",
-            "repack_row_order": "on" if is_repack_row_order() else "off"}
+            "lone_row_split": "off" if is_lone_row_exact() else "on"}
 
 
 def load_llamacpp(name_or_path: str | os.PathLike = "smollm2", threads: int | None = None, n_ctx: int | None = None,
