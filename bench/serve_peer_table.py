@@ -31,6 +31,9 @@ def get_percentile(values: list[float], q: float) -> float | None:
 def summarise_level(rows: list[dict]) -> dict:
     """One concurrency level's turns: aggregate output tokens/s over the level's wall, latency, TTFT."""
     latency, ttft = [r["latency_s"] for r in rows], [r["ttft_s"] for r in rows]
+    # each turn's decode alone: its time after the first streamed text over the tokens after the first
+    # (turns that end at different lengths still compare, where tokens/s counts each turn's prefill in)
+    tpot = [(r["latency_s"] - r["ttft_s"]) / (r["output_tokens"] - 1) for r in rows if r["output_tokens"] > 1]
     tokens, wall, cpu = sum(r["output_tokens"] for r in rows), rows[0]["level_wall_s"], rows[0].get("level_cpu_s")
     engine = rows[0].get("level_engine") or {}
     forwards, busy = engine.get("forwards"), engine.get("busy_s")
@@ -40,7 +43,7 @@ def summarise_level(rows: list[dict]) -> dict:
             "server_cpu_s": cpu, "cpu_per_token_s": cpu / tokens if cpu is not None and tokens else None,
             "p50_s": get_percentile(latency, 0.5), "p99_s": get_percentile(latency, 0.99),
             "ttft_p50_s": get_percentile(ttft, 0.5), "ttft_p99_s": get_percentile(ttft, 0.99),
-            "tokens_per_turn": tokens / len(rows)}
+            "tpot_p50_s": get_percentile(tpot, 0.5), "tokens_per_turn": tokens / len(rows)}
 
 
 def summarise_system(rows: list[dict], floor: dict | None) -> dict:
@@ -138,6 +141,8 @@ def get_table_rows(systems: dict, workload: dict) -> list[tuple[str, list[str]]]
                      cell(lambda s: f"{_fmt(lv(s, 'p50_s'), ' s')} / {_fmt(lv(s, 'p99_s'), ' s')}")))
         rows.append((f"{level} conversation(s): time to first streamed text, p50",
                      cell(lambda s: _fmt(lv(s, "ttft_p50_s"), " s"))))
+        rows.append((f"{level} conversation(s): time per output token after the first, p50",
+                     cell(lambda s: _fmt(None if lv(s, "tpot_p50_s") is None else 1000 * lv(s, "tpot_p50_s"), " ms", 1))))
         rows.append((f"{level} conversation(s): server CPU per output token",
                      cell(lambda s: _fmt(lv(s, "cpu_per_token_s"), " s", 3))))
         if any(lv(s, "forwards") is not None for s in systems.values()):

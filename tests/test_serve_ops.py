@@ -256,7 +256,9 @@ def lines(caplog) -> list[str]:
 
 def test_cached_tokens_are_the_conversation_s_kv_its_turn_reused(keyed):
     client, pool = keyed.alpha, keyed.pool
-    conv = client.conversations.create()
+    # a system prompt no other conversation of the key has: none of its kept lineages can serve it
+    # (tests/test_serve_openings.py: a served system block)
+    conv = client.conversations.create(items=[{"type": "message", "role": "system", "content": "Cached-tokens test."}])
     runtime = lambda: pool.get(conv.id, get_owner_of(KEYS[0])).session.runtime
     held = lambda: len(pool.engine.tokens(runtime().lineage))
     first = client.responses.create(model="tiny", conversation=conv.id, input="Hello.")

@@ -427,16 +427,19 @@ class LineageBook:
         its last token the turn's own forwards wrote (each of at most
         ``max_forward`` tokens, so each row equal to a decode step's, and to
         the row a one-chunk prefill of the turn writes: llamacpp/facts.py).
-        Feeds the last token alone for the logits after it. False (nothing
-        changed) where it does not apply. Inside a prefix cache too, so that
-        B5' does the work B5 does, less what it serves."""
+        Feeds the last token alone for the logits after it, as a decode step
+        the loop may batch with other lineages' steps (it is one: a one-token
+        forward at the lineage's end). False (nothing changed) where it does
+        not apply. Inside a prefix cache too, so that B5' does the work B5
+        does, less what it serves."""
         cap = self.max_forward
         if not cap or len(out) > cap:
             return False
         if lin.tokens[start:start + len(out) - 1] != out[:-1]:
             return False
         self.kv.truncate(handle, lin, start + len(out) - 1)
-        lin.last_logits = self.scheduler.run(self.kv.forward, handle, lin, out[-1:], False, release=True)
+        step = StepRequest(handle, lin, out[-1], threading.get_ident())
+        lin.last_logits = self.scheduler.run(self.kv.forward, handle, lin, out[-1:], False, release=True, step=step)
         lin.record_chunk(start)
         lin.served_last = False
         self.counters.forward_calls += 1

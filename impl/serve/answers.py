@@ -19,7 +19,7 @@ from unsee.impl.engines.counts import Counters
 from unsee.impl.serve import compaction, shapes, turns
 from unsee.impl.serve.bodies import SYSTEM_ROLES
 from unsee.impl.serve.chat import check_messages, get_messages
-from unsee.impl.serve.conversation import Conversation
+from unsee.impl.serve.conversation import Conversation, get_output_tokens, get_prompt
 from unsee.impl.serve.errors import bad_request
 from unsee.impl.serve.pool import Pool
 from unsee.impl.util.ids import ANSWER, CONTEXT, SYSTEM, compute_block_id
@@ -40,8 +40,8 @@ def get_usage(runtime, step_ids: list[str], kept: int = 0) -> dict:
     the first turn re-rendered the context (new instructions: a new lineage, every token
     prefilled anew)."""
     blocks = [runtime.graph[compute_block_id(s, ANSWER)] for s in step_ids]
-    output = sum(len(runtime.engine.lm.encode(b.text)) for b in blocks)
-    prompt = blocks[0].token_span[0] if blocks else 0
+    output = sum(get_output_tokens(runtime, s) for s in step_ids)
+    prompt = len(get_prompt(runtime, step_ids[0])) if blocks else 0  # with the answer's header, as OpenAI counts
     usage = shapes.usage(prompt, output)
     if blocks and compute_block_id(step_ids[0], SYSTEM) not in runtime.graph:
         usage["input_tokens_details"]["cached_tokens"] = min(kept, prompt)
@@ -93,7 +93,10 @@ def respond(pool: Pool, model: str, req: dict, conv: Conversation, previous: str
                 settings=settings, req=req, usage=None, created_at=created)
         t = c.runtime.t if c.runtime is not None else 0
         kept = get_kept_tokens(pool.engine, c.runtime, before)
-        items, settings = turns.respond(c, pool.engine, req, pool.defaults, response_id, listener)
+        started = pool.engine.counters.snapshot()
+        items, settings = turns.respond(c, pool.engine, req, pool.defaults, response_id, listener,
+                                        pool.open_chat(owner))
+        kept += (pool.engine.counters.snapshot() - started).reused_tokens  # a first step's served system block
         steps = [s.id for s in c.runtime.steps[t:]]
         compacted = [get_compaction_cost(c.runtime, s.id) for s in c.runtime.steps[t:] if s.kind == "compact"]
         extra = {"steps": steps, **({"compaction": compacted[0]} if compacted else {})}

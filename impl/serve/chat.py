@@ -14,8 +14,15 @@ owner's last :attr:`ChatCache.size` completions: a block whose chunk history
 and tokens equal a cached lineage's is served from that lineage's KV, which
 is the KV a prefill computes, bit for bit; nothing else is reused. Each API
 key has its own cache (:meth:`~unsee.impl.serve.pool.Pool.open_chat`), so ``cached_tokens`` tells no
-key what another sent. The cache never reads a conversation's lineages, so a
-conversation's forget has nothing to chase here.
+key what another sent.
+
+A conversation's first block (its system prompt and tools) is served from
+the same cache (:meth:`ChatCache.start`), as llama-server reuses a slot's
+prompt: a computed one is kept as a copy of that block alone. The cache
+never reads a conversation's lineages past that block, which no item's
+forget reaches; a conversation's ``DELETE`` drops the copy it made or was
+served from (:meth:`ChatCache.release`), so nothing derived from a deleted
+conversation stays in memory.
 """
 
 from __future__ import annotations
@@ -30,7 +37,7 @@ from unsee.impl.agent.tools.native import FunctionCall
 from unsee.impl.agent.tools.observed import Role
 from unsee.impl.engines.protocol import PrefixCache
 from unsee.impl.serve.bodies import SYSTEM_ROLES
-from unsee.impl.serve.conversation import get_answer_items
+from unsee.impl.serve.conversation import get_answer_items, get_output_tokens, get_prompt
 from unsee.impl.serve.errors import bad_request
 from unsee.impl.serve.turns import add_logprobs
 from unsee.impl.util.ids import ANSWER, compute_block_id
@@ -129,6 +136,8 @@ class ChatCache:
         self.engine = engine
         self.size = size
         self.handles: collections.deque[str] = collections.deque()
+        #: conversation id -> the kept lineage its first block was copied into or served from
+        self.openings: dict[str, str | None] = {}
 
     def get_sources(self) -> list[str]:
         return [h for h in self.handles if h in self.engine.budget.lineages]
@@ -136,9 +145,44 @@ class ChatCache:
     def keep(self, handle: str) -> None:
         self.handles.append(handle)
         while len(self.handles) > self.size:
-            old = self.handles.popleft()
-            if old in self.engine.budget.lineages:
-                self.engine.drop(old)
+            self.discard(self.handles.popleft())
+
+    def discard(self, handle: str) -> None:
+        """Drop ``handle`` (kept or not) and whatever conversation used it as its first block."""
+        if handle in self.handles:
+            self.handles.remove(handle)
+        self.openings = {c: h for c, h in self.openings.items() if h != handle}
+        if handle in self.engine.budget.lineages:
+            self.engine.drop(handle)
+
+    def start(self, conv_id: str, system: str, settings: Settings, config: Config) -> ClientToolRuntime:
+        """Conversation ``conv_id``'s ``R_0``: its system block served from a kept lineage that opens
+        with the same chunk (the KV its prefill computes, bit for bit), else computed, and a copy
+        of that block alone kept for the owner's next conversation. Either lineage is the one
+        :meth:`release` drops with the conversation."""
+        engine = self.engine
+        if not isinstance(engine, PrefixCache):
+            return ClientToolRuntime.start(engine, system, settings, config=config)
+        before = engine.counters.snapshot()
+        with engine.prefix_cache(self.get_sources()):
+            runtime = ClientToolRuntime.start(engine, system, settings, config=config)
+        if (engine.counters.snapshot() - before).reused_tokens:
+            self.openings[conv_id] = self.find_opening(engine.tokens(runtime.lineage))
+        else:
+            self.openings[conv_id] = engine.fork(runtime.lineage)
+            self.keep(self.openings[conv_id])
+        return runtime
+
+    def find_opening(self, tokens: list[int]) -> str | None:
+        """A kept lineage that opens with ``tokens`` (the one a served block came from)."""
+        return next((h for h in self.get_sources() if self.engine.tokens(h)[:len(tokens)] == tokens), None)
+
+    def release(self, conv_id: str) -> None:
+        """Conversation ``conv_id`` deleted: drop the kept lineage its system block was copied into or
+        served from (a later conversation computes the block again)."""
+        handle = self.openings.pop(conv_id, None)
+        if handle is not None:
+            self.discard(handle)
 
     def complete(self, messages: list[dict], settings: Settings, config: Config, listener=None,
                  explicit: bool = True, logprobs: int | None = None) -> dict:
@@ -168,19 +212,20 @@ class ChatCache:
                 raise
         spent = self.engine.counters.snapshot() - before
         block = runtime.graph[compute_block_id(STEP, ANSWER)]
+        prompt = len(get_prompt(runtime, STEP))  # with the answer's header, as OpenAI counts
         self.keep(runtime.lineage)
         items = get_answer_items(runtime, STEP)
         if logprobs is not None:
             items = add_logprobs(self.engine.lm, items, runtime.decisions)
         if listener is not None:
             listener.answer(items)
-        output_tokens = len(self.engine.lm.encode(block.text))
+        output_tokens = get_output_tokens(runtime, STEP)
         finished = runtime.is_finished(STEP)  # an end of turn, or a stop text
         calls = [i for i in items if i["type"] == "function_call"]
         message = next((i for i in items if i["type"] == "message"), None)
         return {"items": items, "finish_reason": "tool_calls" if calls else "stop" if finished else "length",
                 "logprobs": message["content"][0]["logprobs"] if message and logprobs is not None else None,
-                "complete": finished, "prompt_tokens": block.token_span[0], "output_tokens": output_tokens,
+                "complete": finished, "prompt_tokens": prompt, "output_tokens": output_tokens,
                 # the prompt's tokens served from the cache (the runtime's canonical
                 # re-prefill of a generated turn may be served too: not a prompt token)
                 "cached_tokens": min(spent.reused_tokens, block.token_span[0])}

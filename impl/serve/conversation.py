@@ -103,6 +103,12 @@ def get_prompt(runtime, step_id: str) -> list[int]:
     return [t for p in block.parents for t in runtime.graph[p].tokens] + list(block.tokens[:len(header)])
 
 
+def get_output_tokens(runtime, step_id: str) -> int:
+    """The tokens ``step_id``'s answer decoded: its block's, past what it was decoded after
+    (:func:`get_prompt`; an end token it stopped on included), not its text encoded again."""
+    return runtime.graph[compute_block_id(step_id, ANSWER)].token_span[1] - len(get_prompt(runtime, step_id))
+
+
 def get_answer_items(runtime, step_id: str) -> list[dict]:
     """The items of the model's answer to ``step_id``: its text (a message, where it has text or no
     call) and its function calls."""
@@ -335,5 +341,5 @@ def get_waiting_items(record: dict) -> list[dict]:
 
 
 __all__ = ["SIDECAR", "STORE", "Conversation", "compute_answer_key", "compute_item_id", "get_answer_ids",
-           "get_answer_items", "get_call_ids", "get_compaction_item", "get_held_ids", "get_item_key", "get_item_role", "get_prompt",
+           "get_answer_items", "get_call_ids", "get_compaction_item", "get_held_ids", "get_item_key", "get_item_role", "get_output_tokens", "get_prompt",
            "get_runtime_lineages", "get_waiting_items", "write_json_atomic"]

@@ -236,12 +236,16 @@ class Pool:
         return conv
 
     def delete(self, conv: Conversation) -> None:
-        """The conversation, its session and its store, gone."""
+        """The conversation, its session and its store, gone (and the owner's cached copy of its
+        system block: :meth:`ChatCache.release`)."""
         with self.hold(conv):
             with self.index_lock:
                 del self.conversations[conv.id]
                 for r in conv.record["responses"]:
                     self.responses.pop(r["id"], None)
+                chat = self.chats.get(self.get_owner(conv))
+            if chat is not None:
+                chat.release(conv.id)
             conv.evict()
             tomb = conv.root.with_name(conv.root.name + DELETING)
             conv.root.rename(tomb)

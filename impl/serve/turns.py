@@ -141,14 +141,17 @@ def get_step(conv: Conversation, items: list[dict], bound: dict[str, int]) -> tu
 
 
 def run_step(conv: Conversation, engine, step: Step, config: Config, bound: dict, session: Settings,
-             listener=None, logprobs: int | None = None, roles: dict[str, Role] | None = None) -> list[dict]:
+             listener=None, logprobs: int | None = None, roles: dict[str, Role] | None = None,
+             cache=None) -> list[dict]:
     """Observe ``step`` under ``config`` (its items in ``roles``) and decode the answer, committed;
     the answer's items (with its tokens' log-probabilities where ``logprobs`` asks,
     :func:`add_logprobs`). The first step creates the store, its session settings ``session``
-    (a failed one leaves none)."""
+    (a failed one leaves none), its system block served from the owner's ``cache``
+    (:meth:`~unsee.impl.serve.chat.ChatCache.start`) where one is given."""
     first = conv.session is None
     if first:
-        runtime = ClientToolRuntime.start(engine, config.system, session, config=config)
+        runtime = (cache.start(conv.id, config.system, session, config) if cache is not None
+                   else ClientToolRuntime.start(engine, config.system, session, config=config))
         conv.session = PersistentSession.create(conv.store_path, runtime)
     runtime = conv.runtime
     runtime.client.expect(config, bound, roles)
@@ -222,10 +225,11 @@ def get_tool_records(items: list[dict]) -> dict:
 
 
 def respond(conv: Conversation, engine, req: dict, defaults: Settings, response_id: str,
-            listener=None) -> tuple[list[dict], Settings]:
+            listener=None, cache=None) -> tuple[list[dict], Settings]:
     """One response: the waiting items and the request's input observed as one step, the answer
     decoded and committed (then, where a forget held recorded inputs, their replay resumed); the
-    output items and the settings the conversation runs with."""
+    output items and the settings the conversation runs with. ``cache``: the owner's, which a
+    first step's system block is served from (:func:`run_step`)."""
     session = conv.runtime.settings if conv.runtime is not None else defaults
     sampling = get_sampling(req, session, defaults)
     settings = sampling.get_settings(session)
@@ -248,7 +252,8 @@ def respond(conv: Conversation, engine, req: dict, defaults: Settings, response_
         listener.start(settings)
         if compacted:
             listener.emit(("answer", compacted, ""))
-    out = compacted + run_step(conv, engine, step, config, bound, session, listener, req.get("logprobs"), roles)
+    out = compacted + run_step(conv, engine, step, config, bound, session, listener, req.get("logprobs"), roles,
+                               cache)
     record = conv.record
     conv.save({**record, "pending": [], "held_outputs": [], "held_extra": [],
                "tools": {**record["tools"], **get_tool_records(todo)},
