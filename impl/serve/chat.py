@@ -35,6 +35,7 @@ from unsee.impl.agent.provenance import RuntimeBlock
 from unsee.impl.agent.tools.client import ClientToolRuntime, Config, get_context_length
 from unsee.impl.agent.tools.native import FunctionCall
 from unsee.impl.agent.tools.observed import Role
+from unsee.impl.engines.book import KVBackend
 from unsee.impl.engines.protocol import PrefixCache
 from unsee.impl.serve.bodies import SYSTEM_ROLES
 from unsee.impl.serve.conversation import get_answer_items, get_output_tokens, get_prompt
@@ -161,7 +162,9 @@ class ChatCache:
         of that block alone kept for the owner's next conversation. Either lineage is the one
         :meth:`release` drops with the conversation."""
         engine = self.engine
-        if not isinstance(engine, PrefixCache):
+        if not isinstance(engine, PrefixCache) or not isinstance(getattr(engine, "kv", None), KVBackend):
+            # only an engine that computes its own KV serves a chunk from a kept lineage (vLLM's
+            # cache is its own, salted per lineage): a copy would be kept for nothing
             return ClientToolRuntime.start(engine, system, settings, config=config)
         before = engine.counters.snapshot()
         with engine.prefix_cache(self.get_sources()):
