@@ -74,12 +74,14 @@ def test_a_conversations_delete_drops_the_copy_of_its_system_block(served):
     assert len(kept) == 1 and len(pool.engine.tokens(kept[0])) == get_system_tokens(pool, a, owner)
     alpha.conversations.delete(a)
     assert kept[0] not in pool.engine.budget.lineages and not pool.open_chat(owner).handles
-    _, again = first_turn(alpha)  # computed anew: nothing of the deleted conversation was left to serve it
+    c, again = first_turn(alpha)  # computed anew: nothing of the deleted conversation was left to serve it
     assert again.usage.input_tokens_details.cached_tokens == 0
-    # a conversation served from a copy drops that copy too
-    b, served_b = first_turn(alpha)
-    assert served_b.usage.input_tokens_details.cached_tokens > 0
-    alpha.conversations.delete(b)
+    # a conversation served from another's copy made none: its DELETE leaves that copy, the maker's drops it
+    d, served_d = first_turn(alpha)
+    assert served_d.usage.input_tokens_details.cached_tokens > 0
+    alpha.conversations.delete(d)
+    assert len(pool.open_chat(owner).handles) == 1
+    alpha.conversations.delete(c)
     assert not pool.open_chat(owner).handles
 
 

@@ -20,9 +20,9 @@ A conversation's first block (its system prompt and tools) is served from
 the same cache (:meth:`ChatCache.start`), as llama-server reuses a slot's
 prompt: a computed one is kept as a copy of that block alone. The cache
 never reads a conversation's lineages past that block, which no item's
-forget reaches; a conversation's ``DELETE`` drops the copy it made or was
-served from (:meth:`ChatCache.release`), so nothing derived from a deleted
-conversation stays in memory.
+forget reaches; a conversation's ``DELETE`` drops the copy it made
+(:meth:`ChatCache.release`), so nothing derived from a deleted conversation
+stays in memory (a conversation served from another's copy made none).
 """
 
 from __future__ import annotations
@@ -137,8 +137,8 @@ class ChatCache:
         self.engine = engine
         self.size = size
         self.handles: collections.deque[str] = collections.deque()
-        #: conversation id -> the kept lineage its first block was copied into or served from
-        self.openings: dict[str, str | None] = {}
+        #: conversation id -> the kept copy of its system block it made
+        self.openings: dict[str, str] = {}
 
     def get_sources(self) -> list[str]:
         return [h for h in self.handles if h in self.engine.budget.lineages]
@@ -149,7 +149,7 @@ class ChatCache:
             self.discard(self.handles.popleft())
 
     def discard(self, handle: str) -> None:
-        """Drop ``handle`` (kept or not) and whatever conversation used it as its first block."""
+        """Drop ``handle`` (kept or not), and forget which conversation made it."""
         if handle in self.handles:
             self.handles.remove(handle)
         self.openings = {c: h for c, h in self.openings.items() if h != handle}
@@ -159,8 +159,8 @@ class ChatCache:
     def start(self, conv_id: str, system: str, settings: Settings, config: Config) -> ClientToolRuntime:
         """Conversation ``conv_id``'s ``R_0``: its system block served from a kept lineage that opens
         with the same chunk (the KV its prefill computes, bit for bit), else computed, and a copy
-        of that block alone kept for the owner's next conversation. Either lineage is the one
-        :meth:`release` drops with the conversation."""
+        of that block alone kept for the owner's next conversation (:meth:`release` drops it
+        with the conversation)."""
         engine = self.engine
         if not isinstance(engine, PrefixCache) or not isinstance(getattr(engine, "kv", None), KVBackend):
             # only an engine that computes its own KV serves a chunk from a kept lineage (vLLM's
@@ -169,20 +169,15 @@ class ChatCache:
         before = engine.counters.snapshot()
         with engine.prefix_cache(self.get_sources()):
             runtime = ClientToolRuntime.start(engine, system, settings, config=config)
-        if (engine.counters.snapshot() - before).reused_tokens:
-            self.openings[conv_id] = self.find_opening(engine.tokens(runtime.lineage))
-        else:
+        if not (engine.counters.snapshot() - before).reused_tokens:
             self.openings[conv_id] = engine.fork(runtime.lineage)
             self.keep(self.openings[conv_id])
         return runtime
 
-    def find_opening(self, tokens: list[int]) -> str | None:
-        """A kept lineage that opens with ``tokens`` (the one a served block came from)."""
-        return next((h for h in self.get_sources() if self.engine.tokens(h)[:len(tokens)] == tokens), None)
-
     def release(self, conv_id: str) -> None:
-        """Conversation ``conv_id`` deleted: drop the kept lineage its system block was copied into or
-        served from (a later conversation computes the block again)."""
+        """Conversation ``conv_id`` deleted: drop the copy of its system block it kept, if the cache
+        still holds it (a conversation served from another's copy made none: that copy is the
+        other conversation's)."""
         handle = self.openings.pop(conv_id, None)
         if handle is not None:
             self.discard(handle)
