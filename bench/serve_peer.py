@@ -51,6 +51,12 @@ Phases (:mod:`unsee.bench.serve_peer_table` turns the records into the tables):
               peer: the same conversation resent without the item, every turn answered anew
               (what an exact forget costs a user of a stateless server)
 
+``--rounds N`` runs the load phase N times with every server started first
+(idle but for the one driven), the systems' order reversed every other round:
+these machines drift by up to 30% within a run, so each round's ratio is read
+within the round, and a level's tokens/s is every round's tokens over every
+round's wall.
+
 Figures on a loaded machine are not comparable across runs: compare the
 systems of one run (docs/serve.md gives the labelled run).
 """
@@ -429,23 +435,44 @@ def run_delete_peer(b: Bench) -> list[dict]:
              "texts": [t.text for t in turns]}]
 
 
-def run_system(system: str, server: Server, args: argparse.Namespace, document: str,
-               store: Path | None, keep: Path) -> list[dict]:
+def open_bench(system: str, server: Server, args: argparse.Namespace) -> Bench:
+    """The phases' client on ``server``, after a warm-up turn (the first request's one-time costs)."""
     import openai
 
     client = openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0, timeout=3600)
     b = Bench(client, args.model, args, server.process.pid, server)
-    b.new(system).turn([("w", "Hello.")])  # warm-up: the first request's one-time costs
+    b.new(system).turn([("w", "Hello.")])
+    return b
+
+
+def run_load(b: Bench, system: str, args: argparse.Namespace, round_: int = 0) -> list[dict]:
+    """The load phase: each --concurrency level in turn (round ``round_`` of --rounds)."""
     rows = []
     for level in args.concurrency:
-        say_phase(system, f"load, {level} conversation(s)")
-        rows += run_level(b, system, level)
+        where = f", round {round_ + 1} of {args.rounds}" if args.rounds > 1 else ""
+        say_phase(system, f"load, {level} conversation(s){where}")
+        rows += [{**r, "round": round_} for r in run_level(b, system, level)]
+    return rows
+
+
+def run_after_load(b: Bench, system: str, args: argparse.Namespace, document: str, store: Path | None,
+                   keep: Path) -> list[dict]:
+    """The phases after the load: the history, then the DELETE (or the peer's resend)."""
+    rows = []
     if "history" in args.phases:
         say_phase(system, f"history ({args.history_tokens} tokens)")
         rows += run_history(b, system, document)
     if "delete" in args.phases and system in ("unsee", *RESENDING):
         say_phase(system, "delete")
         rows += run_delete_unsee(b, store, keep) if system == "unsee" else run_delete_peer(b)
+    return rows
+
+
+def run_system(system: str, server: Server, args: argparse.Namespace, document: str,
+               store: Path | None, keep: Path) -> list[dict]:
+    b = open_bench(system, server, args)
+    rows = (run_load(b, system, args) if "load" in args.phases else []) + \
+        run_after_load(b, system, args, document, store, keep)
     return [{**r, "system": system} for r in rows]
 
 
@@ -497,37 +524,72 @@ def get_label(args: argparse.Namespace, argv: list[str]) -> dict:
     return {"build": build, "cpu": get_cpu_name(), "cores": os.cpu_count(),
             "threads": None if args.defaults else args.threads,
             "batch_threads": None if args.defaults else args.batch_threads, "parallel": args.parallel,
-            "model": args.model, "command": "python -m unsee.bench.serve_peer " + " ".join(argv),
+            "model": args.model, "rounds": args.rounds,
+            "command": "python -m unsee.bench.serve_peer " + " ".join(argv),
             "load_average": os.getloadavg()[0]}
 
 
-def run_servers(args: argparse.Namespace, engine, work: Path) -> list[dict]:
-    """Each asked-for server in turn (never both at once: they would share the
-    cores), its systems' phases; the rows."""
+def get_starters(args: argparse.Namespace, engine, work: Path) -> dict:
+    """``{system: (start, store)}`` for each asked-for system, peers first: ``start()`` a fresh
+    server of it, ``store`` the folder unsee's conversations are kept in (None for a peer)."""
     gguf = Path(engine.lm.source)  # the file the engine loaded: the catalogue's, a built-in one or a path
-    document = get_document(args.history_tokens, lambda text: len(engine.lm.encode(text)))
-    rows, keep = [], work / "before-delete"
-    keep.mkdir()
     threads, batch = (None, None) if args.defaults else (args.threads, args.batch_threads)
-    peers = {"peer": lambda: start_peer(args.peer_python, gguf, args.model, threads, batch, args.n_ctx, work),
-             "llama-server": lambda: start_llama_server(args.llama_server, gguf, args.model, threads, batch,
-                                                        args.n_ctx, args.parallel, work)}
-    for system in (s for s in RESENDING if s in args.systems):
-        peer = peers[system]()
-        try:
-            peer.wait_ready(args.start_timeout)
-            rows += run_system(system, peer, args, document, None, keep)
-        finally:
-            peer.stop()
-    # each unsee system on a server of its own, as each peer is: a system starts where the others
-    # start, with no conversation of another system's phases holding the engine's slots
-    for system in (s for s in ("unsee-chat", "unsee") if s in args.systems):
+    starters = {"peer": (lambda: start_peer(args.peer_python, gguf, args.model, threads, batch, args.n_ctx, work),
+                         None),
+                "llama-server": (lambda: start_llama_server(args.llama_server, gguf, args.model, threads, batch,
+                                                            args.n_ctx, args.parallel, work), None)}
+    for system in ("unsee-chat", "unsee"):
         store = work / f"store-{system}"
-        server = start_unsee(args.model, threads, batch, args.max_tokens, store, work, f"{system}.log")
+        starters[system] = (lambda s=system, st=store: start_unsee(args.model, threads, batch, args.max_tokens, st,
+                                                                     work, f"{s}.log"), store)
+    return {s: starters[s] for s in (*RESENDING, "unsee-chat", "unsee") if s in args.systems}
+
+
+def run_servers(args: argparse.Namespace, engine, work: Path) -> list[dict]:
+    """Each asked-for server in turn (never two driven at once: they would share the cores), its
+    systems' phases; the rows. Each unsee system on a server of its own, as each peer is: a system
+    starts where the others start, with no conversation of another system's phases holding the
+    engine's slots. With --rounds, :func:`run_rounds`."""
+    document = get_document(args.history_tokens, lambda text: len(engine.lm.encode(text)))
+    keep = work / "before-delete"
+    keep.mkdir()
+    starters = get_starters(args, engine, work)
+    if args.rounds > 1:
+        return run_rounds(args, starters, document, keep)
+    rows = []
+    for system, (start, store) in starters.items():
+        server = start()
         try:
             server.wait_ready(args.start_timeout)
             rows += run_system(system, server, args, document, store, keep)
         finally:
+            server.stop()
+    return rows
+
+
+def run_rounds(args: argparse.Namespace, starters: dict, document: str, keep: Path) -> list[dict]:
+    """Every server started first and kept, idle but for the one driven; the load phase --rounds
+    times, the systems' order reversed every other round, so that a machine drifting within the
+    run (up to 30% on these machines) weighs on every system alike and each round's ratio is read
+    within the round; then each system's other phases in turn."""
+    servers: dict[str, Server] = {}
+    rows: list[dict] = []
+    try:
+        for system, (start, _) in starters.items():
+            servers[system] = start()
+        benches = {}
+        for system, server in servers.items():
+            server.wait_ready(args.start_timeout)
+            benches[system] = open_bench(system, server, args)
+        order = list(servers)
+        for round_ in range(args.rounds if "load" in args.phases else 0):
+            for system in order if round_ % 2 == 0 else order[::-1]:
+                rows += [{**r, "system": system} for r in run_load(benches[system], system, args, round_)]
+        for system in order:
+            rows += [{**r, "system": system}
+                     for r in run_after_load(benches[system], system, args, document, starters[system][1], keep)]
+    finally:
+        for server in servers.values():
             server.stop()
     return rows
 
@@ -547,6 +609,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help="threads of both servers' forwards of several tokens (prefill; llama.cpp's "
                              "n_threads_batch, unsee's UNSEE_LLAMA_BATCH_THREADS); default --threads")
     parser.add_argument("--concurrency", type=lambda t: [int(x) for x in t.split(",")], default=[1, 4, 8])
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="the load phase this many times, every server started first and the systems' "
+                             "order reversed every other round (a drifting machine weighs on each alike; "
+                             "each round's ratio is reported)")
     parser.add_argument("--turns", type=int, default=3, help="turns per conversation")
     parser.add_argument("--max-tokens", type=int, default=32, help="output tokens per answer at most")
     parser.add_argument("--history-tokens", type=int, default=1000, help="the history phase's first message")
@@ -563,6 +629,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         "region (docs/serve.md; bench/serve_peer_table.py's REGIONS), the summary beside it")
     args = parser.parse_args(argv)
     args.batch_threads = args.batch_threads or args.threads
+    if args.rounds < 1:
+        parser.error(f"--rounds {args.rounds}: expected 1 or more")
     unknown = sorted(set(args.systems) - set(SYSTEMS))
     if unknown:
         parser.error(f"--systems: unknown {unknown}; expected some of {list(SYSTEMS)}")

@@ -28,22 +28,35 @@ def get_percentile(values: list[float], q: float) -> float | None:
     return values[min(len(values) - 1, round(q * (len(values) - 1)))] if values else None
 
 
+def add_up(values: list) -> float | None:
+    """The sum, or None where any is missing."""
+    return None if not values or any(v is None for v in values) else sum(values)
+
+
 def summarise_level(rows: list[dict]) -> dict:
-    """One concurrency level's turns: aggregate output tokens/s over the level's wall, latency, TTFT."""
+    """One concurrency level's turns: aggregate output tokens/s over the level's wall (the walls
+    of every round, with the tokens/s of each), latency, TTFT."""
+    rounds = {r.get("round", 0): r for r in rows}  # each row of a round carries its level's wall, CPU, forwards
+    per_round = [sum(r["output_tokens"] for r in rows if r.get("round", 0) == k) / rounds[k]["level_wall_s"]
+                 for k in sorted(rounds)]
+    engines = [rounds[k].get("level_engine") or {} for k in sorted(rounds)]
+    engine = {key: add_up([e.get(key) for e in engines]) for key in ("forwards", "rows", "busy_s")}
     latency, ttft = [r["latency_s"] for r in rows], [r["ttft_s"] for r in rows]
     # each turn's decode alone: its time after the first streamed text over the tokens after the first
     # (turns that end at different lengths still compare, where tokens/s counts each turn's prefill in)
     tpot = [(r["latency_s"] - r["ttft_s"]) / (r["output_tokens"] - 1) for r in rows if r["output_tokens"] > 1]
-    tokens, wall, cpu = sum(r["output_tokens"] for r in rows), rows[0]["level_wall_s"], rows[0].get("level_cpu_s")
-    engine = rows[0].get("level_engine") or {}
-    forwards, busy = engine.get("forwards"), engine.get("busy_s")
+    tokens = sum(r["output_tokens"] for r in rows)
+    wall = sum(r["level_wall_s"] for r in rounds.values())
+    cpu = add_up([r.get("level_cpu_s") for r in rounds.values()])
+    forwards, busy = engine["forwards"], engine["busy_s"]
     return {"turns": len(rows), "output_tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall,
             "forwards": forwards, "rows_per_forward": get_ratio(engine.get("rows"), forwards),
             "engine_busy_share": None if busy is None else busy / wall,
             "server_cpu_s": cpu, "cpu_per_token_s": cpu / tokens if cpu is not None and tokens else None,
             "p50_s": get_percentile(latency, 0.5), "p99_s": get_percentile(latency, 0.99),
             "ttft_p50_s": get_percentile(ttft, 0.5), "ttft_p99_s": get_percentile(ttft, 0.99),
-            "tpot_p50_s": get_percentile(tpot, 0.5), "tokens_per_turn": tokens / len(rows)}
+            "tpot_p50_s": get_percentile(tpot, 0.5), "tokens_per_turn": tokens / len(rows),
+            "round_tokens_per_s": per_round}
 
 
 def summarise_system(rows: list[dict], floor: dict | None) -> dict:
@@ -90,10 +103,16 @@ def compute_goals(systems: dict) -> list[dict]:
     def level(system: dict | None, n: int, key: str) -> float | None:
         return (system or {}).get("levels", {}).get(n, {}).get(key)
 
+    def by_round(n: int) -> str:
+        """Each round's ratio of tokens/s, where the load ran in more than one."""
+        ratios = [get_ratio(a, b) for a, b in zip(level(ours, n, "round_tokens_per_s") or [],
+                                                  level(peer, n, "round_tokens_per_s") or [])]
+        return f"; by round: {', '.join(_fmt(r) + 'x' for r in ratios)}" if len(ratios) > 1 else ""
+
     per_token = get_ratio(level(peer, 1, "cpu_per_token_s"), level(ours, 1, "cpu_per_token_s"))
     add(f"1 conversation: output tokens/s vs {name}",
         get_ratio(level(ours, 1, "tokens_per_s"), level(peer, 1, "tokens_per_s")), 0.95, True,
-        f"output tokens per server CPU second: {_fmt(per_token)}x")
+        f"output tokens per server CPU second: {_fmt(per_token)}x{by_round(1)}")
     add(f"1 conversation: time to first token vs {name}",
         get_ratio(level(ours, 1, "ttft_p50_s"), level(peer, 1, "ttft_p50_s")), 1.1, False)
     if reference == "peer":
@@ -105,7 +124,8 @@ def compute_goals(systems: dict) -> list[dict]:
     top = max(set((peer or {}).get("levels", {})) & set((ours or {}).get("levels", {})), default=None)
     add(f"{top or 'the most'} concurrent conversations: aggregate tokens/s vs {name}",
         get_ratio(ours["levels"][top]["tokens_per_s"], peer["levels"][top]["tokens_per_s"]) if top else None,
-        concurrent_bar, True, "digests against serial replays: not part of this bench (the scheduler's test)")
+        concurrent_bar, True,
+        f"digests against serial replays: not part of this bench (the scheduler's test){by_round(top) if top else ''}")
     delete = (ours or {}).get("delete", {})
     add("DELETE vs the compute floor of its forget, by CPU seconds", delete.get("x_floor_cpu"), 1.15, False,
         f"by wall: {_fmt(delete.get('x_floor'))}x")
@@ -199,7 +219,13 @@ def get_label_line(label: dict, workload: dict) -> str:
             f"CPU {label['cpu']}, {label['cores']} cores (load average {label['load_average']:.1f} at the start, "
             f"{label.get('load_average_end', 0):.1f} at the end), {get_threads_note(label)}"
             f"{'; llama-server --parallel ' + str(label['parallel']) if label.get('parallel') else ''}"
-            f" · command `{label['command']}`")
+            f"{get_rounds_note(label)} · command `{label['command']}`")
+
+
+def get_rounds_note(label: dict) -> str:
+    rounds = label.get("rounds", 1)
+    return (f"; the load phase {rounds} times, every server started first, the systems' order reversed "
+            "every other round" if rounds > 1 else "")
 
 
 def format_markdown(result: dict) -> str:

@@ -225,3 +225,34 @@ def test_the_label_says_the_threads_unsee_said_it_runs_on(tmp_path):
     assert "unsee decoding a lone conversation's steps on 2 thread(s)" in get_threads_note(label)
     assert get_unsee_threads(tmp_path / "absent.log") == {}
     assert "on one thread" in get_threads_note({"threads": None})  # a run that did not record them
+
+
+def test_rounds_pool_the_walls_and_give_each_rounds_ratio():
+    """--rounds: a level's tokens/s is every round's tokens over every round's wall, and the goals
+    give each round's ratio, read within the round (the machine drifts between rounds)."""
+    def rounds(system: str, walls: list[float]) -> list[dict]:
+        return [{"phase": "load", "level": level, "round": k, "latency_s": 1.0, "ttft_s": 0.5, "output_tokens": 10,
+                 "level_wall_s": wall, "level_cpu_s": wall, "system": system}
+                for k, wall in enumerate(walls) for level in (1, 8)]
+
+    summary = summarise(rounds("llama-server", [1.0, 4.0]) + rounds("unsee", [2.0, 2.0]), None, WORKLOAD)
+    level = summary["systems"]["unsee"]["levels"][1]
+    assert level["wall_s"] == 4.0 and level["tokens_per_s"] == 5.0 and level["round_tokens_per_s"] == [5.0, 5.0]
+    assert level["cpu_per_token_s"] == 0.2
+    goal = next(g for g in summary["goals"] if g["goal"].startswith("1 conversation: output tokens/s"))
+    assert goal["value"] == 1.25 and goal["detail"].endswith("by round: 0.50x, 2.00x")  # 20 tokens in 4 s and in 5 s
+
+
+def test_rounds_start_every_server_first_and_alternate_the_order(tmp_path, one_thread):
+    pytest.importorskip("fastapi")
+    pytest.importorskip("openai")
+    from unsee.bench.serve_peer import main
+
+    out = tmp_path / "peer"
+    assert main(["--model", "tiny", "--systems", "unsee-chat,unsee", "--concurrency", "1", "--turns", "1",
+                 "--max-tokens", "4", "--phases", "load", "--rounds", "3", "--out", str(out)]) == 0
+    result = json.loads((out / "serve-peer.json").read_text())
+    order = [(r["round"], r["system"]) for r in result["rows"]]
+    assert order == [(0, "unsee-chat"), (0, "unsee"), (1, "unsee"), (1, "unsee-chat"), (2, "unsee-chat"), (2, "unsee")]
+    assert len(result["summary"]["systems"]["unsee"]["levels"]["1"]["round_tokens_per_s"]) == 3
+    assert "the load phase 3 times" in (out / "serve-peer.md").read_text()
