@@ -139,7 +139,7 @@ serve-peer: $(VENV)/.serve-installed $(VENV)/.llamacpp-installed $(PEER_VENV)/.i
 serve-peer-scaling: $(VENV)/.serve-installed $(VENV)/.llamacpp-installed $(PEER_VENV)/.installed $(LLAMA_SERVER)
 	for t in 1 2; do \
 		$(PY) -m unsee.bench.serve_peer --model qwen2.5-1.5b --peer-python $(PEER_PY) --llama-server $(LLAMA_SERVER) \
-			--threads $$t --concurrency 1,8 --phases load --systems llama-server,peer,unsee \
+			--threads $$t --concurrency 1,8 --rounds 1 --phases load --systems llama-server,peer,unsee \
 			--out out/serve-peer-scaling/threads-$$t $(PEER_ARGS) || exit 1; \
 	done
 	$(PY) -m unsee.bench.serve_peer_table --scaling out/serve-peer-scaling/threads-1 out/serve-peer-scaling/threads-2 \

@@ -609,10 +609,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help="threads of both servers' forwards of several tokens (prefill; llama.cpp's "
                              "n_threads_batch, unsee's UNSEE_LLAMA_BATCH_THREADS); default --threads")
     parser.add_argument("--concurrency", type=lambda t: [int(x) for x in t.split(",")], default=[1, 4, 8])
-    parser.add_argument("--rounds", type=int, default=1,
-                        help="the load phase this many times, every server started first and the systems' "
-                             "order reversed every other round (a drifting machine weighs on each alike; "
-                             "each round's ratio is reported)")
+    options.add_rounds(parser, help="the load phase this many times, every server started first and the "
+                                    "systems' order reversed every other round (a drifting machine weighs on "
+                                    "each alike; each round's ratio is reported); 1: each server in turn")
     parser.add_argument("--turns", type=int, default=3, help="turns per conversation")
     parser.add_argument("--max-tokens", type=int, default=32, help="output tokens per answer at most")
     parser.add_argument("--history-tokens", type=int, default=1000, help="the history phase's first message")

@@ -83,7 +83,7 @@ def test_the_unsee_side_runs_against_a_server(tmp_path, one_thread):
 
     out = tmp_path / "peer"
     assert main(["--model", "tiny", "--systems", "unsee-chat,unsee", "--concurrency", "1,2", "--turns", "2",
-                 "--max-tokens", "4", "--history-tokens", "40", "--out", str(out)]) == 0
+                 "--max-tokens", "4", "--history-tokens", "40", "--rounds", "1", "--out", str(out)]) == 0
     result = json.loads((out / "serve-peer.json").read_text())
     rows = result["rows"]
     for system in ("unsee-chat", "unsee"):
