@@ -73,18 +73,23 @@ def test_a_goal_without_the_peer_is_not_measured():
 
 
 @pytest.mark.skipif(not llamacpp.available(), reason="llama-cpp-python is not installed")
-def test_the_unsee_side_runs_against_a_server(tmp_path, one_thread):
-    """Both unsee systems through the real client against `unsee serve` on the
-    tiny GGUF; the DELETE's floor from the store copied before it, whose full
-    reset reaches the digest the server reports after the forget."""
+def run_unsee_side(out, *options: str) -> dict:
+    """The bench's two unsee systems on the tiny GGUF with ``options``; its result."""
     pytest.importorskip("fastapi")
     pytest.importorskip("openai")
     from unsee.bench.serve_peer import main
 
+    assert main(["--model", "tiny", "--systems", "unsee-chat,unsee", "--max-tokens", "4", *options,
+                 "--out", str(out)]) == 0
+    return json.loads((out / "serve-peer.json").read_text())
+
+
+def test_the_unsee_side_runs_against_a_server(tmp_path, one_thread):
+    """Both unsee systems through the real client against `unsee serve` on the
+    tiny GGUF; the DELETE's floor from the store copied before it, whose full
+    reset reaches the digest the server reports after the forget."""
     out = tmp_path / "peer"
-    assert main(["--model", "tiny", "--systems", "unsee-chat,unsee", "--concurrency", "1,2", "--turns", "2",
-                 "--max-tokens", "4", "--history-tokens", "40", "--rounds", "1", "--out", str(out)]) == 0
-    result = json.loads((out / "serve-peer.json").read_text())
+    result = run_unsee_side(out, "--concurrency", "1,2", "--turns", "2", "--history-tokens", "40", "--rounds", "1")
     rows = result["rows"]
     for system in ("unsee-chat", "unsee"):
         load = [r for r in rows if r["system"] == system and r["phase"] == "load"]
@@ -244,14 +249,8 @@ def test_rounds_pool_the_walls_and_give_each_rounds_ratio():
 
 
 def test_rounds_start_every_server_first_and_alternate_the_order(tmp_path, one_thread):
-    pytest.importorskip("fastapi")
-    pytest.importorskip("openai")
-    from unsee.bench.serve_peer import main
-
     out = tmp_path / "peer"
-    assert main(["--model", "tiny", "--systems", "unsee-chat,unsee", "--concurrency", "1", "--turns", "1",
-                 "--max-tokens", "4", "--phases", "load", "--rounds", "3", "--out", str(out)]) == 0
-    result = json.loads((out / "serve-peer.json").read_text())
+    result = run_unsee_side(out, "--concurrency", "1", "--turns", "1", "--phases", "load", "--rounds", "3")
     order = [(r["round"], r["system"]) for r in result["rows"]]
     assert order == [(0, "unsee-chat"), (0, "unsee"), (1, "unsee"), (1, "unsee-chat"), (2, "unsee-chat"), (2, "unsee")]
     assert len(result["summary"]["systems"]["unsee"]["levels"]["1"]["round_tokens_per_s"]) == 3

@@ -93,10 +93,9 @@ def respond(pool: Pool, model: str, req: dict, conv: Conversation, previous: str
                 settings=settings, req=req, usage=None, created_at=created)
         t = c.runtime.t if c.runtime is not None else 0
         kept = get_kept_tokens(pool.engine, c.runtime, before)
-        started = pool.engine.counters.snapshot()
         items, settings = turns.respond(c, pool.engine, req, pool.defaults, response_id, listener,
                                         pool.open_chat(owner))
-        kept += (pool.engine.counters.snapshot() - started).reused_tokens  # a first step's served system block
+        kept += (pool.engine.counters.snapshot() - before).reused_tokens  # a first step's served system block
         steps = [s.id for s in c.runtime.steps[t:]]
         compacted = [get_compaction_cost(c.runtime, s.id) for s in c.runtime.steps[t:] if s.kind == "compact"]
         extra = {"steps": steps, **({"compaction": compacted[0]} if compacted else {})}
