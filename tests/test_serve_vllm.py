@@ -83,3 +83,12 @@ def test_a_prompt_past_the_context_is_400_and_changes_nothing(client):
     with pytest.raises(openai.BadRequestError):
         client.responses.create(model="vllm-tiny", conversation=conv.id, input=[user("u2", "word " * 20000)])
     assert client.conversations.retrieve(conv.id).model_extra["unsee"]["digest"] == before
+
+
+def test_a_conversation_keeps_no_copy_of_its_system_block_on_vllm(client, server):
+    """vLLM's prefix cache is its own, salted per lineage: no kept lineage could serve another
+    conversation's system block, so the key's cache keeps none (tests/test_serve_openings.py has
+    the engines that compute their own KV)."""
+    converse(client, ["Hello there."])
+    converse(client, ["Hello again."])
+    assert not server.pool.open_chat("").handles
