@@ -89,8 +89,12 @@ TOPICS = ("a bicycle", "a lighthouse", "the moon", "a library", "bread", "a rive
 SECRET = ("secret", "My locker code is 4417, keep it in mind.")
 
 
-def get_turn_text(conversation: int, turn: int) -> str:
-    return (f"Conversation {conversation}, question {turn}: tell me one surprising fact about "
+def get_turn_text(conversation: int, turn: int, series: str = "") -> str:
+    """A turn's question. ``series`` names the conversation's round and level in the load phase, so
+    that no conversation repeats one an earlier round or level sent: a server whose cache kept that
+    conversation's prompt would skip its prefill (llama-server's slots keep the last prompt each)."""
+    name = f"{conversation} of set {series}" if series else f"{conversation}"
+    return (f"Conversation {name}, question {turn}: tell me one surprising fact about "
             f"{TOPICS[(conversation + turn) % len(TOPICS)]}.")
 
 
@@ -359,14 +363,15 @@ class Bench:
 # ------------------------------------------------------------------- phases
 
 
-def run_level(b: Bench, system: str, level: int) -> list[dict]:
+def run_level(b: Bench, system: str, level: int, round_: int = 0) -> list[dict]:
     """``level`` conversations of ``--turns`` turns at once, a client thread
     each; every turn's record, with the level's wall time and the server's
     CPU seconds over it. A failed turn fails the run."""
     convs = [b.new(system) for _ in range(level)]
 
     def drive(j: int) -> list[dict]:
-        return [record(convs[j].turn([(f"c{j}t{i}", get_turn_text(j, i))]), phase="load", level=level,
+        texts = [get_turn_text(j, i, f"{round_ + 1}.{level}") for i in range(1, b.args.turns + 1)]
+        return [record(convs[j].turn([(f"c{j}t{i}", texts[i - 1])]), phase="load", level=level, question=texts[i - 1],
                        conversation=j, turn=i) for i in range(1, b.args.turns + 1)]
 
     engine = b.server.get_engine_figures() if b.server else None
@@ -451,7 +456,7 @@ def run_load(b: Bench, system: str, args: argparse.Namespace, round_: int = 0) -
     for level in args.concurrency:
         where = f", round {round_ + 1} of {args.rounds}" if args.rounds > 1 else ""
         say_phase(system, f"load, {level} conversation(s){where}")
-        rows += [{**r, "round": round_} for r in run_level(b, system, level)]
+        rows += [{**r, "round": round_} for r in run_level(b, system, level, round_)]
     return rows
 
 

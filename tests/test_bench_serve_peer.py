@@ -253,5 +253,10 @@ def test_rounds_start_every_server_first_and_alternate_the_order(tmp_path, one_t
     result = run_unsee_side(out, "--concurrency", "1", "--turns", "1", "--phases", "load", "--rounds", "3")
     order = [(r["round"], r["system"]) for r in result["rows"]]
     assert order == [(0, "unsee-chat"), (0, "unsee"), (1, "unsee"), (1, "unsee-chat"), (2, "unsee-chat"), (2, "unsee")]
+    # every round its own conversation, the same one to each system: no server is served a round's
+    # prompt from what it cached in an earlier one
+    questions = {(r["round"], r["system"]): r["question"] for r in result["rows"]}
+    assert len({questions[(round_, "unsee")] for round_ in range(3)}) == 3
+    assert all(questions[(round_, "unsee")] == questions[(round_, "unsee-chat")] for round_ in range(3))
     assert len(result["summary"]["systems"]["unsee"]["levels"]["1"]["round_tokens_per_s"]) == 3
     assert "the load phase 3 times" in (out / "serve-peer.md").read_text()

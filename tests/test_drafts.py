@@ -2,8 +2,11 @@
 
 import importlib.util
 
+import numpy as np
 import pytest
 import torch
+from hypothesis import example, given
+from hypothesis import strategies as st
 
 from unsee.impl.agent.episode import parse_episode
 from unsee.impl.agent.runtime import AgentRuntime
@@ -121,6 +124,21 @@ def test_exponential_race_depends_on_seed_and_position_only():
     assert not torch.equal(a, get_scores(logits, 0.7, 3, 5))
     assert not torch.equal(a, get_scores(logits, 0.7, 4, 4))
     assert pick(get_scores(logits, 0.0, None, 0))[0] == int(torch.argmax(logits))
+
+
+@given(st.lists(st.sampled_from([-np.inf, -1.5, 0.0, 0.25, 2.0, 3.0]) | st.floats(-30, 30, width=32), min_size=2,
+                max_size=40))
+@example([1.0, 3.0, 3.0, 2.0])  # a tied maximum: the first index, margin 0
+@example([-np.inf, 5.0, -np.inf])  # the rest masked: margin inf
+@example([-np.inf, -np.inf])  # all masked: margin nan in both
+def test_pick_is_torchs_first_argmax_and_top_two_margin(values):
+    """pick reads fp32 CPU scores with numpy (impl/engines/decoding.py); the decision and the
+    margin are those of torch's argmax and topk(2), which it keeps for other tensors."""
+    scores = torch.tensor(values, dtype=torch.float32)
+    top = torch.topk(scores, 2)
+    (best, margin), want = pick(scores), float(top.values[0] - top.values[1])
+    assert best == int(torch.argmax(scores)) and (margin == want or np.isnan(margin) and np.isnan(want))
+    assert pick(scores.to(torch.float64))[0] == int(torch.argmax(scores))  # the torch path
 
 
 def test_near_tie_family_really_flips_between_prefill_and_decode():

@@ -139,9 +139,9 @@ def forward(lc, ctx, batch, ids: list[int], start: int, all_logits: bool, vocab:
     rc = lc.llama_decode(ctx, batch)
     if rc != 0:
         raise RuntimeError(f"llama_decode returned {rc} for {n} tokens at position {start}")
-    rows = range(n) if all_logits else (n - 1,)
-    out = np.stack([np.ctypeslib.as_array(lc.llama_get_logits_ith(ctx, i), shape=(vocab,)) for i in rows])
-    return out.copy() if all_logits else out[0].copy()
+    if not all_logits:  # one copy out of the context's buffer (a decode step's, on the loop's critical path)
+        return np.ctypeslib.as_array(lc.llama_get_logits_ith(ctx, n - 1), shape=(vocab,)).copy()
+    return np.stack([np.ctypeslib.as_array(lc.llama_get_logits_ith(ctx, i), shape=(vocab,)) for i in range(n)])
 
 
 def forward_padded(lc, ctx, batch, token: int, start: int, vocab: int, seq: int = 0) -> np.ndarray:
