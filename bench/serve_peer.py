@@ -94,8 +94,12 @@ def get_turn_text(conversation: int, turn: int, series: str = "") -> str:
     that no conversation repeats one an earlier round or level sent: a server whose cache kept that
     conversation's prompt would skip its prefill (llama-server's slots keep the last prompt each)."""
     name = f"{conversation} of set {series}" if series else f"{conversation}"
-    return (f"Conversation {name}, question {turn}: tell me one surprising fact about "
-            f"{TOPICS[(conversation + turn) % len(TOPICS)]}.")
+    # an answer longer than --max-tokens, so that every server decodes the cap: exact kernels and
+    # llama.cpp's own compute other bits, and a greedy answer that ends early on one server spreads its
+    # turn's fixed costs (the prefill, the first token) over fewer tokens (one fact ran 64 tokens in
+    # unsee against 96 in llama-server over a round's three turns, at 9f59d7b)
+    return (f"Conversation {name}, question {turn}: describe {TOPICS[(conversation + turn) % len(TOPICS)]} "
+            "in detail, in a paragraph of at least a hundred words.")
 
 
 def get_document(n_tokens: int, count) -> str:
