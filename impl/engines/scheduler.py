@@ -34,6 +34,12 @@ what runs and runs it, as llama.cpp's server loop and vLLM v1's
   server shutting down) does so for every job from then on. A forward already
   running is finished, never cut: each forward is whole.
 
+One thread computing matters for speed too. libgomp keeps a thread pool for each thread that has
+run a parallel region, while that thread lives, and once the pools' threads outnumber the cores it
+spins only briefly at a barrier before sleeping; ggml's OpenMP build ends every graph node with one.
+A decode step of qwen2.5-1.5b on 2 threads took 45 to 52 ms on a second computing thread of a
+process against 37 to 39 ms on the first (docs/serve.md, "Where the time goes").
+
 Exactness does not depend on the order: each lineage's forwards are its own
 (a batch of next tokens in split cells gives each sequence the bits of its
 own step: docs/bench.md, "many sequences in one forward"), and a forward's
