@@ -374,9 +374,12 @@ def run_level(b: Bench, system: str, level: int, round_: int = 0) -> list[dict]:
     convs = [b.new(system) for _ in range(level)]
 
     def drive(j: int) -> list[dict]:
-        texts = [get_turn_text(j, i, f"{round_ + 1}.{level}") for i in range(1, b.args.turns + 1)]
-        return [record(convs[j].turn([(f"c{j}t{i}", texts[i - 1])]), phase="load", level=level, question=texts[i - 1],
-                       conversation=j, turn=i) for i in range(1, b.args.turns + 1)]
+        rows = []
+        for i in range(1, b.args.turns + 1):
+            text = get_turn_text(j, i, f"{round_ + 1}.{level}")  # every round and level its own conversations
+            rows.append(record(convs[j].turn([(f"c{j}t{i}", text)]), phase="load", level=level, question=text,
+                               conversation=j, turn=i))
+        return rows
 
     engine = b.server.get_engine_figures() if b.server else None
     started, cpu = time.perf_counter(), get_cpu_seconds(b.pid)
