@@ -92,13 +92,17 @@ SECRET = ("secret", "My locker code is 4417, keep it in mind.")
 def get_turn_text(conversation: int, turn: int, series: str = "") -> str:
     """A turn's question. ``series`` names the conversation's round and level in the load phase, so
     that no conversation repeats one an earlier round or level sent: a server whose cache kept that
-    conversation's prompt would skip its prefill (llama-server's slots keep the last prompt each)."""
-    name = f"{conversation} of set {series}" if series else f"{conversation}"
+    conversation's prompt would skip its prefill (llama-server's slots keep the last prompt each).
+    The label opens the question, its round first: a label after common words ("Conversation 0 of
+    set 2.8") let llama-server's slots reuse those words of the last round's conversation in the
+    same slot, 10 tokens a conversation that no real user's conversations share (at 4a51a42:
+    29 tokens prefilled of 49 in rounds 2 and 3, first text at 3.3 s against 5.0 s in round 1)."""
+    name = f"{series}/{conversation}" if series else f"{conversation}"
     # an answer longer than --max-tokens, so that every server decodes the cap: exact kernels and
     # llama.cpp's own compute other bits, and a greedy answer that ends early on one server spreads its
     # turn's fixed costs (the prefill, the first token) over fewer tokens (one fact ran 64 tokens in
     # unsee against 96 in llama-server over a round's three turns, at 9f59d7b)
-    return (f"Conversation {name}, question {turn}: describe {TOPICS[(conversation + turn) % len(TOPICS)]} "
+    return (f"[{name}] Question {turn}: describe {TOPICS[(conversation + turn) % len(TOPICS)]} "
             "in detail, in a paragraph of at least a hundred words.")
 
 

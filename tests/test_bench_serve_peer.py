@@ -260,3 +260,16 @@ def test_rounds_start_every_server_first_and_alternate_the_order(tmp_path, one_t
     assert all(questions[(round_, "unsee")] == questions[(round_, "unsee-chat")] for round_ in range(3))
     assert len(result["summary"]["systems"]["unsee"]["levels"]["1"]["round_tokens_per_s"]) == 3
     assert "the load phase 3 times" in (out / "serve-peer.md").read_text()
+
+
+def test_a_rounds_question_shares_no_words_with_the_last_rounds_in_the_same_slot():
+    """llama-server's slots reuse any common start of the last prompt a slot held: the label opens
+    the question, its round first, so a new round's conversation shares none of its text with the
+    one the slot served last round, and a level's with another level's only the round."""
+    from os.path import commonprefix
+
+    from unsee.bench.serve_peer import get_turn_text
+
+    assert commonprefix([get_turn_text(0, 1, "2.8"), get_turn_text(0, 1, "1.8")]) == "["
+    assert commonprefix([get_turn_text(3, 1, "1.8"), get_turn_text(3, 1, "1.1")]) == "[1."
+    assert get_turn_text(5, 2).startswith("[5] Question 2: describe")

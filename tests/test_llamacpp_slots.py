@@ -108,6 +108,37 @@ def test_a_batch_of_next_tokens_equals_each_step_alone(engine_factory):
         assert many.digest(b) == digest
 
 
+def test_a_batch_of_prefill_chunks_equals_each_chunk_alone(engine_factory):
+    """One forward of five lineages' prefill chunks of other lengths, up to ``max_forward``
+    (so llama.cpp cuts it into micro-batches of an equal share of every stream, and cuts the
+    longer chunks): each lineage's logits and KV equal its chunk's own forward on a one-slot
+    engine, and a chunk longer than ``max_forward`` is refused before anything runs."""
+    one, many = make(engine_factory, 1), make(engine_factory, 5)
+    cap = many.lm.max_forward
+    assert cap >= 40 and many.max_forward == cap
+    rng = random.Random(11)
+    histories = [[rng.randrange(3, 250) for _ in range(n)] for n in (0, 5, 61, 140, 9)]
+    chunks = [[rng.randrange(3, 250) for _ in range(n)] for n in (cap, 2, 37, cap - 1, 3)]
+    alone, handles = [], []
+    for hist, chunk in zip(histories, chunks):
+        a, b = one.new_lineage(), many.new_lineage()
+        for engine, h in ((one, a), (many, b)):
+            if hist:
+                engine.prefill(h, hist)
+        one.prefill(a, chunk)
+        alone.append((one.logits(a).numpy(), one.digest(a)))
+        handles.append(b)
+    steps = [StepRequest(b, many.get_lineage(b), c[-1], 0, tuple(c)) for b, c in zip(handles, chunks)]
+    with pytest.raises(ValueError, match="max_forward"):
+        many.kv.forward_steps([*steps[:1], StepRequest(handles[1], many.get_lineage(handles[1]), 5, 0,
+                                                        (5,) * (cap + 1))])
+    assert [len(many.tokens(b)) for b in handles] == [len(h) for h in histories]
+    out = many.kv.forward_steps(steps)
+    for got, b, (logits, digest) in zip(out, handles, alone):
+        assert np.array_equal(got, logits)
+        assert many.digest(b) == digest
+
+
 def test_a_batch_never_parks_one_of_its_own_lineages(engine_factory):
     """Two slots, three lineages, a batch of the two not resident together: loading the
     second parks the least recently used slot that is not the first's, and each lineage
@@ -122,6 +153,24 @@ def test_a_batch_never_parks_one_of_its_own_lineages(engine_factory):
     assert engine.digest(handles[0]) == engine.digest(handles[2])
     with pytest.raises(ValueError, match="distinct lineages"):
         engine.kv.forward_steps(steps[:1] * 2)
+
+
+@pytest.mark.parametrize("slots", [1, 3])
+def test_memory_counts_resident_rows_in_place_as_reading_them_out_would(engine_factory, slots):
+    """A server counts memory after every request: resident lineages changed since they were
+    parked are counted without reading their rows out (none is parked by counting), at the
+    bytes their parked copies hold once read."""
+    engine = make(engine_factory, slots)
+    handles = [engine.new_lineage() for _ in range(slots)]
+    for i, h in enumerate(handles):
+        engine.prefill(h, list(range(5, 40 + 9 * i)))
+        engine.generate(h, 3, stop_ids=())
+    assert all(engine.get_lineage(h).kv is None for h in handles)  # resident, changed since parked
+    counted = engine.budget.memory().held_bytes
+    assert all(engine.get_lineage(h).kv is None for h in handles)  # counting read nothing out
+    for h in handles:
+        engine.kv.park(h, engine.get_lineage(h))
+    assert engine.budget.memory().held_bytes == counted
 
 
 def test_a_sliding_window_model_keeps_one_slot(engine_factory):

@@ -134,6 +134,21 @@ def test_ready_steps_batch_one_per_lineage_up_to_the_limit_and_a_closure_runs_al
     assert get_next(LoopState(None, False, (), [solo, *steps], batch_limit=3)) == [solo]
 
 
+def chunk(thread: int, handle: str, n: int) -> Job:
+    """A prefill chunk of ``n`` tokens, batchable (short enough that its rows are the same however
+    it is cut)."""
+    return Job(thread, False, step=StepRequest(handle, [], 1, thread, (1,) * n), release=True)
+
+
+def test_prefill_chunks_batch_with_chunks_and_decode_steps_with_steps_never_mixed():
+    a, b, c, d = chunk(1, "a", 35), job(2, "b"), chunk(3, "c", 3), chunk(4, "a", 2)
+    jobs = [a, b, c, d]
+    assert get_next(LoopState(None, False, (), jobs, batch_limit=8)) == [a, c]  # one chunk a lineage
+    assert get_next(LoopState(None, False, (), [b, *jobs], batch_limit=8)) == [b]
+    assert get_next(LoopState(None, False, (), [c, d], batch_limit=1)) == [c]
+    assert StepRequest("a", [], 7, 0).tokens == (7,) and a.step.tokens == (1,) * 35
+
+
 # --- threads through the loop
 
 def test_ready_decode_steps_of_three_turns_share_forwards_and_each_equals_its_serial_run():
@@ -256,6 +271,44 @@ def test_three_turns_on_llamacpp_through_the_loop_equal_each_turn_alone(engine_f
     assert [got[i] for i in range(3)] == expected
     if slots == 1:  # one slot: every step alone (with more, how many meet in a forward is timing)
         assert max(engine.scheduler.get_stats()["batch_sizes"]) == 1
+
+
+def test_turns_that_start_together_on_llamacpp_prefill_in_one_forward_each_equal_to_its_own(engine_factory):
+    """Three threads queued for the session when it is let go of: each submits its prefill chunk
+    (at most ``max_forward`` tokens) and lets go, so the loop computes the three in one forward,
+    and each lineage's logits and KV equal its prefill alone; a chunk over ``max_forward`` (its rows
+    depend on how it is cut) is a forward of its own."""
+    from unsee.impl.engines.llamacpp import engine as llamacpp
+
+    if not llamacpp.available():
+        pytest.skip("llama-cpp-python is not installed")
+    alone = engine_factory("llamacpp-tiny", n_ctx=512)
+    engine = engine_factory("llamacpp-tiny", n_ctx=512, slots=4)
+    cap = engine.max_forward
+    prompts = [[5 + i, 40, 77 + 3 * i] * n for i, n in enumerate((4, 11, cap // 3, cap))]
+    expected = []
+    for p in prompts:
+        h = alone.new_lineage()
+        alone.prefill(h, p)
+        expected.append((alone.logits(h).numpy().tobytes(), alone.digest(h)))
+    handles = [engine.new_lineage() for _ in prompts]
+    got = {}
+
+    def turn(i):
+        with engine.scheduler.session():
+            engine.prefill(handles[i], prompts[i])
+            got[i] = (engine.logits(handles[i]).numpy().tobytes(), engine.digest(handles[i]))
+    threads = [threading.Thread(target=turn, args=(i,)) for i in range(len(prompts))]
+    with engine.scheduler.session():
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + 10
+        while engine.scheduler.get_waiting() < len(threads) and time.monotonic() < deadline:
+            time.sleep(0.01)
+    for t in threads:
+        t.join(30)
+    assert [got[i] for i in range(len(prompts))] == expected
+    assert engine.scheduler.get_stats()["batch_sizes"] == {1: 1, 3: 1}
 
 
 def test_a_cancelled_block_withdraws_its_next_job_once_and_a_stop_withdraws_every_job():

@@ -398,13 +398,24 @@ class LineageBook:
             start = len(lin.tokens)
             # the loop computes it; the session is let go of meanwhile (the lineage is this
             # thread's, spared by the budget: another thread's verbs may run)
-            lin.last_logits = self.scheduler.run(self.kv.forward, handle, lin, ids, False, commit, release=True)
+            lin.last_logits = self.scheduler.run(self.kv.forward, handle, lin, ids, False, commit, release=True,
+                                                 step=self._get_chunk_step(handle, lin, ids, commit))
             lin.record_chunk(start)
             lin.served_last = False
             self.counters.forward_calls += 1
             self.counters.prefilled_tokens += len(ids)
         lin.changed()
         self.budget.enforce()
+
+    def _get_chunk_step(self, handle: str, lin, ids: list[int], commit: bool) -> StepRequest | None:
+        """The prefill chunk ``ids`` as a request the loop may compute beside other lineages'
+        chunks in one forward, where its rows are the same however llama.cpp cuts it: at most
+        ``max_forward`` tokens (each cut a forward of at most that many, equal to decode steps:
+        llamacpp/facts.py), on a backend that batches. None elsewhere: a forward of its own."""
+        cap = self.max_forward
+        if commit or self.scheduler.batch is None or not cap or not 1 < len(ids) <= cap:
+            return None
+        return StepRequest(handle, lin, ids[-1], threading.get_ident(), tuple(ids))
 
     def _commit_turn(self, handle: str, lin, start: int, out: list[int], committed: bool) -> None:
         """Leave the turn ``out`` on ``lin`` as the one chunk a replay redoes."""

@@ -20,7 +20,10 @@ what runs and runs it, as llama.cpp's server loop and vLLM v1's
   batch). Then foreground jobs before background ones (a forget's replay
   yields to a live turn at every forward and never makes its forward larger);
   the oldest job first; where it is a one-token step, every ready step of the
-  same class joins it in one forward, up to the backend's ``batch_limit``.
+  same class joins it in one forward, up to the backend's ``batch_limit``, and
+  where it is a short prefill chunk (:class:`StepRequest` with ``ids``), every
+  ready chunk does (eight conversations' turns prefilled in one forward, not
+  eight).
 - **Backends compute and hold no threads.** The loop calls the backend's
   ``forward`` (through the job's closure) and, for a batch, its
   ``forward_steps(steps)``; the backend never calls back. A forward's hooks
@@ -90,12 +93,26 @@ class Cancel:
 
 @dataclass(frozen=True)
 class StepRequest:
-    """A one-token forward: lineage ``handle`` (object ``lin``) extended by ``token``."""
+    """A batchable forward: lineage ``handle`` (object ``lin``) extended by ``token`` (a decode
+    step), or by the chunk ``ids`` where given (``token`` its last), a chunk whose rows are the
+    same however it is cut (at most the engine's ``max_forward`` tokens), so that llama.cpp may
+    compute it beside other lineages' chunks in one forward."""
 
     handle: str
     lin: Any
     token: int
     thread: int
+    ids: tuple[int, ...] = ()
+
+    @property
+    def tokens(self) -> tuple[int, ...]:
+        """The tokens the forward appends."""
+        return self.ids or (self.token,)
+
+    @property
+    def is_chunk(self) -> bool:
+        """A chunk of several tokens, which batches with chunks only, not with decode steps."""
+        return len(self.tokens) > 1
 
 
 @dataclass(eq=False)
@@ -160,10 +177,13 @@ def get_next(state: LoopState) -> list[Job]:
 
 
 def get_batch(jobs: Sequence[Job], limit: int) -> list[Job]:
-    """The oldest ready steps, one per lineage, at most ``limit``."""
-    batch, seen = [], set()
+    """The oldest ready steps of the first one's kind (one-token steps, or chunks), one per
+    lineage, at most ``limit``. Kinds are not mixed: llama.cpp computes a batch over streams
+    in micro-batches of an equal share of every stream, so a chunk beside one-token steps
+    would still be a graph computation of its own, and would delay the steps' tokens."""
+    batch, seen, kind = [], set(), jobs[0].step.is_chunk
     for job in jobs:
-        if job.batchable and job.step.handle not in seen:
+        if job.batchable and job.step.handle not in seen and job.step.is_chunk == kind:
             batch.append(job)
             seen.add(job.step.handle)
             if len(batch) == limit:

@@ -171,27 +171,31 @@ def forward_padded(lc, ctx, batch, token: int, start: int, vocab: int, seq: int 
     return np.ctypeslib.as_array(lc.llama_get_logits_ith(ctx, 0), shape=(vocab,)).copy()
 
 
-def forward_steps(lc, ctx, batch, steps: list[tuple[int, int, int]], vocab: int) -> list[np.ndarray]:
-    """One ``llama_decode`` of one token on each of several sequences (``steps``: (sequence,
-    position, token), a sequence at most once): the logits after each token, (vocab,) float32
-    copies, in the order of ``steps``. The batch holds them by ascending sequence: over a stream per
-    sequence llama.cpp computes a batch in micro-batches of consecutive sequence ids, in the batch's
-    order (its ``split_equal``), so the steps of sequences 3, 0, 1, 2 in that order are two graph
-    computations and sorted one (:func:`count_micro_batches`). Each row's bits are the same either
-    way (tests/test_llamacpp_slots.py)."""
+def forward_steps(lc, ctx, batch, steps: list[tuple[int, int, Sequence[int]]], vocab: int) -> list[np.ndarray]:
+    """One ``llama_decode`` of tokens on each of several sequences (``steps``: (sequence,
+    position, tokens), a sequence at most once): the logits after each one's last token,
+    (vocab,) float32 copies, in the order of ``steps``. The batch holds them by ascending
+    sequence: over a stream per sequence llama.cpp computes a batch in micro-batches of
+    consecutive sequence ids, in the batch's order, each an equal share of every stream in it
+    (its ``split_equal``), so the steps of sequences 3, 0, 1, 2 in that order are two graph
+    computations and sorted one (:func:`count_micro_batches`). Each row's bits are the same
+    either way, and a chunk of up to ``max_forward`` tokens has the same rows however a
+    micro-batch cuts it (tests/test_llamacpp_slots.py)."""
     order = sorted(range(len(steps)), key=lambda i: steps[i][0])
-    for row, i in enumerate(order):
-        seq, pos, tok = steps[i]
-        batch.token[row], batch.pos[row], batch.n_seq_id[row] = tok, pos, 1
-        batch.seq_id[row][0], batch.logits[row] = seq, 1
-    batch.n_tokens = len(steps)
+    row, last = 0, [0] * len(steps)
+    for i in order:
+        seq, pos, tokens = steps[i]
+        for j, tok in enumerate(tokens):
+            batch.token[row], batch.pos[row], batch.n_seq_id[row] = tok, pos + j, 1
+            batch.seq_id[row][0], batch.logits[row] = seq, int(j == len(tokens) - 1)
+            row += 1
+        last[i] = row - 1
+    batch.n_tokens = row
     rc = lc.llama_decode(ctx, batch)
     if rc != 0:
-        raise RuntimeError(f"llama_decode returned {rc} for a batch of {len(steps)} decode steps")
-    out: list[np.ndarray] = [np.empty(0, np.float32)] * len(steps)
-    for row, i in enumerate(order):
-        out[i] = np.ctypeslib.as_array(lc.llama_get_logits_ith(ctx, row), shape=(vocab,)).copy()
-    return out
+        raise RuntimeError(f"llama_decode returned {rc} for a batch of {row} tokens on {len(steps)} sequences")
+    return [np.ctypeslib.as_array(lc.llama_get_logits_ith(ctx, last[i]), shape=(vocab,)).copy()
+            for i in range(len(steps))]
 
 
 def count_micro_batches(seqs: Sequence[int]) -> int:

@@ -71,7 +71,7 @@ class LlamaRows:
         self.ctx = (lm.new_context(lm.n_ctx * self.slots, n_seq=self.slots, unified=False) if self.slots > 1
                     else lm.new_context())
         self.mem = lc.llama_get_memory(self.ctx)
-        self.batch = lc.llama_batch_init(max(lm.n_ctx, self.slots), 0, 1)
+        self.batch = lc.llama_batch_init(max(lm.n_ctx, self.slots * max(1, lm.max_forward or 0)), 0, 1)
         self.v_trans = not lm.flash_attn  # llama.cpp stores V transposed without flash attention
         self.held: list[tuple[str, LlamaLineage] | None] = [None] * self.slots
         self.hooks: ForwardHookList = []
@@ -116,10 +116,23 @@ class LlamaRows:
         lineage, changed since it was parked, holds none outside the context
         unless ``full`` reads it out (what memory counts; the budget need not:
         evicting it frees none of the context's cells). The context's own
-        allocation (``slots`` x n_ctx cells, fixed) is not counted."""
+        allocation (``slots`` x n_ctx cells, fixed) is not counted.
+
+        A resident lineage changed since it was parked is counted where it is, at the bytes
+        reading it out would hold (:meth:`get_resident_bytes`), not read out: a server counts
+        memory after every request, and reading every conversation's rows out each time took
+        the engine's loop tens of milliseconds between turns (docs/serve.md, "Where the time goes")."""
+        slot = self.get_slot(handle) if full and lin.kv is None else None
+        if slot is not None and not self.lm.n_swa:
+            return lin.storages() | {("resident", handle): self.get_resident_bytes(slot, len(lin.tokens))}
         if full:
             self.park(handle, lin)
         return lin.storages()
+
+    def get_resident_bytes(self, slot: int, n_cells: int) -> int:
+        """What :meth:`read_seq` of ``slot`` (``n_cells`` cells, no sliding window) would hold:
+        the state blob, which the parsed rows view, and the positions, parsed into an array."""
+        return int(self.lc.llama_state_seq_get_size_ext(self.ctx, slot, 0)) + 4 * n_cells
 
     def free(self, handle: str) -> None:
         """Empty the slot that holds ``handle``, if one does."""
@@ -144,24 +157,28 @@ class LlamaRows:
         return logits
 
     def forward_steps(self, steps: Sequence[StepRequest]) -> list[np.ndarray]:
-        """Several lineages' next tokens (at most :attr:`batch_limit`, one each) in one forward,
-        each in its own slot: each lineage extended by its token; the logits after each. Each
-        step is reported to its own thread's hooks."""
+        """Several lineages' forwards (at most :attr:`batch_limit`, one each: next tokens, or
+        chunks of at most the engine's ``max_forward`` tokens) in one ``llama_decode``, each in
+        its own slot: each lineage extended by its tokens; the logits after each one's last.
+        Each is reported to its own thread's hooks."""
         if len(steps) > self.batch_limit or len({s.handle for s in steps}) < len(steps):
             raise ValueError(f"forward_steps: {len(steps)} steps; expected distinct lineages, "
                              f"at most {self.batch_limit}")
+        if any(len(s.tokens) > max(1, self.lm.max_forward or 0) for s in steps):
+            raise ValueError(f"forward_steps: a chunk longer than max_forward={self.lm.max_forward} "
+                             "(its rows would depend on how llama.cpp cuts the batch)")
         slots: list[int] = []
         for s in steps:
             slots.append(self.make_resident(s.handle, s.lin, keep=slots))
-            if len(s.lin.tokens) + 1 > self.lm.n_ctx:
-                raise ValueError(f"{len(s.lin.tokens)} + 1 tokens exceed n_ctx={self.lm.n_ctx}")
+            if len(s.lin.tokens) + len(s.tokens) > self.lm.n_ctx:
+                raise ValueError(f"{len(s.lin.tokens)} + {len(s.tokens)} tokens exceed n_ctx={self.lm.n_ctx}")
         started = time.perf_counter()
         out = forward_steps(self.lc, self.ctx, self.batch,
-                            [(slot, len(s.lin.tokens), s.token) for slot, s in zip(slots, steps)], self.lm.vocab_size)
+                            [(slot, len(s.lin.tokens), s.tokens) for slot, s in zip(slots, steps)], self.lm.vocab_size)
         for s in steps:
-            s.lin.tokens.append(s.token)
+            s.lin.tokens.extend(s.tokens)
             s.lin.kv = None
-            report_forward(self.hooks, 1, started, False, thread=s.thread)
+            report_forward(self.hooks, len(s.tokens), started, False, thread=s.thread)
         return out
 
     def truncate(self, handle: str, lin: LlamaLineage, n: int) -> None:
