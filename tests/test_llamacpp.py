@@ -301,3 +301,34 @@ def test_batch_threads_change_no_bit_of_a_forget(tmp_path):
         results[f"key{batch}"] = get_cache_key(lm)
     assert results[1] == results[2]
     assert results["key1"] != results["key2"] and "batch_threads=2" in results["key2"]
+
+
+@needs_llamacpp
+def test_a_turns_observation_and_header_are_one_forward_with_the_bits_of_two(engine, monkeypatch):
+    """A step's observation block and its turn's header are two chunks, prefilled in one forward
+    where they come to at most ``max_forward`` tokens (flash attention; none measured without):
+    the same chunks, digest, answers and forget as two prefills, one forward fewer a turn."""
+    from unsee.impl.agent.episode import Item, Settings, Step
+    from unsee.impl.agent.runtime import AgentRuntime
+    from unsee.impl.engines.book import LineageBook
+
+    steps = [Step(f"u{i}", "user", (Item(f"s{i}", f"Note {i}: the crate holds {7 * i} bolts."),)) for i in range(3)]
+
+    def run():
+        before = engine.counters.snapshot()
+        runtime = AgentRuntime.start(engine, system="Be brief.", settings=Settings(max_new_tokens=4))
+        runtime.run(steps)
+        spent = engine.counters.snapshot() - before
+        def state():
+            return (runtime.digest(), list(engine.get_lineage(runtime.lineage).chunk_ends),
+                    [runtime.graph[b].text for b in runtime.context])
+        ran = state()
+        runtime.forget("s1")  # a replay of the steps after the first
+        return (ran, state()), spent.forward_calls
+
+    fused, fused_forwards = run()
+    monkeypatch.setattr(LineageBook, "prefill_chunks",
+                        lambda self, lineage, chunks: [self.prefill(lineage, c) for c in chunks] and None)
+    apart, apart_forwards = run()
+    assert fused == apart
+    assert fused_forwards == apart_forwards - (len(steps) if engine.max_forward else 0)

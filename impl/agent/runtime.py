@@ -98,6 +98,10 @@ class AgentRuntime:
         self._state = RuntimeState(checkpoints=CheckpointStore(settings.checkpoint_policy))
         self._lineage_pin = None  # the engine's pin on the state's lineage (see _set_state)
         self._replaying = False  # a replay runtime (spawned by a forget) re-enacts a sanitized stream
+        # a step's observation block, committed but not yet prefilled: it is prefilled with the
+        # turn's header, in one forward where the engine allows (_prefill_observed)
+        self._observing = False
+        self._observed: tuple[int, ...] = ()
         self._drafts: Drafts | None = None  # a replay's drafts and its turns' costs so far, replaced per turn
         self._exclusive = Exclusive()  # one transition or forget at a time
         self._shared_lineages = False  # once forked or spawned: another runtime names our lineages
@@ -199,9 +203,14 @@ class AgentRuntime:
             if step.kind not in TURNS:  # no observation block, no model turn
                 (self._on_memory if step.kind == "memory" else self._on_session)(step)
                 return
-            opening = self._observe(step)
-            suffix, type_ = TURNS[step.kind]
-            turn = self._answer(ids.compute_block_id(step.id, suffix), type_, header_suffix=opening)
+            self._observing = True
+            try:
+                opening = self._observe(step)
+                suffix, type_ = TURNS[step.kind]
+                turn = self._answer(ids.compute_block_id(step.id, suffix), type_, header_suffix=opening)
+            finally:
+                self._observing = False
+                self._prefill_observed()  # nothing left unprefilled, whatever raised
             if step.kind in ("plan", "remember", "compact"):
                 self._after_turn(step, turn)
 
@@ -267,10 +276,25 @@ class AgentRuntime:
         """Prefill ``text`` as one block (one chunk: the canonical chunking)
         at the end of the live cache, and commit it."""
         tokens = tuple(self.engine.lm.encode(text))
+        self._prefill_observed()
         start = len(self.engine.tokens(self.lineage))
-        self.engine.prefill(self.lineage, list(tokens))
+        if self._observing and extend_context:
+            # a step's observation: the turn's header follows at once (_answer prefills both)
+            self._observing, self._observed = False, tokens
+        else:
+            self.engine.prefill(self.lineage, list(tokens))
         block = RuntimeBlock(block_id, type_, text, tokens, parents, sources, (start, start + len(tokens)), self.t)
         return self.commit_block(block, extend_context)
+
+    def _prefill_observed(self, header: tuple[int, ...] = ()) -> None:
+        """Prefill the observation block :meth:`append_block` left for the turn's ``header``, then
+        the header, each its own chunk: one forward where the engine allows, which changes no
+        bit (``prefill_chunks``: on llama.cpp up to ``max_forward`` tokens in all), so a short
+        turn's first token waits for one forward, not two. The same in a replay and its twin."""
+        chunks = [list(c) for c in (self._observed, header) if c]
+        self._observed = ()
+        if chunks:
+            self.engine.prefill_chunks(self.lineage, chunks)
 
     def mark_committed(self, block_id: str) -> None:
         """Mark a block committed (a plan whose call's side effect the real world holds)."""
@@ -296,9 +320,8 @@ class AgentRuntime:
     def _answer(self, block_id: str, type_: str, header_suffix: str = "") -> RuntimeBlock:
         """A model turn: its header prefilled (Mistral's has none), decoded, committed; it inherits all resident sources."""
         header = tuple(self.engine.lm.encode(self.renderer.render_header(header_suffix)))
-        start = len(self.engine.tokens(self.lineage))
-        if header:
-            self.engine.prefill(self.lineage, list(header))
+        self._prefill_observed(header)
+        start = len(self.engine.tokens(self.lineage)) - len(header)
         draft = self._drafts.get(block_id) if self._drafts is not None else None
         if draft is not None and draft.trusted:
             self._drafts = self._drafts.with_turn(TurnCost.from_trusted(block_id, draft))

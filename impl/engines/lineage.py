@@ -60,6 +60,16 @@ class ChunkedLineage:
         else:
             self.chunked = False
 
+    def record_chunks(self, start: int, lengths: list[int]) -> None:
+        """Record the tokens from ``start`` on as consecutive prefill chunks of ``lengths``
+        (several chunks computed in one forward: :meth:`LineageBook.prefill_chunks`)."""
+        for n in lengths:
+            if not self.is_chunk_end(start):
+                self.chunked = False
+                return
+            start += n
+            self.chunk_ends.append(start)
+
     def inherit(self, src: ChunkedLineage, n: int) -> None:
         """Become a fork of ``src``'s first ``n`` tokens: its chunk history up to
         there, and its last logits only where the fork is the whole of ``src``."""
