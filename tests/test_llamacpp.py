@@ -8,12 +8,15 @@ properties/prop_impl_engines.py."""
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import example, given
+from hypothesis import strategies as st
 
 from unsee.impl.engines.llamacpp import engine as llamacpp
 from unsee.impl.engines.llamacpp.state import SeqKV
@@ -332,3 +335,17 @@ def test_a_turns_observation_and_header_are_one_forward_with_the_bits_of_two(eng
     apart, apart_forwards = run()
     assert fused == apart
     assert fused_forwards == apart_forwards - (len(steps) if engine.max_forward else 0)
+
+
+@given(st.lists(st.integers(1, 80), max_size=8), st.sampled_from([0, 1, 3, 63]))
+@example([36, 3], 63)  # a user block and its header: one forward
+@example([70, 3], 63)  # a block past the cap: alone, then the header alone
+def test_forward_groups_keep_the_chunks_in_order_and_each_group_within_the_cap(lengths, cap):
+    from unsee.impl.engines.lineage import compute_forward_groups
+
+    chunks = [[n] * n for n in lengths]
+    groups = compute_forward_groups(chunks, cap)
+    assert [c for g in groups for c in g] == chunks
+    assert all(len(g) == 1 or sum(map(len, g)) <= cap for g in groups)
+    # greedy: a group could not have taken the next group's first chunk
+    assert all(sum(map(len, a)) + len(b[0]) > cap for a, b in itertools.pairwise(groups))

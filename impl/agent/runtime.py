@@ -98,9 +98,7 @@ class AgentRuntime:
         self._state = RuntimeState(checkpoints=CheckpointStore(settings.checkpoint_policy))
         self._lineage_pin = None  # the engine's pin on the state's lineage (see _set_state)
         self._replaying = False  # a replay runtime (spawned by a forget) re-enacts a sanitized stream
-        # a step's observation block, committed but not yet prefilled: it is prefilled with the
-        # turn's header, in one forward where the engine allows (_prefill_observed)
-        self._observing = False
+        self._observing = False  # a step's observation block is prefilled with its turn's header
         self._observed: tuple[int, ...] = ()
         self._drafts: Drafts | None = None  # a replay's drafts and its turns' costs so far, replaced per turn
         self._exclusive = Exclusive()  # one transition or forget at a time
@@ -287,10 +285,8 @@ class AgentRuntime:
         return self.commit_block(block, extend_context)
 
     def _prefill_observed(self, header: tuple[int, ...] = ()) -> None:
-        """Prefill the observation block :meth:`append_block` left for the turn's ``header``, then
-        the header, each its own chunk: one forward where the engine allows, which changes no
-        bit (``prefill_chunks``: on llama.cpp up to ``max_forward`` tokens in all), so a short
-        turn's first token waits for one forward, not two. The same in a replay and its twin."""
+        """The observation block :meth:`append_block` left, then ``header``, each its own chunk, in one
+        forward where no bit changes (``prefill_chunks``), so a turn's first token waits for one."""
         chunks = [list(c) for c in (self._observed, header) if c]
         self._observed = ()
         if chunks:

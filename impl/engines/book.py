@@ -36,6 +36,7 @@ from unsee.impl.engines.lineage import (
     Budget,
     EvictedLineageError,
     as_int,
+    compute_forward_groups,
     find_cached_chunk,
     is_cache_source,
     take_served_chunk,
@@ -257,17 +258,11 @@ class LineageBook:
         lin = self._use(lineage)
         self.budget.spare(lineage)
         chunks = [self._check_ids(c) for c in chunks]
-        cap = 0 if self._serving else (self.max_forward or 0)
-        group: list[list[int]] = []
-        for ids in [*chunks, None]:
-            if group and (ids is None or sum(map(len, group)) + len(ids) > cap):
-                if len(group) == 1:
-                    self._prefill(lineage, lin, group[0])
-                else:
-                    self._prefill_group(lineage, lin, group)
-                group = []
-            if ids is not None:
-                group.append(ids)
+        for group in compute_forward_groups(chunks, 0 if self._serving else (self.max_forward or 0)):
+            if len(group) == 1:
+                self._prefill(lineage, lin, group[0])
+            else:
+                self._prefill_group(lineage, lin, group)
 
     def generate(self, lineage: str, max_new_tokens: int, stop_ids: Iterable[int] | None = None,
                  temperature: float = 0.0, seed: int | None = None, assist: Assist | None = None,
@@ -430,8 +425,7 @@ class LineageBook:
         self.budget.enforce()
 
     def _prefill_group(self, handle: str, lin, group: list[list[int]]) -> None:
-        """Chunks ``group`` on ``lin`` in one forward, each recorded as its own
-        (:meth:`prefill_chunks` says when that is exact)."""
+        """Chunks ``group`` on ``lin`` in one forward, each its own chunk (:meth:`prefill_chunks`)."""
         ids = [t for chunk in group for t in chunk]
         self.kv.check_room(lin, ids)
         start = len(lin.tokens)
