@@ -99,7 +99,7 @@ class AgentRuntime:
         self._lineage_pin = None  # the engine's pin on the state's lineage (see _set_state)
         self._replaying = False  # a replay runtime (spawned by a forget) re-enacts a sanitized stream
         self._observing = False  # a step's observation block is prefilled with its turn's header
-        self._observed: tuple[int, ...] = ()
+        self._observed: RuntimeBlock | None = None
         self._drafts: Drafts | None = None  # a replay's drafts and its turns' costs so far, replaced per turn
         self._exclusive = Exclusive()  # one transition or forget at a time
         self._shared_lineages = False  # once forked or spawned: another runtime names our lineages
@@ -276,21 +276,25 @@ class AgentRuntime:
         tokens = tuple(self.engine.lm.encode(text))
         self._prefill_observed()
         start = len(self.engine.tokens(self.lineage))
-        if self._observing and extend_context:
-            # a step's observation: the turn's header follows at once (_answer prefills both)
-            self._observing, self._observed = False, tokens
-        else:
-            self.engine.prefill(self.lineage, list(tokens))
         block = RuntimeBlock(block_id, type_, text, tokens, parents, sources, (start, start + len(tokens)), self.t)
+        if self._observing and extend_context:
+            # a step's observation: the turn's header follows at once, and _answer prefills both
+            self._observing, self._observed = False, block
+            return block
+        self.engine.prefill(self.lineage, list(tokens))
         return self.commit_block(block, extend_context)
 
     def _prefill_observed(self, header: tuple[int, ...] = ()) -> None:
         """The observation block :meth:`append_block` left, then ``header``, each its own chunk, in one
         forward where no bit changes (``prefill_chunks``), so a turn's first token waits for one."""
-        chunks = [list(c) for c in (self._observed, header) if c]
-        self._observed = ()
-        if chunks:
-            self.engine.prefill_chunks(self.lineage, chunks)
+        block, self._observed = self._observed, None
+        chunks = [list(c) for c in (block.tokens if block else (), header) if c]
+        try:
+            if chunks:
+                self.engine.prefill_chunks(self.lineage, chunks)
+        finally:  # the block joins the state once its tokens are in the cache, even if the header's failed
+            if block is not None and len(self.engine.tokens(self.lineage)) >= block.token_span[1]:
+                self.commit_block(block)
 
     def mark_committed(self, block_id: str) -> None:
         """Mark a block committed (a plan whose call's side effect the real world holds)."""
