@@ -8,15 +8,12 @@ properties/prop_impl_engines.py."""
 from __future__ import annotations
 
 import hashlib
-import itertools
 import json
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import example, given
-from hypothesis import strategies as st
 
 from unsee.impl.engines.llamacpp import engine as llamacpp
 from unsee.impl.engines.llamacpp.state import SeqKV
@@ -304,48 +301,3 @@ def test_batch_threads_change_no_bit_of_a_forget(tmp_path):
         results[f"key{batch}"] = get_cache_key(lm)
     assert results[1] == results[2]
     assert results["key1"] != results["key2"] and "batch_threads=2" in results["key2"]
-
-
-@needs_llamacpp
-def test_a_turns_observation_and_header_are_one_forward_with_the_bits_of_two(engine, monkeypatch):
-    """A step's observation block and its turn's header are two chunks, prefilled in one forward
-    where they come to at most ``max_forward`` tokens (flash attention; none measured without):
-    the same chunks, digest, answers and forget as two prefills, one forward fewer a turn."""
-    from unsee.impl.agent.episode import Item, Settings, Step
-    from unsee.impl.agent.runtime import AgentRuntime
-    from unsee.impl.engines.book import LineageBook
-
-    steps = [Step(f"u{i}", "user", (Item(f"s{i}", f"Note {i}: the crate holds {7 * i} bolts."),)) for i in range(3)]
-
-    def run():
-        before = engine.counters.snapshot()
-        runtime = AgentRuntime.start(engine, system="Be brief.", settings=Settings(max_new_tokens=4))
-        runtime.run(steps)
-        spent = engine.counters.snapshot() - before
-        def state():
-            return (runtime.digest(), list(engine.get_lineage(runtime.lineage).chunk_ends),
-                    [runtime.graph[b].text for b in runtime.context])
-        ran = state()
-        runtime.forget("s1")  # a replay of the steps after the first
-        return (ran, state()), spent.forward_calls
-
-    fused, fused_forwards = run()
-    monkeypatch.setattr(LineageBook, "prefill_chunks",
-                        lambda self, lineage, chunks: [self.prefill(lineage, c) for c in chunks] and None)
-    apart, apart_forwards = run()
-    assert fused == apart
-    assert fused_forwards == apart_forwards - (len(steps) if engine.max_forward else 0)
-
-
-@given(st.lists(st.integers(1, 80), max_size=8), st.sampled_from([0, 1, 3, 63]))
-@example([36, 3], 63)  # a user block and its header: one forward
-@example([70, 3], 63)  # a block past the cap: alone, then the header alone
-def test_forward_groups_keep_the_chunks_in_order_and_each_group_within_the_cap(lengths, cap):
-    from unsee.impl.engines.lineage import compute_forward_groups
-
-    chunks = [[n] * n for n in lengths]
-    groups = compute_forward_groups(chunks, cap)
-    assert [c for g in groups for c in g] == chunks
-    assert all(len(g) == 1 or sum(map(len, g)) <= cap for g in groups)
-    # greedy: a group could not have taken the next group's first chunk
-    assert all(sum(map(len, a)) + len(b[0]) > cap for a, b in itertools.pairwise(groups))

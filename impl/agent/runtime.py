@@ -98,8 +98,6 @@ class AgentRuntime:
         self._state = RuntimeState(checkpoints=CheckpointStore(settings.checkpoint_policy))
         self._lineage_pin = None  # the engine's pin on the state's lineage (see _set_state)
         self._replaying = False  # a replay runtime (spawned by a forget) re-enacts a sanitized stream
-        self._observing = False  # a step's observation block is prefilled with its turn's header
-        self._observed: RuntimeBlock | None = None
         self._drafts: Drafts | None = None  # a replay's drafts and its turns' costs so far, replaced per turn
         self._exclusive = Exclusive()  # one transition or forget at a time
         self._shared_lineages = False  # once forked or spawned: another runtime names our lineages
@@ -201,14 +199,9 @@ class AgentRuntime:
             if step.kind not in TURNS:  # no observation block, no model turn
                 (self._on_memory if step.kind == "memory" else self._on_session)(step)
                 return
-            self._observing = True
-            try:
-                opening = self._observe(step)
-                suffix, type_ = TURNS[step.kind]
-                turn = self._answer(ids.compute_block_id(step.id, suffix), type_, header_suffix=opening)
-            finally:
-                self._observing = False
-                self._prefill_observed()  # nothing left unprefilled, whatever raised
+            opening = self._observe(step)
+            suffix, type_ = TURNS[step.kind]
+            turn = self._answer(ids.compute_block_id(step.id, suffix), type_, header_suffix=opening)
             if step.kind in ("plan", "remember", "compact"):
                 self._after_turn(step, turn)
 
@@ -274,27 +267,10 @@ class AgentRuntime:
         """Prefill ``text`` as one block (one chunk: the canonical chunking)
         at the end of the live cache, and commit it."""
         tokens = tuple(self.engine.lm.encode(text))
-        self._prefill_observed()
         start = len(self.engine.tokens(self.lineage))
-        block = RuntimeBlock(block_id, type_, text, tokens, parents, sources, (start, start + len(tokens)), self.t)
-        if self._observing and extend_context:
-            # a step's observation: the turn's header follows at once, and _answer prefills both
-            self._observing, self._observed = False, block
-            return block
         self.engine.prefill(self.lineage, list(tokens))
+        block = RuntimeBlock(block_id, type_, text, tokens, parents, sources, (start, start + len(tokens)), self.t)
         return self.commit_block(block, extend_context)
-
-    def _prefill_observed(self, header: tuple[int, ...] = ()) -> None:
-        """The observation block :meth:`append_block` left, then ``header``, each its own chunk, in one
-        forward where no bit changes (``prefill_chunks``), so a turn's first token waits for one."""
-        block, self._observed = self._observed, None
-        chunks = [list(c) for c in (block.tokens if block else (), header) if c]
-        try:
-            if chunks:
-                self.engine.prefill_chunks(self.lineage, chunks)
-        finally:  # the block joins the state once its tokens are in the cache, even if the header's failed
-            if block is not None and len(self.engine.tokens(self.lineage)) >= block.token_span[1]:
-                self.commit_block(block)
 
     def mark_committed(self, block_id: str) -> None:
         """Mark a block committed (a plan whose call's side effect the real world holds)."""
@@ -320,8 +296,9 @@ class AgentRuntime:
     def _answer(self, block_id: str, type_: str, header_suffix: str = "") -> RuntimeBlock:
         """A model turn: its header prefilled (Mistral's has none), decoded, committed; it inherits all resident sources."""
         header = tuple(self.engine.lm.encode(self.renderer.render_header(header_suffix)))
-        self._prefill_observed(header)
-        start = len(self.engine.tokens(self.lineage)) - len(header)
+        start = len(self.engine.tokens(self.lineage))
+        if header:
+            self.engine.prefill(self.lineage, list(header))
         draft = self._drafts.get(block_id) if self._drafts is not None else None
         if draft is not None and draft.trusted:
             self._drafts = self._drafts.with_turn(TurnCost.from_trusted(block_id, draft))

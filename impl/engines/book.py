@@ -36,7 +36,6 @@ from unsee.impl.engines.lineage import (
     Budget,
     EvictedLineageError,
     as_int,
-    compute_forward_groups,
     find_cached_chunk,
     is_cache_source,
     take_served_chunk,
@@ -248,22 +247,6 @@ class LineageBook:
         self.budget.spare(lineage)
         self._prefill(lineage, lin, self._check_ids(token_ids))
 
-    def prefill_chunks(self, lineage: str, chunks: Iterable[Iterable[int]]) -> None:
-        """Prefill ``chunks`` in turn, each recorded as a chunk of its own (what as many
-        :meth:`prefill` calls record, the same KV and last logits), in as few forwards as the
-        bits allow: consecutive chunks of at most ``max_forward`` tokens in all share one forward,
-        since a forward that short has the rows of decode steps however its tokens are grouped
-        (llamacpp/facts.py). A turn's observation and its header are then one forward, not two.
-        Inside :meth:`prefix_cache`, and where there is no ``max_forward``, one prefill each."""
-        lin = self._use(lineage)
-        self.budget.spare(lineage)
-        chunks = [self._check_ids(c) for c in chunks]
-        for group in compute_forward_groups(chunks, 0 if self._serving else (self.max_forward or 0)):
-            if len(group) == 1:
-                self._prefill(lineage, lin, group[0])
-            else:
-                self._prefill_group(lineage, lin, group)
-
     def generate(self, lineage: str, max_new_tokens: int, stop_ids: Iterable[int] | None = None,
                  temperature: float = 0.0, seed: int | None = None, assist: Assist | None = None,
                  rule: Rule | None = None) -> list[int]:
@@ -421,20 +404,6 @@ class LineageBook:
             lin.served_last = False
             self.counters.forward_calls += 1
             self.counters.prefilled_tokens += len(ids)
-        lin.changed()
-        self.budget.enforce()
-
-    def _prefill_group(self, handle: str, lin, group: list[list[int]]) -> None:
-        """Chunks ``group`` on ``lin`` in one forward, each its own chunk (:meth:`prefill_chunks`)."""
-        ids = [t for chunk in group for t in chunk]
-        self.kv.check_room(lin, ids)
-        start = len(lin.tokens)
-        lin.last_logits = self.scheduler.run(self.kv.forward, handle, lin, ids, False, False, release=True,
-                                             step=self._get_chunk_step(handle, lin, ids, False))
-        lin.record_chunks(start, [len(chunk) for chunk in group])
-        lin.served_last = False
-        self.counters.forward_calls += 1
-        self.counters.prefilled_tokens += len(ids)
         lin.changed()
         self.budget.enforce()
 

@@ -60,16 +60,6 @@ class ChunkedLineage:
         else:
             self.chunked = False
 
-    def record_chunks(self, start: int, lengths: list[int]) -> None:
-        """Record the tokens from ``start`` on as consecutive prefill chunks of ``lengths``
-        (several chunks computed in one forward: :meth:`~unsee.impl.engines.book.LineageBook.prefill_chunks`)."""
-        for n in lengths:
-            if not self.is_chunk_end(start):
-                self.chunked = False
-                return
-            start += n
-            self.chunk_ends.append(start)
-
     def inherit(self, src: ChunkedLineage, n: int) -> None:
         """Become a fork of ``src``'s first ``n`` tokens: its chunk history up to
         there, and its last logits only where the fork is the whole of ``src``."""
@@ -307,18 +297,6 @@ class Budget:
                         unpinned_bytes=sum(held.values()) - sum(live_st.values()), lineages=len(book.resident),
                         live_lineages=len(live), evicted_lineages=len(self._evicted),
                         cached_tokens=sum(len(lin.tokens) for lin in book.resident.values()), budget=self.limit)
-
-
-def compute_forward_groups(chunks: Sequence[list[int]], cap: int) -> list[list[list[int]]]:
-    """``chunks`` in order, in groups that each fit one forward of at most ``cap`` tokens (a
-    longer chunk alone): consecutive chunks join the group before while it stays within ``cap``."""
-    groups: list[list[list[int]]] = []
-    for ids in chunks:
-        if groups and sum(map(len, groups[-1])) + len(ids) <= cap:
-            groups[-1].append(ids)
-        else:
-            groups.append([ids])
-    return groups
 
 
 def rebuild(engine, chunks: Iterable[Sequence[int]]) -> str:

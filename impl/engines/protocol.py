@@ -202,11 +202,6 @@ class Engine(Protocol):
         """Exactly one forward over ``token_ids`` (one chunk) on ``lineage``;
         keeps the logits after the last token."""
 
-    def prefill_chunks(self, lineage: str, chunks: Iterable[Iterable[int]]) -> None:
-        """``prefill`` of each of ``chunks`` in turn, the same KV, chunks and last
-        logits; an engine may compute several in one forward where that changes
-        no bit (llama.cpp: at most ``max_forward`` tokens in all)."""
-
     def generate(self, lineage: str, max_new_tokens: int, stop_ids: Iterable[int] | None = None,
                  temperature: float = 0.0, seed: int | None = None, assist: Assist | None = None,
                  rule: Rule | None = None) -> list[int]:

@@ -189,11 +189,6 @@ class VllmEngine(LineageBook):
         lin.has_logits = True
         self.budget.enforce()
 
-    def prefill_chunks(self, lineage: str, chunks: Iterable[Iterable[int]]) -> None:
-        """Each chunk in turn (vLLM computes them with the next request anyway)."""
-        for chunk in [self._check_ids(c) for c in chunks]:
-            self.prefill(lineage, chunk)
-
     def generate(self, lineage: str, max_new_tokens: int, stop_ids: Iterable[int] | None = None,
                  temperature: float = 0.0, seed: int | None = None, assist: Assist | None = None,
                  rule: Rule | None = None) -> list[int]:
