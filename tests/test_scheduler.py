@@ -144,7 +144,7 @@ def test_prefill_chunks_batch_with_chunks_and_decode_steps_with_steps_never_mixe
     a, b, c, d = chunk(1, "a", 35), job(2, "b"), chunk(3, "c", 3), chunk(4, "a", 2)
     jobs = [a, b, c, d]
     assert get_next(LoopState(None, False, (), jobs, batch_limit=8)) == [a, c]  # one chunk a lineage
-    assert get_next(LoopState(None, False, (), [b, *jobs], batch_limit=8)) == [b]
+    assert get_next(LoopState(None, False, (), [b, a, c], batch_limit=8)) == [b]  # a step first: steps only
     assert get_next(LoopState(None, False, (), [c, d], batch_limit=1)) == [c]
     assert StepRequest("a", [], 7, 0).tokens == (7,) and a.step.tokens == (1,) * 35
 
