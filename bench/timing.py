@@ -9,10 +9,11 @@ calls and every model forward inside them, and sorts the time into
   are made of them): a forget's restore of its checkpoint, and a reset's new
   session;
 * ``prefill``: forwards of ``prefill`` called by the runtime (observations,
-  turn headers, turns committed as one chunk);
-* ``decode``: one-token forwards inside ``generate`` (decode steps, probes,
-  and on llama.cpp the last token of a decoded turn committed without a
-  re-prefill: ``LineageBook._commit_decoded``);
+  turn headers, turns committed as one chunk), and on llama.cpp the chunks a
+  prefill left pending, computed together later (``LineageBook._flush``,
+  inside whichever verb reads the KV first), a decoded turn's last token among
+  them (``LineageBook._commit_decoded``);
+* ``decode``: one-token forwards inside ``generate`` (decode steps, probes);
 * ``verification``: forwards of more than one token inside ``generate``
   (a draft's verification, a decided token fed with its context guesses);
 * ``canonical``: the prefill ``generate`` makes of a decoded turn to commit it
@@ -46,7 +47,8 @@ from unsee.impl.eval.report import render_table
 CATEGORIES = ("restore", "prefill", "decode", "verification", "canonical", "engine_other", "digest", "runtime")
 #: Verbs whose time, outside forwards, is a lineage set-up (``restore``).
 RESTORE_VERBS = ("fork", "excise", "new_lineage", "drop")
-TIMED_VERBS = RESTORE_VERBS + ("prefill", "generate", "digest")
+#: ``_flush``: the book's pending chunks, computed inside another verb, are prefill
+TIMED_VERBS = RESTORE_VERBS + ("prefill", "generate", "digest", "_flush")
 
 
 class Breakdown:
@@ -67,6 +69,8 @@ class Breakdown:
         """Which category a forward of ``n_tokens`` belongs to, from the verbs
         it runs under (``commit``: the forward that commits a decoded turn)."""
         verbs = [frame[0] for frame in self.stack]
+        if verbs and verbs[-1] == "_flush":
+            return "prefill"
         if "generate" in verbs:
             if commit:
                 return "canonical"
@@ -133,7 +137,7 @@ def time_engine(engine) -> Iterator[Breakdown]:
     """Time every engine verb and model forward while open; the yielded
     :class:`Breakdown` is complete when the block exits."""
     out = Breakdown()
-    verbs = [v for v in TIMED_VERBS if v != "excise" or isinstance(engine, SpanExcision)]
+    verbs = [v for v in TIMED_VERBS if (v != "excise" or isinstance(engine, SpanExcision)) and hasattr(engine, v)]
     started = time.perf_counter()
     try:
         with _hook_forwards(engine, out):
@@ -152,8 +156,8 @@ def time_engine(engine) -> Iterator[Breakdown]:
 #: What each category holds, for the report.
 CATEGORY_NOTES = {
     "restore": "lineage set-up: the forget's restore of its checkpoint (fork), a reset's new lineage",
-    "prefill": "forwards of prefill: observations, turn headers, turns committed whole",
-    "decode": "one-token forwards inside generate: decode steps, probes (llama.cpp: a decoded turn's last token, its commit)",
+    "prefill": "forwards of prefill: observations, turn headers, turns committed whole (llama.cpp: with a turn's last token)",
+    "decode": "one-token forwards inside generate: decode steps, probes",
     "verification": "multi-token forwards inside generate: draft verification, tokens fed with context guesses",
     "canonical": "a decoded turn's re-prefill as its canonical chunk",
     "engine_other": "engine verbs outside forwards: sampling, the margin guard, cache bookkeeping",

@@ -33,7 +33,7 @@ from __future__ import annotations
 import functools
 
 import pytest
-from hypothesis import event, given
+from hypothesis import event, example, given
 from hypothesis import strategies as st
 
 from unsee.impl.conform.episodes import episodes, scaled
@@ -129,6 +129,9 @@ def get_model_cost(sizes: list[int], policy: DraftPolicy) -> float:
        probe=st.booleans(), lookup=st.booleans(),
        policy=st.one_of(st.none(), st.builds(DraftPolicy.from_cost, st.floats(0.05, 1.0), st.just(""),
                                              st.integers(0, 6))))
+# a one-token turn: no forward of its own, its token left pending by the commit
+@example(context=[0], max_new_tokens=1, draft_kind="none", at=1, temperature=0.0, seed=0, probe=False, lookup=True,
+         policy=None)
 @scaled(6)
 def test_draft_policy_changes_no_token(context, max_new_tokens, draft_kind, at, temperature, seed, probe, lookup,
                                        policy):
@@ -144,15 +147,17 @@ def test_draft_policy_changes_no_token(context, max_new_tokens, draft_kind, at, 
         engine.draft_policy, sizes = policy, []
         handle = engine.new_lineage()
         engine.prefill(handle, context)
+        engine.flush(handle)  # computed now, not inside the turn
         before = engine.counters.snapshot()
         with engine.hook_forwards(lambda n, _: sizes.append(n)):  # the turn's forwards alone
             got = engine.generate(handle, max_new_tokens, stop_ids=(), **kw,
                                   assist=Assist(draft, probe and draft is not None, lookup))
         spent, got_digest = engine.counters - before, engine.digest(handle)
     assert (got, got_digest) == (expected, digest), (context, draft, probe, lookup, policy)
-    assert max(sizes) <= max(engine.lm.max_forward, len(expected))  # longer: the canonical prefill only
+    # longer: the canonical prefill only; a one-token turn makes no forward (its token is left pending)
+    assert max(sizes, default=0) <= max(engine.lm.max_forward, len(expected))
     if policy is not None and not spent.draft_fallbacks:
-        # decoding the turn: one forward per token (its last fed by the commit); the credit rule
+        # decoding the turn: a forward per token but the last (left pending by the commit); the credit rule
         # lets the turn's proposals lose at most the opening (impl/engines/speculation.py)
         assert get_model_cost(sizes, policy) <= len(expected) + policy.opening + 1e-9, (sizes, policy)
     event(f"policy: {policy is not None}, fallback: {spent.draft_fallbacks > 0}, "

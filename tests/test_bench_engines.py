@@ -85,8 +85,8 @@ def test_breakdown_accounts_for_every_second_and_forward():
 
 @needs_llamacpp
 def test_breakdown_on_llamacpp():
-    # its decoded turns (at most max_forward tokens here) commit with one forward of their
-    # last token inside generate (engine._commit_decoded), counted as decode: no re-prefill
+    # its decoded turns (at most max_forward tokens here) commit without a re-prefill, their
+    # last token left pending (engine._commit_decoded) and computed with the next chunk: prefill
     _check_breakdown(make_engine("llamacpp-tiny"), split_forwards=True, reprefills=False)
 
 

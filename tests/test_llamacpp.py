@@ -24,6 +24,13 @@ from unsee.impl.engines.registry import load_engine
 needs_llamacpp = pytest.mark.skipif(not llamacpp.available(), reason="llama-cpp-python is not installed")
 
 
+def prefill_now(engine, handle: str, ids: list[int]) -> None:
+    """``engine.prefill`` computed now: a chunk of at most ``max_forward`` tokens is otherwise left
+    pending until a verb reads the KV, and these tests read the backend, which holds computed rows only."""
+    engine.prefill(handle, ids)
+    engine.flush(handle)
+
+
 def test_missing_extra_says_how_to_install(monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "llama_cpp", None)  # import llama_cpp now raises ImportError
     with pytest.raises(llamacpp.LlamaCppMissingError, match=r"pip install 'unsee\[llamacpp\]'"):
@@ -65,7 +72,7 @@ def test_engine_satisfies_the_protocol(engine):
 def test_state_blob_round_trips(engine):
     """parse then to_blob gives llama.cpp's own bytes back, V transposed or not."""
     handle = engine.new_lineage()
-    engine.prefill(handle, list(range(40, 57)))
+    prefill_now(engine, handle, list(range(40, 57)))
     blob_size = engine.kv.lc.llama_state_seq_get_size(engine.kv.ctx, 0)
     kv = engine.kv.read_seq()
     assert kv.n == 17 and list(kv.caches[0].positions) == list(range(17))
@@ -87,7 +94,7 @@ def test_digest_is_by_position_not_by_cell(engine):
     cache whose cells were filled out of order would hold them) hashes the
     same; the blob of that layout does not."""
     handle = engine.new_lineage()
-    engine.prefill(handle, list(range(60, 72)))
+    prefill_now(engine, handle, list(range(60, 72)))
     kv = engine.kv.read_seq().caches[0]
     rev = slice(None, None, -1)
     shuffled = SeqKV(kv.positions[rev], tuple(k[rev] for k in kv.k), tuple(v[rev] for v in kv.v),
@@ -108,7 +115,7 @@ def test_digest_is_by_position_not_by_cell(engine):
 @needs_llamacpp
 def test_parser_refuses_what_it_does_not_know(engine):
     handle = engine.new_lineage()
-    engine.prefill(handle, [1, 2, 3])
+    prefill_now(engine, handle, [1, 2, 3])
     blob = engine.kv.read_seq().to_blob()
     with pytest.raises(ValueError, match="magic"):
         SeqKV.parse(b"\0" * 8 + blob[8:], engine.lm.n_layer, engine.kv.v_trans)
@@ -301,3 +308,65 @@ def test_batch_threads_change_no_bit_of_a_forget(tmp_path):
         results[f"key{batch}"] = get_cache_key(lm)
     assert results[1] == results[2]
     assert results["key1"] != results["key2"] and "batch_threads=2" in results["key2"]
+
+
+@needs_llamacpp
+def test_pending_chunks_change_no_bit_and_save_a_forward_at_each_turns_ends(engine, monkeypatch):
+    """Chunks of at most ``max_forward`` tokens in all are computed together, as late as the KV is
+    read (a turn's last token, the next observation and the next header: one forward): the same
+    digest, chunks, answers and forget as each chunk computed when it is given, in fewer forwards."""
+    from unsee.impl.agent.episode import Item, Settings, Step
+    from unsee.impl.agent.runtime import AgentRuntime
+    from unsee.impl.engines.book import LineageBook
+
+    steps = [Step(f"u{i}", "user", (Item(f"s{i}", f"Note {i}: the crate holds {7 * i} bolts."),)) for i in range(3)]
+
+    def run():
+        before = engine.counters.snapshot()
+        runtime = AgentRuntime.start(engine, system="Be brief.", settings=Settings(max_new_tokens=4))
+        runtime.run(steps)
+
+        def state():
+            return (runtime.digest(), list(engine.get_lineage(runtime.lineage).chunk_ends),
+                    [runtime.graph[b].text for b in runtime.context], engine.tokens(runtime.lineage))
+        ran = state()  # the digest computes what is pending
+        spent = engine.counters.snapshot() - before
+        runtime.forget("s1")  # a replay of the steps after the first
+        return (ran, state()), spent
+
+    pending, pending_spent = run()
+    monkeypatch.setattr(LineageBook, "_defers", lambda self, lin, ids: False)
+    apart, apart_spent = run()
+    assert pending == apart
+    assert pending_spent.prefilled_tokens == apart_spent.prefilled_tokens
+    if engine.max_forward:  # a turn's last token, the next observation and header: one forward, not three
+        assert pending_spent.forward_calls <= apart_spent.forward_calls - 2 * (len(steps) - 1)
+    else:
+        assert pending_spent.forward_calls == apart_spent.forward_calls
+
+
+@needs_llamacpp
+def test_a_pending_chunk_is_computed_before_any_verb_reads_the_kv(engine):
+    """A chunk left pending is in ``tokens`` at once, and computed (one forward) before a fork past
+    the computed tokens, ``logits`` or ``digest`` read the KV; a context overflow is refused when
+    the chunk is given; a fork within the computed tokens computes nothing."""
+    if not engine.max_forward:
+        pytest.skip("no max_forward: every chunk is computed when given")
+    alone, h = engine.new_lineage(), engine.new_lineage()
+    prefill_now(engine, alone, [5, 6, 7])
+    engine.prefill(alone, [8, 9])
+    expected = (engine.logits(alone).numpy().tobytes(), engine.digest(alone))
+    prefill_now(engine, h, [5, 6, 7])
+    before = engine.counters.snapshot()
+    engine.prefill(h, [8, 9])
+    assert engine.tokens(h) == [5, 6, 7, 8, 9] and (engine.counters.snapshot() - before).forward_calls == 0
+    early = engine.fork(h, 2)  # within what is computed: nothing to compute
+    assert engine.tokens(early) == [5, 6] and (engine.counters.snapshot() - before).forward_calls == 0
+    with pytest.raises(ValueError, match="exceed n_ctx"):
+        engine.prefill(h, [3] * engine.lm.n_ctx)
+    assert engine.tokens(h) == [5, 6, 7, 8, 9]
+    assert (engine.logits(h).numpy().tobytes(), engine.digest(h)) == expected
+    assert (engine.counters.snapshot() - before).forward_calls == 1
+    assert engine.get_lineage(h).chunk_ends == engine.get_lineage(alone).chunk_ends == [3, 5]
+    for lineage in (alone, h, early):
+        engine.drop(lineage)

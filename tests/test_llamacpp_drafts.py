@@ -36,9 +36,12 @@ def ids(engine, n, salt=""):
 
 
 def fresh(engine, *chunks):
+    """A new lineage of ``chunks``, each computed when given (``flush``: outside a prefix cache a
+    short chunk is otherwise left pending), so that a turn's counters and forwards are its own."""
     h = engine.new_lineage()
     for c in chunks:
         engine.prefill(h, c)
+        engine.flush(h)
     return h
 
 
@@ -216,17 +219,20 @@ def test_the_forward_cap_is_needed(engine_factory):
 
 def test_a_decoded_turn_commits_without_a_reprefill_up_to_max_forward(engine):
     # every row of a decoded turn came from a forward of at most max_forward tokens, so it
-    # is the row the turn's one-chunk prefill writes (facts.py): only the last token is fed
+    # is the row the turn's one-chunk prefill writes (facts.py): only the last token is left,
+    # pending, and computed (one token) when the digest reads the KV
     x = ids(engine, 30)
-    for n, prefilled in ((12, 1), (engine.lm.max_forward + 5, engine.lm.max_forward + 5)):
+    for n, prefilled, pending in ((12, 1, 1), (engine.lm.max_forward + 5, engine.lm.max_forward + 5, 0)):
         h = fresh(engine, x)
         before = engine.counters.snapshot()
         out = engine.generate(h, n, stop_ids=())
+        assert (engine.counters - before).prefilled_tokens == prefilled - pending and engine.tokens(h) == x + out
+        digest = engine.digest(h)
         spent = engine.counters - before
         ref = fresh(engine, x, out)
         # the bits first: without the max_forward cap (engine._commit_decoded) the longer turn's
         # rows are the decode's, not the 68-token chunk's, and this fails (checked by removing it)
-        assert engine.digest(h) == engine.digest(ref)
+        assert digest == engine.digest(ref)
         assert engine.logits(h).equal(engine.logits(ref))
         assert spent.prefilled_tokens == prefilled
         engine.drop(ref)

@@ -24,6 +24,13 @@ def make(engine_factory, slots: int, **options):
     return engine_factory("llamacpp-tiny", n_ctx=512, slots=slots, **options)
 
 
+def prefill_now(engine, handle: str, ids: list[int]) -> None:
+    """``engine.prefill`` computed now: a chunk of at most ``max_forward`` tokens is otherwise left
+    pending until a verb reads the KV, and these tests read the backend, which holds computed rows only."""
+    engine.prefill(handle, ids)
+    engine.flush(handle)
+
+
 def run_script(engine, seed: int, lineages: int = 5) -> list:
     """Prefills, turns, forks, crops (a fork's shorter prefix) and drops over ``lineages``
     lineages, interleaved: every turn's tokens, logits and digest, in order."""
@@ -71,7 +78,7 @@ def test_a_slot_state_blob_round_trips(engine_factory, flash_attn):
     rows = engine.kv
     handles = [engine.new_lineage() for _ in range(3)]
     for i, h in enumerate(handles):
-        engine.prefill(h, list(range(40, 50 + 7 * i)))
+        prefill_now(engine, h, list(range(40, 50 + 7 * i)))
     slot = rows.get_slot(handles[2])
     kv = rows.read_seq(slot)
     assert kv.n == 24 and list(kv.caches[0].positions) == list(range(24))
@@ -97,8 +104,8 @@ def test_a_batch_of_next_tokens_equals_each_step_alone(engine_factory):
     alone, pairs = [], []
     for hist, tok in zip(histories, nexts):
         a, b = one.new_lineage(), many.new_lineage()
-        one.prefill(a, hist)
-        many.prefill(b, hist)
+        prefill_now(one, a, hist)
+        prefill_now(many, b, hist)
         one.prefill(a, [tok])
         alone.append((one.logits(a).numpy(), one.digest(a)))
         pairs.append(b)
@@ -124,7 +131,7 @@ def test_a_batch_of_prefill_chunks_equals_each_chunk_alone(engine_factory):
         a, b = one.new_lineage(), many.new_lineage()
         for engine, h in ((one, a), (many, b)):
             if hist:
-                engine.prefill(h, hist)
+                prefill_now(engine, h, hist)
         one.prefill(a, chunk)
         alone.append((one.logits(a).numpy(), one.digest(a)))
         handles.append(b)
@@ -146,7 +153,7 @@ def test_a_batch_never_parks_one_of_its_own_lineages(engine_factory):
     engine = make(engine_factory, 2)
     handles = [engine.new_lineage() for _ in range(3)]
     for h in handles:
-        engine.prefill(h, [10, 11, 12])  # handles[0] is parked by handles[2]'s prefill
+        prefill_now(engine, h, [10, 11, 12])  # handles[0] is parked by handles[2]'s prefill
     steps = [StepRequest(h, engine.get_lineage(h), 13, 0) for h in (handles[2], handles[0])]
     engine.kv.forward_steps(steps)
     assert [engine.tokens(h) for h in handles] == [[10, 11, 12, 13], [10, 11, 12], [10, 11, 12, 13]]
@@ -187,7 +194,7 @@ def test_a_batch_in_any_order_gives_each_step_its_own_logits_in_the_order_given(
     handles = [many.new_lineage() for _ in histories]
     alone = []
     for hist, b in zip(histories, handles):
-        many.prefill(b, hist)
+        prefill_now(many, b, hist)
         a = one.new_lineage()
         one.prefill(a, [*hist, 7])
         alone.append(one.logits(a).numpy())

@@ -7,12 +7,11 @@ value the runtime replaces at every change. ``step`` always goes through the sam
 block, one per committed model turn), so two runs of the same transitions produce bitwise-identical caches. A forget
 builds the new state beside the old one, which the runtime then adopts.
 
-The runtime pins the lineage it extends (:meth:`engine.budget.pin <unsee.impl.engines.protocol.KVBudget.pin>`):
-under a KV budget any other may be evicted, and a restore from an evicted checkpoint rebuilds it from its
-manifest (:meth:`rebuild_lineage`). Extensions (:mod:`unsee.impl.agent.extensions`, e.g. the tool layer) are
-components it calls at fixed points; they change its state through the public verbs (:meth:`append_block`,
-:meth:`mark_committed`), as the baselines do (:meth:`rebuild_context`, :meth:`keep_memory`, :meth:`excise_spans`).
-"""
+The runtime pins the lineage it extends (:meth:`engine.budget.pin <unsee.impl.engines.protocol.KVBudget.pin>`): under
+a KV budget any other may be evicted, and a restore from an evicted checkpoint rebuilds it from its manifest
+(:meth:`rebuild_lineage`). Extensions (:mod:`unsee.impl.agent.extensions`, e.g. the tool layer) are components it calls at
+fixed points; they change its state through the public verbs (:meth:`append_block`, :meth:`mark_committed`), as the
+baselines do (:meth:`rebuild_context`, :meth:`keep_memory`, :meth:`excise_spans`)."""
 
 from __future__ import annotations
 
@@ -58,7 +57,7 @@ from unsee.impl.agent.report import ForgetReport
 from unsee.impl.agent.state import RuntimeState
 from unsee.impl.engines.lineage import rebuild
 from unsee.impl.engines.opening import open_lineage
-from unsee.impl.engines.protocol import Assist, Engine
+from unsee.impl.engines.protocol import Assist, Engine, PendingChunks
 from unsee.impl.util import ids
 from unsee.impl.util.exclusive import Exclusive
 
@@ -307,6 +306,8 @@ class AgentRuntime:
             generated = list(draft.tokens)
             self.engine.prefill(self.lineage, generated)
         else:
+            if isinstance(self.engine, PendingChunks):  # the observation and header: not the turn's forwards
+                self.engine.flush(self.lineage)
             before = self.engine.counters.snapshot()
             assist = self._drafts.get_assist(draft) if self._drafts is not None else Assist()
             settings, rule = self.get_turn_rule(header)
@@ -331,8 +332,7 @@ class AgentRuntime:
         return self.settings, None
 
     def _watch_turn(self, block_id: str) -> contextlib.AbstractContextManager:
-        """Around a decoded turn's ``generate``: where a runtime that streams
-        watches its forwards (the server's client runtime); nothing here."""
+        """Around a decoded turn's ``generate``: where a runtime that streams watches its forwards; nothing here."""
         return contextlib.nullcontext()
 
     def _seed(self, seed: int) -> int:

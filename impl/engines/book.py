@@ -22,7 +22,6 @@ still working on it); nothing else remembers it.
 from __future__ import annotations
 
 import contextlib
-import operator
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import replace
@@ -36,6 +35,8 @@ from unsee.impl.engines.lineage import (
     Budget,
     EvictedLineageError,
     as_int,
+    check_ids,
+    check_prefix_length,
     find_cached_chunk,
     is_cache_source,
     take_served_chunk,
@@ -219,8 +220,10 @@ class LineageBook:
         the last logits come along only when the whole lineage is forked.
         The source is not changed. The budget is enforced on return."""
         src = self._use(lineage)
-        length = len(src.tokens)
-        n = length if n_tokens is None else self._check_prefix_length("fork", n_tokens, length)
+        length = len(src.tokens) + len(src.pending)
+        n = length if n_tokens is None else check_prefix_length("fork", n_tokens, length)
+        if n > len(src.tokens):  # the fork holds tokens not computed yet: compute them
+            self._flush(lineage, src)
         handle = self._fresh_handle()
         self._lineages[handle] = self.kv.fork(lineage, src, n)
         self._touch(handle)
@@ -228,8 +231,9 @@ class LineageBook:
         return handle
 
     def tokens(self, lineage: str) -> list[int]:
-        """The token ids the lineage's cache holds (a copy)."""
-        return list(self._use(lineage).tokens)
+        """The token ids the lineage's cache holds (a copy), those taken but not computed yet too."""
+        lin = self._use(lineage)
+        return [*lin.tokens, *lin.pending]
 
     def drop(self, lineage: str) -> None:
         """Free a lineage's cache (or forget an evicted handle)."""
@@ -241,37 +245,47 @@ class LineageBook:
     # --- the verbs of an engine that computes its own KV (self.kv is a KVBackend)
 
     def prefill(self, lineage: str, token_ids: Iterable[int]) -> None:
-        """Exactly one forward over ``token_ids`` on ``lineage``, or, inside
-        :meth:`prefix_cache`, the same chunk served from a cached lineage."""
+        """The chunk ``token_ids`` on ``lineage``: one forward, or, inside :meth:`prefix_cache`,
+        served from a cached lineage. One that fits ``max_forward`` with what is pending is left
+        pending, computed with the chunks after it before any verb reads the KV (:meth:`flush`):
+        the same KV, chunks and logits, since a forward that short has decode's rows however its
+        tokens are grouped (llamacpp/facts.py). A turn's last token, the next observation and
+        header are then one forward, not three."""
         lin = self._use(lineage)
         self.budget.spare(lineage)
-        self._prefill(lineage, lin, self._check_ids(token_ids))
+        ids = self._check_ids(token_ids)
+        self.kv.check_room(lin, [*lin.pending, *ids])  # refused before anything is computed
+        if not self._defers(lin, ids):
+            self._flush(lineage, lin)
+        if self._defers(lin, ids):
+            lin.defer(ids, len(lin.tokens) + len(lin.pending))
+            return
+        self._prefill(lineage, lin, ids)
+
+    def flush(self, lineage: str) -> None:
+        """Compute what ``lineage`` has pending now (:meth:`prefill`), nothing if nothing is."""
+        self._flush(lineage, self._use(lineage))
 
     def generate(self, lineage: str, max_new_tokens: int, stop_ids: Iterable[int] | None = None,
                  temperature: float = 0.0, seed: int | None = None, assist: Assist | None = None,
                  rule: Rule | None = None) -> list[int]:
-        """Decode up to ``max_new_tokens`` ids on ``lineage`` and commit them
-        canonically (as one prefilled chunk). Returns the ids. ``rule``
-        (:class:`~unsee.impl.engines.decoding.Rule`): penalties, a nucleus and
-        constraints (a grammar, stop texts) over the turn's own tokens.
+        """Decode up to ``max_new_tokens`` ids on ``lineage`` and commit them canonically (as one
+        prefilled chunk). Returns the ids. ``rule`` (:class:`~unsee.impl.engines.decoding.Rule`):
+        penalties, a nucleus and constraints (a grammar, stop texts) over the turn's own tokens.
 
-        Greedy when temperature == 0; otherwise an exponential race seeded by
-        (``seed``, position in the turn) (``decoding.get_scores``), so a run is
-        repeatable whatever the device. Stops after a stop id (it is included
-        and committed) or at max_new_tokens. stop_ids=None means the model's
-        eos_ids; pass () to never stop early.
+        Greedy when temperature == 0; otherwise an exponential race seeded by (``seed``, position
+        in the turn) (``decoding.get_scores``), so a run is repeatable whatever the device. Stops
+        after a stop id (it is included and committed) or at max_new_tokens. stop_ids=None means
+        the model's eos_ids; pass () to never stop early.
 
-        ``assist`` (:class:`~unsee.impl.engines.protocol.Assist`; each part
-        needs ``draft_bound``) changes no token: a ``draft`` (the tokens this
-        turn had before a forget) is verified instead of decoded where the
-        decoding rule agrees with it stably (impl/agent/drafts.py explains the
-        guard); ``probe`` feeds the draft's first token as one decode step
-        first and checks its second there; ``lookup`` feeds each decided token
-        with a guess from the lineage's own tokens (``decoding.get_lookup``).
-        The turn is one of impl/engines/turn.py's procedures. After a
-        draft accepted whole its verification chunk *is* the canonical chunk
-        and the logits after the turn are not kept (another matmul shape), so
-        a prefill must come before the next generate."""
+        ``assist`` (:class:`~unsee.impl.engines.protocol.Assist`; each part needs ``draft_bound``)
+        changes no token: a ``draft`` (the tokens this turn had before a forget) is verified instead
+        of decoded where the decoding rule agrees with it stably (impl/agent/drafts.py explains the
+        guard); ``probe`` feeds the draft's first token as one decode step first and checks its
+        second there; ``lookup`` feeds each decided token with a guess from the lineage's own tokens
+        (``decoding.get_lookup``). The turn is one of impl/engines/turn.py's procedures. After a
+        draft accepted whole its verification chunk *is* the canonical chunk and the logits after
+        the turn are not kept (another matmul shape), so a prefill must come before the next generate."""
         self._use(lineage)
         self.budget.spare(lineage)
         assist = assist or Assist()
@@ -302,6 +316,7 @@ class LineageBook:
         """The logits after the lineage's last prefill (float32, on the CPU, a
         copy), or None where a crop or a draft accepted whole left none."""
         lin = self._use(lineage)
+        self._flush(lineage, lin)
         if lin.last_logits is None and lin.served_last:
             self._recompute_served_chunk(lineage, lin)
         logits = self.kv.to_torch(lin.last_logits)
@@ -310,7 +325,9 @@ class LineageBook:
     def digest(self, lineage: str) -> str:
         """sha256 of the lineage's KV by position (the backend's). Any empty
         lineage has the same digest, however it got empty."""
-        return self.kv.digest(lineage, self._use(lineage))
+        lin = self._use(lineage)
+        self._flush(lineage, lin)
+        return self.kv.digest(lineage, lin)
 
     @contextlib.contextmanager
     def hook_forwards(self, on_forward: OnForward, on_commit: OnForward | None = None,
@@ -438,30 +455,59 @@ class LineageBook:
         its last token the turn's own forwards wrote (each of at most
         ``max_forward`` tokens, so each row equal to a decode step's, and to
         the row a one-chunk prefill of the turn writes: llamacpp/facts.py).
-        Feeds the last token alone for the logits after it, as a decode step
-        the loop may batch with other lineages' steps (it is one: a one-token
-        forward at the lineage's end). False (nothing changed) where it does
-        not apply. Inside a prefix cache too, so that B5' does the work B5
-        does, less what it serves."""
+        The last token is left pending (:meth:`prefill`), computed with the
+        next chunk; inside a prefix cache, whose next chunk may be served
+        from this lineage's record, it is fed alone, as a decode step the loop
+        may batch with other lineages' steps. False (nothing changed) where
+        it does not apply. Inside a prefix cache too, so that B5' does the
+        work B5 does, less what it serves."""
         cap = self.max_forward
         if not cap or len(out) > cap:
             return False
         if lin.tokens[start:start + len(out) - 1] != out[:-1]:
             return False
         self.kv.truncate(handle, lin, start + len(out) - 1)
-        step = StepRequest(handle, lin, out[-1], threading.get_ident())
-        lin.last_logits = self.scheduler.run(self.kv.forward, handle, lin, out[-1:], False, release=True, step=step)
-        lin.record_chunk(start)
-        lin.served_last = False
-        self.counters.forward_calls += 1
-        self.counters.prefilled_tokens += 1
+        lin.defer(out[-1:], start)
+        if not self._defers(lin, []):
+            self._flush(handle, lin)
         self.budget.enforce()
         return True
+
+    def _defers(self, lin, ids: list[int]) -> bool:
+        """Whether ``prefill`` leaves chunk ``ids`` pending on ``lin``: it fits ``max_forward``
+        with what is pending, outside a prefix cache (which serves whole recorded chunks)."""
+        cap = self.max_forward
+        return bool(cap) and not self._serving and len(lin.pending) + len(ids) <= cap
+
+    def _flush(self, handle: str, lin) -> None:
+        """Compute what ``lin`` has pending in one forward (at most ``max_forward`` tokens: a
+        decode step or a chunk the loop may batch with other lineages') and record its chunks.
+        They leave pending as the forward starts, so that a hook on it reads each token once;
+        if it never ran (cancelled, refused), they are pending again."""
+        if not lin.pending:
+            return
+        ids, chunks, length = lin.pending, lin.pending_chunks, len(lin.tokens)
+        lin.pending, lin.pending_chunks = [], []
+        step = (StepRequest(handle, lin, ids[0], threading.get_ident()) if len(ids) == 1
+                else self._get_chunk_step(handle, lin, ids, False))
+        try:
+            logits = self.scheduler.run(self.kv.forward, handle, lin, ids, False, release=True, step=step)
+        except BaseException:
+            if len(lin.tokens) == length:
+                lin.pending, lin.pending_chunks = ids, chunks
+            raise
+        for start, end in chunks:
+            lin.record_chunk(start, end)
+        lin.last_logits, lin.served_last = logits, False
+        self.counters.forward_calls += 1
+        self.counters.prefilled_tokens += len(ids)
+        lin.changed()
 
     def _serve(self, handle: str, lin, ids: list[int]) -> bool:
         """Inside :meth:`prefix_cache`, serve chunk ``ids`` on ``lin`` from
         another cached lineage (:func:`find_cached_chunk`); False if none has
-        it, or outside the block, or ``lin`` is not an unbroken chunk sequence."""
+        it, or outside the block, or ``lin`` is not an unbroken chunk sequence.
+        A source's pending chunks are not recorded until computed: never served."""
         if not self._serving or not lin.is_chunk_end(len(lin.tokens)):
             return False
         found = find_cached_chunk(self._lineages, lambda h: is_cache_source(self._cache_sources, h), lin, ids)
@@ -476,6 +522,7 @@ class LineageBook:
     def _get_decodable(self, handle: str):
         """The lineage ``handle``, with the logits a decode continues from."""
         lin = self._use(handle)
+        self._flush(handle, lin)
         if lin.last_logits is None and lin.served_last:
             self._recompute_served_chunk(handle, lin)  # a served chunk whose logits were not kept
         if lin.last_logits is None:
@@ -525,14 +572,6 @@ class LineageBook:
         self._clock += 1
         self._lineages[handle].last_used = self._clock
 
-    def _check_prefix_length(self, verb: str, n_tokens, length: int) -> int:
-        """``n_tokens`` as an int in ``[0, length]`` (a lineage's length), or a
-        ValueError naming ``verb`` before anything changes."""
-        n = as_int(n_tokens)
-        if n is None or not 0 <= n <= length:
-            raise ValueError(f"{verb}: n_tokens={n_tokens!r} is outside [0, {length}] (the lineage's length)")
-        return n
-
     def _check_generate(self, max_new_tokens, temperature: float, seed: int | None, assist: Assist) -> int:
         """Check ``generate``'s arguments before anything changes; returns
         ``max_new_tokens`` as an int. A draft or a context lookup needs the
@@ -551,15 +590,7 @@ class LineageBook:
         return int(max_new_tokens)
 
     def _check_ids(self, token_ids: Iterable[int], allow_empty: bool = False) -> list[int]:
-        # Checked on the host: an out-of-range id on CUDA is a device assert
-        # that kills the process instead of an error we can report.
-        ids = [operator.index(t) for t in token_ids]  # ints only, no floats
-        if not ids and not allow_empty:
-            raise ValueError("prefill: token_ids is empty; a forward needs at least one token")
-        bad = [t for t in ids if not 0 <= t < self.lm.vocab_size]
-        if bad:
-            raise ValueError(f"prefill: token ids {bad[:5]} outside [0, {self.lm.vocab_size})")
-        return ids
+        return check_ids(token_ids, self.lm.vocab_size, allow_empty)
 
 
 __all__ = ["ForwardHookList", "KVBackend", "LineageBook", "LineageStore", "OnForward", "TurnLineage", "report_forward"]

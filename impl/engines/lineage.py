@@ -24,6 +24,28 @@ def as_int(x) -> int | None:
         return None
 
 
+def check_prefix_length(verb: str, n_tokens, length: int) -> int:
+    """``n_tokens`` as an int in ``[0, length]`` (a lineage's length), or a
+    ValueError naming ``verb`` before anything changes."""
+    n = as_int(n_tokens)
+    if n is None or not 0 <= n <= length:
+        raise ValueError(f"{verb}: n_tokens={n_tokens!r} is outside [0, {length}] (the lineage's length)")
+    return n
+
+
+def check_ids(token_ids: Iterable[int], vocab_size: int, allow_empty: bool = False) -> list[int]:
+    """``token_ids`` as a list of ints in ``[0, vocab_size)``, or a ValueError naming them. Checked
+    on the host: an out-of-range id on CUDA is a device assert that kills the process instead of an
+    error we can report."""
+    ids = [operator.index(t) for t in token_ids]  # ints only, no floats
+    if not ids and not allow_empty:
+        raise ValueError("prefill: token_ids is empty; a forward needs at least one token")
+    bad = [t for t in ids if not 0 <= t < vocab_size]
+    if bad:
+        raise ValueError(f"prefill: token ids {bad[:5]} outside [0, {vocab_size})")
+    return ids
+
+
 class ChunkedLineage:
     """What every engine knows of one lineage, whatever holds its KV: the
     tokens, the logits a decode continues from, the prefill chunks that built
@@ -31,7 +53,8 @@ class ChunkedLineage:
     backend's lineage adds where its KV lives (a cache, parked rows) and
     overrides :meth:`changed` when it caches what it measured of that KV."""
 
-    __slots__ = ("chunk_ends", "chunked", "decode_logits", "last_logits", "last_used", "served_last", "tokens")
+    __slots__ = ("chunk_ends", "chunked", "decode_logits", "last_logits", "last_used", "pending", "pending_chunks",
+                 "served_last", "tokens")
 
     def __init__(self, tokens: list[int], last_logits):
         self.tokens = tokens  # the ids the KV holds, in order
@@ -46,19 +69,30 @@ class ChunkedLineage:
         self.decode_logits: dict = {}
         self.served_last = False  # the last chunk was served without its logits
         self.last_used = 0  # the engine's clock at the last access (LRU eviction)
+        # Tokens after ``tokens`` that the engine has taken but not yet computed, and the chunks
+        # (start, end) they close: computed with the next chunk, or before any verb reads the KV,
+        # in one forward where that changes no bit (LineageBook._flush)
+        self.pending: list[int] = []
+        self.pending_chunks: list[tuple[int, int]] = []
 
     def is_chunk_end(self, start: int) -> bool:
         """Whether ``start`` is where the recorded chunks end (an unbroken record)."""
         return self.chunked and start == (self.chunk_ends[-1] if self.chunk_ends else 0)
 
-    def record_chunk(self, start: int) -> None:
-        """Record the tokens from ``start`` on as one prefill chunk. Only on an
-        unbroken record: tokens that some other path appended unrecorded make
+    def record_chunk(self, start: int, end: int | None = None) -> None:
+        """Record the tokens from ``start`` to ``end`` (default: the last) as one prefill chunk.
+        Only on an unbroken record: tokens that some other path appended unrecorded make
         the lineage unservable from there on, never wrongly served."""
         if self.is_chunk_end(start):
-            self.chunk_ends.append(len(self.tokens))
+            self.chunk_ends.append(len(self.tokens) if end is None else end)
         else:
             self.chunked = False
+
+    def defer(self, ids: list[int], start: int) -> None:
+        """Take ``ids`` uncomputed, closing the chunk that opened at ``start`` (pending)."""
+        self.pending_chunks.append((start, len(self.tokens) + len(self.pending) + len(ids)))
+        self.pending.extend(ids)
+        self.last_logits, self.served_last = None, False
 
     def inherit(self, src: ChunkedLineage, n: int) -> None:
         """Become a fork of ``src``'s first ``n`` tokens: its chunk history up to
@@ -305,9 +339,10 @@ def rebuild(engine, chunks: Iterable[Sequence[int]]) -> str:
     session). Counted as prefilled and as ``rebuilt_tokens``."""
     handle = engine.new_lineage()
     for chunk in chunks:
-        before = engine.counters.prefilled_tokens
-        engine.prefill(handle, chunk)
-        engine.counters.rebuilt_tokens += engine.counters.prefilled_tokens - before
+        chunk = list(chunk)
+        before = engine.counters.reused_tokens
+        engine.prefill(handle, chunk)  # served, or computed now or with a later chunk: rebuilt
+        engine.counters.rebuilt_tokens += len(chunk) - (engine.counters.reused_tokens - before)
     return handle
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from unsee.impl.engines.protocol import PendingChunks
+
 
 def open_lineage(engine, live: str, first_chunks: Sequence[Sequence[int]], tokens: Sequence[int]) -> str:
     """A new lineage holding ``tokens`` as one chunk from position 0, for a new
@@ -14,7 +16,11 @@ def open_lineage(engine, live: str, first_chunks: Sequence[Sequence[int]], token
     (on Qwen with a tools list, 365 tokens every compaction of every run): the
     same bits, where the engine promises that the same chunking repeats and
     that a crop keeps a fresh prefill's bits, and the live KV is resident.
-    Elsewhere, a new lineage and a prefill."""
+    Elsewhere, a new lineage and a prefill. The live lineage, which checkpoints
+    keep, is left computed whole (its last turn's last token may be pending),
+    so that a prefix cache may serve from all of it, as from any other."""
+    if isinstance(engine, PendingChunks) and live in engine.budget.lineages:
+        engine.flush(live)
     if can_fork_first_chunk(engine, live, first_chunks, tokens):
         return engine.fork(live, len(tokens))
     lineage = engine.new_lineage()

@@ -199,8 +199,10 @@ class Engine(Protocol):
         only when the whole lineage is forked."""
 
     def prefill(self, lineage: str, token_ids: Iterable[int]) -> None:
-        """Exactly one forward over ``token_ids`` (one chunk) on ``lineage``;
-        keeps the logits after the last token."""
+        """``token_ids`` as one chunk on ``lineage``, the KV and logits after it those of
+        one forward over it; an engine may compute it later, with the chunks after it, in
+        one forward where that changes no bit (llama.cpp: at most ``max_forward`` tokens),
+        and before any verb that reads the KV or the logits."""
 
     def generate(self, lineage: str, max_new_tokens: int, stop_ids: Iterable[int] | None = None,
                  temperature: float = 0.0, seed: int | None = None, assist: Assist | None = None,
@@ -246,6 +248,16 @@ class DraftSource(Protocol):
     #: how a turn sizes its forwards where they equal decoding's (impl/engines/speculation.py),
     #: or None: a draft is verified in one forward
     draft_policy: DraftPolicy | None
+
+
+@runtime_checkable
+class PendingChunks(Protocol):
+    """An engine whose ``prefill`` may leave a chunk pending, computed later with the chunks
+    after it (llama.cpp: in one forward of at most ``max_forward`` tokens)."""
+
+    def flush(self, lineage: str) -> None:
+        """Compute what ``lineage`` has pending now (nothing if nothing is): a caller that
+        times or watches a turn's own forwards calls it first."""
 
 
 @runtime_checkable

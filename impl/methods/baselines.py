@@ -43,7 +43,7 @@ from unsee.impl.agent.report import ForgetReport
 from unsee.impl.agent.runtime import AgentRuntime
 from unsee.impl.agent.tools.calls import parse_arguments
 from unsee.impl.engines.counts import Counters
-from unsee.impl.engines.protocol import PrefixCache, SpanExcision
+from unsee.impl.engines.protocol import PendingChunks, PrefixCache, SpanExcision
 from unsee.impl.util.ids import PLAN, compute_block_id
 from unsee.impl.util.text import get_variants, normalize
 
@@ -143,6 +143,8 @@ def apply_method(base: AgentRuntime, method: str, source_id: str, value: str | N
     if method in ("ifc", "ifc-replay"):
         blocked_args = get_blocked_args(runtime, source_id, sinks)
         blocked = tuple(dict.fromkeys(plan for plan, _ in blocked_args))
+    if isinstance(runtime.engine, PendingChunks):  # the state it leaves, computed: its last turn's last token too
+        runtime.engine.flush(runtime.lineage)
     spent = runtime.engine.counters.snapshot() - before
     result = MethodResult(method, invocations, spent, time.perf_counter() - started, runtime.digest(), blocked,
                           blocked_args, report)

@@ -98,6 +98,7 @@ def get_margin(logits: Mapping[int, float], token: int) -> float:
 
 class _Lineage:
     __slots__ = ("has_logits", "last_used", "restore", "salt", "tokens")
+    pending: tuple[int, ...] = ()  # nothing left for later: vLLM computes a prefill with its request
 
     def __init__(self, tokens: list[int], salt: str, has_logits: bool, restore: dict | None = None):
         self.tokens = tokens
