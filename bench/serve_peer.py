@@ -424,7 +424,8 @@ def run_delete_unsee(b: Bench, store: Path, keep: Path) -> list[dict]:
     cpu = None if cpu is None else get_cpu_seconds(b.pid) - cpu
     digest = b.client.conversations.retrieve(convs[0].id).model_extra["unsee"]["digest"]
     rows = [{"phase": "delete", "step": "delete", "latency_s": seconds, "server_cpu_s": cpu,
-             "report_wall_s": report.get("wall_s"), "conversation": convs[0].id, "digest": digest}]
+             "report_wall_s": report.get("wall_s"), "conversation": convs[0].id, "digest": digest,
+             **{k: report.get(k) for k in ("prefilled_tokens", "decoded_tokens", "forward_calls")}}]
     other = b.new("unsee")
     other.turn([("b1", get_turn_text(60, 1))])
     rows.append(b.measured(lambda: other.turn([("b2", get_turn_text(60, 2))]), phase="delete", step="other alone"))

@@ -69,7 +69,8 @@ def summarise_system(rows: list[dict], floor: dict | None) -> dict:
     if "delete" in steps:
         delete = steps["delete"]
         out["delete"] = {"latency_s": delete["latency_s"], "report_wall_s": delete["report_wall_s"],
-                         "server_cpu_s": delete.get("server_cpu_s")}
+                         "server_cpu_s": delete.get("server_cpu_s"),
+                         **{k: delete[k] for k in ("prefilled_tokens", "decoded_tokens", "forward_calls") if k in delete}}
         if floor:
             out["delete"] |= {"floor_wall_s": floor["wall_s"], "floor_cpu_s": floor["cpu_s"],
                               "x_floor": delete["latency_s"] / floor["wall_s"],
@@ -191,6 +192,16 @@ def get_table_rows(systems: dict, workload: dict) -> list[tuple[str, list[str]]]
     return rows
 
 
+def get_delete_counts(result: dict) -> str:
+    """The DELETE's own counts from its report, to set beside the floor's (a run before they
+    were recorded has none)."""
+    delete = result["summary"]["systems"].get("unsee", {}).get("delete", {})
+    if "forward_calls" not in delete:
+        return ""
+    return (f" The DELETE (its report): {delete['prefilled_tokens']} tokens prefilled, {delete['decoded_tokens']} "
+            f"decoded, {delete['forward_calls']} forwards.")
+
+
 def get_threads_note(label: dict) -> str:
     """The servers' threads: a count each, or each server's own defaults."""
     if label.get("threads") is None:
@@ -245,7 +256,7 @@ def format_markdown(result: dict) -> str:
     if floor:
         lines += ["", f"Compute floor: {floor['prefilled']} tokens prefilled, {floor['decoded']} decoded, "
                       f"{floor['forwards']} forwards; the full reset reaches the server's digest after the DELETE: "
-                      f"{floor['reset_digest_equal']}."]
+                      f"{floor['reset_digest_equal']}.{get_delete_counts(result)}"]
     return "\n".join(lines) + "\n"
 
 

@@ -370,3 +370,35 @@ def test_a_pending_chunk_is_computed_before_any_verb_reads_the_kv(engine):
     assert engine.get_lineage(h).chunk_ends == engine.get_lineage(alone).chunk_ends == [3, 5]
     for lineage in (alone, h, early):
         engine.drop(lineage)
+
+
+@needs_llamacpp
+def test_the_floors_decode_steps_are_forwards_of_their_own(engine, monkeypatch):
+    """The floor's timed run feeds a changed turn's known tokens one forward each, with or without
+    pending chunks: an engine that defers chunks would otherwise compute them in one forward, a
+    floor below any decode (found in the goal run at abf7518: the floor's wall halved)."""
+    from unsee.impl.agent.episode import Item, Settings, Step
+    from unsee.impl.agent.runtime import AgentRuntime
+    from unsee.impl.engines.book import LineageBook
+    from unsee.impl.methods.baselines import apply_method
+    from unsee.impl.methods.floor import compute_floor
+
+    steps = [Step(f"u{i}", "user", (Item(f"s{i}", f"Note {i}: the crate holds {7 * i} bolts."),)) for i in range(3)]
+    base = AgentRuntime.start(engine, system="Be brief.", settings=Settings(max_new_tokens=6))
+    base.run(steps)
+    reset, _ = apply_method(base, "reset", "s0")
+    boundary = base.checkpoints.latest_before(base.graph.first_entry("s0")).boundary
+
+    def one_token_forwards():
+        sizes = []
+        with engine.hook_forwards(lambda n, started: sizes.append(n)):
+            floor = compute_floor(engine, base, reset, boundary)
+        return floor, sizes.count(1)
+
+    floor, pending = one_token_forwards()
+    decode_steps = sum(t.forwards for t in floor.changed_turns)
+    assert decode_steps > 0, "the forget changed no turn: nothing to check"
+    monkeypatch.setattr(LineageBook, "_defers", lambda self, lin, ids: False)
+    again, apart = one_token_forwards()
+    assert again.to_json() | {"wall_s": 0, "cpu_s": 0} == floor.to_json() | {"wall_s": 0, "cpu_s": 0}
+    assert pending == apart >= decode_steps

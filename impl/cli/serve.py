@@ -108,6 +108,17 @@ def warm_up(engine) -> float:
     return time.perf_counter() - started
 
 
+def hash_weights(engine) -> float:
+    """The loaded weights' sha256 (which every forget's receipt names, computed once per model),
+    now; its seconds. Left to the first DELETE, it was a second of that DELETE (qwen2.5-1.5b's
+    GGUF, about 1 GB, docs/serve.md), none of it the forget's."""
+    from unsee.impl.store.receipt import weights_hash
+
+    started = time.perf_counter()
+    weights_hash(engine.lm)
+    return time.perf_counter() - started
+
+
 def do_serve(args: argparse.Namespace) -> int:
     from unsee.impl.agent.tools.client import get_context_length
     from unsee.impl.cli.run import build_engine
@@ -136,6 +147,7 @@ def do_serve(args: argparse.Namespace) -> int:
               f"{lm.batch_threads or lm.threads} (--threads, --batch-threads); it holds {engine.kv.slots} "
               f"conversations resident and {batched} (--slots)", file=sys.stderr)
         print(f"unsee serve: warmed up in {warm_up(engine):.2f} s (one forward, dropped)", file=sys.stderr)
+    print(f"unsee serve: hashed the weights for receipts in {hash_weights(engine):.2f} s", file=sys.stderr)
     if args.kv_budget is None:  # the default: half of what the machine has left with the model loaded
         args.kv_budget = get_default_kv_budget()
         engine.budget.set(args.kv_budget)

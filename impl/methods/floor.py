@@ -48,7 +48,7 @@ from unsee.impl.agent.provenance import DERIVED_TYPES, RuntimeBlock
 from unsee.impl.agent.runtime import AgentRuntime
 from unsee.impl.engines.lineage import crop
 from unsee.impl.engines.opening import can_fork_first_chunk
-from unsee.impl.engines.protocol import Engine
+from unsee.impl.engines.protocol import Engine, PendingChunks
 
 
 @attrs.frozen
@@ -198,15 +198,27 @@ def _run_floor(engine: Engine, prefix: str, first: list, blocks: list[RuntimeBlo
         header, generated = chunks[0], [t for chunk in chunks[1:] for t in chunk]
         engine.prefill(lineage, header)
         start = len(engine.tokens(lineage))
+        compute_pending(engine, lineage)
         # the decode: one-token forwards feeding g_{d-1} .. g_{n-2} (the
         # logits of g_d need g_{d-1} fed; the last token is never fed)
         for token in generated[max(turn.first_change - 1, 0):len(generated) - 1]:
             engine.prefill(lineage, [token])
+            compute_pending(engine, lineage)
         lineage = crop(engine, lineage, start)
         created.append(lineage)
         for chunk in chunks[1:]:  # the turn's canonical prefill
             engine.prefill(lineage, chunk)
     return forked
+
+
+def compute_pending(engine: Engine, lineage: str) -> None:
+    """Compute what ``lineage`` has pending, now: a decode step is a forward of
+    its own, since the token it feeds is known only from the logits before it.
+    An engine that defers chunks (:class:`~unsee.impl.engines.protocol.PendingChunks`)
+    would otherwise compute the floor's known tokens in one forward, below
+    what any decode can do."""
+    if isinstance(engine, PendingChunks):
+        engine.flush(lineage)
 
 
 __all__ = ["Floor", "FloorTurn", "compute_floor", "get_first_change", "get_suffix_blocks", "is_model_turn"]
