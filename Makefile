@@ -131,7 +131,7 @@ llama-server: $(LLAMA_SERVER)
 # (e.g. --turns 2, --systems llama-server,unsee; the last one given wins)
 serve-peer: $(VENV)/.serve-installed $(VENV)/.llamacpp-installed $(PEER_VENV)/.installed $(LLAMA_SERVER)
 	$(PY) -m unsee.bench.serve_peer --model qwen2.5-1.5b --peer-python $(PEER_PY) --llama-server $(LLAMA_SERVER) \
-		--defaults --concurrency 1,8 --rounds 3 --out out/serve-peer --docs docs/serve.md $(PEER_ARGS)
+		--defaults --concurrency 1,8 --rounds 3 --delete-rounds 3 --out out/serve-peer --docs docs/serve.md $(PEER_ARGS)
 
 # The peer bench's scaling run: each server at 1 and at 2 threads (decode and prefill), one
 # conversation and 8, then tokens/s against the cores (bench/serve_peer_table.py's scaling table,

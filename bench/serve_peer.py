@@ -356,6 +356,7 @@ class Bench:
     args: argparse.Namespace
     pid: int
     server: Server | None = None
+    engine: object = None  # the bench's own engine, which times a DELETE's floor (unsee only)
 
     def new(self, system: str):
         return new_conversation(system, self.client, self.model, self.args.max_tokens)
@@ -411,9 +412,17 @@ def get_delete_turns(turns: int) -> list[list[tuple[str, str]]]:
 
 
 def run_delete_unsee(b: Bench, store: Path, keep: Path) -> list[dict]:
-    """The DELETE alone (its store copied first, for the floor), then a DELETE
-    on a second copy of the conversation with another conversation's turn
-    started during it, and that turn alone before."""
+    """--delete-rounds rounds of: the DELETE alone, its compute floor timed right after it (its
+    store copied first), then a DELETE on a second copy of the conversation with another
+    conversation's turn started during it, and that turn alone before. Each round's ratios are
+    read within the round, a drifting machine weighing on both sides alike."""
+    rows = []
+    for round_ in range(b.args.delete_rounds):
+        rows += [{**r, "round": round_} for r in run_delete_round(b, store, keep / f"round-{round_}")]
+    return rows
+
+
+def run_delete_round(b: Bench, store: Path, keep: Path) -> list[dict]:
     convs = [b.new("unsee") for _ in range(2)]
     for conv in convs:
         for items in get_delete_turns(b.args.turns):
@@ -425,7 +434,8 @@ def run_delete_unsee(b: Bench, store: Path, keep: Path) -> list[dict]:
     digest = b.client.conversations.retrieve(convs[0].id).model_extra["unsee"]["digest"]
     rows = [{"phase": "delete", "step": "delete", "latency_s": seconds, "server_cpu_s": cpu,
              "report_wall_s": report.get("wall_s"), "conversation": convs[0].id, "digest": digest,
-             **{k: report.get(k) for k in ("prefilled_tokens", "decoded_tokens", "forward_calls")}}]
+             **{k: report.get(k) for k in ("prefilled_tokens", "decoded_tokens", "forward_calls")},
+             "floor": measure_floor(b.engine, keep / convs[0].id / "session.db", digest)}]
     other = b.new("unsee")
     other.turn([("b1", get_turn_text(60, 1))])
     rows.append(b.measured(lambda: other.turn([("b2", get_turn_text(60, 2))]), phase="delete", step="other alone"))
@@ -452,12 +462,12 @@ def run_delete_peer(b: Bench) -> list[dict]:
              "texts": [t.text for t in turns]}]
 
 
-def open_bench(system: str, server: Server, args: argparse.Namespace) -> Bench:
+def open_bench(system: str, server: Server, args: argparse.Namespace, engine) -> Bench:
     """The phases' client on ``server``, after a warm-up turn (the first request's one-time costs)."""
     import openai
 
     client = openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0, timeout=3600)
-    b = Bench(client, args.model, args, server.process.pid, server)
+    b = Bench(client, args.model, args, server.process.pid, server, engine)
     b.new(system).turn([("w", "Hello.")])
     return b
 
@@ -486,8 +496,8 @@ def run_after_load(b: Bench, system: str, args: argparse.Namespace, document: st
 
 
 def run_system(system: str, server: Server, args: argparse.Namespace, document: str,
-               store: Path | None, keep: Path) -> list[dict]:
-    b = open_bench(system, server, args)
+               store: Path | None, keep: Path, engine) -> list[dict]:
+    b = open_bench(system, server, args, engine)
     rows = (run_load(b, system, args) if "load" in args.phases else []) + \
         run_after_load(b, system, args, document, store, keep)
     return [{**r, "system": system} for r in rows]
@@ -507,22 +517,26 @@ LABELS_SHORT = {"peer": "llama_cpp.server", "llama-server": "llama-server", "uns
 # -------------------------------------------------------------- the floor
 
 
-def measure_floor(engine, keep: Path, rows: list[dict]) -> dict:
-    """The compute floor of the DELETE (bench/floor.py) from the copy of its
-    conversation's store taken before it, and whether the full reset reaches
-    the digest the server reported after the DELETE."""
+def measure_floor(engine, db: Path, digest: str) -> dict:
+    """The compute floor of a DELETE (bench/floor.py) from the copy of its conversation's store
+    (``db``) taken before it, and whether the full reset reaches ``digest``, the one the server
+    reported after the DELETE. Timed in this process, on its engine, while the server idles."""
     from unsee import PersistentSession
     from unsee.bench.floor import compute_floor
     from unsee.impl.methods.baselines import apply_method
 
-    deleted = next(r for r in rows if r.get("step") == "delete")
-    session = PersistentSession.open(keep / deleted["conversation"] / "session.db", engine)
-    base = session.runtime
-    boundary = base.checkpoints.latest_before(base.graph.first_entry(SECRET[0])).boundary
-    reset, _ = apply_method(base, "reset", SECRET[0])
-    floor = compute_floor(engine, base, reset, boundary).to_json()
-    floor["reset_digest_equal"] = reset.digest() == deleted["digest"]
-    session.close()
+    before = set(engine.budget.lineages)
+    session = PersistentSession.open(db, engine)
+    try:
+        base = session.runtime
+        boundary = base.checkpoints.latest_before(base.graph.first_entry(SECRET[0])).boundary
+        reset, _ = apply_method(base, "reset", SECRET[0])
+        floor = compute_floor(engine, base, reset, boundary).to_json()
+        floor["reset_digest_equal"] = reset.digest() == digest
+    finally:
+        session.close()
+        for lineage in set(engine.budget.lineages) - before:  # the next round's floor starts as this one did
+            engine.drop(lineage)
     return floor
 
 
@@ -572,19 +586,19 @@ def run_servers(args: argparse.Namespace, engine, work: Path) -> list[dict]:
     keep.mkdir()
     starters = get_starters(args, engine, work)
     if args.rounds > 1:
-        return run_rounds(args, starters, document, keep)
+        return run_rounds(args, starters, document, keep, engine)
     rows = []
     for system, (start, store) in starters.items():
         server = start()
         try:
             server.wait_ready(args.start_timeout)
-            rows += run_system(system, server, args, document, store, keep)
+            rows += run_system(system, server, args, document, store, keep, engine)
         finally:
             server.stop()
     return rows
 
 
-def run_rounds(args: argparse.Namespace, starters: dict, document: str, keep: Path) -> list[dict]:
+def run_rounds(args: argparse.Namespace, starters: dict, document: str, keep: Path, engine) -> list[dict]:
     """Every server started first and kept, idle but for the one driven; the load phase --rounds
     times, the systems' order reversed every other round, so that a machine drifting within the
     run (up to 30% on these machines) weighs on every system alike and each round's ratio is read
@@ -597,7 +611,7 @@ def run_rounds(args: argparse.Namespace, starters: dict, document: str, keep: Pa
         benches = {}
         for system, server in servers.items():
             server.wait_ready(args.start_timeout)
-            benches[system] = open_bench(system, server, args)
+            benches[system] = open_bench(system, server, args, engine)
         order = list(servers)
         for round_ in range(args.rounds if "load" in args.phases else 0):
             for system in order if round_ % 2 == 0 else order[::-1]:
@@ -636,6 +650,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--systems", type=lambda t: t.split(","), default=list(SYSTEMS),
                         help=f"of {', '.join(SYSTEMS)}")
     parser.add_argument("--phases", type=lambda t: t.split(","), default=["load", "history", "delete"])
+    parser.add_argument("--delete-rounds", type=int, default=1, metavar="N",
+                        help="the delete phase this many times on unsee, each DELETE's floor timed right "
+                             "after it; the goals read the median of the rounds' ratios")
     parser.add_argument("--during", type=float, default=0.25, metavar="FRACTION",
                         help="the other conversation's turn starts this fraction of the first DELETE's "
                              "latency after the second DELETE")
@@ -645,8 +662,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         "region (docs/serve.md; bench/serve_peer_table.py's REGIONS), the summary beside it")
     args = parser.parse_args(argv)
     args.batch_threads = args.batch_threads or args.threads
-    if args.rounds < 1:
-        parser.error(f"--rounds {args.rounds}: expected 1 or more")
+    if args.rounds < 1 or args.delete_rounds < 1:
+        parser.error(f"--rounds {args.rounds}, --delete-rounds {args.delete_rounds}: expected 1 or more each")
     unknown = sorted(set(args.systems) - set(SYSTEMS))
     if unknown:
         parser.error(f"--systems: unknown {unknown}; expected some of {list(SYSTEMS)}")
@@ -674,8 +691,7 @@ def main(argv: list[str] | None = None) -> int:
         for r in rows:
             for text in [r["text"]] if "text" in r else r.get("texts", []):
                 r["output_tokens"] = r.get("output_tokens", 0) + len(engine.lm.encode(text))
-        floor = measure_floor(engine, work / "before-delete", rows) if any(
-            r.get("step") == "delete" for r in rows) else None
+        floor = next((r["floor"] for r in rows if r.get("step") == "delete"), None)
         label |= get_unsee_threads(work / "unsee.log")
         for log in ("peer.log", "llama-server.log", "unsee-chat.log", "unsee.log"):
             if (work / log).exists():

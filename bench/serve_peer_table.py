@@ -66,27 +66,55 @@ def summarise_system(rows: list[dict], floor: dict | None) -> dict:
     steps = {r["step"]: r for r in rows if r["phase"] in ("history", "delete")}
     out["history"] = {step: steps[step]["latency_s"] for step in ("first", "warm", "after another") if step in steps}
     out["history_cpu"] = {step: steps[step].get("server_cpu_s") for step in out["history"]}
-    if "delete" in steps:
-        delete = steps["delete"]
-        out["delete"] = {"latency_s": delete["latency_s"], "report_wall_s": delete["report_wall_s"],
-                         "server_cpu_s": delete.get("server_cpu_s"),
-                         **{k: delete[k] for k in ("prefilled_tokens", "decoded_tokens", "forward_calls") if k in delete}}
-        if floor:
-            out["delete"] |= {"floor_wall_s": floor["wall_s"], "floor_cpu_s": floor["cpu_s"],
-                              "x_floor": delete["latency_s"] / floor["wall_s"],
-                              "x_floor_cpu": get_ratio(delete.get("server_cpu_s"), floor["cpu_s"]),
-                              "reset_digest_equal": floor["reset_digest_equal"]}
-    if "other during delete" in steps:
-        alone, during = steps["other alone"]["latency_s"], steps["other during delete"]["latency_s"]
-        out["other_turn"] = {"alone_s": alone, "during_delete_s": during, "slowdown": during / alone}
+    deletes = [r for r in rows if r["phase"] == "delete" and r["step"] == "delete"]
+    if deletes:
+        out["delete"] = summarise_deletes(deletes, floor)
+    alone = [r["latency_s"] for r in rows if r["phase"] == "delete" and r["step"] == "other alone"]
+    during = [r["latency_s"] for r in rows if r["phase"] == "delete" and r["step"] == "other during delete"]
+    if alone and during:
+        slowdowns = [d / a for a, d in zip(alone, during)]
+        out["other_turn"] = {"alone_s": get_median(alone), "during_delete_s": get_median(during),
+                             "slowdown": get_median(slowdowns), "round_slowdown": slowdowns}
     if "resend without the item" in steps:
         out["resend_s"] = steps["resend without the item"]["latency_s"]
         out["resend_cpu_s"] = steps["resend without the item"].get("server_cpu_s")
     return out
 
 
+def summarise_deletes(deletes: list[dict], floor: dict | None) -> dict:
+    """The DELETE rounds: the medians of each figure, and of each round's ratios to the floor
+    timed right after its DELETE (a run before --delete-rounds timed one ``floor`` at its end)."""
+    floors = [r.get("floor") or floor for r in deletes]
+    out = {key: get_median([r.get(key) for r in deletes])
+           for key in ("latency_s", "report_wall_s", "server_cpu_s", "prefilled_tokens", "decoded_tokens",
+                       "forward_calls") if all(r.get(key) is not None for r in deletes)}
+    if all(floors):
+        cpu = [get_ratio(r.get("server_cpu_s"), f["cpu_s"]) for r, f in zip(deletes, floors)]
+        out |= {"floor_wall_s": get_median([f["wall_s"] for f in floors]),
+                "floor_cpu_s": get_median([f["cpu_s"] for f in floors]),
+                "x_floor": get_median([r["latency_s"] / f["wall_s"] for r, f in zip(deletes, floors)]),
+                "x_floor_cpu": None if None in cpu else get_median(cpu), "round_x_floor_cpu": cpu,
+                "reset_digest_equal": all(f["reset_digest_equal"] for f in floors)}
+    return out
+
+
+def get_median(values: list) -> float | None:
+    """The median (of an even count, the mean of the middle two), or None where any is missing."""
+    if not values or any(v is None for v in values):
+        return None
+    values, middle = sorted(values), len(values) // 2
+    return values[middle] if len(values) % 2 else (values[middle - 1] + values[middle]) / 2
+
+
 def get_ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a is not None and b else None
+
+
+def get_rounds(ratios: list | None) -> str:
+    """Each round's ratio, after the median a goal reads, where there was more than one round."""
+    if not ratios or len(ratios) < 2:
+        return ""
+    return f"; median of rounds {', '.join(_fmt(r) + 'x' for r in ratios)}"
 
 
 def compute_goals(systems: dict) -> list[dict]:
@@ -127,11 +155,11 @@ def compute_goals(systems: dict) -> list[dict]:
         get_ratio(ours["levels"][top]["tokens_per_s"], peer["levels"][top]["tokens_per_s"]) if top else None,
         concurrent_bar, True,
         f"digests against serial replays: not part of this bench (the scheduler's test){by_round(top) if top else ''}")
-    delete = (ours or {}).get("delete", {})
+    delete, other = (ours or {}).get("delete", {}), (ours or {}).get("other_turn", {})
     add("DELETE vs the compute floor of its forget, by CPU seconds", delete.get("x_floor_cpu"), 1.15, False,
-        f"by wall: {_fmt(delete.get('x_floor'))}x")
-    add("another conversation's turn during a DELETE vs alone", (ours or {}).get("other_turn", {}).get("slowdown"),
-        1.2, False)
+        f"by wall: {_fmt(delete.get('x_floor'))}x{get_rounds(delete.get('round_x_floor_cpu'))}")
+    add("another conversation's turn during a DELETE vs alone", other.get("slowdown"), 1.2, False,
+        get_rounds(other.get("round_slowdown")).lstrip("; "))
     return goals
 
 
@@ -198,8 +226,8 @@ def get_delete_counts(result: dict) -> str:
     delete = result["summary"]["systems"].get("unsee", {}).get("delete", {})
     if "forward_calls" not in delete:
         return ""
-    return (f" The DELETE (its report): {delete['prefilled_tokens']} tokens prefilled, {delete['decoded_tokens']} "
-            f"decoded, {delete['forward_calls']} forwards.")
+    return (f" The DELETE (its report, the median of its rounds): {delete['prefilled_tokens']:g} tokens prefilled, "
+            f"{delete['decoded_tokens']:g} decoded, {delete['forward_calls']:g} forwards.")
 
 
 def get_threads_note(label: dict) -> str:

@@ -53,6 +53,26 @@ def test_goals_are_the_measured_ratios():
     assert FIGURE_LABEL.match(markdown.splitlines()[0])  # pasted into docs/serve.md as it is
 
 
+def test_delete_rounds_read_each_delete_against_its_own_floor():
+    """Each round's DELETE against the floor timed right after it; the goals read the medians."""
+    rows = make_rows("peer", 2.0, 10) + make_rows("unsee", 1.0, 10)
+    rows = [r for r in rows if r["phase"] != "delete"]
+    for cpu, floor_cpu, alone, during in ((2.0, 2.0, 1.0, 1.1), (6.0, 2.0, 1.0, 3.0), (3.0, 2.5, 2.0, 2.0)):
+        floor = {"wall_s": floor_cpu, "cpu_s": floor_cpu, "reset_digest_equal": True}
+        rows += [{"phase": "delete", "step": "delete", "latency_s": cpu, "report_wall_s": cpu, "server_cpu_s": cpu,
+                  "floor": floor, "system": "unsee"},
+                 {"phase": "delete", "step": "other alone", "latency_s": alone, "system": "unsee"},
+                 {"phase": "delete", "step": "other during delete", "latency_s": during, "system": "unsee"}]
+    summary = summarise(rows, None, WORKLOAD)
+    delete, other = summary["systems"]["unsee"]["delete"], summary["systems"]["unsee"]["other_turn"]
+    assert delete["round_x_floor_cpu"] == [1.0, 3.0, 1.2] and delete["x_floor_cpu"] == 1.2
+    assert other["round_slowdown"] == pytest.approx([1.1, 3.0, 1.0]) and other["slowdown"] == pytest.approx(1.1)
+    by_name = {g["goal"]: g for g in summary["goals"]}
+    goal = by_name["DELETE vs the compute floor of its forget, by CPU seconds"]
+    assert goal["met"] is False and goal["detail"] == "by wall: 1.20x; median of rounds 1.00x, 3.00x, 1.20x"
+    assert by_name["another conversation's turn during a DELETE vs alone"]["met"] is True
+
+
 def test_a_run_rendered_again_from_its_json_shows_every_figure():
     """JSON writes the levels' keys as strings: read back, the table is the one the run printed."""
     from unsee.bench.serve_peer_table import read_result
@@ -89,7 +109,8 @@ def test_the_unsee_side_runs_against_a_server(tmp_path, one_thread):
     tiny GGUF; the DELETE's floor from the store copied before it, whose full
     reset reaches the digest the server reports after the forget."""
     out = tmp_path / "peer"
-    result = run_unsee_side(out, "--concurrency", "1,2", "--turns", "2", "--history-tokens", "40", "--rounds", "1")
+    result = run_unsee_side(out, "--concurrency", "1,2", "--turns", "2", "--history-tokens", "40", "--rounds", "1",
+                            "--delete-rounds", "2")
     rows = result["rows"]
     for system in ("unsee-chat", "unsee"):
         load = [r for r in rows if r["system"] == system and r["phase"] == "load"]
@@ -100,8 +121,13 @@ def test_the_unsee_side_runs_against_a_server(tmp_path, one_thread):
             engine = next(r["level_engine"] for r in load if r["level"] == level)
             assert engine["forwards"] >= 2 * level and engine["rows"] >= engine["forwards"] and engine["busy_s"] > 0
     assert result["floor"]["reset_digest_equal"] is True
-    steps = {r["step"] for r in rows if r["system"] == "unsee" and r["phase"] == "delete"}
-    assert steps == {"delete", "other alone", "other during delete"}
+    deletes = [r for r in rows if r["system"] == "unsee" and r.get("step") == "delete"]
+    assert [r["round"] for r in deletes] == [0, 1]  # each DELETE's floor timed after it, its reset at its digest
+    assert all(r["floor"]["reset_digest_equal"] and r["floor"]["wall_s"] > 0 and r["forward_calls"] > 0
+               for r in deletes)
+    steps = [r["step"] for r in rows if r["system"] == "unsee" and r["phase"] == "delete"]
+    assert steps == ["delete", "other alone", "other during delete"] * 2
+    assert len(result["summary"]["systems"]["unsee"]["delete"]["round_x_floor_cpu"]) == 2
     assert "unsee responses (conversation)" in (out / "serve-peer.md").read_text()
     assert "2 conversation(s): forwards; conversations per forward; engine busy" in (out / "serve-peer.md").read_text()
 
